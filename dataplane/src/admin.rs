@@ -1,0 +1,62 @@
+//! Admin endpoints: `/healthz`, `/readyz` and `/debug/routes` (the live table as JSON).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::Request;
+
+use crate::listen::ConnInfo;
+use crate::runtime::Runtime;
+
+/// Extra JSON that the controller adds to `/debug/routes` (diagnostics, warnings).
+pub type DebugExtra = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// Answers one admin request.
+pub async fn handle(
+    runtime: Arc<Runtime>,
+    extra: Option<DebugExtra>,
+    req: Request<Incoming>,
+    _conn: Arc<ConnInfo>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
+    }
+    Ok(match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if runtime.is_ready() => text(StatusCode::OK, "ready\n"),
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/debug/routes" => {
+            let live = runtime.load_full();
+            let mut doc = serde_json::json!({
+                "ready": runtime.is_ready(),
+                "snapshot": &*live.snapshot,
+            });
+            if let (Some(extra), Some(map)) = (extra, doc.as_object_mut()) {
+                if let serde_json::Value::Object(more) = extra() {
+                    map.extend(more);
+                }
+            }
+            let body = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::SERVER, "duet")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap_or_default()
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    })
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    res.headers_mut().insert(header::SERVER, header::HeaderValue::from_static("duet"));
+    res
+}

@@ -1,0 +1,350 @@
+//! Balancing over targets (one per pod, whatever its families), then the choice of the target's
+//! address by family policy. Per-target state survives snapshot swaps, keyed by `TargetId`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::table::{Backend, BackendId, Family, FamilyPolicy, LbPolicy, Target, TargetId};
+
+/// Consecutive connect failures of one family of one target before that family is ejected.
+pub const EJECT_AFTER_FAILURES: u32 = 3;
+/// How long an ejected family stays skipped (doubling per repeated ejection, capped at 8x).
+pub const EJECT_BASE: Duration = Duration::from_secs(5);
+
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    // Offset by one so that 0 means "never ejected".
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// Health of one family of one target.
+#[derive(Debug, Default)]
+struct FamilyHealth {
+    consecutive_failures: AtomicU32,
+    ejections: AtomicU32,
+    ejected_until_ms: AtomicU64,
+}
+
+impl FamilyHealth {
+    fn ejected(&self, now: u64) -> bool {
+        self.ejected_until_ms.load(Ordering::Relaxed) > now
+    }
+}
+
+/// Mutable state of one target, shared by every snapshot that contains it.
+#[derive(Debug, Default)]
+pub struct TargetState {
+    in_flight: AtomicU32,
+    health: [FamilyHealth; 2],
+}
+
+fn slot(f: Family) -> usize {
+    match f {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+impl TargetState {
+    /// Requests in flight to this target, over both families.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether one family of this target is ejected now.
+    pub fn is_ejected(&self, family: Family) -> bool {
+        self.health[slot(family)].ejected(now_ms())
+    }
+
+    /// Records a connect failure over one family; returns true when it ejected that family.
+    pub fn record_failure(&self, family: Family) -> bool {
+        let h = &self.health[slot(family)];
+        let n = h.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= EJECT_AFTER_FAILURES {
+            h.consecutive_failures.store(0, Ordering::Relaxed);
+            let times = h.ejections.fetch_add(1, Ordering::Relaxed).min(3);
+            let window = EJECT_BASE * (1 << times);
+            h.ejected_until_ms
+                .store(now_ms() + window.as_millis() as u64, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// Records a successful connect over one family, which clears its failure count.
+    pub fn record_success(&self, family: Family) {
+        let h = &self.health[slot(family)];
+        if h.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            h.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+        if h.ejections.load(Ordering::Relaxed) != 0 && !h.ejected(now_ms()) {
+            h.ejections.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Marks one request in flight until the guard drops.
+    pub fn start(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+}
+
+/// Counts a request as in flight on a target while alive.
+#[derive(Debug)]
+pub struct InFlight(Arc<TargetState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A backend with the live state of its targets: what the request path balances over.
+#[derive(Debug)]
+pub struct LiveBackend {
+    /// The backend as the snapshot describes it.
+    pub backend: Arc<Backend>,
+    /// State per target, index-aligned with `backend.targets`.
+    pub states: Box<[Arc<TargetState>]>,
+    rr: AtomicUsize,
+}
+
+/// The outcome of a pick: a target and the addresses to try on it, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pick {
+    /// Index into the backend's targets.
+    pub index: usize,
+    /// Addresses to try, best first: the preferred family, then the fallback when the policy
+    /// allows it and the target has it.
+    pub addrs: [Option<(Family, SocketAddr)>; 2],
+}
+
+impl LiveBackend {
+    /// Builds the live view of a backend, reusing the state of targets already known.
+    pub fn new(backend: Arc<Backend>, previous: Option<&LiveBackend>) -> LiveBackend {
+        let known: HashMap<&TargetId, &Arc<TargetState>> = previous
+            .map(|p| {
+                p.backend
+                    .targets
+                    .iter()
+                    .map(|t| &t.id)
+                    .zip(p.states.iter())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let states = backend
+            .targets
+            .iter()
+            .map(|t| known.get(&t.id).map(|s| (*s).clone()).unwrap_or_default())
+            .collect();
+        let rr = previous.map_or(0, |p| p.rr.load(Ordering::Relaxed));
+        LiveBackend { backend, states, rr: AtomicUsize::new(rr) }
+    }
+
+    /// The backend's id.
+    pub fn id(&self) -> &BackendId {
+        &self.backend.id
+    }
+
+    fn usable(&self, i: usize, client: Family, policy: FamilyPolicy, now: u64, healthy: bool) -> bool {
+        let t = &self.backend.targets[i];
+        let s = &self.states[i];
+        policy
+            .order(client)
+            .into_iter()
+            .flatten()
+            .any(|f| t.addr(f).is_some() && (!healthy || !s.health[slot(f)].ejected(now)))
+    }
+
+    /// Picks a target for a client, skipping the indices in `tried`, and orders its addresses.
+    /// Targets whose allowed families are all ejected are used only when nothing else is left.
+    pub fn pick(&self, client: Family, policy: FamilyPolicy, tried: &[usize]) -> Option<Pick> {
+        let now = now_ms();
+        let index = self
+            .choose(client, policy, tried, now, true)
+            .or_else(|| self.choose(client, policy, tried, now, false))?;
+        Some(self.addresses(index, client, policy, now))
+    }
+
+    fn choose(&self, client: Family, policy: FamilyPolicy, tried: &[usize], now: u64, healthy: bool) -> Option<usize> {
+        let n = self.backend.targets.len();
+        if n == 0 {
+            return None;
+        }
+        let ok = |i: usize| !tried.contains(&i) && self.usable(i, client, policy, now, healthy);
+        match self.backend.lb {
+            LbPolicy::RoundRobin => {
+                let start = self.rr.fetch_add(1, Ordering::Relaxed);
+                (0..n).map(|k| (start + k) % n).find(|&i| ok(i))
+            }
+            LbPolicy::P2c => {
+                // Two random candidates; the one with fewer requests in flight wins. A few
+                // resamples skip non-candidates cheaply; a scan settles the rare rest.
+                let sample = || {
+                    (0..4).map(|_| fastrand::usize(..n)).find(|&i| ok(i))
+                };
+                let first = match sample() {
+                    Some(i) => i,
+                    None => return self.scan(n, &ok),
+                };
+                let second = sample().filter(|&j| j != first);
+                Some(match second {
+                    Some(j) if self.states[j].in_flight() < self.states[first].in_flight() => j,
+                    _ => first,
+                })
+            }
+        }
+    }
+
+    /// A fair fallback for sparse candidate sets: the least loaded candidate, ties broken at a
+    /// random offset so that no target is favoured.
+    fn scan(&self, n: usize, ok: &impl Fn(usize) -> bool) -> Option<usize> {
+        let start = fastrand::usize(..n);
+        (0..n)
+            .map(|k| (start + k) % n)
+            .filter(|&i| ok(i))
+            .min_by_key(|&i| self.states[i].in_flight())
+    }
+
+    fn addresses(&self, index: usize, client: Family, policy: FamilyPolicy, now: u64) -> Pick {
+        let t: &Target = &self.backend.targets[index];
+        let s = &self.states[index];
+        let mut addrs: [Option<(Family, SocketAddr)>; 2] = [None, None];
+        let allowed = policy.order(client);
+        let mut k = 0;
+        // Healthy families in policy order first, then ejected ones as a last resort.
+        for want_healthy in [true, false] {
+            for f in allowed.into_iter().flatten() {
+                if let Some(a) = t.addr(f) {
+                    if s.health[slot(f)].ejected(now) != want_healthy && !addrs.iter().flatten().any(|(g, _)| *g == f) {
+                        addrs[k] = Some((f, a));
+                        k += 1;
+                    }
+                }
+            }
+        }
+        Pick { index, addrs }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::UpstreamProtocol;
+
+    fn target(id: &str, v4: Option<&str>, v6: Option<&str>) -> Target {
+        Target {
+            id: TargetId(id.into()),
+            v4: v4.map(|a| a.parse().unwrap()),
+            v6: v6.map(|a| a.parse().unwrap()),
+            zone: None,
+        }
+    }
+
+    fn backend(lb: LbPolicy, targets: Vec<Target>) -> Arc<Backend> {
+        Arc::new(Backend {
+            id: BackendId("ns/svc:80".into()),
+            targets: targets.into(),
+            lb,
+            protocol: UpstreamProtocol::Http1,
+        })
+    }
+
+    fn mixed(lb: LbPolicy) -> LiveBackend {
+        LiveBackend::new(
+            backend(
+                lb,
+                vec![
+                    target("dual", Some("10.0.0.1:80"), Some("[fd00::1]:80")),
+                    target("v4only", Some("10.0.0.2:80"), None),
+                    target("v6only", None, Some("[fd00::3]:80")),
+                ],
+            ),
+            None,
+        )
+    }
+
+    #[test]
+    fn same_family_is_preferred_and_falls_back() {
+        let b = mixed(LbPolicy::RoundRobin);
+        for _ in 0..30 {
+            let p = b.pick(Family::V4, FamilyPolicy::PreferSameFamily, &[]).unwrap();
+            let first = p.addrs[0].unwrap();
+            let t = &b.backend.targets[p.index];
+            if t.v4.is_some() {
+                assert_eq!(first.0, Family::V4);
+            } else {
+                assert_eq!(first.0, Family::V6, "an IPv6-only pod still serves IPv4 clients");
+            }
+        }
+    }
+
+    #[test]
+    fn require_same_family_never_crosses() {
+        let b = mixed(LbPolicy::P2c);
+        for _ in 0..200 {
+            let p = b.pick(Family::V6, FamilyPolicy::RequireSameFamily, &[]).unwrap();
+            assert_eq!(b.backend.targets[p.index].id.0.as_ref() == "v4only", false);
+            assert_eq!(p.addrs[0].unwrap().0, Family::V6);
+            assert_eq!(p.addrs[1], None);
+        }
+        let only_v4 = LiveBackend::new(backend(LbPolicy::P2c, vec![target("a", Some("10.0.0.1:80"), None)]), None);
+        assert_eq!(only_v4.pick(Family::V6, FamilyPolicy::RequireSameFamily, &[]), None);
+    }
+
+    #[test]
+    fn each_pod_counts_once() {
+        for lb in [LbPolicy::P2c, LbPolicy::RoundRobin] {
+            let b = mixed(lb);
+            let mut counts = [0u32; 3];
+            for i in 0..3000 {
+                let client = if i % 2 == 0 { Family::V4 } else { Family::V6 };
+                counts[b.pick(client, FamilyPolicy::PreferSameFamily, &[]).unwrap().index] += 1;
+            }
+            for c in counts {
+                assert!((850..=1150).contains(&c), "{lb:?}: {counts:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn p2c_prefers_the_less_loaded_target() {
+        let b = LiveBackend::new(
+            backend(LbPolicy::P2c, vec![target("a", Some("10.0.0.1:80"), None), target("b", Some("10.0.0.2:80"), None)]),
+            None,
+        );
+        let _busy: Vec<_> = (0..5).map(|_| b.states[0].start()).collect();
+        for _ in 0..100 {
+            assert_eq!(b.pick(Family::V4, FamilyPolicy::PreferSameFamily, &[]).unwrap().index, 1);
+        }
+    }
+
+    #[test]
+    fn a_failing_family_is_ejected_and_the_other_used() {
+        let b = mixed(LbPolicy::RoundRobin);
+        let dual = 0;
+        for _ in 0..EJECT_AFTER_FAILURES {
+            b.states[dual].record_failure(Family::V6);
+        }
+        assert!(b.states[dual].is_ejected(Family::V6));
+        let p = b.addresses(dual, Family::V6, FamilyPolicy::PreferSameFamily, now_ms());
+        assert_eq!(p.addrs[0].unwrap().0, Family::V4);
+        assert_eq!(p.addrs[1].unwrap().0, Family::V6, "ejected family kept as last resort");
+    }
+
+    #[test]
+    fn state_survives_a_swap() {
+        let old = mixed(LbPolicy::P2c);
+        let _guard = old.states[1].start();
+        let mut targets: Vec<Target> = old.backend.targets.to_vec();
+        targets.reverse();
+        targets.push(target("new", Some("10.0.0.9:80"), None));
+        let new = LiveBackend::new(backend(LbPolicy::P2c, targets), Some(&old));
+        let i = new.backend.targets.iter().position(|t| t.id.0.as_ref() == "v4only").unwrap();
+        assert_eq!(new.states[i].in_flight(), 1);
+        assert_eq!(new.states[3].in_flight(), 0);
+    }
+}

@@ -1,0 +1,16 @@
+//! duet's dataplane: the routing snapshot types, dual-stack listeners, the per-target balancer,
+//! the HTTP proxy and the admin endpoints. It never talks to Kubernetes: the controller hands it
+//! whole snapshots through [`Runtime::apply`].
+
+pub mod admin;
+pub mod balance;
+pub mod listen;
+pub mod proxy;
+pub mod runtime;
+pub mod table;
+
+pub use runtime::{Live, ProxyConfig, Runtime};
+pub use table::{
+    Backend, BackendId, Family, FamilyPolicy, LbPolicy, Origin, PathMatch, PathRule, RouteAction,
+    RouteTable, Snapshot, Target, TargetId,
+};

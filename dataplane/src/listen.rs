@@ -1,0 +1,182 @@
+//! Dual-stack listeners: one socket per address (IPv6 sockets with `IPV6_V6ONLY`), and the accept
+//! loop that serves HTTP/1.1 and HTTP/2 (prior knowledge) connections until shutdown.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::table::{normalize_addr, Family};
+
+/// A listener that could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The kernel has IPv6 disabled, so an IPv6 address cannot be bound.
+    #[error("cannot listen on {addr}: IPv6 is disabled on this host ({source})")]
+    Ipv6Unavailable {
+        /// The address.
+        addr: SocketAddr,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+    /// Any other failure to create, bind or listen.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What the kernel said.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Binds one listening socket: `SO_REUSEADDR`, `IPV6_V6ONLY` on IPv6, non-blocking, backlog 1024.
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
+    let v6 = addr.is_ipv6();
+    let wrap = |source: io::Error| {
+        let unavailable = v6
+            && matches!(source.raw_os_error(), Some(code) if code == EAFNOSUPPORT || code == EADDRNOTAVAIL);
+        if unavailable {
+            BindError::Ipv6Unavailable { addr, source }
+        } else {
+            BindError::Bind { addr, source }
+        }
+    };
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(wrap)?;
+    if v6 {
+        socket.set_only_v6(true).map_err(wrap)?;
+    }
+    socket.set_reuse_address(true).map_err(wrap)?;
+    socket.set_tcp_nodelay(true).map_err(wrap)?;
+    socket.set_nonblocking(true).map_err(wrap)?;
+    socket.bind(&addr.into()).map_err(wrap)?;
+    socket.listen(1024).map_err(wrap)?;
+    Ok(socket.into())
+}
+
+const EAFNOSUPPORT: i32 = 97;
+const EADDRNOTAVAIL: i32 = 99;
+
+/// Who is on the other end of an accepted connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The client's address, IPv4-mapped IPv6 normalised to IPv4.
+    pub peer: SocketAddr,
+    /// The local address the connection was accepted on.
+    pub local: SocketAddr,
+    /// The client's family (of `peer`).
+    pub family: Family,
+}
+
+impl ConnInfo {
+    /// Describes a connection from its two addresses.
+    pub fn new(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
+        let peer = normalize_addr(peer);
+        ConnInfo { family: Family::of(&peer), peer, local: normalize_addr(local) }
+    }
+}
+
+/// Settings of the HTTP server side of a listener.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Time a client has to send a complete request head.
+    pub header_read_timeout: Duration,
+    /// How long to wait for open connections after shutdown starts.
+    pub drain_timeout: Duration,
+}
+
+/// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
+/// `shutdown` turns true; then stops accepting and drains open connections gracefully.
+pub async fn serve<H, F, B>(
+    listener: std::net::TcpListener,
+    options: ServeOptions,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()>
+where
+    H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<B>, std::convert::Infallible>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = TcpListener::from_std(listener)?;
+    let local_default = listener.local_addr()?;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(%error, listener = %local_default, "Accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.wait_for(|stop| *stop) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().unwrap_or(local_default);
+        let info = Arc::new(ConnInfo::new(peer, local));
+        let handler = handler.clone();
+        let service = service_fn(move |req| handler(req, info.clone()));
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(error) = conn.await {
+                tracing::trace!(error = %error, "Connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(options.drain_timeout) => {
+            tracing::warn!(listener = %local_default, "Drain timed out; closing remaining connections");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binds_each_family_separately_on_one_port() {
+        let v4 = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = v4.local_addr().unwrap().port();
+        // With IPV6_V6ONLY the IPv6 socket does not claim the IPv4 port space, so both bind.
+        let v6 = bind(SocketAddr::from(([0u16, 0, 0, 0, 0, 0, 0, 1], port))).unwrap();
+        assert_eq!(v6.local_addr().unwrap().port(), port);
+        let again = bind(SocketAddr::from(([127, 0, 0, 1], port)));
+        assert!(matches!(again, Err(BindError::Bind { .. })), "{again:?}");
+    }
+
+    #[test]
+    fn mapped_peers_are_ipv4_clients() {
+        let info = ConnInfo::new("[::ffff:127.0.0.1]:5000".parse().unwrap(), "[::ffff:127.0.0.1]:80".parse().unwrap());
+        assert_eq!(info.family, Family::V4);
+        assert_eq!(info.peer.to_string(), "127.0.0.1:5000");
+    }
+}

@@ -1,0 +1,120 @@
+//! The live state of the dataplane: the current snapshot with balancer state, swapped atomically.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, Guard};
+
+use crate::balance::LiveBackend;
+use crate::table::{BackendId, Snapshot};
+
+/// Timeouts and limits of the proxy, parsed once at start.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    /// Upstream TCP connect timeout per attempt (nginx `proxy_connect_timeout`: 60 s; ours is
+    /// shorter because another family or target can be tried).
+    pub connect_timeout: Duration,
+    /// Time to wait for the upstream's response head (nginx `proxy_read_timeout`: 60 s); 504
+    /// after it.
+    pub response_timeout: Duration,
+    /// Time a client has to send a request head (nginx `client_header_timeout`: 60 s).
+    pub header_read_timeout: Duration,
+    /// Idle time after which a pooled upstream connection is closed.
+    pub upstream_idle_timeout: Duration,
+    /// Idle keep-alive connections kept per upstream address.
+    pub upstream_idle_per_addr: usize,
+    /// How many targets one request may try after connect failures.
+    pub max_target_attempts: usize,
+    /// How long draining waits for open connections on shutdown.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(60),
+            upstream_idle_timeout: Duration::from_secs(60),
+            upstream_idle_per_addr: 64,
+            max_target_attempts: 3,
+            drain_timeout: Duration::from_secs(25),
+        }
+    }
+}
+
+/// What a request sees: one snapshot and the live backends built from it.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// The snapshot as published.
+    pub snapshot: Arc<Snapshot>,
+    /// Backends with their balancer state.
+    pub backends: HashMap<BackendId, Arc<LiveBackend>>,
+}
+
+/// The dataplane's shared state: the live snapshot, readiness and configuration.
+#[derive(Debug)]
+pub struct Runtime {
+    live: ArcSwap<Live>,
+    applied: AtomicBool,
+    draining: AtomicBool,
+    apply_lock: Mutex<()>,
+    /// Proxy timeouts and limits.
+    pub config: ProxyConfig,
+}
+
+impl Runtime {
+    /// A runtime with an empty table, not ready until the first [`Runtime::apply`].
+    pub fn new(config: ProxyConfig) -> Arc<Runtime> {
+        Arc::new(Runtime {
+            live: ArcSwap::from_pointee(Live::default()),
+            applied: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            apply_lock: Mutex::new(()),
+            config,
+        })
+    }
+
+    /// Publishes a snapshot. Backends whose `Arc` is unchanged keep their live state object;
+    /// changed ones are rebuilt, carrying per-target state over by `TargetId`.
+    pub fn apply(&self, snapshot: Arc<Snapshot>) {
+        let _one_at_a_time = self.apply_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.live.load_full();
+        let backends = snapshot
+            .backends
+            .iter()
+            .map(|(id, backend)| {
+                let previous = old.backends.get(id);
+                let live = match previous {
+                    Some(p) if Arc::ptr_eq(&p.backend, backend) => p.clone(),
+                    _ => Arc::new(LiveBackend::new(backend.clone(), previous.map(|p| &**p))),
+                };
+                (id.clone(), live)
+            })
+            .collect();
+        self.live.store(Arc::new(Live { snapshot, backends }));
+        self.applied.store(true, Ordering::Release);
+    }
+
+    /// The live snapshot; one load per request, no lock.
+    pub fn load(&self) -> Guard<Arc<Live>> {
+        self.live.load()
+    }
+
+    /// The live snapshot as an owned `Arc`.
+    pub fn load_full(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Ready: a snapshot has been applied and the process is not draining.
+    pub fn is_ready(&self) -> bool {
+        self.applied.load(Ordering::Acquire) && !self.draining.load(Ordering::Acquire)
+    }
+
+    /// Marks the process as draining: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+}

@@ -1,0 +1,619 @@
+//! The routing snapshot: plain, immutable data handed from the controller to the dataplane,
+//! plus host and path matching. No I/O here.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::{Serialize, Serializer};
+
+/// An address family: of a client, of a listener, of an upstream address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// IPv4 (including IPv4-mapped IPv6 addresses, which are normalised to IPv4).
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    /// The family of an address, after normalising IPv4-mapped IPv6 addresses.
+    pub fn of(addr: &SocketAddr) -> Family {
+        Family::of_ip(&addr.ip())
+    }
+
+    /// The family of an IP address, after normalising IPv4-mapped IPv6 addresses.
+    pub fn of_ip(ip: &IpAddr) -> Family {
+        match ip.to_canonical() {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    /// The other family.
+    pub fn other(self) -> Family {
+        match self {
+            Family::V4 => Family::V6,
+            Family::V6 => Family::V4,
+        }
+    }
+
+    /// The label used in logs, JSON and metrics: `ipv4` or `ipv6`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Family {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Normalises an IPv4-mapped IPv6 socket address (`[::ffff:192.0.2.1]:80`) to plain IPv4.
+pub fn normalize_addr(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+/// How a target's address is chosen for a client of a given family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum FamilyPolicy {
+    /// The client's family first, then the other one (the default).
+    #[default]
+    PreferSameFamily,
+    /// Only the client's family; targets lacking it are not candidates.
+    RequireSameFamily,
+    /// IPv4 first, then IPv6, whatever the client.
+    #[serde(rename = "PreferIPv4")]
+    PreferIpv4,
+    /// IPv6 first, then IPv4, whatever the client.
+    #[serde(rename = "PreferIPv6")]
+    PreferIpv6,
+}
+
+impl FamilyPolicy {
+    /// Every accepted spelling, for error messages.
+    pub const NAMES: &'static str =
+        "PreferSameFamily, RequireSameFamily, PreferIPv4, PreferIPv6";
+
+    /// The families to try for a client, in order; `None` where the policy allows no second one.
+    pub fn order(self, client: Family) -> [Option<Family>; 2] {
+        match self {
+            FamilyPolicy::PreferSameFamily => [Some(client), Some(client.other())],
+            FamilyPolicy::RequireSameFamily => [Some(client), None],
+            FamilyPolicy::PreferIpv4 => [Some(Family::V4), Some(Family::V6)],
+            FamilyPolicy::PreferIpv6 => [Some(Family::V6), Some(Family::V4)],
+        }
+    }
+
+    /// Whether a target is a candidate at all for this client under this policy.
+    pub fn admits(self, target: &Target, client: Family) -> bool {
+        self.order(client)
+            .into_iter()
+            .flatten()
+            .any(|f| target.addr(f).is_some())
+    }
+}
+
+impl FromStr for FamilyPolicy {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "PreferSameFamily" => Ok(FamilyPolicy::PreferSameFamily),
+            "RequireSameFamily" => Ok(FamilyPolicy::RequireSameFamily),
+            "PreferIPv4" => Ok(FamilyPolicy::PreferIpv4),
+            "PreferIPv6" => Ok(FamilyPolicy::PreferIpv6),
+            other => Err(UnknownName {
+                what: "upstream family policy",
+                given: other.to_owned(),
+                expected: FamilyPolicy::NAMES,
+            }),
+        }
+    }
+}
+
+/// A name that is not one of an enum's spellings.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown {what} {given:?} (expected one of: {expected})")]
+pub struct UnknownName {
+    /// What kind of name it was.
+    pub what: &'static str,
+    /// What was given.
+    pub given: String,
+    /// The accepted names.
+    pub expected: &'static str,
+}
+
+/// The load-balancing algorithm over a backend's targets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LbPolicy {
+    /// Power of two choices over in-flight requests per target (the default).
+    #[default]
+    P2c,
+    /// Round robin over the candidate targets.
+    RoundRobin,
+}
+
+impl FromStr for LbPolicy {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "p2c" => Ok(LbPolicy::P2c),
+            "round-robin" => Ok(LbPolicy::RoundRobin),
+            other => Err(UnknownName {
+                what: "load-balancing policy",
+                given: other.to_owned(),
+                expected: "p2c, round-robin",
+            }),
+        }
+    }
+}
+
+/// The identity of one target, stable across snapshots (a pod uid, or a namespaced pod name, or
+/// the address of an endpoint without a `targetRef`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct TargetId(pub Arc<str>);
+
+impl fmt::Display for TargetId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// ONE pod (or one endpoint without a `targetRef`): weighted once whatever its families.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Target {
+    /// Stable identity; per-target balancer state is keyed by it.
+    pub id: TargetId,
+    /// The pod's IPv4 address and port, if it has one.
+    pub v4: Option<SocketAddr>,
+    /// The pod's IPv6 address and port, if it has one.
+    pub v6: Option<SocketAddr>,
+    /// The topology zone, when the EndpointSlice gives it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<Arc<str>>,
+}
+
+impl Target {
+    /// The target's address of one family.
+    pub fn addr(&self, family: Family) -> Option<SocketAddr> {
+        match family {
+            Family::V4 => self.v4,
+            Family::V6 => self.v6,
+        }
+    }
+}
+
+/// The identity of a backend: `namespace/service:port`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct BackendId(pub Arc<str>);
+
+impl BackendId {
+    /// The id of a Service port; `port` is the port's number or name as the Ingress wrote it.
+    pub fn new(namespace: &str, service: &str, port: &str) -> BackendId {
+        BackendId(format!("{namespace}/{service}:{port}").into())
+    }
+}
+
+impl fmt::Display for BackendId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The protocol spoken to a backend's targets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 over plain TCP (the default).
+    #[default]
+    Http1,
+}
+
+/// One Service port with its targets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Backend {
+    /// `namespace/service:port`.
+    pub id: BackendId,
+    /// One entry per pod; empty when no endpoint is ready.
+    pub targets: Arc<[Target]>,
+    /// The balancing algorithm.
+    pub lb: LbPolicy,
+    /// The protocol to the targets.
+    pub protocol: UpstreamProtocol,
+}
+
+/// Where a matched request goes: a backend, and how a target address is chosen for it (the
+/// family policy belongs to the route because the annotation that sets it is per Ingress, and two
+/// Ingresses may share a Service).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteAction {
+    /// The backend serving the route.
+    pub backend: BackendId,
+    /// The family policy of the Ingress that declared the route.
+    pub policy: FamilyPolicy,
+    /// The Ingress that declared the route.
+    pub origin: Origin,
+}
+
+/// The Ingress a rule came from; its age decides conflicts.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Origin {
+    /// Namespace of the Ingress.
+    pub namespace: Arc<str>,
+    /// Name of the Ingress.
+    pub name: Arc<str>,
+    /// `metadata.creationTimestamp` in Unix seconds (0 when unset, e.g. in a manifest file).
+    pub created: i64,
+}
+
+impl Origin {
+    /// Older first, then namespace, then name.
+    fn age_cmp(&self, other: &Origin) -> Ordering {
+        self.created
+            .cmp(&other.created)
+            .then_with(|| self.namespace.cmp(&other.namespace))
+            .then_with(|| self.name.cmp(&other.name))
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// How a rule matches the request path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "type", content = "path")]
+pub enum PathMatch {
+    /// The path equals this string exactly (case-sensitive).
+    Exact(Box<str>),
+    /// Element-wise prefix: `/foo` matches `/foo`, `/foo/` and `/foo/bar`, not `/foobar`; a
+    /// trailing slash in the rule is ignored, and `/` matches everything.
+    Prefix(Box<str>),
+    /// What duet does with `ImplementationSpecific`: the same as `Prefix`.
+    ImplementationSpecific(Box<str>),
+}
+
+impl PathMatch {
+    /// A `Prefix` match, normalised (trailing slashes dropped, `/` kept).
+    pub fn prefix(path: &str) -> PathMatch {
+        PathMatch::Prefix(normalize_prefix(path).into())
+    }
+
+    /// An `ImplementationSpecific` match, normalised like a prefix.
+    pub fn implementation_specific(path: &str) -> PathMatch {
+        PathMatch::ImplementationSpecific(normalize_prefix(path).into())
+    }
+
+    /// An `Exact` match.
+    pub fn exact(path: &str) -> PathMatch {
+        PathMatch::Exact(path.into())
+    }
+
+    /// Whether the request path (without query) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Exact(p) => path == &**p,
+            PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => prefix_matches(p, path),
+        }
+    }
+
+    fn rank(&self) -> (u8, usize) {
+        match self {
+            PathMatch::Exact(p) => (0, usize::MAX - p.len()),
+            PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => {
+                (1, usize::MAX - p.len())
+            }
+        }
+    }
+
+    /// The path string of the rule.
+    pub fn path(&self) -> &str {
+        match self {
+            PathMatch::Exact(p) | PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => p,
+        }
+    }
+}
+
+fn normalize_prefix(path: &str) -> &str {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        "/"
+    } else {
+        trimmed
+    }
+}
+
+/// Element-wise prefix match of a normalised prefix (no trailing slash unless it is `/`).
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// One path rule under a host, with where it sends the request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PathRule {
+    /// The path match.
+    #[serde(rename = "match")]
+    pub matcher: PathMatch,
+    /// The route's destination.
+    #[serde(flatten)]
+    pub action: RouteAction,
+}
+
+impl PathRule {
+    /// Precedence: Exact before Prefix, longer before shorter, then the older Ingress (then
+    /// namespace/name). `Less` means "wins".
+    pub fn precedence(&self, other: &PathRule) -> Ordering {
+        self.matcher
+            .rank()
+            .cmp(&other.matcher.rank())
+            .then_with(|| self.action.origin.age_cmp(&other.action.origin))
+    }
+
+    /// Whether two rules claim the same requests (same match kind and path); the first in
+    /// precedence wins and the other is a conflict.
+    pub fn same_match(&self, other: &PathRule) -> bool {
+        let kind = |m: &PathMatch| matches!(m, PathMatch::Exact(_));
+        kind(&self.matcher) == kind(&other.matcher)
+            && self.matcher.path() == other.matcher.path()
+    }
+}
+
+/// The rules of one host (or of the host-less rules), sorted by precedence.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostRules {
+    /// The host as the Ingress wrote it (`foo.example.com`, `*.example.com`), empty for the
+    /// host-less rules.
+    pub host: Box<str>,
+    /// Sorted: the first rule that matches wins.
+    pub rules: Vec<PathRule>,
+}
+
+impl HostRules {
+    /// Builds a host's rules: sorts by precedence and drops rules shadowed by an identical match
+    /// of higher precedence, returning those as conflicts.
+    pub fn new(host: &str, mut rules: Vec<PathRule>) -> (HostRules, Vec<PathRule>) {
+        rules.sort_by(PathRule::precedence);
+        let mut kept: Vec<PathRule> = Vec::with_capacity(rules.len());
+        let mut conflicts = Vec::new();
+        for rule in rules {
+            if kept.last().is_some_and(|k| k.same_match(&rule)) {
+                conflicts.push(rule);
+            } else {
+                kept.push(rule);
+            }
+        }
+        (HostRules { host: host.into(), rules: kept }, conflicts)
+    }
+
+    /// The first rule matching the path.
+    pub fn find(&self, path: &str) -> Option<&PathRule> {
+        self.rules.iter().find(|r| r.matcher.matches(path))
+    }
+}
+
+/// Hosts and their path rules, plus the default backend.
+///
+/// Matching: the Host header (port removed, case-insensitive, a trailing dot ignored) selects the
+/// most specific host entry: an exact host, else a `*.suffix` wildcard covering exactly one DNS
+/// label, else the host-less rules. The first path rule of that entry that matches wins; when none
+/// does, the default backend (the oldest Ingress `defaultBackend`) serves; else nothing matches.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RouteTable {
+    /// Exact hosts, lower case.
+    pub exact: HashMap<Box<str>, HostRules>,
+    /// Wildcard hosts keyed by the suffix after `*.` (`*.example.com` is `example.com`).
+    pub wildcard: HashMap<Box<str>, HostRules>,
+    /// Rules with no host: they apply to hosts without an entry of their own.
+    pub any_host: HostRules,
+    /// The fallback when no rule matched.
+    pub default_backend: Option<RouteAction>,
+}
+
+/// What a lookup matched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Matched<'a> {
+    /// The destination.
+    pub action: &'a RouteAction,
+    /// The host entry that matched (`*.example.com` for a wildcard, `None` for host-less rules and
+    /// the default backend): a bounded label, never raw client input.
+    pub host: Option<&'a str>,
+}
+
+impl RouteTable {
+    /// Finds the route for a request. `host` is the Host header or `:authority` as received (a
+    /// port and a trailing dot are ignored; case-insensitive); `path` excludes the query.
+    /// Allocates nothing for hosts of up to 255 bytes.
+    pub fn find<'a>(&'a self, host: &str, path: &str) -> Option<Matched<'a>> {
+        let host = strip_port(host);
+        let host = host.strip_suffix('.').unwrap_or(host);
+        let mut buf = [0u8; 255];
+        let lowered: &str = if host.len() <= buf.len() && !host.bytes().any(|b| b.is_ascii_uppercase())
+        {
+            host
+        } else if host.len() <= buf.len() {
+            let out = &mut buf[..host.len()];
+            out.copy_from_slice(host.as_bytes());
+            out.make_ascii_lowercase();
+            // ASCII lowercasing keeps UTF-8 valid.
+            std::str::from_utf8(out).unwrap_or(host)
+        } else {
+            return self.within(&self.any_host, path);
+        };
+        if let Some(rules) = self.exact.get(lowered) {
+            return self.within(rules, path);
+        }
+        if let Some((label, suffix)) = lowered.split_once('.') {
+            if !label.is_empty() {
+                if let Some(rules) = self.wildcard.get(suffix) {
+                    return self.within(rules, path);
+                }
+            }
+        }
+        self.within(&self.any_host, path)
+    }
+
+    fn within<'a>(&'a self, rules: &'a HostRules, path: &str) -> Option<Matched<'a>> {
+        match rules.find(path) {
+            Some(rule) => Some(Matched {
+                action: &rule.action,
+                host: (!rules.host.is_empty()).then_some(&*rules.host),
+            }),
+            None => self.default_backend.as_ref().map(|action| Matched { action, host: None }),
+        }
+    }
+
+    /// Every backend id the table refers to.
+    pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
+        self.exact
+            .values()
+            .chain(self.wildcard.values())
+            .chain(std::iter::once(&self.any_host))
+            .flat_map(|h| h.rules.iter().map(|r| &r.action.backend))
+            .chain(self.default_backend.iter().map(|a| &a.backend))
+    }
+}
+
+/// Removes a `:port` from a Host value, keeping IPv6 literals in brackets (`[::1]:80` -> `[::1]`).
+pub fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return match host.find(']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
+    }
+    match host.rfind(':') {
+        Some(i) if host[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &host[..i],
+        _ => host,
+    }
+}
+
+/// Certificates by SNI (filled by the TLS work; empty until then).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CertTable {}
+
+/// Everything the dataplane needs, immutable and published whole.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Snapshot {
+    /// Increases by one with each published snapshot.
+    pub version: u64,
+    /// Hosts and paths; shared between snapshots when only endpoints changed.
+    pub routes: Arc<RouteTable>,
+    /// Backends by id; an endpoint-only change replaces one entry.
+    #[serde(serialize_with = "sorted_backends")]
+    pub backends: HashMap<BackendId, Arc<Backend>>,
+    /// Certificates.
+    pub certs: Arc<CertTable>,
+}
+
+fn sorted_backends<S: Serializer>(
+    backends: &HashMap<BackendId, Arc<Backend>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let sorted: std::collections::BTreeMap<&BackendId, &Arc<Backend>> = backends.iter().collect();
+    sorted.serialize(s)
+}
+
+impl Snapshot {
+    /// The backend of a route, if it exists.
+    pub fn backend(&self, id: &BackendId) -> Option<&Arc<Backend>> {
+        self.backends.get(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(name: &str, created: i64) -> Origin {
+        Origin { namespace: "default".into(), name: name.into(), created }
+    }
+
+    fn rule(m: PathMatch, backend: &str, created: i64) -> PathRule {
+        PathRule {
+            matcher: m,
+            action: RouteAction {
+                backend: BackendId(backend.into()),
+                policy: FamilyPolicy::default(),
+                origin: origin(backend, created),
+            },
+        }
+    }
+
+    #[test]
+    fn prefix_is_element_wise() {
+        let m = PathMatch::prefix("/foo/");
+        assert!(m.matches("/foo"));
+        assert!(m.matches("/foo/"));
+        assert!(m.matches("/foo/bar"));
+        assert!(!m.matches("/foobar"));
+        assert!(!m.matches("/"));
+        assert!(PathMatch::prefix("/").matches("/anything"));
+        let e = PathMatch::exact("/foo");
+        assert!(e.matches("/foo"));
+        assert!(!e.matches("/foo/"));
+    }
+
+    #[test]
+    fn host_entry_precedence_and_wildcards() {
+        let mut t = RouteTable::default();
+        t.exact.insert("foo.bar.com".into(), HostRules::new("foo.bar.com", vec![rule(PathMatch::prefix("/"), "exact", 0)]).0);
+        t.wildcard.insert("foo.com".into(), HostRules::new("*.foo.com", vec![rule(PathMatch::prefix("/"), "wild", 0)]).0);
+        let get = |h: &str| t.find(h, "/x").map(|m| m.action.backend.0.to_string());
+        assert_eq!(get("Foo.Bar.com:8080").as_deref(), Some("exact"));
+        assert_eq!(get("foo.bar.com.").as_deref(), Some("exact"));
+        assert_eq!(get("bar.foo.com").as_deref(), Some("wild"));
+        assert_eq!(get("baz.bar.foo.com"), None);
+        assert_eq!(get("foo.com"), None);
+        assert_eq!(get("subdomain.bar.com"), None);
+    }
+
+    #[test]
+    fn strip_port_keeps_ipv6_brackets() {
+        assert_eq!(strip_port("[2001:db8::1]:8080"), "[2001:db8::1]");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+        assert_eq!(strip_port("example.com:80"), "example.com");
+        assert_eq!(strip_port("example.com"), "example.com");
+        assert_eq!(strip_port("192.0.2.1:80"), "192.0.2.1");
+    }
+
+    #[test]
+    fn family_policy_order() {
+        use Family::*;
+        assert_eq!(FamilyPolicy::PreferSameFamily.order(V6), [Some(V6), Some(V4)]);
+        assert_eq!(FamilyPolicy::RequireSameFamily.order(V4), [Some(V4), None]);
+        assert_eq!(FamilyPolicy::PreferIpv6.order(V4), [Some(V6), Some(V4)]);
+        assert_eq!("PreferIPv4".parse::<FamilyPolicy>().unwrap(), FamilyPolicy::PreferIpv4);
+        assert!("preferipv4".parse::<FamilyPolicy>().is_err());
+    }
+
+    #[test]
+    fn mapped_addresses_are_ipv4() {
+        let a: SocketAddr = "[::ffff:192.0.2.7]:4711".parse().unwrap();
+        assert_eq!(Family::of(&a), Family::V4);
+        assert_eq!(normalize_addr(a).to_string(), "192.0.2.7:4711");
+    }
+}
