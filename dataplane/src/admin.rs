@@ -55,8 +55,11 @@ pub async fn handle(
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     res.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
-    res.headers_mut().insert(header::SERVER, header::HeaderValue::from_static("duet"));
+        .insert(header::SERVER, header::HeaderValue::from_static("duet"));
     res
 }

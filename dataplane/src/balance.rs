@@ -141,7 +141,11 @@ impl LiveBackend {
             .map(|t| known.get(&t.id).map(|s| (*s).clone()).unwrap_or_default())
             .collect();
         let rr = previous.map_or(0, |p| p.rr.load(Ordering::Relaxed));
-        LiveBackend { backend, states, rr: AtomicUsize::new(rr) }
+        LiveBackend {
+            backend,
+            states,
+            rr: AtomicUsize::new(rr),
+        }
     }
 
     /// The backend's id.
@@ -149,7 +153,14 @@ impl LiveBackend {
         &self.backend.id
     }
 
-    fn usable(&self, i: usize, client: Family, policy: FamilyPolicy, now: u64, healthy: bool) -> bool {
+    fn usable(
+        &self,
+        i: usize,
+        client: Family,
+        policy: FamilyPolicy,
+        now: u64,
+        healthy: bool,
+    ) -> bool {
         let t = &self.backend.targets[i];
         let s = &self.states[i];
         policy
@@ -169,7 +180,14 @@ impl LiveBackend {
         Some(self.addresses(index, client, policy, now))
     }
 
-    fn choose(&self, client: Family, policy: FamilyPolicy, tried: &[usize], now: u64, healthy: bool) -> Option<usize> {
+    fn choose(
+        &self,
+        client: Family,
+        policy: FamilyPolicy,
+        tried: &[usize],
+        now: u64,
+        healthy: bool,
+    ) -> Option<usize> {
         let n = self.backend.targets.len();
         if n == 0 {
             return None;
@@ -183,14 +201,25 @@ impl LiveBackend {
             LbPolicy::P2c => {
                 // Two random candidates; the one with fewer requests in flight wins. A few
                 // resamples skip non-candidates cheaply; a scan settles the rare rest.
-                let sample = || {
-                    (0..4).map(|_| fastrand::usize(..n)).find(|&i| ok(i))
-                };
-                let first = match sample() {
+                let first = match (0..4).map(|_| fastrand::usize(..n)).find(|&i| ok(i)) {
                     Some(i) => i,
                     None => return self.scan(n, &ok),
                 };
-                let second = sample().filter(|&j| j != first);
+                // The second choice is always a different target.
+                let second = (n > 1)
+                    .then(|| {
+                        (0..4)
+                            .map(|_| {
+                                let j = fastrand::usize(..n - 1);
+                                if j >= first {
+                                    j + 1
+                                } else {
+                                    j
+                                }
+                            })
+                            .find(|&j| ok(j))
+                    })
+                    .flatten();
                 Some(match second {
                     Some(j) if self.states[j].in_flight() < self.states[first].in_flight() => j,
                     _ => first,
@@ -219,7 +248,9 @@ impl LiveBackend {
         for want_healthy in [true, false] {
             for f in allowed.into_iter().flatten() {
                 if let Some(a) = t.addr(f) {
-                    if s.health[slot(f)].ejected(now) != want_healthy && !addrs.iter().flatten().any(|(g, _)| *g == f) {
+                    if s.health[slot(f)].ejected(now) != want_healthy
+                        && !addrs.iter().flatten().any(|(g, _)| *g == f)
+                    {
                         addrs[k] = Some((f, a));
                         k += 1;
                     }
@@ -271,13 +302,19 @@ mod tests {
     fn same_family_is_preferred_and_falls_back() {
         let b = mixed(LbPolicy::RoundRobin);
         for _ in 0..30 {
-            let p = b.pick(Family::V4, FamilyPolicy::PreferSameFamily, &[]).unwrap();
+            let p = b
+                .pick(Family::V4, FamilyPolicy::PreferSameFamily, &[])
+                .unwrap();
             let first = p.addrs[0].unwrap();
             let t = &b.backend.targets[p.index];
             if t.v4.is_some() {
                 assert_eq!(first.0, Family::V4);
             } else {
-                assert_eq!(first.0, Family::V6, "an IPv6-only pod still serves IPv4 clients");
+                assert_eq!(
+                    first.0,
+                    Family::V6,
+                    "an IPv6-only pod still serves IPv4 clients"
+                );
             }
         }
     }
@@ -286,13 +323,21 @@ mod tests {
     fn require_same_family_never_crosses() {
         let b = mixed(LbPolicy::P2c);
         for _ in 0..200 {
-            let p = b.pick(Family::V6, FamilyPolicy::RequireSameFamily, &[]).unwrap();
+            let p = b
+                .pick(Family::V6, FamilyPolicy::RequireSameFamily, &[])
+                .unwrap();
             assert_eq!(b.backend.targets[p.index].id.0.as_ref() == "v4only", false);
             assert_eq!(p.addrs[0].unwrap().0, Family::V6);
             assert_eq!(p.addrs[1], None);
         }
-        let only_v4 = LiveBackend::new(backend(LbPolicy::P2c, vec![target("a", Some("10.0.0.1:80"), None)]), None);
-        assert_eq!(only_v4.pick(Family::V6, FamilyPolicy::RequireSameFamily, &[]), None);
+        let only_v4 = LiveBackend::new(
+            backend(LbPolicy::P2c, vec![target("a", Some("10.0.0.1:80"), None)]),
+            None,
+        );
+        assert_eq!(
+            only_v4.pick(Family::V6, FamilyPolicy::RequireSameFamily, &[]),
+            None
+        );
     }
 
     #[test]
@@ -302,7 +347,10 @@ mod tests {
             let mut counts = [0u32; 3];
             for i in 0..3000 {
                 let client = if i % 2 == 0 { Family::V4 } else { Family::V6 };
-                counts[b.pick(client, FamilyPolicy::PreferSameFamily, &[]).unwrap().index] += 1;
+                counts[b
+                    .pick(client, FamilyPolicy::PreferSameFamily, &[])
+                    .unwrap()
+                    .index] += 1;
             }
             for c in counts {
                 assert!((850..=1150).contains(&c), "{lb:?}: {counts:?}");
@@ -313,12 +361,23 @@ mod tests {
     #[test]
     fn p2c_prefers_the_less_loaded_target() {
         let b = LiveBackend::new(
-            backend(LbPolicy::P2c, vec![target("a", Some("10.0.0.1:80"), None), target("b", Some("10.0.0.2:80"), None)]),
+            backend(
+                LbPolicy::P2c,
+                vec![
+                    target("a", Some("10.0.0.1:80"), None),
+                    target("b", Some("10.0.0.2:80"), None),
+                ],
+            ),
             None,
         );
         let _busy: Vec<_> = (0..5).map(|_| b.states[0].start()).collect();
         for _ in 0..100 {
-            assert_eq!(b.pick(Family::V4, FamilyPolicy::PreferSameFamily, &[]).unwrap().index, 1);
+            assert_eq!(
+                b.pick(Family::V4, FamilyPolicy::PreferSameFamily, &[])
+                    .unwrap()
+                    .index,
+                1
+            );
         }
     }
 
@@ -332,7 +391,11 @@ mod tests {
         assert!(b.states[dual].is_ejected(Family::V6));
         let p = b.addresses(dual, Family::V6, FamilyPolicy::PreferSameFamily, now_ms());
         assert_eq!(p.addrs[0].unwrap().0, Family::V4);
-        assert_eq!(p.addrs[1].unwrap().0, Family::V6, "ejected family kept as last resort");
+        assert_eq!(
+            p.addrs[1].unwrap().0,
+            Family::V6,
+            "ejected family kept as last resort"
+        );
     }
 
     #[test]
@@ -343,7 +406,12 @@ mod tests {
         targets.reverse();
         targets.push(target("new", Some("10.0.0.9:80"), None));
         let new = LiveBackend::new(backend(LbPolicy::P2c, targets), Some(&old));
-        let i = new.backend.targets.iter().position(|t| t.id.0.as_ref() == "v4only").unwrap();
+        let i = new
+            .backend
+            .targets
+            .iter()
+            .position(|t| t.id.0.as_ref() == "v4only")
+            .unwrap();
         assert_eq!(new.states[i].in_flight(), 1);
         assert_eq!(new.states[3].in_flight(), 0);
     }

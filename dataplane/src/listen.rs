@@ -54,7 +54,8 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
             BindError::Bind { addr, source }
         }
     };
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(wrap)?;
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(wrap)?;
     if v6 {
         socket.set_only_v6(true).map_err(wrap)?;
     }
@@ -84,7 +85,11 @@ impl ConnInfo {
     /// Describes a connection from its two addresses.
     pub fn new(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
         let peer = normalize_addr(peer);
-        ConnInfo { family: Family::of(&peer), peer, local: normalize_addr(local) }
+        ConnInfo {
+            family: Family::of(&peer),
+            peer,
+            local: normalize_addr(local),
+        }
     }
 }
 
@@ -175,7 +180,10 @@ mod tests {
 
     #[test]
     fn mapped_peers_are_ipv4_clients() {
-        let info = ConnInfo::new("[::ffff:127.0.0.1]:5000".parse().unwrap(), "[::ffff:127.0.0.1]:80".parse().unwrap());
+        let info = ConnInfo::new(
+            "[::ffff:127.0.0.1]:5000".parse().unwrap(),
+            "[::ffff:127.0.0.1]:80".parse().unwrap(),
+        );
         assert_eq!(info.family, Family::V4);
         assert_eq!(info.peer.to_string(), "127.0.0.1:5000");
     }

@@ -1,42 +1,632 @@
-//! The reverse proxy: route lookup, target pick by family, pooled HTTP/1.1 upstream connections,
-//! forwarding headers, upgrades.
+//! The reverse proxy: route lookup, target pick by client family, pooled HTTP/1.1 upstream
+//! connections with per-family fallback, forwarding headers and upgrade tunnels.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::fmt::Write as _;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::Response;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
-use hyper::Request;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
+use crate::balance::InFlight;
 use crate::listen::ConnInfo;
 use crate::runtime::Runtime;
+use crate::table::BackendId;
 
-/// The body of a proxied response: the upstream's stream, or a short local answer.
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+/// Why the proxy answered by itself; each variant knows its side and status.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// No host or path rule matched and there is no default backend (404).
+    #[error("no route")]
+    NoRoute,
+    /// The backend has no target that the family policy admits for this client (503).
+    #[error("no ready target in {0}")]
+    NoTarget(BackendId),
+    /// Every connection attempt to the backend's targets failed (502).
+    #[error("cannot connect to {backend}")]
+    Connect {
+        /// The backend.
+        backend: BackendId,
+        /// The last connect error.
+        #[source]
+        source: io::Error,
+    },
+    /// The upstream did not send a response head in time (504).
+    #[error("upstream timed out")]
+    Timeout,
+    /// The upstream connection failed while the request was in flight (502).
+    #[error("upstream failed")]
+    Upstream(#[source] hyper::Error),
+}
 
-/// The proxy: shared by every listener.
+impl ProxyError {
+    /// The status code the client sees.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::NoTarget(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Connect { .. } | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    fn body(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute => "404 no route for this host and path\n",
+            ProxyError::NoTarget(_) => "503 no ready upstream target\n",
+            ProxyError::Connect { .. } => "502 cannot connect to upstream\n",
+            ProxyError::Upstream(_) => "502 upstream connection failed\n",
+            ProxyError::Timeout => "504 upstream timed out\n",
+        }
+    }
+
+    fn into_response(self) -> Response<ProxyBody> {
+        let mut res = Response::new(ProxyBody::full(Bytes::from_static(self.body().as_bytes())));
+        *res.status_mut() = self.status();
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        res
+    }
+}
+
+/// The body of a proxied response: the upstream's stream or a short local answer. It holds the
+/// target's in-flight mark until the body is done, so balancing sees streaming responses.
+#[derive(Debug)]
+pub struct ProxyBody {
+    inner: Either<Incoming, Full<Bytes>>,
+    _in_flight: Option<InFlight>,
+}
+
+impl ProxyBody {
+    fn full(bytes: Bytes) -> ProxyBody {
+        ProxyBody {
+            inner: Either::Right(Full::new(bytes)),
+            _in_flight: None,
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match &mut self.get_mut().inner {
+            Either::Left(incoming) => Pin::new(incoming).poll_frame(cx),
+            Either::Right(full) => Pin::new(full)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A pooled connection and when it went idle.
+type IdleConn = (SendRequest<Incoming>, Instant);
+
+/// Idle upstream HTTP/1.1 connections by address.
+#[derive(Debug, Default)]
+struct Pool {
+    idle: Mutex<HashMap<SocketAddr, Vec<IdleConn>>>,
+}
+
+impl Pool {
+    fn take(&self, addr: SocketAddr, max_idle: Duration) -> Option<SendRequest<Incoming>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.get_mut(&addr)?;
+        while let Some((sender, since)) = list.pop() {
+            if sender.is_ready() && since.elapsed() < max_idle {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn put(&self, addr: SocketAddr, sender: SendRequest<Incoming>, max_per_addr: usize) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(addr).or_default();
+        if list.len() < max_per_addr {
+            list.push((sender, Instant::now()));
+        }
+    }
+
+    /// Drops closed and expired connections, and addresses with none left.
+    fn reap(&self, max_idle: Duration) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.retain(|_, list| {
+            list.retain(|(sender, since)| !sender.is_closed() && since.elapsed() < max_idle);
+            !list.is_empty()
+        });
+    }
+}
+
+/// The proxy, shared by every listener.
 #[derive(Debug)]
 pub struct Proxy {
     runtime: Arc<Runtime>,
+    pool: Arc<Pool>,
 }
 
+/// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
 impl Proxy {
-    /// A proxy over a runtime.
+    /// A proxy over a runtime. Must be called within a Tokio runtime (it starts the pool reaper).
     pub fn new(runtime: Arc<Runtime>) -> Arc<Proxy> {
-        Arc::new(Proxy { runtime })
+        let pool = Arc::new(Pool::default());
+        let weak = Arc::downgrade(&pool);
+        let max_idle = runtime.config.upstream_idle_timeout;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(max_idle.min(Duration::from_secs(30)));
+            loop {
+                tick.tick().await;
+                match weak.upgrade() {
+                    Some(pool) => pool.reap(max_idle),
+                    None => return,
+                }
+            }
+        });
+        Arc::new(Proxy { runtime, pool })
     }
 
-    /// Handles one client request.
+    /// Handles one client request; every response carries `Server: duet`.
     pub async fn handle(
         self: Arc<Self>,
-        _req: Request<Incoming>,
-        _conn: Arc<ConnInfo>,
+        req: Request<Incoming>,
+        conn: Arc<ConnInfo>,
     ) -> Result<Response<ProxyBody>, Infallible> {
-        let _ = &self.runtime;
-        let mut res = Response::new(Either::Right(Full::new(Bytes::from_static(b"not yet\n"))));
-        *res.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        let mut res = match self.forward(req, &conn).await {
+            Ok(res) => res,
+            Err(error) => {
+                tracing::trace!(%error, client.addr = %conn.peer, "Answered locally");
+                error.into_response()
+            }
+        };
+        res.headers_mut()
+            .insert(header::SERVER, HeaderValue::from_static("duet"));
         Ok(res)
+    }
+
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let live = self.runtime.load_full();
+        let host = request_host(&req).unwrap_or_default();
+        let matched = live
+            .snapshot
+            .routes
+            .find(&host, req.uri().path())
+            .ok_or(ProxyError::NoRoute)?;
+        let action = matched.action;
+        let backend = live
+            .backends
+            .get(&action.backend)
+            .ok_or_else(|| ProxyError::NoTarget(action.backend.clone()))?;
+
+        let upgrade = is_upgrade(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        prepare_request(&mut req, &host, conn, upgrade);
+
+        let config = &self.runtime.config;
+        let mut tried: Vec<usize> = Vec::new();
+        let mut last_error: Option<io::Error> = None;
+        let mut req = Some(req);
+        for _ in 0..config.max_target_attempts {
+            let Some(pick) = backend.pick(conn.family, action.policy, &tried) else {
+                break;
+            };
+            tried.push(pick.index);
+            let state = &backend.states[pick.index];
+            for (family, addr) in pick.addrs.into_iter().flatten() {
+                let (sender, fresh) = match self.pool.take(addr, config.upstream_idle_timeout) {
+                    Some(sender) => (sender, false),
+                    None => match connect(addr, config.connect_timeout).await {
+                        Ok(sender) => {
+                            state.record_success(family);
+                            (sender, true)
+                        }
+                        Err(error) => {
+                            tracing::trace!(%error, upstream.addr = %addr, "Connect failed");
+                            if state.record_failure(family) {
+                                tracing::warn!(
+                                    backend = %backend.id(),
+                                    target = %backend.backend.targets[pick.index].id,
+                                    family = %family,
+                                    "Ejected a failing family of a target for a while"
+                                );
+                            }
+                            last_error = Some(error);
+                            continue;
+                        }
+                    },
+                };
+                let request = req.take().expect("request is present until sent");
+                let in_flight = state.start();
+                match self
+                    .send(sender, fresh, addr, request, config.connect_timeout)
+                    .await
+                {
+                    Ok(mut res) => {
+                        let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
+                        strip_hop_by_hop(res.headers_mut(), switching);
+                        if switching {
+                            if let Some(client) = client_upgrade {
+                                tunnel(client, hyper::upgrade::on(&mut res));
+                            }
+                        }
+                        return Ok(res.map(|body| ProxyBody {
+                            inner: Either::Left(body),
+                            _in_flight: Some(in_flight),
+                        }));
+                    }
+                    Err(SendError::Failed(error)) => return Err(error),
+                    Err(SendError::Unsent(request, error)) => {
+                        // Connecting to this address again failed: nothing was sent, so the
+                        // request may go to the other family or another target.
+                        req = Some(*request);
+                        state.record_failure(family);
+                        last_error = Some(error);
+                    }
+                }
+            }
+        }
+        match last_error {
+            Some(source) => Err(ProxyError::Connect {
+                backend: action.backend.clone(),
+                source,
+            }),
+            None => Err(ProxyError::NoTarget(action.backend.clone())),
+        }
+    }
+
+    /// Sends on a connection. A pooled connection that turns out closed before the request was
+    /// written is replaced by a fresh one to the same address.
+    async fn send(
+        &self,
+        mut sender: SendRequest<Incoming>,
+        mut fresh: bool,
+        addr: SocketAddr,
+        mut request: Request<Incoming>,
+        connect_timeout: Duration,
+    ) -> Result<Response<Incoming>, SendError> {
+        let config = &self.runtime.config;
+        loop {
+            let sent =
+                tokio::time::timeout(config.response_timeout, sender.try_send_request(request))
+                    .await;
+            match sent {
+                Err(_) => return Err(SendError::Failed(ProxyError::Timeout)),
+                Ok(Ok(res)) => {
+                    if res.status() != StatusCode::SWITCHING_PROTOCOLS {
+                        let pool = self.pool.clone();
+                        let max = config.upstream_idle_per_addr;
+                        tokio::spawn(async move {
+                            if sender.ready().await.is_ok() {
+                                pool.put(addr, sender, max);
+                            }
+                        });
+                    }
+                    return Ok(res);
+                }
+                Ok(Err(mut error)) => match error.take_message() {
+                    Some(unsent) if !fresh => {
+                        request = unsent;
+                        match connect(addr, connect_timeout).await {
+                            Ok(s) => {
+                                sender = s;
+                                fresh = true;
+                            }
+                            Err(e) => return Err(SendError::Unsent(Box::new(request), e)),
+                        }
+                    }
+                    Some(unsent) => {
+                        let e =
+                            io::Error::new(io::ErrorKind::ConnectionAborted, error.into_error());
+                        return Err(SendError::Unsent(Box::new(unsent), e));
+                    }
+                    None => {
+                        return Err(SendError::Failed(ProxyError::Upstream(error.into_error())))
+                    }
+                },
+            }
+        }
+    }
+}
+
+enum SendError {
+    /// The request was not written; it can go elsewhere.
+    Unsent(Box<Request<Incoming>>, io::Error),
+    /// The request may have reached the upstream; answer the client with this.
+    Failed(ProxyError),
+}
+
+async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<SendRequest<Incoming>> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = stream.set_nodelay(true);
+    let (sender, connection) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(io::Error::other)?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.with_upgrades().await {
+            tracing::trace!(%error, upstream.addr = %addr, "Upstream connection ended");
+        }
+    });
+    Ok(sender)
+}
+
+fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    tokio::spawn(async move {
+        match tokio::try_join!(client, upstream) {
+            Ok((client, upstream)) => {
+                let mut client = TokioIo::new(client);
+                let mut upstream = TokioIo::new(upstream);
+                if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await
+                {
+                    tracing::trace!(%error, "Tunnel ended");
+                }
+            }
+            Err(error) => tracing::trace!(%error, "Upgrade failed"),
+        }
+    });
+}
+
+/// The request's host: the URI authority (HTTP/2, absolute-form) or the Host header.
+fn request_host<B>(req: &Request<B>) -> Option<String> {
+    if let Some(authority) = req.uri().authority() {
+        return Some(authority.as_str().to_owned());
+    }
+    req.headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
+/// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let upgrade = if keep_upgrade {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    if let Some(upgrade) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, upgrade);
+    }
+}
+
+/// Turns a client request into the upstream request: origin-form URI, HTTP/1.1, Host kept,
+/// hop-by-hop headers removed, forwarding headers set from the real peer.
+fn prepare_request<B>(req: &mut Request<B>, host: &str, conn: &ConnInfo, upgrade: bool) {
+    let path_and_query = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    if req.uri().authority().is_some() || req.uri().scheme().is_some() {
+        if let Ok(uri) = Uri::try_from(path_and_query) {
+            *req.uri_mut() = uri;
+        }
+    }
+    *req.version_mut() = Version::HTTP_11;
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers, upgrade);
+    if !headers.contains_key(header::HOST) {
+        if let Ok(v) = HeaderValue::from_str(host) {
+            headers.insert(header::HOST, v);
+        }
+    }
+    set_forwarding_headers(headers, host, conn, "http");
+}
+
+/// Sets `X-Forwarded-*`, `X-Real-IP` and `Forwarded` (RFC 7239) from the connection, replacing
+/// whatever the client sent (no peer is trusted to forward yet).
+fn set_forwarding_headers(
+    headers: &mut HeaderMap,
+    host: &str,
+    conn: &ConnInfo,
+    proto: &'static str,
+) {
+    let ip = conn.peer.ip().to_string();
+    let ip_value = HeaderValue::from_str(&ip).expect("an IP address is a valid header value");
+    headers.insert(&X_FORWARDED_FOR, ip_value.clone());
+    headers.insert(&X_REAL_IP, ip_value);
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    if let Ok(v) = HeaderValue::from_str(host) {
+        headers.insert(&X_FORWARDED_HOST, v);
+    }
+    headers.insert(&X_FORWARDED_PORT, HeaderValue::from(conn.local.port()));
+    if let Ok(v) = HeaderValue::from_str(&forwarded_element(conn.peer, host, proto)) {
+        headers.insert(header::FORWARDED, v);
+    }
+}
+
+/// One `Forwarded` element: `for="[2001:db8::1]:4711";host=example.com;proto=http`. A node with
+/// a port is always quoted, and IPv6 is bracketed (RFC 7239 section 6).
+pub fn forwarded_element(peer: SocketAddr, host: &str, proto: &str) -> String {
+    let mut out = String::with_capacity(64);
+    let node = match peer {
+        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    };
+    let _ = write!(out, "for=\"{node}\"");
+    if !host.is_empty() {
+        out.push_str(";host=");
+        push_token_or_quoted(&mut out, host);
+    }
+    let _ = write!(out, ";proto={proto}");
+    out
+}
+
+fn push_token_or_quoted(out: &mut String, value: &str) {
+    let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if !value.is_empty() && value.chars().all(is_tchar) {
+        out.push_str(value);
+    } else {
+        out.push('"');
+        for c in value.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_quotes_and_brackets() {
+        let v6: SocketAddr = "[2001:db8::1]:4711".parse().unwrap();
+        assert_eq!(
+            forwarded_element(v6, "example.com", "http"),
+            "for=\"[2001:db8::1]:4711\";host=example.com;proto=http"
+        );
+        let v4: SocketAddr = "192.0.2.60:4711".parse().unwrap();
+        assert_eq!(
+            forwarded_element(v4, "example.com:8080", "https"),
+            "for=\"192.0.2.60:4711\";host=\"example.com:8080\";proto=https"
+        );
+        assert_eq!(
+            forwarded_element(v4, "[::1]:8080", "http"),
+            "for=\"192.0.2.60:4711\";host=\"[::1]:8080\";proto=http"
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_go_including_named_ones() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn upgrade_headers_survive_for_upgrades() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h[header::UPGRADE], "websocket");
+    }
+
+    #[test]
+    fn forwarding_headers_for_both_families() {
+        for (peer, ip) in [
+            ("[::ffff:127.0.0.1]:5000", "127.0.0.1"),
+            ("[::1]:5000", "::1"),
+        ] {
+            let conn = ConnInfo::new(peer.parse().unwrap(), "[::1]:8080".parse().unwrap());
+            let mut req = Request::builder()
+                .uri("/a?b=c")
+                .header(header::HOST, "example.com")
+                .header("x-forwarded-for", "6.6.6.6")
+                .body(())
+                .unwrap();
+            prepare_request(&mut req, "example.com", &conn, false);
+            let h = req.headers();
+            assert_eq!(h["x-forwarded-for"], ip);
+            assert_eq!(h["x-real-ip"], ip);
+            assert_eq!(h["x-forwarded-port"], "8080");
+            assert_eq!(h["x-forwarded-host"], "example.com");
+            assert_eq!(req.uri(), "/a?b=c");
+            let fwd = h[header::FORWARDED].to_str().unwrap();
+            let expected = if ip.contains(':') {
+                format!("for=\"[{ip}]:5000\"")
+            } else {
+                format!("for=\"{ip}:5000\"")
+            };
+            assert!(fwd.starts_with(&expected), "{fwd}");
+        }
+    }
+
+    #[test]
+    fn h2_requests_become_origin_form_with_host() {
+        let conn = ConnInfo::new(
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        let mut req = Request::builder()
+            .version(Version::HTTP_2)
+            .uri("http://demo.local/x/y?z")
+            .body(())
+            .unwrap();
+        let host = request_host(&req).unwrap();
+        prepare_request(&mut req, &host, &conn, false);
+        assert_eq!(req.uri(), "/x/y?z");
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert_eq!(req.headers()[header::HOST], "demo.local");
     }
 }

@@ -85,8 +85,7 @@ pub enum FamilyPolicy {
 
 impl FamilyPolicy {
     /// Every accepted spelling, for error messages.
-    pub const NAMES: &'static str =
-        "PreferSameFamily, RequireSameFamily, PreferIPv4, PreferIPv6";
+    pub const NAMES: &'static str = "PreferSameFamily, RequireSameFamily, PreferIPv4, PreferIPv6";
 
     /// The families to try for a client, in order; `None` where the policy allows no second one.
     pub fn order(self, client: Family) -> [Option<Family>; 2] {
@@ -377,8 +376,7 @@ impl PathRule {
     /// precedence wins and the other is a conflict.
     pub fn same_match(&self, other: &PathRule) -> bool {
         let kind = |m: &PathMatch| matches!(m, PathMatch::Exact(_));
-        kind(&self.matcher) == kind(&other.matcher)
-            && self.matcher.path() == other.matcher.path()
+        kind(&self.matcher) == kind(&other.matcher) && self.matcher.path() == other.matcher.path()
     }
 }
 
@@ -406,7 +404,13 @@ impl HostRules {
                 kept.push(rule);
             }
         }
-        (HostRules { host: host.into(), rules: kept }, conflicts)
+        (
+            HostRules {
+                host: host.into(),
+                rules: kept,
+            },
+            conflicts,
+        )
     }
 
     /// The first rule matching the path.
@@ -451,18 +455,18 @@ impl RouteTable {
         let host = strip_port(host);
         let host = host.strip_suffix('.').unwrap_or(host);
         let mut buf = [0u8; 255];
-        let lowered: &str = if host.len() <= buf.len() && !host.bytes().any(|b| b.is_ascii_uppercase())
-        {
-            host
-        } else if host.len() <= buf.len() {
-            let out = &mut buf[..host.len()];
-            out.copy_from_slice(host.as_bytes());
-            out.make_ascii_lowercase();
-            // ASCII lowercasing keeps UTF-8 valid.
-            std::str::from_utf8(out).unwrap_or(host)
-        } else {
-            return self.within(&self.any_host, path);
-        };
+        let lowered: &str =
+            if host.len() <= buf.len() && !host.bytes().any(|b| b.is_ascii_uppercase()) {
+                host
+            } else if host.len() <= buf.len() {
+                let out = &mut buf[..host.len()];
+                out.copy_from_slice(host.as_bytes());
+                out.make_ascii_lowercase();
+                // ASCII lowercasing keeps UTF-8 valid.
+                std::str::from_utf8(out).unwrap_or(host)
+            } else {
+                return self.within(&self.any_host, path);
+            };
         if let Some(rules) = self.exact.get(lowered) {
             return self.within(rules, path);
         }
@@ -482,7 +486,10 @@ impl RouteTable {
                 action: &rule.action,
                 host: (!rules.host.is_empty()).then_some(&*rules.host),
             }),
-            None => self.default_backend.as_ref().map(|action| Matched { action, host: None }),
+            None => self
+                .default_backend
+                .as_ref()
+                .map(|action| Matched { action, host: None }),
         }
     }
 
@@ -549,7 +556,11 @@ mod tests {
     use super::*;
 
     fn origin(name: &str, created: i64) -> Origin {
-        Origin { namespace: "default".into(), name: name.into(), created }
+        Origin {
+            namespace: "default".into(),
+            name: name.into(),
+            created,
+        }
     }
 
     fn rule(m: PathMatch, backend: &str, created: i64) -> PathRule {
@@ -580,8 +591,18 @@ mod tests {
     #[test]
     fn host_entry_precedence_and_wildcards() {
         let mut t = RouteTable::default();
-        t.exact.insert("foo.bar.com".into(), HostRules::new("foo.bar.com", vec![rule(PathMatch::prefix("/"), "exact", 0)]).0);
-        t.wildcard.insert("foo.com".into(), HostRules::new("*.foo.com", vec![rule(PathMatch::prefix("/"), "wild", 0)]).0);
+        t.exact.insert(
+            "foo.bar.com".into(),
+            HostRules::new(
+                "foo.bar.com",
+                vec![rule(PathMatch::prefix("/"), "exact", 0)],
+            )
+            .0,
+        );
+        t.wildcard.insert(
+            "foo.com".into(),
+            HostRules::new("*.foo.com", vec![rule(PathMatch::prefix("/"), "wild", 0)]).0,
+        );
         let get = |h: &str| t.find(h, "/x").map(|m| m.action.backend.0.to_string());
         assert_eq!(get("Foo.Bar.com:8080").as_deref(), Some("exact"));
         assert_eq!(get("foo.bar.com.").as_deref(), Some("exact"));
@@ -603,10 +624,16 @@ mod tests {
     #[test]
     fn family_policy_order() {
         use Family::*;
-        assert_eq!(FamilyPolicy::PreferSameFamily.order(V6), [Some(V6), Some(V4)]);
+        assert_eq!(
+            FamilyPolicy::PreferSameFamily.order(V6),
+            [Some(V6), Some(V4)]
+        );
         assert_eq!(FamilyPolicy::RequireSameFamily.order(V4), [Some(V4), None]);
         assert_eq!(FamilyPolicy::PreferIpv6.order(V4), [Some(V6), Some(V4)]);
-        assert_eq!("PreferIPv4".parse::<FamilyPolicy>().unwrap(), FamilyPolicy::PreferIpv4);
+        assert_eq!(
+            "PreferIPv4".parse::<FamilyPolicy>().unwrap(),
+            FamilyPolicy::PreferIpv4
+        );
         assert!("preferipv4".parse::<FamilyPolicy>().is_err());
     }
 
