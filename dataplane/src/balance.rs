@@ -326,7 +326,7 @@ mod tests {
             let p = b
                 .pick(Family::V6, FamilyPolicy::RequireSameFamily, &[])
                 .unwrap();
-            assert_eq!(b.backend.targets[p.index].id.0.as_ref() == "v4only", false);
+            assert_ne!(b.backend.targets[p.index].id.0.as_ref(), "v4only");
             assert_eq!(p.addrs[0].unwrap().0, Family::V6);
             assert_eq!(p.addrs[1], None);
         }
