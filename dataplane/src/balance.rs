@@ -109,7 +109,10 @@ pub struct LiveBackend {
     pub backend: Arc<Backend>,
     /// State per target, index-aligned with `backend.targets`.
     pub states: Box<[Arc<TargetState>]>,
-    rr: AtomicUsize,
+    /// Candidate target indices: every target, those with IPv4, those with IPv6.
+    candidates: [Box<[usize]>; 3],
+    /// A round-robin counter per candidate set.
+    rr: [AtomicUsize; 3],
 }
 
 /// The outcome of a pick: a target and the addresses to try on it, in order.
@@ -140,11 +143,20 @@ impl LiveBackend {
             .iter()
             .map(|t| known.get(&t.id).map(|s| (*s).clone()).unwrap_or_default())
             .collect();
-        let rr = previous.map_or(0, |p| p.rr.load(Ordering::Relaxed));
+        let with = |f: Option<Family>| -> Box<[usize]> {
+            (0..backend.targets.len())
+                .filter(|&i| f.is_none_or(|f| backend.targets[i].addr(f).is_some()))
+                .collect()
+        };
+        let candidates = [with(None), with(Some(Family::V4)), with(Some(Family::V6))];
+        let rr = std::array::from_fn(|k| {
+            AtomicUsize::new(previous.map_or(0, |p| p.rr[k].load(Ordering::Relaxed)))
+        });
         LiveBackend {
             backend,
             states,
-            rr: AtomicUsize::new(rr),
+            candidates,
+            rr,
         }
     }
 
@@ -180,6 +192,17 @@ impl LiveBackend {
         Some(self.addresses(index, client, policy, now))
     }
 
+    /// The candidate set for a client: targets having the client's family under
+    /// RequireSameFamily, every target otherwise (each has at least one address). Precomputed
+    /// so that round robin is exact over the set and P2C samples only candidates.
+    fn candidates(&self, client: Family, policy: FamilyPolicy) -> (&[usize], &AtomicUsize) {
+        let k = match policy {
+            FamilyPolicy::RequireSameFamily => 1 + slot(client),
+            _ => 0,
+        };
+        (&self.candidates[k], &self.rr[k])
+    }
+
     fn choose(
         &self,
         client: Family,
@@ -188,52 +211,54 @@ impl LiveBackend {
         now: u64,
         healthy: bool,
     ) -> Option<usize> {
-        let n = self.backend.targets.len();
+        let (set, rr) = self.candidates(client, policy);
+        let n = set.len();
         if n == 0 {
             return None;
         }
         let ok = |i: usize| !tried.contains(&i) && self.usable(i, client, policy, now, healthy);
         match self.backend.lb {
             LbPolicy::RoundRobin => {
-                let start = self.rr.fetch_add(1, Ordering::Relaxed);
-                (0..n).map(|k| (start + k) % n).find(|&i| ok(i))
+                let start = rr.fetch_add(1, Ordering::Relaxed);
+                (0..n).map(|k| set[(start + k) % n]).find(|&i| ok(i))
             }
             LbPolicy::P2c => {
-                // Two random candidates; the one with fewer requests in flight wins. A few
-                // resamples skip non-candidates cheaply; a scan settles the rare rest.
-                let first = match (0..4).map(|_| fastrand::usize(..n)).find(|&i| ok(i)) {
-                    Some(i) => i,
-                    None => return self.scan(n, &ok),
+                // Two distinct random candidates; the one with fewer requests in flight wins.
+                // Resamples skip tried or ejected targets cheaply; a scan settles the rare rest.
+                let first = match (0..4).map(|_| fastrand::usize(..n)).find(|&k| ok(set[k])) {
+                    Some(k) => k,
+                    None => return self.scan(set, &ok),
                 };
-                // The second choice is always a different target.
                 let second = (n > 1)
                     .then(|| {
                         (0..4)
                             .map(|_| {
-                                let j = fastrand::usize(..n - 1);
-                                if j >= first {
-                                    j + 1
+                                let k = fastrand::usize(..n - 1);
+                                if k >= first {
+                                    k + 1
                                 } else {
-                                    j
+                                    k
                                 }
                             })
-                            .find(|&j| ok(j))
+                            .find(|&k| ok(set[k]))
                     })
                     .flatten();
-                Some(match second {
-                    Some(j) if self.states[j].in_flight() < self.states[first].in_flight() => j,
-                    _ => first,
+                let (a, b) = (set[first], second.map(|k| set[k]));
+                Some(match b {
+                    Some(b) if self.states[b].in_flight() < self.states[a].in_flight() => b,
+                    _ => a,
                 })
             }
         }
     }
 
-    /// A fair fallback for sparse candidate sets: the least loaded candidate, ties broken at a
-    /// random offset so that no target is favoured.
-    fn scan(&self, n: usize, ok: &impl Fn(usize) -> bool) -> Option<usize> {
+    /// A fair fallback when sampling found nothing: the least loaded usable candidate, ties
+    /// broken from a random offset so that no target is favoured.
+    fn scan(&self, set: &[usize], ok: &impl Fn(usize) -> bool) -> Option<usize> {
+        let n = set.len();
         let start = fastrand::usize(..n);
         (0..n)
-            .map(|k| (start + k) % n)
+            .map(|k| set[(start + k) % n])
             .filter(|&i| ok(i))
             .min_by_key(|&i| self.states[i].in_flight())
     }
@@ -414,5 +439,92 @@ mod tests {
             .unwrap();
         assert_eq!(new.states[i].in_flight(), 1);
         assert_eq!(new.states[3].in_flight(), 0);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A pod shape: 0 dual-stack, 1 IPv4-only, 2 IPv6-only.
+        fn pods(shapes: &[u8]) -> Vec<Target> {
+            shapes
+                .iter()
+                .enumerate()
+                .map(|(i, shape)| {
+                    let v4 = format!("10.0.{}.{}:80", i / 250, i % 250 + 1);
+                    let v6 = format!("[fd00::{:x}]:80", i + 1);
+                    match shape {
+                        0 => target(&format!("p{i}"), Some(&v4), Some(&v6)),
+                        1 => target(&format!("p{i}"), Some(&v4), None),
+                        _ => target(&format!("p{i}"), None, Some(&v6)),
+                    }
+                })
+                .collect()
+        }
+
+        fn policies() -> impl Strategy<Value = FamilyPolicy> {
+            prop_oneof![
+                Just(FamilyPolicy::PreferSameFamily),
+                Just(FamilyPolicy::RequireSameFamily),
+                Just(FamilyPolicy::PreferIpv4),
+                Just(FamilyPolicy::PreferIpv6),
+            ]
+        }
+
+        proptest! {
+            /// Whatever the mix, a pick's addresses follow the policy: the first is the most
+            /// preferred family the target has, RequireSameFamily never crosses, and no address
+            /// repeats.
+            #[test]
+            fn picks_follow_the_family_policy(
+                shapes in proptest::collection::vec(0u8..3, 1..40),
+                policy in policies(),
+                v6_client in any::<bool>(),
+                lb in prop_oneof![Just(LbPolicy::P2c), Just(LbPolicy::RoundRobin)],
+            ) {
+                let client = if v6_client { Family::V6 } else { Family::V4 };
+                let b = LiveBackend::new(backend(lb, pods(&shapes)), None);
+                let admitted = b.backend.targets.iter().filter(|t| policy.admits(t, client)).count();
+                match b.pick(client, policy, &[]) {
+                    None => prop_assert_eq!(admitted, 0),
+                    Some(p) => {
+                        let t = &b.backend.targets[p.index];
+                        prop_assert!(policy.admits(t, client));
+                        let order: Vec<Family> = policy.order(client).into_iter().flatten().collect();
+                        let expected: Vec<Family> = order.iter().copied().filter(|f| t.addr(*f).is_some()).collect();
+                        let got: Vec<Family> = p.addrs.iter().flatten().map(|(f, _)| *f).collect();
+                        prop_assert_eq!(got, expected);
+                        for (f, a) in p.addrs.iter().flatten() {
+                            prop_assert_eq!(Family::of(a), *f);
+                        }
+                    }
+                }
+            }
+
+            /// One target per pod: over many picks every admitted pod gets its share, whether it
+            /// has one family or two.
+            #[test]
+            fn every_admitted_pod_gets_a_fair_share(
+                shapes in proptest::collection::vec(0u8..3, 2..8),
+                policy in policies(),
+            ) {
+                let b = LiveBackend::new(backend(LbPolicy::RoundRobin, pods(&shapes)), None);
+                let mut counts = vec![0usize; shapes.len()];
+                let rounds = 40;
+                for client in [Family::V4, Family::V6] {
+                    let admitted = b.backend.targets.iter().filter(|t| policy.admits(t, client)).count();
+                    for _ in 0..admitted * rounds {
+                        if let Some(p) = b.pick(client, policy, &[]) {
+                            counts[p.index] += 1;
+                        }
+                    }
+                }
+                for (i, t) in b.backend.targets.iter().enumerate() {
+                    let clients = [Family::V4, Family::V6].iter().filter(|c| policy.admits(t, **c)).count();
+                    // Round robin over the admitted set: each admitted pod exactly `rounds` per family.
+                    prop_assert_eq!(counts[i], clients * rounds, "pod {} counts {:?}", i, counts);
+                }
+            }
+        }
     }
 }
