@@ -1,1 +1,31 @@
-//! placeholder
+//! duet's test harness: the echo backend (the upstream conformance JSON contract plus the family
+//! and addresses a request arrived on), in-process echo pods on ephemeral loopback ports, manifest
+//! builders, a runner for the real `duet` binary and a family-aware HTTP client.
+//!
+//! A typical end-to-end test:
+//!
+//! ```no_run
+//! # async fn t() -> anyhow::Result<()> {
+//! use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
+//! let pods = Fleet::start("demo", "echo", &[PodSpec::dual("a"), PodSpec::v6_only("b")])?;
+//! let dir = ManifestDir::new()?;
+//! dir.write("class.yaml", &[conformance::manifests::ingress_class("duet", conformance::manifests::CONTROLLER)])?;
+//! dir.write("echo.yaml", &pods.manifests())?;
+//! dir.write("ingress.yaml", &[Ingress::new("demo", "echo").host("demo.test", "echo").build()])?;
+//! let duet = DuetBuilder::new("target/debug/duet", dir.path()).start().await?;
+//! let reply = conformance::client::get(duet.http(Family::V6), "demo.test", "/").await?;
+//! assert_eq!(reply.echo()?.family, Family::V6);
+//! # Ok(()) }
+//! ```
+
+pub mod client;
+pub mod duet;
+pub mod echo;
+pub mod fleet;
+pub mod manifests;
+
+pub use client::{Conn, Reply};
+pub use duet::{Duet, DuetBuilder};
+pub use echo::{Echo, EchoServer, Family, Identity};
+pub use fleet::{Fleet, Pod, PodSpec, Port};
+pub use manifests::{Ingress, ManifestDir, PathType, PortRef};

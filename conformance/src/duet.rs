@@ -1,0 +1,262 @@
+//! Runs the real `duet` binary for a test: free ports on `127.0.0.1` and `[::1]` for every
+//! listener, its output captured to a file (printed when the test fails), `/readyz` awaited, and
+//! the process killed on drop.
+
+use std::fs::OpenOptions;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::client::{self, Reply};
+use crate::echo::Family;
+
+/// How long `duet` gets to become ready (debug build, loaded 2-core machine).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to start `duet serve`.
+#[derive(Clone, Debug)]
+pub struct DuetBuilder {
+    bin: PathBuf,
+    manifests: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl DuetBuilder {
+    /// `duet serve --manifests DIR` with the binary at `bin` (in tests:
+    /// `env!("CARGO_BIN_EXE_duet")`).
+    pub fn new(bin: impl AsRef<Path>, manifests: impl AsRef<Path>) -> DuetBuilder {
+        DuetBuilder {
+            bin: bin.as_ref().to_owned(),
+            manifests: manifests.as_ref().to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// Adds command-line arguments after the generated ones.
+    pub fn args<I, S>(mut self, args: I) -> DuetBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets an environment variable for the process.
+    pub fn env(mut self, key: &str, value: &str) -> DuetBuilder {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Starts the process and waits for `/readyz` to answer 200. Retries with other ports when a
+    /// port was taken in between (another test picked it).
+    pub async fn start(self) -> anyhow::Result<Duet> {
+        let mut last = None;
+        for _ in 0..3 {
+            match self.try_start().await {
+                Ok(duet) => return Ok(duet),
+                Err(StartError::PortTaken(e)) => last = Some(e),
+                Err(StartError::Other(e)) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("duet did not start")))
+    }
+
+    async fn try_start(&self) -> Result<Duet, StartError> {
+        let ports = FreePorts::pick().map_err(StartError::Other)?;
+        let log = tempfile::Builder::new()
+            .prefix("duet-log-")
+            .suffix(".txt")
+            .tempfile()
+            .map_err(|e| StartError::Other(e.into()))?;
+        let open = || {
+            OpenOptions::new()
+                .append(true)
+                .open(log.path())
+                .map_err(|e| StartError::Other(e.into()))
+        };
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("serve").arg("--manifests").arg(&self.manifests);
+        for (flag, addrs) in [
+            ("--http-listen", ports.http),
+            ("--https-listen", ports.https),
+            ("--admin-listen", ports.admin),
+        ] {
+            for addr in addrs {
+                cmd.arg(flag).arg(addr.to_string());
+            }
+        }
+        cmd.args(&self.args);
+        if std::env::var_os("DUET_LOG").is_none() {
+            cmd.env("DUET_LOG", "info");
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null()).stdout(open()?).stderr(open()?);
+        let http = ports.http;
+        let admin = ports.admin;
+        drop(ports);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot run {}", self.bin.display()))
+            .map_err(StartError::Other)?;
+        let mut duet = Duet {
+            child,
+            http,
+            admin,
+            log,
+        };
+        match duet.wait_ready().await {
+            Ok(()) => Ok(duet),
+            Err(e) => {
+                let logs = duet.logs();
+                let exited = duet.child.try_wait().ok().flatten().is_some();
+                let e = e.context(format!("duet output:\n{logs}"));
+                if exited && (logs.contains("cannot listen") || logs.contains("in use")) {
+                    Err(StartError::PortTaken(e))
+                } else {
+                    Err(StartError::Other(e))
+                }
+            }
+        }
+    }
+}
+
+enum StartError {
+    PortTaken(anyhow::Error),
+    Other(anyhow::Error),
+}
+
+/// Ports found free by binding port 0; held until just before `duet` starts.
+struct FreePorts {
+    http: [SocketAddr; 2],
+    https: [SocketAddr; 2],
+    admin: [SocketAddr; 2],
+    _held: Vec<TcpListener>,
+}
+
+impl FreePorts {
+    fn pick() -> anyhow::Result<FreePorts> {
+        let mut held = Vec::new();
+        let mut pair = || -> anyhow::Result<[SocketAddr; 2]> {
+            let mut out = [SocketAddr::from(([0, 0, 0, 0], 0)); 2];
+            for (slot, family) in out.iter_mut().zip(Family::BOTH) {
+                let l = TcpListener::bind(SocketAddr::new(family.loopback(), 0))
+                    .with_context(|| format!("no free port on {family} loopback"))?;
+                *slot = l.local_addr()?;
+                held.push(l);
+            }
+            Ok(out)
+        };
+        let http = pair()?;
+        let https = pair()?;
+        let admin = pair()?;
+        Ok(FreePorts {
+            http,
+            https,
+            admin,
+            _held: held,
+        })
+    }
+}
+
+/// A running `duet serve`, killed on drop (its output printed if the test is panicking).
+#[derive(Debug)]
+pub struct Duet {
+    child: Child,
+    http: [SocketAddr; 2],
+    admin: [SocketAddr; 2],
+    log: tempfile::NamedTempFile,
+}
+
+fn index(family: Family) -> usize {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+impl Duet {
+    /// The HTTP listener of a family.
+    pub fn http(&self, family: Family) -> SocketAddr {
+        self.http[index(family)]
+    }
+
+    /// The admin listener of a family.
+    pub fn admin(&self, family: Family) -> SocketAddr {
+        self.admin[index(family)]
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the process printed so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    /// Fails if the process has exited.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("duet exited ({status}); output:\n{}", self.logs());
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        let addr = self.admin(Family::V4);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("duet exited before it was ready ({status})");
+            }
+            let last = match client::get(addr, "localhost", "/readyz").await {
+                Ok(r) if r.status == 200 => return Ok(()),
+                Ok(r) => format!("/readyz answered {}", r.status),
+                Err(e) => format!("{e:#}"),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                bail!("duet not ready after {READY_TIMEOUT:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `GET path` on the admin listener of a family.
+    pub async fn admin_get(&self, family: Family, path: &str) -> anyhow::Result<Reply> {
+        client::get(self.admin(family), "localhost", path).await
+    }
+
+    /// `/debug/routes` as JSON.
+    pub async fn debug_routes(&self) -> anyhow::Result<Value> {
+        let reply = self.admin_get(Family::V4, "/debug/routes").await?;
+        client::expect_status(&reply, 200)?;
+        serde_json::from_slice(&reply.body).context("/debug/routes is not JSON")
+    }
+}
+
+impl Drop for Duet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let logs = self.logs();
+            let lines: Vec<&str> = logs.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(200)..];
+            eprintln!("---- duet output (last {} lines) ----", tail.len());
+            for line in tail {
+                eprintln!("{line}");
+            }
+            eprintln!("---- end of duet output ----");
+        }
+    }
+}
