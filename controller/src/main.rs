@@ -1,1 +1,180 @@
-fn main() {}
+//! The `duet` binary: parses the command line, binds the dual-stack listeners, runs the control
+//! loop over a manifest folder and the dataplane in one process, and drains on SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use controller::app::{App, AppConfig};
+use controller::config::{self, Config, ConfigError, Listen, EXIT_USAGE};
+use controller::source::files;
+use dataplane::listen::{self, BindError, ServeOptions};
+use dataplane::proxy::Proxy;
+use dataplane::Runtime;
+use futures_util::future::join_all;
+use tokio::sync::{mpsc, watch};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let config = match config::parse(std::env::args_os()) {
+        Ok(config) => config,
+        Err(ConfigError::Info(info)) => {
+            let _ = info.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(error @ ConfigError::Usage(_)) => {
+            eprintln!("duet: {error}");
+            return ExitCode::from(error.exit_code());
+        }
+    };
+    let filter = std::env::var("DUET_LOG").unwrap_or_else(|_| "info".to_owned());
+    let filter = match EnvFilter::builder().parse(&filter) {
+        Ok(filter) => filter,
+        Err(error) => {
+            eprintln!("duet: invalid DUET_LOG value {filter:?}: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let Some(dir) = config.manifests.clone() else {
+        eprintln!(
+            "duet: Kubernetes mode (serve without --manifests) needs a kubeconfig or in-cluster config and is not available in this build yet; use --manifests DIR"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("duet: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config, dir)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("duet: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Binds every address of a listener kind; IPv6 defaults are skipped when IPv6 is disabled.
+fn bind_all(
+    what: &str,
+    listen: &Listen,
+) -> anyhow::Result<Vec<(SocketAddr, std::net::TcpListener)>> {
+    let mut bound = Vec::new();
+    for &addr in &listen.addrs {
+        match listen::bind(addr) {
+            Ok(listener) => {
+                let local = listener.local_addr().unwrap_or(addr);
+                bound.push((local, listener));
+            }
+            Err(error @ BindError::Ipv6Unavailable { .. }) if listen.defaulted => {
+                tracing::warn!(listener = %addr, %error, "IPv6 unavailable; skipping a default {what} listener");
+            }
+            Err(error) => return Err(error).context(format!("{what} listener")),
+        }
+    }
+    if bound.is_empty() {
+        anyhow::bail!("no {what} listener could be bound");
+    }
+    Ok(bound)
+}
+
+fn list(bound: &[(SocketAddr, std::net::TcpListener)]) -> String {
+    bound
+        .iter()
+        .map(|(a, _)| a.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn serve(config: Config, dir: PathBuf) -> anyhow::Result<()> {
+    let http = bind_all("HTTP", &config.http_listen)?;
+    let admin = bind_all("admin", &config.admin_listen)?;
+    tracing::debug!(
+        https = ?config.https_listen.addrs,
+        "HTTPS is not served yet; --https-listen addresses are not bound"
+    );
+
+    let runtime = Runtime::new(config.proxy.clone());
+    let proxy = Proxy::new(runtime.clone());
+    let options = ServeOptions {
+        header_read_timeout: config.proxy.header_read_timeout,
+        drain_timeout: config.proxy.drain_timeout,
+    };
+
+    let (events_tx, events_rx) = mpsc::channel(64);
+    let app = App::new(AppConfig::new(config.translate.clone()), runtime.clone());
+    let extra = app.diagnostics().debug_extra();
+    files::spawn(dir, events_tx)?;
+    tokio::spawn(app.run(events_rx));
+
+    let (proxy_stop, proxy_stopped) = watch::channel(false);
+    let (admin_stop, admin_stopped) = watch::channel(false);
+    tracing::info!(http = %list(&http), admin = %list(&admin), "Listening");
+
+    // The accept loops run in this task (joined, not spawned: `listen::serve`'s future is not
+    // `Send`); every connection is spawned onto the worker threads by `serve` itself.
+    let proxies = http.into_iter().map(|(addr, listener)| {
+        let proxy = proxy.clone();
+        let handler = move |req, conn| proxy.clone().handle(req, conn);
+        let task = listen::serve(listener, options.clone(), handler, proxy_stopped.clone());
+        async move { report(addr, task.await) }
+    });
+    let admins = admin.into_iter().map(|(addr, listener)| {
+        let runtime = runtime.clone();
+        let extra = extra.clone();
+        let handler = move |req, conn| {
+            dataplane::admin::handle(runtime.clone(), Some(extra.clone()), req, conn)
+        };
+        let task = listen::serve(listener, options.clone(), handler, admin_stopped.clone());
+        async move { report(addr, task.await) }
+    });
+    let proxies = async move {
+        join_all(proxies).await;
+        // The admin endpoints stay up (answering /readyz 503) until the proxies have drained.
+        let _ = admin_stop.send(true);
+    };
+    let listeners = async move { tokio::join!(proxies, join_all(admins)) };
+    tokio::pin!(listeners);
+
+    tokio::select! {
+        _ = &mut listeners => anyhow::bail!("every listener stopped"),
+        signal = shutdown_signal() => tracing::info!(signal = signal?, "Draining"),
+    }
+    runtime.start_draining();
+    let _ = proxy_stop.send(true);
+    tokio::select! {
+        _ = &mut listeners => tracing::info!("Stopped"),
+        second = shutdown_signal() => {
+            tracing::warn!(signal = second?, "Second signal; exiting without waiting");
+        }
+    }
+    Ok(())
+}
+
+fn report(addr: SocketAddr, result: std::io::Result<()>) {
+    if let Err(error) = result {
+        tracing::error!(listener = %addr, %error, "Listener failed");
+    }
+}
+
+/// Waits for SIGTERM or SIGINT; returns its name.
+async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}

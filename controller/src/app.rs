@@ -1,0 +1,271 @@
+//! The control loop: source changes -> index -> debounce -> translate -> `Runtime::apply`.
+//!
+//! Nothing is published before the source's first full listing ([`SourceEvent::Synced`]); after
+//! that, changes are debounced (publish once no change came for `holdoff`, and at the latest
+//! `max_delay` after the first pending change). Every rebuild reads the whole store state. A
+//! change touching only EndpointSlices reuses the previous route plan, so the new snapshot shares
+//! the old `Arc<RouteTable>`; backends equal by value keep their `Arc` either way.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dataplane::admin::DebugExtra;
+use dataplane::{Runtime, Snapshot};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::index::{Change, Impact, Index};
+use crate::source::SourceEvent;
+use crate::translate::{self, Diagnostic, RoutePlan};
+
+/// How the loop runs.
+#[derive(Clone, Debug)]
+pub struct AppConfig {
+    /// What translation needs.
+    pub translate: translate::Config,
+    /// Publish once no change came for this long.
+    pub holdoff: Duration,
+    /// Publish at the latest this long after the first pending change.
+    pub max_delay: Duration,
+}
+
+impl AppConfig {
+    /// The default debounce (holdoff 50 ms, max delay 500 ms) around a translation config.
+    pub fn new(translate: translate::Config) -> AppConfig {
+        AppConfig {
+            translate,
+            holdoff: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A diagnostic with the manifest file of its object, when known.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reported {
+    /// The diagnostic.
+    #[serde(flatten)]
+    pub diagnostic: Diagnostic,
+    /// The manifest file the object came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+}
+
+/// The diagnostics of the live snapshot, shared with the admin endpoint.
+#[derive(Clone, Debug, Default)]
+pub struct Diagnostics(Arc<Mutex<Vec<Reported>>>);
+
+impl Diagnostics {
+    /// The diagnostics of the last published snapshot.
+    pub fn current(&self) -> Vec<Reported> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, all: Vec<Reported>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = all;
+    }
+
+    /// The extra JSON for `/debug/routes`: `{"diagnostics": [...]}`.
+    pub fn debug_extra(&self) -> DebugExtra {
+        let this = self.clone();
+        Arc::new(move || serde_json::json!({ "diagnostics": this.current() }))
+    }
+}
+
+/// The controller's state between publishes.
+#[derive(Debug)]
+pub struct App {
+    config: AppConfig,
+    runtime: Arc<Runtime>,
+    index: Index,
+    plan: Option<RoutePlan>,
+    published: Option<Arc<Snapshot>>,
+    version: u64,
+    reported: BTreeSet<Diagnostic>,
+    diagnostics: Diagnostics,
+    pending: Impact,
+    synced: bool,
+}
+
+impl App {
+    /// A loop publishing to `runtime`.
+    pub fn new(config: AppConfig, runtime: Arc<Runtime>) -> App {
+        App {
+            index: Index::new(config.translate.class.clone()),
+            config,
+            runtime,
+            plan: None,
+            published: None,
+            version: 0,
+            reported: BTreeSet::new(),
+            diagnostics: Diagnostics::default(),
+            pending: Impact::default(),
+            synced: false,
+        }
+    }
+
+    /// The diagnostics handle (for `/debug/routes`).
+    pub fn diagnostics(&self) -> Diagnostics {
+        self.diagnostics.clone()
+    }
+
+    /// The stored objects.
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Stores changes; returns whether they need a rebuild.
+    pub fn ingest(&mut self, changes: Vec<Change>) -> bool {
+        for change in changes {
+            let impact = self.index.apply(change);
+            self.pending.merge(impact);
+        }
+        !self.pending.is_empty()
+    }
+
+    /// Rebuilds from the stored state and publishes, unless nothing changed since the last
+    /// publish. Returns the published snapshot.
+    pub fn publish(&mut self) -> Option<Arc<Snapshot>> {
+        let pending = std::mem::take(&mut self.pending);
+        let config = &self.config.translate;
+        let rebuild_routes = self.plan.is_none() || pending.routes;
+        let inputs = self.index.inputs();
+        if rebuild_routes {
+            let mut plan = translate::plan_routes(&inputs, config);
+            if let Some(old) = &self.plan {
+                // Keep the old table (and its Arc) when the rebuild produced the same routes.
+                if *old.table == *plan.table {
+                    plan.table = old.table.clone();
+                }
+            }
+            self.plan = Some(plan);
+        }
+        let plan = self.plan.as_ref()?;
+        let empty = HashMap::new();
+        let previous = self.published.as_ref().map_or(&empty, |s| &s.backends);
+        let (backends, backend_diagnostics) =
+            translate::build_backends(plan, &inputs, config, previous);
+        drop(inputs);
+        let all = translate::merge_diagnostics(&plan.diagnostics, backend_diagnostics);
+        let references = plan.references.clone();
+        self.index.set_references(references);
+        self.report(all);
+
+        let plan = self.plan.as_ref()?;
+        if let Some(old) = &self.published {
+            let unchanged = Arc::ptr_eq(&old.routes, &plan.table)
+                && old.backends.len() == backends.len()
+                && backends
+                    .iter()
+                    .all(|(id, b)| old.backends.get(id).is_some_and(|o| Arc::ptr_eq(o, b)));
+            if unchanged {
+                tracing::debug!(
+                    snapshot.version = self.version,
+                    "Nothing changed; snapshot kept"
+                );
+                return None;
+            }
+        }
+        self.version += 1;
+        let snapshot = Arc::new(translate::snapshot(plan, backends, self.version));
+        let targets: usize = snapshot.backends.values().map(|b| b.targets.len()).sum();
+        tracing::info!(
+            snapshot.version = self.version,
+            hosts = plan.table.exact.len() + plan.table.wildcard.len(),
+            backends = snapshot.backends.len(),
+            targets,
+            routes.rebuilt = rebuild_routes,
+            "Snapshot applied"
+        );
+        self.runtime.apply(snapshot.clone());
+        self.published = Some(snapshot.clone());
+        Some(snapshot)
+    }
+
+    /// Logs diagnostics not reported before (once per change) and shares the current set.
+    fn report(&mut self, all: Vec<Diagnostic>) {
+        let file_of = |d: &Diagnostic| self.index.file_of(&d.object).map(|f| f.to_path_buf());
+        for d in all.iter().filter(|d| !self.reported.contains(*d)) {
+            match file_of(d) {
+                Some(file) => tracing::warn!(
+                    object = %d.object,
+                    reason = %d.reason,
+                    file = %file.display(),
+                    detail = %d.message,
+                    "Configuration problem"
+                ),
+                None => tracing::warn!(
+                    object = %d.object,
+                    reason = %d.reason,
+                    detail = %d.message,
+                    "Configuration problem"
+                ),
+            }
+        }
+        for d in self.reported.iter().filter(|d| !all.contains(d)) {
+            tracing::info!(object = %d.object, reason = %d.reason, "Configuration problem resolved");
+        }
+        let shared = all
+            .iter()
+            .map(|d| Reported {
+                diagnostic: d.clone(),
+                file: file_of(d),
+            })
+            .collect();
+        self.diagnostics.set(shared);
+        self.reported = all.into_iter().collect();
+    }
+
+    /// Runs until the source channel closes: ingests changes, publishes once synced, debounced.
+    pub async fn run(mut self, mut events: mpsc::Receiver<SourceEvent>) {
+        let mut first_pending: Option<Instant> = None;
+        let mut last_change = Instant::now();
+        loop {
+            let deadline = match first_pending {
+                Some(first) if self.synced => {
+                    Some((last_change + self.config.holdoff).min(first + self.config.max_delay))
+                }
+                _ => None,
+            };
+            tokio::select! {
+                event = events.recv() => match event {
+                    None => {
+                        if self.synced && first_pending.is_some() {
+                            self.publish();
+                        }
+                        return;
+                    }
+                    Some(SourceEvent::Changes(changes)) => {
+                        if self.ingest(changes) {
+                            let now = Instant::now();
+                            first_pending.get_or_insert(now);
+                            last_change = now;
+                        }
+                    }
+                    Some(SourceEvent::Synced) => {
+                        if !self.synced {
+                            self.synced = true;
+                            tracing::info!("Sources synced");
+                            self.publish();
+                            first_pending = None;
+                        }
+                    }
+                },
+                () = sleep_until(deadline), if deadline.is_some() => {
+                    self.publish();
+                    first_pending = None;
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,390 @@
+//! The command line (`duet serve ...`), parsed once at start into typed configuration. A bad flag
+//! or value is a [`ConfigError::Usage`]: one line, exit code 64.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use dataplane::{FamilyPolicy, LbPolicy, ProxyConfig};
+
+use crate::class::ClassConfig;
+use crate::translate;
+
+/// Exit code for a bad command line (`EX_USAGE`).
+pub const EXIT_USAGE: u8 = 64;
+
+/// duet: a dual-stack (IPv4/IPv6) Kubernetes Ingress controller.
+#[derive(Debug, Parser)]
+#[command(name = "duet", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve Ingress routes (from a folder of manifests with --manifests).
+    Serve(ServeArgs),
+}
+
+/// Flags of `duet serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Read Ingresses, IngressClasses, Services, EndpointSlices and Secrets from the *.yaml/*.yml
+    /// files in DIR (watched; changes apply live) instead of the Kubernetes API.
+    #[arg(long, value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+
+    /// Address to serve plain HTTP on; repeatable, one socket each.
+    #[arg(long, value_name = "ADDR", default_values = ["0.0.0.0:8080", "[::]:8080"])]
+    pub http_listen: Vec<SocketAddr>,
+
+    /// Address to serve HTTPS on; repeatable (parsed, served once TLS lands).
+    #[arg(long, value_name = "ADDR", default_values = ["0.0.0.0:8443", "[::]:8443"])]
+    pub https_listen: Vec<SocketAddr>,
+
+    /// Address of the admin endpoints (/healthz, /readyz, /debug/routes); repeatable.
+    #[arg(long, value_name = "ADDR", default_values = ["127.0.0.1:10254", "[::1]:10254"])]
+    pub admin_listen: Vec<SocketAddr>,
+
+    /// The ingress class duet serves.
+    #[arg(long, value_name = "NAME", default_value = "duet")]
+    pub ingress_class: String,
+
+    /// The spec.controller value of duet's IngressClasses.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "duet.dev/ingress-controller"
+    )]
+    pub controller_name: String,
+
+    /// Also serve Ingresses that name no class.
+    #[arg(long)]
+    pub watch_ingress_without_class: bool,
+
+    /// How a pod's address family is chosen: PreferSameFamily, RequireSameFamily, PreferIPv4 or
+    /// PreferIPv6 (per Ingress: annotation duet.dev/upstream-family).
+    #[arg(long, value_name = "POLICY", default_value = "PreferSameFamily", value_parser = parse_family)]
+    pub upstream_family: FamilyPolicy,
+
+    /// Load-balancing algorithm over pods: p2c or round-robin.
+    #[arg(long, value_name = "ALGORITHM", default_value = "p2c", value_parser = parse_lb)]
+    pub lb: LbPolicy,
+
+    /// Upstream connect timeout per attempt (seconds, or 500ms, 5s, 1m).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// Time to wait for an upstream's response head before answering 504.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub upstream_timeout: Duration,
+}
+
+fn parse_family(s: &str) -> Result<FamilyPolicy, String> {
+    s.parse()
+        .map_err(|e: dataplane::table::UnknownName| e.to_string())
+}
+
+fn parse_lb(s: &str) -> Result<LbPolicy, String> {
+    s.parse()
+        .map_err(|e: dataplane::table::UnknownName| e.to_string())
+}
+
+/// Parses a duration: a number of seconds (`5`, `0.5`) or a number with a unit `ms`, `s`, `m`
+/// or `h` (`500ms`, `5s`, `1m`). Must be positive.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let bad = || format!("{s:?} is not a duration (examples: 5, 5s, 500ms, 2m)");
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(bad()),
+    };
+    if seconds <= 0.0 {
+        return Err(format!("{s:?} must be more than zero"));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+}
+
+/// The addresses of one kind of listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listen {
+    /// The addresses, one socket each.
+    pub addrs: Vec<SocketAddr>,
+    /// Whether these are the defaults (not given on the command line): IPv6 defaults are skipped
+    /// with a warning when the host has IPv6 disabled.
+    pub defaulted: bool,
+}
+
+/// Everything `duet serve` was told, validated.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The manifest folder; `None` means Kubernetes mode.
+    pub manifests: Option<PathBuf>,
+    /// Plain HTTP listeners.
+    pub http_listen: Listen,
+    /// HTTPS listeners (not served yet).
+    pub https_listen: Listen,
+    /// Admin listeners.
+    pub admin_listen: Listen,
+    /// Translation settings (class, family policy, balancing).
+    pub translate: translate::Config,
+    /// Proxy timeouts.
+    pub proxy: ProxyConfig,
+}
+
+/// Why `duet` does not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--help` or `--version` was asked for: print it (as clap renders it) and exit 0.
+    #[error("{0}")]
+    Info(clap::Error),
+    /// A bad flag or value: print the one line and exit 64.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl ConfigError {
+    /// The process exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ConfigError::Info(_) => 0,
+            ConfigError::Usage(_) => EXIT_USAGE,
+        }
+    }
+}
+
+/// The first line of a clap error, without clap's `error: ` prefix and value placeholders.
+fn one_line(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let line = rendered
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("invalid command line");
+    let line = line.strip_prefix("error: ").unwrap_or(line);
+    // "'--upstream-family <POLICY>'" -> "'--upstream-family'"
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(start) = rest.find(" <") {
+        let Some(len) = rest[start..].find(">'") else {
+            break;
+        };
+        out.push_str(&rest[..start]);
+        rest = &rest[start + len + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Parses the command line (including the program name).
+pub fn parse<I, T>(args: I) -> Result<Config, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let classify = |e: clap::Error| match e.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+            ConfigError::Info(e)
+        }
+        _ => ConfigError::Usage(one_line(&e)),
+    };
+    let matches = Cli::command()
+        .try_get_matches_from(args)
+        .map_err(classify)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(classify)?;
+    let Command::Serve(args) = cli.command;
+    let sub = matches
+        .subcommand_matches("serve")
+        .ok_or_else(|| ConfigError::Usage("missing subcommand 'serve'".to_owned()))?;
+    from_args(args, sub)
+}
+
+fn defaulted(matches: &ArgMatches, id: &str) -> bool {
+    matches.value_source(id) == Some(ValueSource::DefaultValue)
+}
+
+fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigError> {
+    if let Some(dir) = &args.manifests {
+        if !dir.is_dir() {
+            return Err(ConfigError::Usage(format!(
+                "invalid value '{}' for '--manifests': not a directory",
+                dir.display()
+            )));
+        }
+    }
+    let proxy = ProxyConfig {
+        connect_timeout: args.connect_timeout,
+        response_timeout: args.upstream_timeout,
+        ..ProxyConfig::default()
+    };
+    Ok(Config {
+        manifests: args.manifests,
+        http_listen: Listen {
+            addrs: args.http_listen,
+            defaulted: defaulted(matches, "http_listen"),
+        },
+        https_listen: Listen {
+            addrs: args.https_listen,
+            defaulted: defaulted(matches, "https_listen"),
+        },
+        admin_listen: Listen {
+            addrs: args.admin_listen,
+            defaulted: defaulted(matches, "admin_listen"),
+        },
+        translate: translate::Config {
+            class: ClassConfig {
+                ingress_class: args.ingress_class,
+                controller_name: args.controller_name,
+                watch_without_class: args.watch_ingress_without_class,
+            },
+            family_policy: args.upstream_family,
+            lb: args.lb,
+        },
+        proxy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(extra: &[&str]) -> Result<Config, ConfigError> {
+        let dir = std::env::temp_dir();
+        let dir = dir.to_str().unwrap();
+        let mut args = vec!["duet", "serve", "--manifests", dir];
+        args.extend_from_slice(extra);
+        parse(args)
+    }
+
+    fn usage(extra: &[&str]) -> String {
+        match serve(extra) {
+            Err(ConfigError::Usage(line)) => line,
+            other => panic!("expected a usage error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = serve(&[]).unwrap();
+        let addrs = |v: &[&str]| {
+            v.iter()
+                .map(|a| a.parse().unwrap())
+                .collect::<Vec<SocketAddr>>()
+        };
+        assert_eq!(c.http_listen.addrs, addrs(&["0.0.0.0:8080", "[::]:8080"]));
+        assert!(c.http_listen.defaulted);
+        assert_eq!(c.https_listen.addrs, addrs(&["0.0.0.0:8443", "[::]:8443"]));
+        assert_eq!(
+            c.admin_listen.addrs,
+            addrs(&["127.0.0.1:10254", "[::1]:10254"])
+        );
+        assert_eq!(c.translate.class, ClassConfig::default());
+        assert_eq!(c.translate.family_policy, FamilyPolicy::PreferSameFamily);
+        assert_eq!(c.translate.lb, LbPolicy::P2c);
+        assert_eq!(c.proxy.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.proxy.response_timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn flags() {
+        let c = serve(&[
+            "--http-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "[::1]:0",
+            "--ingress-class",
+            "edge",
+            "--controller-name",
+            "example.com/duet",
+            "--watch-ingress-without-class",
+            "--upstream-family",
+            "RequireSameFamily",
+            "--lb",
+            "round-robin",
+            "--connect-timeout",
+            "500ms",
+            "--upstream-timeout",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(c.http_listen.addrs.len(), 2);
+        assert!(!c.http_listen.defaulted);
+        assert!(c.admin_listen.defaulted);
+        assert_eq!(c.translate.class.ingress_class, "edge");
+        assert_eq!(c.translate.class.controller_name, "example.com/duet");
+        assert!(c.translate.class.watch_without_class);
+        assert_eq!(c.translate.family_policy, FamilyPolicy::RequireSameFamily);
+        assert_eq!(c.translate.lb, LbPolicy::RoundRobin);
+        assert_eq!(c.proxy.connect_timeout, Duration::from_millis(500));
+        assert_eq!(c.proxy.response_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn bad_values_are_one_line() {
+        let line = usage(&["--upstream-family", "x"]);
+        assert!(
+            line.starts_with("invalid value 'x' for '--upstream-family': "),
+            "{line}"
+        );
+        assert!(line.contains("PreferSameFamily, RequireSameFamily, PreferIPv4, PreferIPv6"));
+        let line = usage(&["--lb", "random"]);
+        assert!(
+            line.contains("'--lb'") && line.contains("p2c, round-robin"),
+            "{line}"
+        );
+        let line = usage(&["--http-listen", "localhost:80"]);
+        assert!(line.contains("'--http-listen'"), "{line}");
+        let line = usage(&["--bogus"]);
+        assert!(line.contains("--bogus"), "{line}");
+        let line = usage(&["--connect-timeout", "0s"]);
+        assert!(line.contains("more than zero"), "{line}");
+        for l in [usage(&["--lb", "x"]), usage(&["--bogus"])] {
+            assert!(!l.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn missing_manifest_folder_is_a_usage_error() {
+        let err = parse(["duet", "serve", "--manifests", "/nonexistent/duet-test"]).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+        assert!(err.to_string().contains("/nonexistent/duet-test"));
+    }
+
+    #[test]
+    fn help_and_version_are_not_errors() {
+        for flag in ["--help", "--version"] {
+            let err = parse(["duet", flag]).unwrap_err();
+            assert_eq!(err.exit_code(), 0, "{flag}");
+        }
+        assert_eq!(
+            parse(["duet", "serve", "--help"]).unwrap_err().exit_code(),
+            0
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "s", "5x", "-1s", "0", "1e999"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,580 @@
+//! The manifest-folder source: every `*.yaml` / `*.yml` file directly in a folder (not recursive;
+//! hidden files are ignored), multi-document files allowed, reloaded live on change.
+//!
+//! Read: `networking.k8s.io/v1` Ingress and IngressClass, `v1` Service and Secret,
+//! `discovery.k8s.io/v1` EndpointSlice (and `v1` List of those). Objects without a namespace are in
+//! `default`. The folder (not each file) is watched with `notify`, so editors that save by writing
+//! a new file and renaming it over the old one work. On any event the folder is rescanned; only
+//! files whose content changed are parsed again, and only those log problems: once per change.
+//!
+//! A bad file never costs other routes: a file that does not parse keeps its last good objects;
+//! a document that does not decode keeps its last good version (matched by kind, namespace and
+//! name) when there is one; documents of unknown kinds are skipped with a warning.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::SourceEvent;
+use crate::index::{Change, Kind, Object, ObjectKey};
+
+/// How long to wait after a file event for more events before rescanning (an editor's save is
+/// often several events).
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// A folder that cannot be read or watched.
+#[derive(Debug, thiserror::Error)]
+pub enum FilesError {
+    /// The folder cannot be listed.
+    #[error("cannot read manifest folder {}: {source}", dir.display())]
+    ReadDir {
+        /// The folder.
+        dir: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
+    /// The folder cannot be watched.
+    #[error("cannot watch manifest folder {}: {source}", dir.display())]
+    Watch {
+        /// The folder.
+        dir: PathBuf,
+        /// What notify said.
+        #[source]
+        source: notify::Error,
+    },
+}
+
+/// One thing wrong in a manifest file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The object concerned (`Deployment default/web`, `document 3`), or `None` for the file as a
+    /// whole.
+    pub object: Option<String>,
+    /// What is wrong and what was done about it.
+    pub error: String,
+}
+
+/// What parsing one file produced.
+#[derive(Clone, Debug, Default)]
+pub struct Parsed {
+    /// The objects to serve from the file.
+    pub objects: Vec<Object>,
+    /// What was wrong.
+    pub problems: Vec<Problem>,
+}
+
+/// Parses one manifest file's text. `previous` holds the objects the file had at its last parse:
+/// they are kept when the file does not parse at all, and per object when a document does not
+/// decode.
+pub fn parse(text: &str, previous: &[Object]) -> Parsed {
+    let options = serde_saphyr::options! { with_snippet: false };
+    let documents: Vec<Value> = match serde_saphyr::from_multiple_with_options(text, options) {
+        Ok(docs) => docs,
+        Err(error) => {
+            return Parsed {
+                objects: previous.to_vec(),
+                problems: vec![Problem {
+                    object: None,
+                    error: format!(
+                        "not valid YAML ({}); keeping the file's last good objects",
+                        one_line(&error.to_string())
+                    ),
+                }],
+            };
+        }
+    };
+    let mut parsed = Parsed::default();
+    let mut items = Vec::new();
+    for (n, doc) in documents.into_iter().enumerate() {
+        let is_list = doc.get("apiVersion").and_then(Value::as_str) == Some("v1")
+            && doc.get("kind").and_then(Value::as_str) == Some("List");
+        if is_list {
+            match doc.get("items").and_then(Value::as_array) {
+                Some(list) => items.extend(list.iter().cloned().map(|i| (n + 1, i))),
+                None => parsed.problems.push(Problem {
+                    object: Some(format!("document {}", n + 1)),
+                    error: "a List without items; skipped".to_owned(),
+                }),
+            }
+        } else if !doc.is_null() {
+            items.push((n + 1, doc));
+        }
+    }
+    for (n, doc) in items {
+        match decode(doc) {
+            Ok(object) => {
+                let key = object.key();
+                if parsed.objects.iter().any(|o| o.key() == key) {
+                    parsed.problems.push(Problem {
+                        object: Some(key.to_string()),
+                        error: "defined twice in this file; the first definition is used"
+                            .to_owned(),
+                    });
+                } else {
+                    parsed.objects.push(object);
+                }
+            }
+            Err(failure) => {
+                let kept = failure
+                    .key
+                    .as_ref()
+                    .and_then(|k| previous.iter().find(|o| &o.key() == k))
+                    .filter(|_| failure.keep_previous);
+                let what = failure
+                    .key
+                    .as_ref()
+                    .map(ObjectKey::to_string)
+                    .or(failure.described)
+                    .unwrap_or_else(|| format!("document {n}"));
+                let error = match kept {
+                    Some(old) => {
+                        parsed.objects.push(old.clone());
+                        format!("{}; keeping its last good version", failure.error)
+                    }
+                    None => format!("{}; skipped", failure.error),
+                };
+                parsed.problems.push(Problem {
+                    object: Some(what),
+                    error,
+                });
+            }
+        }
+    }
+    parsed
+}
+
+struct DecodeFailure {
+    key: Option<ObjectKey>,
+    described: Option<String>,
+    keep_previous: bool,
+    error: String,
+}
+
+fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
+    let api_version = doc
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let kind_name = doc.get("kind").and_then(Value::as_str).map(str::to_owned);
+    let name = doc
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let namespace = doc
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+        .to_owned();
+    let (Some(api_version), Some(kind_name)) = (api_version, kind_name) else {
+        return Err(DecodeFailure {
+            key: None,
+            described: None,
+            keep_previous: false,
+            error: "not a Kubernetes object (apiVersion and kind are required)".to_owned(),
+        });
+    };
+    let Some(kind) = Kind::from_type(&api_version, &kind_name) else {
+        return Err(DecodeFailure {
+            key: None,
+            described: Some(match &name {
+                Some(name) => format!("{kind_name} {namespace}/{name}"),
+                None => kind_name.clone(),
+            }),
+            keep_previous: false,
+            error: format!("unsupported kind {kind_name} of {api_version}"),
+        });
+    };
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return Err(DecodeFailure {
+            key: None,
+            described: Some(kind.to_string()),
+            keep_previous: false,
+            error: "metadata.name is missing".to_owned(),
+        });
+    };
+    let key = ObjectKey::new(
+        kind,
+        if kind.namespaced() {
+            namespace.as_str()
+        } else {
+            ""
+        },
+        name,
+    );
+    if let Some(meta) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+        if kind.namespaced() {
+            meta.insert("namespace".to_owned(), Value::String(namespace));
+        } else {
+            meta.remove("namespace");
+        }
+    }
+    let failed = |e: serde_json::Error| DecodeFailure {
+        key: Some(key.clone()),
+        described: None,
+        keep_previous: true,
+        error: format!("invalid {kind}: {e}"),
+    };
+    Ok(match kind {
+        Kind::Ingress => Object::Ingress(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
+        Kind::IngressClass => {
+            Object::IngressClass(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::Service => Object::Service(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
+        Kind::EndpointSlice => {
+            Object::EndpointSlice(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::Secret => Object::Secret(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
+    })
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Whether a file name is a manifest: `*.yaml` or `*.yml`, not hidden.
+pub fn is_manifest(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    !name.starts_with('.')
+        && path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e == "yaml" || e == "yml")
+}
+
+#[derive(Debug)]
+struct FileState {
+    content: Vec<u8>,
+    objects: Vec<Object>,
+}
+
+/// The state of a manifest folder between scans.
+#[derive(Debug)]
+pub struct FileSource {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, FileState>,
+    emitted: BTreeMap<ObjectKey, (Object, Arc<Path>)>,
+}
+
+impl FileSource {
+    /// A source over a folder; nothing is read until [`FileSource::scan`].
+    pub fn new(dir: impl Into<PathBuf>) -> FileSource {
+        FileSource {
+            dir: dir.into(),
+            files: BTreeMap::new(),
+            emitted: BTreeMap::new(),
+        }
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads the folder again and returns the changes since the last scan. Files whose content
+    /// is unchanged are not parsed; problems in changed files are logged (warn), once.
+    pub fn scan(&mut self) -> Result<Vec<Change>, FilesError> {
+        let read_dir = |source| FilesError::ReadDir {
+            dir: self.dir.clone(),
+            source,
+        };
+        let mut present: Vec<PathBuf> = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(read_dir)? {
+            let entry = entry.map_err(read_dir)?;
+            let path = entry.path();
+            // Follows symlinks (ConfigMap volumes are symlinks to a hidden folder).
+            if is_manifest(&path) && path.is_file() {
+                present.push(path);
+            }
+        }
+        present.sort();
+
+        let mut changed: Vec<PathBuf> = Vec::new();
+        self.files.retain(|path, _| {
+            let keep = present.contains(path);
+            if !keep {
+                tracing::info!(file = %path.display(), "Manifest removed");
+            }
+            keep
+        });
+        for path in &present {
+            let content = match std::fs::read(path) {
+                Ok(content) => content,
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                    // Gone between listing and reading: the next event rescans.
+                    self.files.remove(path);
+                    continue;
+                }
+                Err(error) => {
+                    if self.files.get(path).is_none_or(|f| !f.content.is_empty()) {
+                        tracing::warn!(file = %path.display(), %error, "Cannot read manifest; keeping its last good objects");
+                    }
+                    continue;
+                }
+            };
+            if self.files.get(path).is_some_and(|f| f.content == content) {
+                continue;
+            }
+            let previous = self
+                .files
+                .get(path)
+                .map(|f| f.objects.as_slice())
+                .unwrap_or_default();
+            let parsed = match std::str::from_utf8(&content) {
+                Ok(text) => parse(text, previous),
+                Err(_) => Parsed {
+                    objects: previous.to_vec(),
+                    problems: vec![Problem {
+                        object: None,
+                        error: "not UTF-8 text; keeping the file's last good objects".to_owned(),
+                    }],
+                },
+            };
+            for problem in &parsed.problems {
+                match &problem.object {
+                    Some(object) => tracing::warn!(
+                        file = %path.display(),
+                        object = %object,
+                        error = %problem.error,
+                        "Manifest object skipped"
+                    ),
+                    None => tracing::warn!(
+                        file = %path.display(),
+                        error = %problem.error,
+                        "Manifest skipped"
+                    ),
+                }
+            }
+            tracing::debug!(file = %path.display(), objects = parsed.objects.len(), "Manifest read");
+            changed.push(path.clone());
+            self.files.insert(
+                path.clone(),
+                FileState {
+                    content,
+                    objects: parsed.objects,
+                },
+            );
+        }
+
+        // The union over files; the first file (by name) defining an object wins.
+        let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
+        for (path, state) in &self.files {
+            let file: Arc<Path> = Arc::from(path.as_path());
+            for object in &state.objects {
+                let key = object.key();
+                if let Some((_, first)) = wanted.get(&key) {
+                    if changed.contains(path) || changed.iter().any(|c| **c == **first) {
+                        tracing::warn!(
+                            file = %path.display(),
+                            object = %key,
+                            first = %first.display(),
+                            "Object defined in two manifests; the first file's definition is used"
+                        );
+                    }
+                    continue;
+                }
+                wanted.insert(key, (object.clone(), file.clone()));
+            }
+        }
+
+        let mut changes = Vec::new();
+        for key in self.emitted.keys() {
+            if !wanted.contains_key(key) {
+                changes.push(Change::Delete(key.clone()));
+            }
+        }
+        for (key, (object, file)) in &wanted {
+            let same = self
+                .emitted
+                .get(key)
+                .is_some_and(|(o, f)| o == object && f == file);
+            if !same {
+                changes.push(Change::Apply {
+                    object: object.clone(),
+                    file: Some(file.clone()),
+                });
+            }
+        }
+        self.emitted = wanted;
+        Ok(changes)
+    }
+}
+
+/// Whether a notify event can mean a changed manifest (opening and reading cannot).
+fn relevant(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
+/// Starts the folder source: scans the folder, sends its objects and [`SourceEvent::Synced`],
+/// then watches the folder and sends the changes of every rescan. Fails when the folder cannot
+/// be read or watched at start; later read errors are logged and the last state kept. The task
+/// ends when the receiver is dropped.
+pub fn spawn(dir: PathBuf, tx: mpsc::Sender<SourceEvent>) -> Result<JoinHandle<()>, FilesError> {
+    let (notify_tx, mut notify_rx) = mpsc::unbounded_channel::<()>();
+    let mut watcher =
+        notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
+            Ok(event) if relevant(&event.kind) => {
+                let _ = notify_tx.send(());
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "Manifest folder watch error; rescanning");
+                let _ = notify_tx.send(());
+            }
+        })
+        .map_err(|source| FilesError::Watch {
+            dir: dir.clone(),
+            source,
+        })?;
+    // Watch first, then scan: nothing written in between is missed.
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(|source| FilesError::Watch {
+            dir: dir.clone(),
+            source,
+        })?;
+    let mut source = FileSource::new(dir);
+    let initial = source.scan()?;
+    tracing::info!(dir = %source.dir().display(), objects = source.emitted.len(), "Manifest folder read");
+    Ok(tokio::spawn(async move {
+        let _watcher = watcher;
+        if tx.send(SourceEvent::Changes(initial)).await.is_err()
+            || tx.send(SourceEvent::Synced).await.is_err()
+        {
+            return;
+        }
+        while notify_rx.recv().await.is_some() {
+            tokio::time::sleep(SETTLE).await;
+            while notify_rx.try_recv().is_ok() {}
+            match source.scan() {
+                Ok(changes) if changes.is_empty() => {}
+                Ok(changes) => {
+                    if tx.send(SourceEvent::Changes(changes)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "Cannot rescan manifest folder; keeping the last state");
+                }
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO: &str = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  ports:
+    - port: 80
+      name: http
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata:
+  name: duet
+  namespace: ignored
+spec:
+  controller: duet.dev/ingress-controller
+"#;
+
+    #[test]
+    fn multi_document_with_defaults() {
+        let parsed = parse(TWO, &[]);
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+        let keys: Vec<String> = parsed.objects.iter().map(|o| o.key().to_string()).collect();
+        assert_eq!(keys, ["Service default/web", "IngressClass duet"]);
+    }
+
+    #[test]
+    fn unknown_kind_is_skipped_with_a_problem() {
+        let text =
+            format!("{TWO}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: api\n");
+        let parsed = parse(&text, &[]);
+        assert_eq!(parsed.objects.len(), 2);
+        assert_eq!(parsed.problems.len(), 1);
+        assert_eq!(
+            parsed.problems[0].object.as_deref(),
+            Some("Deployment default/api")
+        );
+        assert!(parsed.problems[0]
+            .error
+            .contains("unsupported kind Deployment"));
+    }
+
+    #[test]
+    fn broken_yaml_keeps_previous_objects() {
+        let good = parse(TWO, &[]).objects;
+        let parsed = parse("apiVersion: v1\nkind: [unclosed\n", &good);
+        assert_eq!(parsed.objects, good);
+        assert_eq!(parsed.problems.len(), 1);
+        assert!(parsed.problems[0].object.is_none());
+        assert!(!parsed.problems[0].error.contains('\n'));
+    }
+
+    #[test]
+    fn undecodable_object_keeps_its_last_good_version() {
+        let good = parse(TWO, &[]).objects;
+        let broken = TWO.replace("- port: 80", "- port: eighty");
+        let parsed = parse(&broken, &good);
+        assert_eq!(parsed.objects.len(), 2);
+        assert_eq!(parsed.objects[0], good[0]);
+        assert_eq!(parsed.problems.len(), 1);
+        assert_eq!(
+            parsed.problems[0].object.as_deref(),
+            Some("Service default/web")
+        );
+        assert!(parsed.problems[0].error.contains("last good version"));
+        // Without a previous version it is skipped.
+        let fresh = parse(&broken, &[]);
+        assert_eq!(fresh.objects.len(), 1);
+    }
+
+    #[test]
+    fn lists_are_flattened() {
+        let text = r#"
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: Secret
+    metadata: {name: a, namespace: x}
+  - apiVersion: v1
+    kind: Secret
+    metadata: {name: b}
+"#;
+        let parsed = parse(text, &[]);
+        let keys: Vec<String> = parsed.objects.iter().map(|o| o.key().to_string()).collect();
+        assert_eq!(keys, ["Secret x/a", "Secret default/b"]);
+    }
+
+    #[test]
+    fn manifest_names() {
+        assert!(is_manifest(Path::new("/m/web.yaml")));
+        assert!(is_manifest(Path::new("/m/web.yml")));
+        assert!(!is_manifest(Path::new("/m/.web.yaml")));
+        assert!(!is_manifest(Path::new("/m/web.yaml~")));
+        assert!(!is_manifest(Path::new("/m/web.yaml.swp")));
+        assert!(!is_manifest(Path::new("/m/web.json")));
+    }
+}

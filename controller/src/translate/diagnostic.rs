@@ -1,0 +1,111 @@
+//! What translation could not use, and why: one entry per skipped or questionable part of an
+//! object. Logged, shown on `/debug/routes`, later written as Events and status conditions.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::index::ObjectKey;
+
+/// Why part of an object was skipped or overridden.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Reason {
+    /// A backend names a Service that does not exist; the rule is skipped.
+    MissingService,
+    /// A backend names a port (number or name) the Service does not have; the rule is skipped.
+    UnknownServicePort,
+    /// A TLS entry names a Secret that does not exist.
+    MissingSecret,
+    /// Another rule of higher precedence claims the same host, match type and path; this one
+    /// is ignored.
+    ConflictingPath,
+    /// A path that does not start with `/`, or an unknown `pathType`; the path is skipped.
+    InvalidPath,
+    /// A host that is not a DNS name or a `*.` wildcard; the rule is skipped.
+    InvalidHost,
+    /// An annotation value duet does not understand; its default applies.
+    InvalidAnnotation,
+    /// An older Ingress already provides the default backend; this one is ignored.
+    DuplicateDefaultBackend,
+    /// A backend kind duet does not serve (`resource` backends, `ExternalName` Services).
+    UnsupportedBackend,
+    /// An EndpointSlice whose `addressType` is not `IPv4` or `IPv6` (e.g. `FQDN`); skipped.
+    UnsupportedAddressType,
+    /// An endpoint address that does not parse or does not match its slice's address type.
+    InvalidEndpoint,
+    /// An EndpointSlice of a used Service has no port named like the Service port.
+    UnknownEndpointPort,
+}
+
+impl Reason {
+    /// The reason's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::MissingService => "MissingService",
+            Reason::UnknownServicePort => "UnknownServicePort",
+            Reason::MissingSecret => "MissingSecret",
+            Reason::ConflictingPath => "ConflictingPath",
+            Reason::InvalidPath => "InvalidPath",
+            Reason::InvalidHost => "InvalidHost",
+            Reason::InvalidAnnotation => "InvalidAnnotation",
+            Reason::DuplicateDefaultBackend => "DuplicateDefaultBackend",
+            Reason::UnsupportedBackend => "UnsupportedBackend",
+            Reason::UnsupportedAddressType => "UnsupportedAddressType",
+            Reason::InvalidEndpoint => "InvalidEndpoint",
+            Reason::UnknownEndpointPort => "UnknownEndpointPort",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One problem found while translating, tied to the object that has it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Diagnostic {
+    /// The object with the problem.
+    pub object: ObjectKey,
+    /// The kind of problem.
+    pub reason: Reason,
+    /// What exactly, and what duet did about it.
+    pub message: String,
+}
+
+impl Diagnostic {
+    /// A diagnostic from its parts.
+    pub fn new(object: ObjectKey, reason: Reason, message: impl Into<String>) -> Diagnostic {
+        Diagnostic {
+            object,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.object, self.reason, self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::Kind;
+
+    #[test]
+    fn display_names_object_reason_and_message() {
+        let d = Diagnostic::new(
+            ObjectKey::new(Kind::Ingress, "shop", "web"),
+            Reason::MissingService,
+            "service shop/api does not exist; rule skipped",
+        );
+        assert_eq!(
+            d.to_string(),
+            "Ingress shop/web: MissingService: service shop/api does not exist; rule skipped"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! The backend phase: EndpointSlices -> one [`Target`] per pod, joined across the IPv4 and IPv6
+//! slices of a Service, and one [`Backend`] per used Service port.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use dataplane::table::UpstreamProtocol;
+use dataplane::{Backend, BackendId, Family, Target, TargetId};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::{Config, Diagnostic, Inputs, Reason, RoutePlan};
+use crate::index::{slice_service, Kind, NsName, ObjectKey};
+
+/// The backend phase: builds every backend the plan uses from the EndpointSlices. A backend equal
+/// by value to its entry in `previous` keeps the previous `Arc` (so the dataplane keeps its live
+/// state object). Diagnostics are sorted and free of duplicates.
+pub fn build_backends(
+    plan: &RoutePlan,
+    inputs: &Inputs<'_>,
+    config: &Config,
+    previous: &HashMap<BackendId, Arc<Backend>>,
+) -> (HashMap<BackendId, Arc<Backend>>, Vec<Diagnostic>) {
+    let used: BTreeSet<&NsName> = plan.backends.values().map(|s| &s.service).collect();
+    let mut slices: BTreeMap<NsName, Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in &inputs.endpoint_slices {
+        if let Some(service) = slice_service(slice) {
+            if used.contains(&service) {
+                slices.entry(service).or_default().push(*slice);
+            }
+        }
+    }
+    let mut diagnostics = Vec::new();
+    let mut backends = HashMap::with_capacity(plan.backends.len());
+    for (id, spec) in &plan.backends {
+        let of_service = slices
+            .get(&spec.service)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let (targets, mut found) = join_targets(of_service, &spec.port_name);
+        diagnostics.append(&mut found);
+        let backend = Backend {
+            id: id.clone(),
+            targets: targets.into(),
+            lb: config.lb,
+            protocol: UpstreamProtocol::Http1,
+        };
+        let backend = match previous.get(id) {
+            Some(old) if **old == backend => old.clone(),
+            _ => Arc::new(backend),
+        };
+        backends.insert(id.clone(), backend);
+    }
+    diagnostics.sort();
+    diagnostics.dedup();
+    (backends, diagnostics)
+}
+
+#[derive(Default)]
+struct Joined {
+    v4: Option<SocketAddr>,
+    v6: Option<SocketAddr>,
+    zone: Option<Arc<str>>,
+}
+
+/// Joins the EndpointSlices of one Service into targets for the Service port named `port_name`
+/// (`""` for an unnamed port):
+///
+/// - per slice, the endpoint port is the slice port with that name;
+/// - endpoints with a `targetRef` are joined into ONE target per pod, keyed by `targetRef.uid`
+///   (fallback `kind/namespace/name`), so a dual-stack pod listed in an IPv4 and an IPv6 slice is
+///   one target with both addresses;
+/// - endpoints without a `targetRef` are single-family targets identified by their address;
+/// - only ready (unset = ready) and not terminating endpoints serve;
+/// - targets are sorted by id.
+///
+/// Slices of address type `FQDN`, addresses that do not parse and slices lacking the port are
+/// skipped with a diagnostic.
+pub fn join_targets(slices: &[&EndpointSlice], port_name: &str) -> (Vec<Target>, Vec<Diagnostic>) {
+    let mut sorted: Vec<&EndpointSlice> = slices.to_vec();
+    sorted.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    let mut diagnostics = Vec::new();
+    let mut joined: BTreeMap<String, Joined> = BTreeMap::new();
+    for slice in sorted {
+        let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+        let key = ObjectKey::new(
+            Kind::EndpointSlice,
+            namespace,
+            slice.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let family = match slice.address_type.as_str() {
+            "IPv4" => Family::V4,
+            "IPv6" => Family::V6,
+            other => {
+                diagnostics.push(Diagnostic::new(
+                    key,
+                    Reason::UnsupportedAddressType,
+                    format!("addressType {other:?} is not supported (only IPv4 and IPv6); slice skipped"),
+                ));
+                continue;
+            }
+        };
+        let port = slice.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or_default() == port_name
+                && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+        });
+        let Some(port) = port
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+        else {
+            diagnostics.push(Diagnostic::new(
+                key,
+                Reason::UnknownEndpointPort,
+                format!("no TCP port named {port_name:?} (the Service port's name); slice skipped for it"),
+            ));
+            continue;
+        };
+        for endpoint in slice.endpoints.iter().flatten() {
+            let conditions = endpoint.conditions.as_ref();
+            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+            if !ready || terminating {
+                continue;
+            }
+            let Some(written) = endpoint.addresses.first() else {
+                continue;
+            };
+            let ip = match written.parse::<IpAddr>() {
+                Ok(ip) if Family::of_ip(&ip) == family => ip.to_canonical(),
+                _ => {
+                    diagnostics.push(Diagnostic::new(
+                        key.clone(),
+                        Reason::InvalidEndpoint,
+                        format!(
+                            "address {written:?} is not an {} address; endpoint skipped",
+                            slice.address_type
+                        ),
+                    ));
+                    continue;
+                }
+            };
+            let addr = SocketAddr::new(ip, port);
+            let id = endpoint
+                .target_ref
+                .as_ref()
+                .and_then(|r| {
+                    if let Some(uid) = r.uid.as_deref().filter(|u| !u.is_empty()) {
+                        return Some(uid.to_owned());
+                    }
+                    let name = r.name.as_deref().filter(|n| !n.is_empty())?;
+                    Some(format!(
+                        "{}/{}/{}",
+                        r.kind.as_deref().unwrap_or("Pod"),
+                        r.namespace.as_deref().unwrap_or(namespace),
+                        name
+                    ))
+                })
+                .unwrap_or_else(|| addr.to_string());
+            let target = joined.entry(id).or_default();
+            let slot = match family {
+                Family::V4 => &mut target.v4,
+                Family::V6 => &mut target.v6,
+            };
+            if slot.is_none() {
+                *slot = Some(addr);
+            }
+            if target.zone.is_none() {
+                target.zone = endpoint.zone.as_deref().map(Arc::from);
+            }
+        }
+    }
+    let targets = joined
+        .into_iter()
+        .map(|(id, j)| Target {
+            id: TargetId(id.into()),
+            v4: j.v4,
+            v6: j.v6,
+            zone: j.zone,
+        })
+        .collect();
+    (targets, diagnostics)
+}

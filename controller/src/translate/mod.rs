@@ -1,0 +1,115 @@
+//! Pure translation of stored objects into a dataplane [`Snapshot`]: deterministic (inputs are
+//! sorted), never failing as a whole (a bad part becomes a [`Diagnostic`] and is skipped).
+//!
+//! Two phases, so that an endpoint-only change does not rebuild routes:
+//!
+//! 1. [`plan_routes`]: our Ingresses, their Services and Secrets -> a [`RoutePlan`] (the shared
+//!    `Arc<RouteTable>`, the backends it uses, what it references, diagnostics);
+//! 2. [`build_backends`]: the plan plus EndpointSlices -> one `Arc<Backend>` per used Service port,
+//!    reusing a previous `Arc` whenever the new backend is equal by value, so the dataplane keeps
+//!    its live balancer state for unchanged backends.
+//!
+//! [`build`] runs both for a one-shot translation.
+
+mod diagnostic;
+mod endpoints;
+mod routes;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use dataplane::table::CertTable;
+use dataplane::{Backend, BackendId, FamilyPolicy, LbPolicy, RouteTable, Snapshot};
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+
+pub use diagnostic::{Diagnostic, Reason};
+pub use endpoints::{build_backends, join_targets};
+pub use routes::{plan_routes, UPSTREAM_FAMILY_ANNOTATION};
+
+use crate::class::ClassConfig;
+use crate::index::{NsName, References};
+
+/// What translation needs from the command line.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Which Ingresses are ours.
+    pub class: ClassConfig,
+    /// The family policy of routes whose Ingress has no `duet.dev/upstream-family` annotation.
+    pub family_policy: FamilyPolicy,
+    /// The balancing algorithm of every backend.
+    pub lb: LbPolicy,
+}
+
+/// The objects to translate, in any order (translation sorts what it needs).
+#[derive(Clone, Debug, Default)]
+pub struct Inputs<'a> {
+    /// Every Ingress; those that are not ours are ignored.
+    pub ingresses: Vec<&'a Ingress>,
+    /// Every IngressClass.
+    pub ingress_classes: Vec<&'a IngressClass>,
+    /// Every Service.
+    pub services: Vec<&'a Service>,
+    /// Every EndpointSlice.
+    pub endpoint_slices: Vec<&'a EndpointSlice>,
+    /// Every Secret.
+    pub secrets: Vec<&'a Secret>,
+}
+
+/// A Service port a route uses, resolved from the Ingress backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendSpec {
+    /// The Service.
+    pub service: NsName,
+    /// The Service port's name (`""` when unnamed): EndpointSlice ports are matched by it.
+    pub port_name: String,
+    /// The Service port's number.
+    pub port: i32,
+}
+
+/// The output of the route phase.
+#[derive(Clone, Debug, Default)]
+pub struct RoutePlan {
+    /// Hosts and paths, shared by every snapshot until routes change.
+    pub table: Arc<RouteTable>,
+    /// Every backend the table uses, with its Service port.
+    pub backends: BTreeMap<BackendId, BackendSpec>,
+    /// What our Ingresses reference (for the index's relevance decisions).
+    pub references: References,
+    /// Problems found in Ingresses.
+    pub diagnostics: Vec<Diagnostic>,
+    /// Certificates (empty until TLS lands).
+    pub certs: Arc<CertTable>,
+}
+
+/// Assembles a snapshot from a plan and its backends.
+pub fn snapshot(
+    plan: &RoutePlan,
+    backends: HashMap<BackendId, Arc<Backend>>,
+    version: u64,
+) -> Snapshot {
+    Snapshot {
+        version,
+        routes: plan.table.clone(),
+        backends,
+        certs: plan.certs.clone(),
+    }
+}
+
+/// Translates everything in one go: route phase, then backend phase, version 0 (the app numbers
+/// what it publishes). Diagnostics are sorted and free of duplicates.
+pub fn build(inputs: &Inputs<'_>, config: &Config) -> (Snapshot, Vec<Diagnostic>) {
+    let plan = plan_routes(inputs, config);
+    let (backends, backend_diagnostics) = build_backends(&plan, inputs, config, &HashMap::new());
+    let diagnostics = merge_diagnostics(&plan.diagnostics, backend_diagnostics);
+    (snapshot(&plan, backends, 0), diagnostics)
+}
+
+/// Both phases' diagnostics, sorted, without duplicates.
+pub fn merge_diagnostics(routes: &[Diagnostic], backends: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    let mut all: Vec<Diagnostic> = routes.iter().cloned().chain(backends).collect();
+    all.sort();
+    all.dedup();
+    all
+}

@@ -1,0 +1,432 @@
+//! The route phase: our Ingresses -> hosts, path rules and the default backend, per the Ingress v1
+//! spec, plus the Service ports they use.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use dataplane::table::HostRules;
+use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, PathRule, RouteAction, RouteTable};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
+
+use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
+use crate::class::Classes;
+use crate::index::{Kind, NsName, ObjectKey, References};
+
+/// The per-Ingress annotation overriding `--upstream-family`.
+pub const UPSTREAM_FAMILY_ANNOTATION: &str = "duet.dev/upstream-family";
+
+/// Where a rule's host puts it in the table.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum HostKey {
+    /// An exact host, lower case.
+    Exact(String),
+    /// A `*.` wildcard, by the suffix after `*.`, lower case.
+    Wildcard(String),
+    /// No host.
+    Any,
+}
+
+impl HostKey {
+    fn parse(host: Option<&str>) -> Result<HostKey, String> {
+        let host = host.unwrap_or_default().trim();
+        if host.is_empty() {
+            return Ok(HostKey::Any);
+        }
+        let lower = host.to_ascii_lowercase();
+        let lower = lower.strip_suffix('.').unwrap_or(&lower);
+        let (wild, name) = match lower.strip_prefix("*.") {
+            Some(suffix) => (true, suffix),
+            None => (false, lower),
+        };
+        let valid = !name.is_empty()
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            });
+        if !valid {
+            return Err(format!(
+                "host {host:?} is neither a DNS name nor a \"*.\" wildcard; rule skipped"
+            ));
+        }
+        Ok(if wild {
+            HostKey::Wildcard(name.to_owned())
+        } else {
+            HostKey::Exact(name.to_owned())
+        })
+    }
+
+    fn display(&self) -> String {
+        match self {
+            HostKey::Exact(h) => h.clone(),
+            HostKey::Wildcard(s) => format!("*.{s}"),
+            HostKey::Any => String::new(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            HostKey::Any => "any host".to_owned(),
+            other => format!("host {}", other.display()),
+        }
+    }
+}
+
+/// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
+pub(crate) fn origin(ingress: &Ingress) -> Origin {
+    Origin {
+        namespace: ingress
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("default")
+            .into(),
+        name: ingress.metadata.name.as_deref().unwrap_or_default().into(),
+        created: ingress
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+    }
+}
+
+fn age_key(o: &Origin) -> (i64, &str, &str) {
+    (o.created, &o.namespace, &o.name)
+}
+
+/// The route phase: builds the route table from our Ingresses. Never fails; every skipped part
+/// becomes a diagnostic.
+pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
+    let classes = Classes::new(inputs.ingress_classes.iter().copied());
+    let services: BTreeMap<NsName, &Service> = inputs
+        .services
+        .iter()
+        .map(|s| {
+            let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+            (
+                NsName::new(ns, s.metadata.name.clone().unwrap_or_default()),
+                *s,
+            )
+        })
+        .collect();
+    let secrets: BTreeSet<NsName> = inputs
+        .secrets
+        .iter()
+        .map(|s| {
+            let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+            NsName::new(ns, s.metadata.name.clone().unwrap_or_default())
+        })
+        .collect();
+
+    let mut ours: Vec<(Origin, &Ingress)> = inputs
+        .ingresses
+        .iter()
+        .filter(|i| config.class.is_ours(i, &classes))
+        .map(|i| (origin(i), *i))
+        .collect();
+    ours.sort_by(|a, b| age_key(&a.0).cmp(&age_key(&b.0)));
+
+    let mut b = Builder {
+        services: &services,
+        diagnostics: Vec::new(),
+        references: References::default(),
+        specs: BTreeMap::new(),
+    };
+    let mut hosts: BTreeMap<HostKey, Vec<PathRule>> = BTreeMap::new();
+    let mut default_backend: Option<RouteAction> = None;
+
+    for (origin, ingress) in &ours {
+        let key = ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name);
+        b.references
+            .ingresses
+            .insert(NsName::new(&*origin.namespace, &*origin.name));
+        let policy = b.policy(&key, ingress, config.family_policy);
+        let Some(spec) = ingress.spec.as_ref() else {
+            continue;
+        };
+
+        for tls in spec.tls.iter().flatten() {
+            if let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) {
+                let name = NsName::new(&*origin.namespace, secret);
+                if !secrets.contains(&name) {
+                    b.diagnostics.push(Diagnostic::new(
+                        key.clone(),
+                        Reason::MissingSecret,
+                        format!("TLS secret {name} does not exist"),
+                    ));
+                }
+                b.references.secrets.insert(name);
+            }
+        }
+
+        if let Some(backend) = spec.default_backend.as_ref() {
+            if let Some(id) = b.resolve(&key, backend, "default backend") {
+                match &default_backend {
+                    None => {
+                        default_backend = Some(RouteAction {
+                            backend: id,
+                            policy,
+                            origin: origin.clone(),
+                        });
+                    }
+                    Some(winner) => b.diagnostics.push(Diagnostic::new(
+                        key.clone(),
+                        Reason::DuplicateDefaultBackend,
+                        format!(
+                            "the older Ingress {} already sets the default backend; this one is ignored",
+                            winner.origin
+                        ),
+                    )),
+                }
+            }
+        }
+
+        for rule in spec.rules.iter().flatten() {
+            let host = match HostKey::parse(rule.host.as_deref()) {
+                Ok(host) => host,
+                Err(message) => {
+                    b.diagnostics
+                        .push(Diagnostic::new(key.clone(), Reason::InvalidHost, message));
+                    continue;
+                }
+            };
+            for path in rule.http.iter().flat_map(|h| &h.paths) {
+                let written = path
+                    .path
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or("/");
+                if !written.starts_with('/') {
+                    b.diagnostics.push(Diagnostic::new(
+                        key.clone(),
+                        Reason::InvalidPath,
+                        format!("path {written:?} does not start with \"/\"; skipped"),
+                    ));
+                    continue;
+                }
+                let matcher = match path.path_type.as_str() {
+                    "Exact" => PathMatch::exact(written),
+                    "Prefix" => PathMatch::prefix(written),
+                    "ImplementationSpecific" | "" => PathMatch::implementation_specific(written),
+                    other => {
+                        b.diagnostics.push(Diagnostic::new(
+                            key.clone(),
+                            Reason::InvalidPath,
+                            format!(
+                                "pathType {other:?} of path {written} is not Exact, Prefix or ImplementationSpecific; skipped"
+                            ),
+                        ));
+                        continue;
+                    }
+                };
+                let what = format!("path {written} on {}", host.describe());
+                let Some(id) = b.resolve(&key, &path.backend, &what) else {
+                    continue;
+                };
+                hosts.entry(host.clone()).or_default().push(PathRule {
+                    matcher,
+                    action: RouteAction {
+                        backend: id,
+                        policy,
+                        origin: origin.clone(),
+                    },
+                });
+            }
+        }
+    }
+
+    let mut table = RouteTable {
+        default_backend,
+        ..RouteTable::default()
+    };
+    for (host, rules) in hosts {
+        let (entry, conflicts) = HostRules::new(&host.display(), rules);
+        for lost in conflicts {
+            let winner = entry.rules.iter().find(|k| k.same_match(&lost));
+            let by = match winner {
+                Some(w) if w.action.origin == lost.action.origin => {
+                    "an earlier rule of the same Ingress".to_owned()
+                }
+                Some(w) => format!("Ingress {}", w.action.origin),
+                None => "another rule".to_owned(),
+            };
+            b.diagnostics.push(Diagnostic::new(
+                ObjectKey::new(
+                    Kind::Ingress,
+                    &*lost.action.origin.namespace,
+                    &*lost.action.origin.name,
+                ),
+                Reason::ConflictingPath,
+                format!(
+                    "{} path {} on {} is already routed by {by}; this rule is ignored",
+                    match_kind(&lost.matcher),
+                    lost.matcher.path(),
+                    host.describe(),
+                ),
+            ));
+        }
+        match host {
+            HostKey::Exact(h) => {
+                table.exact.insert(h.into(), entry);
+            }
+            HostKey::Wildcard(s) => {
+                table.wildcard.insert(s.into(), entry);
+            }
+            HostKey::Any => table.any_host = entry,
+        }
+    }
+
+    let used: BTreeSet<&BackendId> = table.backend_ids().collect();
+    let backends = b
+        .specs
+        .into_iter()
+        .filter(|(id, _)| used.contains(id))
+        .collect();
+    let mut diagnostics = b.diagnostics;
+    diagnostics.sort();
+    diagnostics.dedup();
+    RoutePlan {
+        table: Arc::new(table),
+        backends,
+        references: b.references,
+        diagnostics,
+        certs: Arc::default(),
+    }
+}
+
+fn match_kind(m: &PathMatch) -> &'static str {
+    match m {
+        PathMatch::Exact(_) => "Exact",
+        PathMatch::Prefix(_) => "Prefix",
+        PathMatch::ImplementationSpecific(_) => "ImplementationSpecific",
+    }
+}
+
+struct Builder<'a> {
+    services: &'a BTreeMap<NsName, &'a Service>,
+    diagnostics: Vec<Diagnostic>,
+    references: References,
+    specs: BTreeMap<BackendId, BackendSpec>,
+}
+
+impl Builder<'_> {
+    /// The family policy of an Ingress: its annotation, else the global one.
+    fn policy(&mut self, key: &ObjectKey, ingress: &Ingress, global: FamilyPolicy) -> FamilyPolicy {
+        let value = ingress
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(UPSTREAM_FAMILY_ANNOTATION));
+        match value.map(|v| v.trim().parse::<FamilyPolicy>()) {
+            None => global,
+            Some(Ok(policy)) => policy,
+            Some(Err(error)) => {
+                self.diagnostics.push(Diagnostic::new(
+                    key.clone(),
+                    Reason::InvalidAnnotation,
+                    format!("{UPSTREAM_FAMILY_ANNOTATION}: {error}; using {global:?}"),
+                ));
+                global
+            }
+        }
+    }
+
+    /// Resolves an Ingress backend to a Service port; a diagnostic and `None` when it cannot.
+    fn resolve(
+        &mut self,
+        key: &ObjectKey,
+        backend: &IngressBackend,
+        what: &str,
+    ) -> Option<BackendId> {
+        let Some(svc) = backend.service.as_ref() else {
+            self.diagnostics.push(Diagnostic::new(
+                key.clone(),
+                Reason::UnsupportedBackend,
+                format!("{what}: resource backends are not supported; skipped"),
+            ));
+            return None;
+        };
+        let name = NsName::new(key.namespace.clone(), svc.name.clone());
+        self.references.services.insert(name.clone());
+        let Some(service) = self.services.get(&name) else {
+            self.diagnostics.push(Diagnostic::new(
+                key.clone(),
+                Reason::MissingService,
+                format!("{what}: Service {name} does not exist; skipped"),
+            ));
+            return None;
+        };
+        let spec = service.spec.as_ref();
+        if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+            self.diagnostics.push(Diagnostic::new(
+                key.clone(),
+                Reason::UnsupportedBackend,
+                format!("{what}: Service {name} is of type ExternalName, which is not supported; skipped"),
+            ));
+            return None;
+        }
+        let ports = spec.and_then(|s| s.ports.as_deref()).unwrap_or_default();
+        let wanted = svc.port.as_ref();
+        let (written, found) = match (
+            wanted.and_then(|p| p.number),
+            wanted.and_then(|p| p.name.as_deref()),
+        ) {
+            (Some(number), _) => (number.to_string(), ports.iter().find(|p| p.port == number)),
+            (None, Some(port_name)) => (
+                port_name.to_owned(),
+                ports.iter().find(|p| p.name.as_deref() == Some(port_name)),
+            ),
+            (None, None) => {
+                self.diagnostics.push(Diagnostic::new(
+                    key.clone(),
+                    Reason::UnknownServicePort,
+                    format!("{what}: no port given for Service {name}; skipped"),
+                ));
+                return None;
+            }
+        };
+        let Some(port) = found else {
+            self.diagnostics.push(Diagnostic::new(
+                key.clone(),
+                Reason::UnknownServicePort,
+                format!("{what}: Service {name} has no port {written}; skipped"),
+            ));
+            return None;
+        };
+        let id = BackendId::new(&name.namespace, &name.name, &written);
+        self.specs.entry(id.clone()).or_insert_with(|| BackendSpec {
+            service: name,
+            port_name: port.name.clone().unwrap_or_default(),
+            port: port.port,
+        });
+        Some(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_lower_cased_and_wildcards_keyed_by_suffix() {
+        assert_eq!(
+            HostKey::parse(Some("Foo.Example.COM")),
+            Ok(HostKey::Exact("foo.example.com".into()))
+        );
+        assert_eq!(
+            HostKey::parse(Some("*.Example.com")),
+            Ok(HostKey::Wildcard("example.com".into()))
+        );
+        assert_eq!(HostKey::parse(Some("")), Ok(HostKey::Any));
+        assert_eq!(HostKey::parse(None), Ok(HostKey::Any));
+        assert_eq!(
+            HostKey::parse(Some("example.com.")),
+            Ok(HostKey::Exact("example.com".into()))
+        );
+        for bad in ["*", "foo.*.com", "*.", "a..b", "exa mple.com", "*.*.x"] {
+            assert!(HostKey::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
