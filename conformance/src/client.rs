@@ -261,6 +261,44 @@ pub async fn upgrade(
         .with_context(|| format!("upgrade request to {to} timed out"))?
 }
 
+/// Sends `total` `GET` requests to `to` over `conns` concurrent keep-alive HTTP/1.1 connections
+/// (reopened if the server closes one) and returns every reply; a transport error fails the lot.
+pub async fn load(
+    to: SocketAddr,
+    host: &str,
+    path: &str,
+    total: usize,
+    conns: usize,
+) -> anyhow::Result<Vec<Reply>> {
+    let conns = conns.clamp(1, total.max(1));
+    let mut tasks = Vec::with_capacity(conns);
+    for i in 0..conns {
+        let n = total / conns + usize::from(i < total % conns);
+        let host = host.to_owned();
+        let path = path.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut replies = Vec::with_capacity(n);
+            let mut conn = Conn::http1(to).await?;
+            for k in 0..n {
+                if conn.is_closed() {
+                    conn = Conn::http1(to).await?;
+                }
+                let reply = conn
+                    .get(&host, &path)
+                    .await
+                    .with_context(|| format!("request {k} of connection {i} to {to}"))?;
+                replies.push(reply);
+            }
+            anyhow::Ok(replies)
+        }));
+    }
+    let mut all = Vec::with_capacity(total);
+    for task in tasks {
+        all.extend(task.await??);
+    }
+    Ok(all)
+}
+
 /// Polls `f` every 25 ms until it succeeds or `timeout` passes; then returns its last error.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> anyhow::Result<T>
 where

@@ -25,7 +25,9 @@ pub mod fleet;
 pub mod manifests;
 
 pub use client::{Conn, Reply};
+// Re-exported so tests build requests with the same versions without depending on them.
 pub use duet::{Duet, DuetBuilder};
 pub use echo::{Echo, EchoServer, Family, Identity};
 pub use fleet::{Fleet, Pod, PodSpec, Port};
 pub use manifests::{Ingress, ManifestDir, PathType, PortRef};
+pub use {bytes, http, http_body_util};

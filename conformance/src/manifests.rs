@@ -220,6 +220,7 @@ pub struct Ingress {
     namespace: String,
     name: String,
     class: Option<String>,
+    created: Option<String>,
     annotations: Vec<(String, String)>,
     default_backend: Option<(String, PortRef)>,
     rules: Vec<(Option<String>, Vec<Value>)>,
@@ -232,6 +233,7 @@ impl Ingress {
             namespace: namespace.into(),
             name: name.into(),
             class: Some("duet".into()),
+            created: None,
             annotations: Vec::new(),
             default_backend: None,
             rules: Vec::new(),
@@ -241,6 +243,12 @@ impl Ingress {
     /// Sets or clears `spec.ingressClassName`.
     pub fn class(mut self, class: Option<&str>) -> Ingress {
         self.class = class.map(str::to_owned);
+        self
+    }
+
+    /// Sets `metadata.creationTimestamp` (RFC 3339), which decides conflicts between Ingresses.
+    pub fn created(mut self, timestamp: &str) -> Ingress {
+        self.created = Some(timestamp.into());
         self
     }
 
@@ -293,6 +301,9 @@ impl Ingress {
     /// The object as JSON.
     pub fn build(&self) -> Value {
         let mut metadata = json!({"name": self.name, "namespace": self.namespace});
+        if let Some(created) = &self.created {
+            metadata["creationTimestamp"] = json!(created);
+        }
         if !self.annotations.is_empty() {
             let annotations: Map<String, Value> = self
                 .annotations
@@ -349,6 +360,13 @@ impl ManifestDir {
                 .prefix("duet-manifests-")
                 .tempdir()?,
         })
+    }
+
+    /// A folder holding `class.yaml`: the IngressClass `duet` of duet's default controller.
+    pub fn with_class() -> io::Result<ManifestDir> {
+        let dir = ManifestDir::new()?;
+        dir.write("class.yaml", &[ingress_class("duet", CONTROLLER)])?;
+        Ok(dir)
     }
 
     /// Where it is.
