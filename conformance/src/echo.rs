@@ -10,6 +10,10 @@
 //! socket's address), `peer` (the address the request came from) and `bodyLength` (request body
 //! bytes received).
 //!
+//! Test controls (request headers, duet extensions): `X-Echo-Delay-Ms: N` waits N milliseconds
+//! (at most 60 s) before answering; `X-Echo-Set-Header: Name: value, Other: value` adds those
+//! headers to the response.
+//!
 //! `GET /health` answers `OK`. A request with `Upgrade: websocket` and `Connection: upgrade` is
 //! answered `101 Switching Protocols` (with `X-Echo-Pod`, `X-Echo-Family`, `X-Echo-Local` and
 //! `X-Echo-Peer` headers) and every byte then received is sent back, until the client closes.
@@ -302,6 +306,16 @@ impl EchoServer {
         drop(self);
     }
 
+    /// Like [`EchoServer::shutdown`], returning once the listening sockets are closed (so their
+    /// ports can be bound again).
+    pub async fn close(mut self) {
+        let _ = self.stop.send(true);
+        for task in std::mem::take(&mut self.tasks) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
     /// Waits until the server is stopped from elsewhere (never returns otherwise).
     pub async fn run_forever(&self) {
         stopped(&mut self.stop.subscribe()).await;
@@ -452,6 +466,10 @@ async fn handle(
         );
         return Ok(res);
     }
+    let delay = header_text(req.headers(), "x-echo-delay-ms")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|ms| Duration::from_millis(ms.min(60_000)));
+    let extra = response_headers(req.headers());
     let (parts, body) = req.into_parts();
     let body_length = match body.collect().await {
         Ok(collected) => collected.to_bytes().len() as u64,
@@ -502,8 +520,14 @@ async fn handle(
         return Ok(res);
     }
     body.push(b'\n');
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
     let mut res = Response::new(Full::new(Bytes::from(body)));
     let h = res.headers_mut();
+    for (name, value) in extra {
+        h.append(name, value);
+    }
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -513,6 +537,26 @@ async fn handle(
         HeaderValue::from_static("nosniff"),
     );
     Ok(res)
+}
+
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The headers `X-Echo-Set-Header` asks for: `Name: value` pairs separated by commas.
+fn response_headers(headers: &HeaderMap) -> Vec<(header::HeaderName, HeaderValue)> {
+    headers
+        .get_all("x-echo-set-header")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|pair| {
+            let (name, value) = pair.split_once(':')?;
+            let name = header::HeaderName::from_bytes(name.trim().as_bytes()).ok()?;
+            let value = HeaderValue::from_str(value.trim()).ok()?;
+            Some((name, value))
+        })
+        .collect()
 }
 
 fn host_of(req: &Request<Incoming>) -> String {

@@ -119,6 +119,7 @@ pub struct Fleet {
     namespace: String,
     service: String,
     pods: Vec<Pod>,
+    listening: Vec<(String, Vec<SocketAddr>)>,
     server: Option<EchoServer>,
     _closed: Vec<Socket>,
 }
@@ -185,11 +186,19 @@ impl Fleet {
             ingress: String::new(),
             service: service.into(),
         };
+        let listening = listeners
+            .iter()
+            .map(|p| {
+                let addrs = p.listeners.iter().filter_map(|l| l.local_addr().ok());
+                (p.name.clone(), addrs.collect())
+            })
+            .collect();
         let server = EchoServer::serve(identity, listeners, EchoOptions::default())?;
         Ok(Fleet {
             namespace: namespace.into(),
             service: service.into(),
             pods,
+            listening,
             server: Some(server),
             _closed: closed,
         })
@@ -255,9 +264,25 @@ impl Fleet {
         docs
     }
 
-    /// Stops serving: open connections are cut and the ports refuse connections... until the
-    /// kernel hands them to someone else.
+    /// Stops serving: open connections are cut and the ports refuse connections (until the
+    /// kernel hands them to someone else, or [`Fleet::restart`]).
     pub fn stop(&mut self) {
         self.server = None;
+    }
+
+    /// Stops serving (cutting open connections) and serves again on the same addresses, like
+    /// pods whose process restarted.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        if let Some(server) = self.server.take() {
+            server.close().await;
+        }
+        let identity = Identity {
+            namespace: self.namespace.clone(),
+            ingress: String::new(),
+            service: self.service.clone(),
+        };
+        let server = EchoServer::bind(identity, &self.listening, EchoOptions::default())?;
+        self.server = Some(server);
+        Ok(())
     }
 }

@@ -133,3 +133,48 @@ async fn stopped_fleet_cuts_connections() -> anyhow::Result<()> {
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn test_controls_delay_and_set_response_headers() -> anyhow::Result<()> {
+    let fleet = Fleet::start("ns", "svc", &[PodSpec::v6_only("six")])?;
+    let addr = fleet.pod("six").v6.unwrap();
+    let mut conn = Conn::http1(addr).await?;
+    let started = std::time::Instant::now();
+    let req = client::request(Method::GET, "h", "/")
+        .header("x-echo-delay-ms", "300")
+        .header("x-echo-set-header", "X-One: 1, X-Two: two words")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))?;
+    let reply = conn.send(req).await?;
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    assert_eq!(reply.header("x-one"), Some("1"));
+    assert_eq!(reply.header("x-two"), Some("two words"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn restarted_fleet_serves_on_the_same_addresses() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start("ns", "svc", &[PodSpec::dual("a")])?;
+    let mut conn = Conn::http1(fleet.pod("a").v4.unwrap()).await?;
+    conn.get("h", "/").await?;
+    fleet.restart().await?;
+    for family in Family::BOTH {
+        let reply = client::get(fleet.pod("a").addr(family).unwrap(), "h", "/").await?;
+        assert_eq!(reply.echo()?.pod, "a");
+    }
+    client::eventually(
+        "old connection cut",
+        std::time::Duration::from_secs(5),
+        || {
+            let closed = conn.is_closed();
+            async move {
+                if closed {
+                    Ok(())
+                } else {
+                    anyhow::bail!("open")
+                }
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}

@@ -278,3 +278,29 @@ async fn closed_ipv6_port_among_other_pods_loses_no_request() -> anyhow::Result<
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_pods_lose_no_request_to_stale_pooled_connections() -> anyhow::Result<()> {
+    let mut s = setup(
+        &three_pods(),
+        &[Ingress::new("e2e", "echo").host("restart.test", "echo")],
+        &[],
+    )
+    .await?;
+    for round in 0..30 {
+        // Fill duet's upstream pool from both families, then restart every pod: the pooled
+        // connections are closed by the pods, and the next requests must not fail on them.
+        for family in Family::BOTH {
+            echoes(&client::load(s.duet.http(family), "restart.test", "/", 12, 3).await?)?;
+        }
+        s.fleet.restart().await?;
+        for family in Family::BOTH {
+            let replies = client::load(s.duet.http(family), "restart.test", "/", 12, 3).await;
+            let replies = replies.map_err(|e| e.context(format!("round {round}")))?;
+            for r in &replies {
+                assert_eq!(r.status, 200, "round {round}, {family}: {}", r.text());
+            }
+        }
+    }
+    Ok(())
+}

@@ -218,3 +218,97 @@ async fn upgrades_are_tunnelled_both_ways() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_from_untrusted_clients_are_replaced() -> anyhow::Result<()> {
+    let (_fleet, _dir, duet) = setup().await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(duet.http(family)).await?;
+        let ip = conn.local_addr().ip().to_string();
+        let req = client::request(Method::GET, "hdr.test", "/")
+            .header("x-forwarded-for", "203.0.113.66")
+            .header("x-real-ip", "203.0.113.66")
+            .header("forwarded", "for=203.0.113.66")
+            .header("x-forwarded-proto", "https")
+            .header("x-forwarded-host", "evil.test")
+            .header("x-forwarded-port", "1")
+            .body(Full::new(Bytes::new()))?;
+        let echo = conn.send(req).await?.echo()?;
+        // No peer is trusted by default: only what duet saw itself reaches the backend.
+        assert_eq!(
+            echo.header_values("x-forwarded-for"),
+            [ip.as_str()],
+            "{family}"
+        );
+        assert_eq!(echo.header_values("x-real-ip"), [ip.as_str()], "{family}");
+        let forwarded = echo.header("forwarded").unwrap_or_default();
+        assert!(
+            !forwarded.contains("203.0.113.66"),
+            "{family}: Forwarded: {forwarded}"
+        );
+        assert_eq!(
+            echo.header_values("x-forwarded-proto"),
+            ["http"],
+            "{family}"
+        );
+        assert_eq!(
+            echo.header_values("x-forwarded-host"),
+            ["hdr.test"],
+            "{family}"
+        );
+        let port = duet.http(family).port().to_string();
+        assert_eq!(
+            echo.header_values("x-forwarded-port"),
+            [port.as_str()],
+            "{family}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_hop_by_hop_headers_are_removed() -> anyhow::Result<()> {
+    let (_fleet, _dir, duet) = setup().await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(duet.http(family)).await?;
+        let req = client::request(Method::GET, "hdr.test", "/")
+            .header(
+                "x-echo-set-header",
+                "Connection: X-Resp-Hop, X-Resp-Hop: 1, Keep-Alive: timeout=3, X-End: kept",
+            )
+            .body(Full::new(Bytes::new()))?;
+        let reply = conn.send(req).await?;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.header("x-end"), Some("kept"), "{family}");
+        for hop in ["x-resp-hop", "keep-alive"] {
+            assert!(
+                reply.header(hop).is_none(),
+                "{family}: hop-by-hop {hop} in the response"
+            );
+        }
+        if let Some(c) = reply.header("connection") {
+            assert!(
+                !c.to_ascii_lowercase().contains("x-resp-hop"),
+                "{family}: Connection: {c}"
+            );
+        }
+        assert_eq!(reply.header("server"), Some("duet"));
+        assert_eq!(conn.get("hdr.test", "/again").await?.status, 200);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_request_bodies_are_streamed_through() -> anyhow::Result<()> {
+    let (_fleet, _dir, duet) = setup().await?;
+    let body = Bytes::from(vec![b'x'; 4 * 1024 * 1024]);
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(duet.http(family)).await?;
+        let req =
+            client::request(Method::PUT, "hdr.test", "/upload").body(Full::new(body.clone()))?;
+        let echo = conn.send(req).await?.echo()?;
+        assert_eq!(echo.body_length, body.len() as u64, "{family}");
+        assert_eq!(echo.method, "PUT");
+    }
+    Ok(())
+}

@@ -516,3 +516,65 @@ async fn admin_endpoints_answer_on_both_families_and_list_targets() -> anyhow::R
     assert_eq!(duet.admin_get(Family::V4, "/nope").await?.status, 404);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_upstreams_get_504_and_the_proxy_keeps_serving() -> anyhow::Result<()> {
+    let ing = Ingress::new("e2e", "slow").host("slow.test", "slow");
+    let (_fleets, _dir, duet) = setup(&["slow"], &[ing], &["--upstream-timeout", "500ms"]).await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(duet.http(family)).await?;
+        let started = std::time::Instant::now();
+        let req = client::request(Method::GET, "slow.test", "/")
+            .header("x-echo-delay-ms", "5000")
+            .body(conformance::http_body_util::Full::new(
+                conformance::bytes::Bytes::new(),
+            ))?;
+        let reply = conn.send(req).await?;
+        expect_error(&reply, 504, &format!("{family} slow upstream"));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(4),
+            "{family}: 504 took {:?}",
+            started.elapsed()
+        );
+        let fast = client::get(duet.http(family), "slow.test", "/").await?;
+        assert_eq!(fast.status, 200, "{family}: {}", fast.text());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_ingresses_of_our_class_are_served() -> anyhow::Result<()> {
+    let ingresses = [
+        Ingress::new("e2e", "ours").host("ours.test", "svc"),
+        // ingress_class.feature: a class that does not exist.
+        Ingress::new("e2e", "invalid-class")
+            .class(Some("some-invalid-class-name"))
+            .host("invalid.test", "svc"),
+        // No class, and our IngressClass is not the default one.
+        Ingress::new("e2e", "no-class")
+            .class(None)
+            .host("noclass.test", "svc"),
+        // The legacy annotation naming our class.
+        Ingress::new("e2e", "legacy")
+            .class(None)
+            .annotation("kubernetes.io/ingress.class", "duet")
+            .host("legacy.test", "svc"),
+    ];
+    let (_fleets, _dir, duet) = setup(&["svc"], &ingresses, &[]).await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(duet.http(family)).await?;
+        expect_route(&mut conn, "ours.test", "/", Some("svc")).await?;
+        expect_route(&mut conn, "legacy.test", "/", Some("svc")).await?;
+        expect_route(&mut conn, "invalid.test", "/", None).await?;
+        expect_route(&mut conn, "noclass.test", "/", None).await?;
+    }
+    // With --watch-ingress-without-class the class-less Ingress is served too.
+    let (_fleets, _dir, duet) =
+        setup(&["svc"], &ingresses, &["--watch-ingress-without-class"]).await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(duet.http(family)).await?;
+        expect_route(&mut conn, "noclass.test", "/", Some("svc")).await?;
+        expect_route(&mut conn, "invalid.test", "/", None).await?;
+    }
+    Ok(())
+}
