@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
-use http_body_util::{Either, Full};
+use http_body_util::{Either, Empty, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -125,8 +125,11 @@ impl Body for ProxyBody {
     }
 }
 
+/// The body sent upstream: the client's stream, or nothing for a replayed bodyless request.
+type UpstreamBody = Either<Incoming, Empty<Bytes>>;
+
 /// A pooled connection and when it went idle.
-type IdleConn = (SendRequest<Incoming>, Instant);
+type IdleConn = (SendRequest<UpstreamBody>, Instant);
 
 /// Idle upstream HTTP/1.1 connections by address.
 #[derive(Debug, Default)]
@@ -135,7 +138,7 @@ struct Pool {
 }
 
 impl Pool {
-    fn take(&self, addr: SocketAddr, max_idle: Duration) -> Option<SendRequest<Incoming>> {
+    fn take(&self, addr: SocketAddr, max_idle: Duration) -> Option<SendRequest<UpstreamBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(&addr)?;
         while let Some((sender, since)) = list.pop() {
@@ -146,7 +149,7 @@ impl Pool {
         None
     }
 
-    fn put(&self, addr: SocketAddr, sender: SendRequest<Incoming>, max_per_addr: usize) {
+    fn put(&self, addr: SocketAddr, sender: SendRequest<UpstreamBody>, max_per_addr: usize) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(addr).or_default();
         if list.len() < max_per_addr {
@@ -250,7 +253,7 @@ impl Proxy {
         let config = &self.runtime.config;
         let mut tried: Vec<usize> = Vec::new();
         let mut last_error: Option<io::Error> = None;
-        let mut req = Some(req);
+        let mut req = Some(req.map(Either::Left));
         for _ in 0..config.max_target_attempts {
             let Some(pick) = backend.pick(conn.family, action.policy, &tried) else {
                 break;
@@ -320,16 +323,19 @@ impl Proxy {
     }
 
     /// Sends on a connection. A pooled connection that turns out closed before the request was
-    /// written is replaced by a fresh one to the same address.
+    /// written is replaced by a fresh one to the same address. So is one that fails before any
+    /// response byte when the request is idempotent and bodyless (the upstream closed an idle
+    /// connection as we reused it): that request is replayed once, as nginx and Go's client do.
     async fn send(
         &self,
-        mut sender: SendRequest<Incoming>,
+        mut sender: SendRequest<UpstreamBody>,
         mut fresh: bool,
         addr: SocketAddr,
-        mut request: Request<Incoming>,
+        mut request: Request<UpstreamBody>,
         connect_timeout: Duration,
     ) -> Result<Response<Incoming>, SendError> {
         let config = &self.runtime.config;
+        let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
             let sent =
                 tokio::time::timeout(config.response_timeout, sender.try_send_request(request))
@@ -364,9 +370,22 @@ impl Proxy {
                             io::Error::new(io::ErrorKind::ConnectionAborted, error.into_error());
                         return Err(SendError::Unsent(Box::new(unsent), e));
                     }
-                    None => {
-                        return Err(SendError::Failed(ProxyError::Upstream(error.into_error())))
-                    }
+                    None => match replay.take() {
+                        Some(again) if !fresh => {
+                            tracing::trace!(upstream.addr = %addr, error = %error.error(), "Replaying on a fresh connection");
+                            request = again.into_request();
+                            match connect(addr, connect_timeout).await {
+                                Ok(s) => {
+                                    sender = s;
+                                    fresh = true;
+                                }
+                                Err(e) => return Err(SendError::Unsent(Box::new(request), e)),
+                            }
+                        }
+                        _ => {
+                            return Err(SendError::Failed(ProxyError::Upstream(error.into_error())))
+                        }
+                    },
                 },
             }
         }
@@ -375,12 +394,35 @@ impl Proxy {
 
 enum SendError {
     /// The request was not written; it can go elsewhere.
-    Unsent(Box<Request<Incoming>>, io::Error),
+    Unsent(Box<Request<UpstreamBody>>, io::Error),
     /// The request may have reached the upstream; answer the client with this.
     Failed(ProxyError),
 }
 
-async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<SendRequest<Incoming>> {
+/// What it takes to send a bodyless idempotent request again.
+struct Replay {
+    parts: http::request::Parts,
+}
+
+impl Replay {
+    fn of(request: &Request<UpstreamBody>) -> Option<Replay> {
+        if !request.method().is_idempotent() || !request.body().is_end_stream() {
+            return None;
+        }
+        let mut parts = Request::new(()).into_parts().0;
+        parts.method = request.method().clone();
+        parts.uri = request.uri().clone();
+        parts.version = request.version();
+        parts.headers = request.headers().clone();
+        Some(Replay { parts })
+    }
+
+    fn into_request(self) -> Request<UpstreamBody> {
+        Request::from_parts(self.parts, Either::Right(Empty::new()))
+    }
+}
+
+async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<SendRequest<UpstreamBody>> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
