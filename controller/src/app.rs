@@ -269,3 +269,240 @@ async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{Kind, ObjectKey};
+    use crate::source::files;
+    use crate::translate::Reason;
+    use dataplane::ProxyConfig;
+
+    const BASE: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web}
+spec:
+  ingressClassName: duet
+  rules:
+    - host: a.test
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: a, port: {number: 80}}}}]}
+    - host: b.test
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: b, port: {number: 80}}}}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: a}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: b}
+spec: {ports: [{port: 80}]}
+"#;
+
+    fn slice(service: &str, address: &str) -> String {
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-v4\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints: [{{addresses: [\"{address}\"]}}]\n"
+        )
+    }
+
+    fn changes(yaml: &str) -> Vec<Change> {
+        let parsed = files::parse(yaml, &[]);
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+        parsed
+            .objects
+            .into_iter()
+            .map(|object| Change::Apply { object, file: None })
+            .collect()
+    }
+
+    fn app() -> (App, Arc<Runtime>) {
+        let runtime = Runtime::new(ProxyConfig::default());
+        let app = App::new(
+            AppConfig::new(translate::Config::default()),
+            runtime.clone(),
+        );
+        (app, runtime)
+    }
+
+    fn version(runtime: &Runtime) -> u64 {
+        runtime.load().snapshot.version
+    }
+
+    #[test]
+    fn endpoint_only_change_shares_routes_and_unchanged_backends() {
+        let (mut app, runtime) = app();
+        app.ingest(changes(BASE));
+        app.ingest(changes(&slice("a", "10.0.0.1")));
+        app.ingest(changes(&slice("b", "10.0.0.2")));
+        let first = app.publish().expect("first publish");
+        assert_eq!(first.version, 1);
+        assert!(runtime.is_ready());
+
+        let impact_pending = app.ingest(changes(&slice("b", "10.0.0.3")));
+        assert!(impact_pending);
+        assert!(
+            !app.pending.routes,
+            "an EndpointSlice change is endpoint-only"
+        );
+        let second = app.publish().expect("second publish");
+        assert_eq!(second.version, 2);
+        assert!(
+            Arc::ptr_eq(&first.routes, &second.routes),
+            "routes are shared"
+        );
+        let id = |s: &str| dataplane::BackendId::new("default", s, "80");
+        assert!(Arc::ptr_eq(
+            &first.backends[&id("a")],
+            &second.backends[&id("a")]
+        ));
+        assert!(!Arc::ptr_eq(
+            &first.backends[&id("b")],
+            &second.backends[&id("b")]
+        ));
+        assert_eq!(
+            second.backends[&id("b")].targets[0].v4,
+            Some("10.0.0.3:8080".parse().unwrap())
+        );
+        assert!(Arc::ptr_eq(&runtime.load().snapshot, &second));
+    }
+
+    #[test]
+    fn irrelevant_and_no_op_changes_publish_nothing() {
+        let (mut app, _runtime) = app();
+        app.ingest(changes(BASE));
+        let first = app.publish().expect("first publish");
+        // A slice of a Service no route uses.
+        assert!(!app.ingest(changes(&slice("unused", "10.0.0.9"))));
+        // The same objects again (a resync).
+        assert!(!app.ingest(changes(BASE)));
+        // A Service change that leaves routes and backends as they were: rebuilt, not published.
+        let relabelled = BASE.replace(
+            "metadata: {name: a}",
+            "metadata: {name: a, labels: {tier: web}}",
+        );
+        assert!(app.ingest(changes(&relabelled)));
+        assert!(app.publish().is_none());
+        assert_eq!(
+            app.published.as_ref().map(|s| s.version),
+            Some(first.version)
+        );
+    }
+
+    #[test]
+    fn route_change_rebuilds_and_diagnostics_follow_the_state() {
+        let (mut app, runtime) = app();
+        let without_b: Vec<Change> = changes(BASE)
+            .into_iter()
+            .filter(|c| !matches!(c, Change::Apply { object, .. } if object.key().name == "b"))
+            .collect();
+        app.ingest(without_b);
+        app.publish();
+        let diagnostics = app.diagnostics().current();
+        assert_eq!(diagnostics.len(), 1);
+        assert_eq!(diagnostics[0].diagnostic.reason, Reason::MissingService);
+        assert!(runtime.load().snapshot.routes.find("b.test", "/").is_none());
+
+        // The Service appears: a route change; the rule is served and the diagnostic is gone.
+        app.ingest(changes(BASE));
+        assert!(app.pending.routes);
+        let snapshot = app.publish().expect("republished");
+        assert!(snapshot.routes.find("b.test", "/").is_some());
+        assert!(app.diagnostics().current().is_empty());
+        let extra = (app.diagnostics().debug_extra())();
+        assert_eq!(extra, serde_json::json!({ "diagnostics": [] }));
+
+        // Deleting the Ingress empties the table.
+        app.ingest(vec![Change::Delete(ObjectKey::new(
+            Kind::Ingress,
+            "default",
+            "web",
+        ))]);
+        let snapshot = app.publish().expect("republished");
+        assert!(snapshot.routes.find("a.test", "/").is_none());
+        assert!(snapshot.backends.is_empty());
+        assert_eq!(snapshot.version, 3);
+    }
+
+    async fn settle() {
+        // Lets the app task run; with paused time this advances the clock by 1 ms.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn publishes_only_after_sync_then_debounces() {
+        let (app, runtime) = app();
+        let (tx, rx) = mpsc::channel(16);
+        let task = tokio::spawn(app.run(rx));
+        tx.send(SourceEvent::Changes(changes(BASE))).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            !runtime.is_ready(),
+            "nothing is published before the first full scan"
+        );
+
+        tx.send(SourceEvent::Synced).await.unwrap();
+        settle().await;
+        assert!(runtime.is_ready());
+        assert_eq!(version(&runtime), 1);
+
+        // A burst of changes 10 ms apart: one publish, holdoff after the last one.
+        for i in 0..5 {
+            let yaml = slice("a", &format!("10.0.1.{i}"));
+            tx.send(SourceEvent::Changes(changes(&yaml))).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(version(&runtime), 1, "still within the holdoff");
+        tokio::time::sleep(Duration::from_millis(45)).await;
+        assert_eq!(version(&runtime), 2);
+        let targets = runtime
+            .load()
+            .snapshot
+            .backends
+            .values()
+            .map(|b| b.targets.len())
+            .sum::<usize>();
+        assert_eq!(targets, 1, "the last state of the burst is published");
+
+        drop(tx);
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn steady_changes_publish_by_the_max_delay() {
+        let (app, runtime) = app();
+        let (tx, rx) = mpsc::channel(16);
+        let task = tokio::spawn(app.run(rx));
+        tx.send(SourceEvent::Changes(changes(BASE))).await.unwrap();
+        tx.send(SourceEvent::Synced).await.unwrap();
+        settle().await;
+        assert_eq!(version(&runtime), 1);
+
+        // A change every 30 ms (shorter than the holdoff) for 1.2 s.
+        let start = Instant::now();
+        let mut published_at = Vec::new();
+        let mut last = version(&runtime);
+        for i in 0..40 {
+            let yaml = slice("a", &format!("10.0.2.{i}"));
+            tx.send(SourceEvent::Changes(changes(&yaml))).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let now = version(&runtime);
+            if now != last {
+                published_at.push(start.elapsed());
+                last = now;
+            }
+        }
+        assert!(
+            published_at.len() >= 2,
+            "the max delay forces publishes during a steady stream: {published_at:?}"
+        );
+        assert!(
+            published_at[0] <= Duration::from_millis(540),
+            "first publish after {:?}",
+            published_at[0]
+        );
+        drop(tx);
+        task.await.unwrap();
+    }
+}

@@ -18,7 +18,12 @@ pub const EXIT_USAGE: u8 = 64;
 
 /// duet: a dual-stack (IPv4/IPv6) Kubernetes Ingress controller.
 #[derive(Debug, Parser)]
-#[command(name = "duet", version, about, propagate_version = true)]
+#[command(
+    name = "duet",
+    version,
+    about = "duet: a dual-stack (IPv4/IPv6) Kubernetes Ingress controller",
+    propagate_version = true
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -200,6 +205,10 @@ where
         clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
             ConfigError::Info(e)
         }
+        clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        | clap::error::ErrorKind::MissingSubcommand => ConfigError::Usage(
+            "missing subcommand: run 'duet serve --manifests DIR' (see 'duet --help')".to_owned(),
+        ),
         _ => ConfigError::Usage(one_line(&e)),
     };
     let matches = Cli::command()
@@ -362,6 +371,13 @@ mod tests {
         let err = parse(["duet", "serve", "--manifests", "/nonexistent/duet-test"]).unwrap_err();
         assert_eq!(err.exit_code(), EXIT_USAGE);
         assert!(err.to_string().contains("/nonexistent/duet-test"));
+    }
+
+    #[test]
+    fn missing_subcommand_is_a_usage_error() {
+        let err = parse(["duet"]).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+        assert!(err.to_string().contains("duet serve"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `duet` binary: parses the command line, binds the dual-stack listeners, runs the control
 //! loop over a manifest folder and the dataplane in one process, and drains on SIGTERM/SIGINT.
 
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let Some(dir) = config.manifests.clone() else {
         eprintln!(

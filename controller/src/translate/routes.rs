@@ -241,7 +241,12 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         default_backend,
         ..RouteTable::default()
     };
-    for (host, rules) in hosts {
+    for (host, mut rules) in hosts {
+        // Rules of equal precedence that cannot match the same request (same length, different
+        // paths) would otherwise keep input order: order them by path so the table is the same
+        // whatever the input order. The sort is stable, so of two rules with the same match in
+        // one Ingress the first written still wins.
+        rules.sort_by(|a, b| tie_key(a).cmp(&tie_key(b)));
         let (entry, conflicts) = HostRules::new(&host.display(), rules);
         for lost in conflicts {
             let winner = entry.rules.iter().find(|k| k.same_match(&lost));
@@ -294,6 +299,13 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         diagnostics,
         certs: Arc::default(),
     }
+}
+
+fn tie_key(rule: &PathRule) -> (bool, &str) {
+    (
+        matches!(rule.matcher, PathMatch::Exact(_)),
+        rule.matcher.path(),
+    )
 }
 
 fn match_kind(m: &PathMatch) -> &'static str {
