@@ -209,6 +209,15 @@ pub enum Change {
     },
     /// The object is gone.
     Delete(ObjectKey),
+    /// The complete current set of one kind (a relist): objects of that kind not in the list are
+    /// deleted. For sources that learn the whole state at once (a watcher's re-list after a
+    /// `410 Gone` reports no deletes).
+    Replace {
+        /// The kind being replaced.
+        kind: Kind,
+        /// Every object of that kind, with its file when known.
+        objects: Vec<(Object, Option<Arc<Path>>)>,
+    },
 }
 
 /// What a change means for the snapshot.
@@ -323,6 +332,19 @@ impl Index {
     /// (a resync) has no impact.
     pub fn apply(&mut self, change: Change) -> Impact {
         match change {
+            Change::Replace { kind, objects } => {
+                let keep: std::collections::BTreeSet<ObjectKey> =
+                    objects.iter().map(|(o, _)| o.key()).collect();
+                let gone: Vec<ObjectKey> = self.keys(kind).filter(|k| !keep.contains(k)).collect();
+                let mut impact = Impact::default();
+                for key in gone {
+                    impact.merge(self.apply(Change::Delete(key)));
+                }
+                for (object, file) in objects {
+                    impact.merge(self.apply(Change::Apply { object, file }));
+                }
+                impact
+            }
             Change::Apply { object, file } => {
                 let key = object.key().ns_name();
                 match object {
@@ -431,6 +453,18 @@ impl Index {
         } else {
             Impact::default()
         }
+    }
+
+    /// The keys of every stored object of a kind.
+    pub fn keys(&self, kind: Kind) -> impl Iterator<Item = ObjectKey> + '_ {
+        let names: Box<dyn Iterator<Item = &NsName>> = match kind {
+            Kind::Ingress => Box::new(self.ingresses.keys()),
+            Kind::IngressClass => Box::new(self.ingress_classes.keys()),
+            Kind::Service => Box::new(self.services.keys()),
+            Kind::EndpointSlice => Box::new(self.endpoint_slices.keys()),
+            Kind::Secret => Box::new(self.secrets.keys()),
+        };
+        names.map(move |n| ObjectKey::new(kind, n.namespace.clone(), n.name.clone()))
     }
 
     /// The stored objects as translation input.
@@ -599,6 +633,38 @@ mod tests {
             ..Default::default()
         })));
         assert!(index.apply(secret).routes);
+    }
+
+    #[test]
+    fn replace_deletes_what_a_relist_no_longer_has() {
+        let mut index = Index::new(ClassConfig::default());
+        index.set_references(References {
+            services: [NsName::new("default", "web")].into_iter().collect(),
+            ..Default::default()
+        });
+        index.apply(apply(slice("web-1", "web", "10.0.0.1")));
+        index.apply(apply(slice("web-2", "web", "10.0.0.2")));
+        index.apply(apply(ingress("a", "duet")));
+        let impact = index.apply(Change::Replace {
+            kind: Kind::EndpointSlice,
+            objects: vec![(slice("web-2", "web", "10.0.0.2"), None)],
+        });
+        let keys: Vec<String> = index
+            .keys(Kind::EndpointSlice)
+            .map(|k| k.to_string())
+            .collect();
+        assert_eq!(keys, ["EndpointSlice default/web-2"]);
+        assert!(!impact.routes);
+        assert_eq!(impact.endpoints.len(), 1, "web-1 went away");
+        // Other kinds are untouched.
+        assert_eq!(index.ingresses.len(), 1);
+        // Replacing with the same set again changes nothing.
+        assert!(index
+            .apply(Change::Replace {
+                kind: Kind::EndpointSlice,
+                objects: vec![(slice("web-2", "web", "10.0.0.2"), None)],
+            })
+            .is_empty());
     }
 
     #[test]

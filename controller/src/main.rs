@@ -29,7 +29,10 @@ fn main() -> ExitCode {
             return ExitCode::from(error.exit_code());
         }
     };
-    let filter = std::env::var("DUET_LOG").unwrap_or_else(|_| "info".to_owned());
+    let filter = std::env::var("DUET_LOG")
+        .ok()
+        .filter(|f| !f.trim().is_empty())
+        .unwrap_or_else(|| "info".to_owned());
     let filter = match EnvFilter::builder().parse(&filter) {
         Ok(filter) => filter,
         Err(error) => {

@@ -43,6 +43,7 @@ fn summary(changes: &[Change]) -> (Vec<String>, Vec<String>) {
         match c {
             Change::Apply { object, .. } => applied.push(object.key().to_string()),
             Change::Delete(key) => deleted.push(key.to_string()),
+            Change::Replace { .. } => panic!("the folder source sends Apply and Delete"),
         }
     }
     applied.sort();

@@ -1,5 +1,18 @@
 //! The route phase: our Ingresses -> hosts, path rules and the default backend, per the Ingress v1
 //! spec, plus the Service ports they use.
+//!
+//! - Hosts are lower-cased; `*.suffix` goes to the wildcard map under `suffix`; rules without a
+//!   host apply to hosts without an entry of their own. Rules of one host are merged across
+//!   Ingresses and sorted by precedence; an identical match of lower precedence is a
+//!   `ConflictingPath` diagnostic.
+//! - A missing path is `/`; a missing `pathType` is `ImplementationSpecific` (treated as
+//!   `Prefix`); a path not starting with `/` or an unknown `pathType` is skipped (`InvalidPath`).
+//! - A backend whose Service or port (by number or name) does not exist is skipped with a
+//!   diagnostic; the rest of the Ingress is served. `BackendId`s use the port as written.
+//! - The default backend is the `defaultBackend` of the oldest Ingress whose `defaultBackend`
+//!   resolves (creationTimestamp, then namespace/name); later ones get `DuplicateDefaultBackend`.
+//! - `duet.dev/upstream-family` sets the route's family policy per Ingress; an invalid value is an
+//!   `InvalidAnnotation` diagnostic and the global policy applies.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
