@@ -127,12 +127,16 @@ async fn serve(config: Config, dir: PathBuf) -> anyhow::Result<()> {
     let (admin_stop, admin_stopped) = watch::channel(false);
     tracing::info!(http = %list(&http), admin = %list(&admin), "Listening");
 
-    // The accept loops run in this task (joined, not spawned: `listen::serve`'s future is not
-    // `Send`); every connection is spawned onto the worker threads by `serve` itself.
+    // One task per accept loop on the worker threads; `serve` spawns every connection.
     let proxies = http.into_iter().map(|(addr, listener)| {
         let proxy = proxy.clone();
         let handler = move |req, conn| proxy.clone().handle(req, conn);
-        let task = listen::serve(listener, options.clone(), handler, proxy_stopped.clone());
+        let task = tokio::spawn(listen::serve(
+            listener,
+            options.clone(),
+            handler,
+            proxy_stopped.clone(),
+        ));
         async move { report(addr, task.await) }
     });
     let admins = admin.into_iter().map(|(addr, listener)| {
@@ -141,7 +145,12 @@ async fn serve(config: Config, dir: PathBuf) -> anyhow::Result<()> {
         let handler = move |req, conn| {
             dataplane::admin::handle(runtime.clone(), Some(extra.clone()), req, conn)
         };
-        let task = listen::serve(listener, options.clone(), handler, admin_stopped.clone());
+        let task = tokio::spawn(listen::serve(
+            listener,
+            options.clone(),
+            handler,
+            admin_stopped.clone(),
+        ));
         async move { report(addr, task.await) }
     });
     let proxies = async move {
@@ -167,9 +176,11 @@ async fn serve(config: Config, dir: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(addr: SocketAddr, result: std::io::Result<()>) {
-    if let Err(error) = result {
-        tracing::error!(listener = %addr, %error, "Listener failed");
+fn report(addr: SocketAddr, result: Result<std::io::Result<()>, tokio::task::JoinError>) {
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!(listener = %addr, %error, "Listener failed"),
+        Err(error) => tracing::error!(listener = %addr, %error, "Listener task failed"),
     }
 }
 

@@ -138,7 +138,7 @@ where
                     continue;
                 }
             },
-            _ = shutdown.wait_for(|stop| *stop) => break,
+            _ = stopped(&mut shutdown) => break,
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
@@ -161,6 +161,12 @@ where
         }
     }
     Ok(())
+}
+
+/// Resolves once `shutdown` turns true (or its sender is gone). Holds no `watch::Ref` across an
+/// await, so the accept loop's future stays `Send`.
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 #[cfg(test)]
