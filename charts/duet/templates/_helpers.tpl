@@ -1,0 +1,131 @@
+{{/* Names, labels and the checks every render runs. */}}
+
+{{- define "duet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "duet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "duet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "duet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "duet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "duet.labels" -}}
+helm.sh/chart: {{ include "duet.chart" . }}
+{{ include "duet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: duet
+{{- end }}
+
+{{- define "duet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "duet.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "duet.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The RBAC rules for the namespaced kinds duet watches, writes status of, or reports on. */}}
+{{- define "duet.rules.namespaced" -}}
+- apiGroups: [""]
+  resources: ["services", "secrets"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["ingresses"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["ingresses/status"]
+  verbs: ["update", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/* Whether the metrics Service is rendered. */}}
+{{- define "duet.metricsService" -}}
+{{- if or .Values.metrics.service.enabled .Values.metrics.serviceMonitor.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Checks of combinations the schema cannot express; a bad combination fails the render. */}}
+{{- define "duet.validate" -}}
+{{- $svc := .Values.service }}
+{{- $n := len $svc.ipFamilies }}
+{{- if and (eq $svc.ipFamilyPolicy "SingleStack") (ne $n 1) }}
+{{- fail (printf "service.ipFamilyPolicy SingleStack needs exactly one entry in service.ipFamilies, got %d" $n) }}
+{{- end }}
+{{- if and (eq $svc.ipFamilyPolicy "RequireDualStack") (ne $n 2) }}
+{{- fail "service.ipFamilyPolicy RequireDualStack needs both IPv4 and IPv6 in service.ipFamilies" }}
+{{- end }}
+{{- $c := .Values.controller }}
+{{- $needed := add $c.preStopSleepSeconds $c.drainSeconds }}
+{{- if le (int $c.terminationGracePeriodSeconds) (int $needed) }}
+{{- fail (printf "controller.terminationGracePeriodSeconds (%v) must exceed preStopSleepSeconds + drainSeconds (%v), or the kubelet kills duet mid-drain" $c.terminationGracePeriodSeconds $needed) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (eq $c.kind "DaemonSet") }}
+{{- fail "autoscaling.enabled needs controller.kind Deployment" }}
+{{- end }}
+{{- if and .Values.controller.publishService.enabled (not .Values.service.enabled) (not .Values.controller.publishStatusAddresses) }}
+{{- fail "controller.publishService.enabled needs service.enabled (or set controller.publishStatusAddresses, or turn publishService off)" }}
+{{- end }}
+{{- end }}
+
+{{/* The `duet serve` arguments. */}}
+{{- define "duet.args" -}}
+- "serve"
+{{- range .Values.controller.listenAddresses }}
+- "--http-listen={{ . }}:{{ $.Values.controller.containerPorts.http }}"
+- "--https-listen={{ . }}:{{ $.Values.controller.containerPorts.https }}"
+- "--admin-listen={{ . }}:{{ $.Values.controller.containerPorts.admin }}"
+{{- end }}
+- "--ingress-class={{ .Values.ingressClass.name }}"
+- "--controller-name={{ .Values.controller.controllerName }}"
+- "--upstream-family={{ .Values.controller.upstreamFamily }}"
+- "--lb={{ .Values.controller.lb }}"
+{{- if .Values.controller.watchIngressWithoutClass }}
+- "--watch-ingress-without-class"
+{{- end }}
+{{- range .Values.controller.watchNamespaces }}
+- "--watch-namespace={{ . }}"
+{{- end }}
+- "--election-namespace={{ .Release.Namespace }}"
+{{- if .Values.controller.publishStatusAddresses }}
+- "--publish-status-address={{ join "," .Values.controller.publishStatusAddresses }}"
+{{- else if .Values.controller.publishService.enabled }}
+- "--publish-service={{ .Release.Namespace }}/{{ include "duet.fullname" . }}"
+{{- end }}
+{{- range .Values.controller.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
