@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import helm_python as helm
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -183,6 +184,25 @@ def test_lint_is_clean_for_each_documented_variant(variant):
     # And it renders: every variant produces a workload and its ServiceAccount.
     objects = render(VARIANTS[variant])
     assert "ServiceAccount" in kinds(objects)
+
+
+@pytest.mark.parametrize("kube_version", ["1.30.0", "1.37.0"], ids=["oldest-supported", "newest-schema"])
+def test_rendered_objects_match_the_kubernetes_schemas(kube_version):
+    """Every object of every variant validates strictly (no unknown fields) against the
+    Kubernetes OpenAPI schema of the chart's minimum version (Chart.yaml kubeVersion: preStop's
+    sleep action needs 1.30) and of the newest one packaged."""
+    checked = 0
+    for values in VARIANTS.values():
+        for obj in render(values):
+            obj = {k: v for k, v in obj.items() if k != "__template"}
+            if obj["kind"] == "ServiceMonitor":
+                continue  # a Prometheus Operator CRD: no schema in Kubernetes itself
+            try:
+                kubernetes_validate.validate(obj, kube_version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {error.message} at {list(error.path)}")
+            checked += 1
+    assert checked >= 90
 
 
 @pytest.mark.parametrize(
