@@ -4,9 +4,10 @@
 //!
 //! 1. `spec.ingressClassName` names an IngressClass whose `spec.controller` is our controller name
 //!    (`--controller-name`, default `duet.dev/ingress-controller`);
-//! 2. `spec.ingressClassName` equals our class name (`--ingress-class`, default `duet`) and **no
-//!    IngressClass of that name exists**. This is for manifest folders, which rarely ship an
-//!    IngressClass; once an IngressClass of that name exists, rule 1 decides alone;
+//! 2. with `--manifests` only: `spec.ingressClassName` equals our class name (`--ingress-class`,
+//!    default `duet`) and **no IngressClass of that name exists**. Manifest folders rarely ship an
+//!    IngressClass; once an IngressClass of that name exists, rule 1 decides alone. Against the
+//!    Kubernetes API this rule is off: a class name without an IngressClass is nobody's;
 //! 3. the legacy annotation `kubernetes.io/ingress.class` equals our class name;
 //! 4. it names no class at all (neither field nor annotation) and either one of our
 //!    IngressClasses carries `ingressclass.kubernetes.io/is-default-class: "true"`, or
@@ -31,6 +32,10 @@ pub struct ClassConfig {
     pub controller_name: String,
     /// Serve Ingresses that name no class (`--watch-ingress-without-class`).
     pub watch_without_class: bool,
+    /// Rule 2: an `ingressClassName` equal to our class name is ours while no IngressClass of
+    /// that name exists. On for manifest folders, off against the API, where only an
+    /// IngressClass naming our controller makes a class ours.
+    pub class_by_flag_name: bool,
 }
 
 impl Default for ClassConfig {
@@ -39,6 +44,7 @@ impl Default for ClassConfig {
             ingress_class: "duet".to_owned(),
             controller_name: "duet.dev/ingress-controller".to_owned(),
             watch_without_class: false,
+            class_by_flag_name: true,
         }
     }
 }
@@ -97,7 +103,7 @@ impl ClassConfig {
         if let Some(name) = class_name {
             let by_field = match classes.get(name) {
                 Some(class) => self.owns_class(class),
-                None => name == self.ingress_class,
+                None => self.class_by_flag_name && name == self.ingress_class,
             };
             if by_field {
                 return true;
@@ -191,6 +197,19 @@ mod tests {
         assert!(!cfg.is_ours(&ingress(Some("duet"), None), &Classes::new(&list)));
         let list = [class("duet", OURS, false)];
         assert!(cfg.is_ours(&ingress(Some("duet"), None), &Classes::new(&list)));
+    }
+
+    #[test]
+    fn against_the_api_a_class_name_needs_its_ingress_class() {
+        let cfg = ClassConfig {
+            class_by_flag_name: false,
+            ..ClassConfig::default()
+        };
+        assert!(!cfg.is_ours(&ingress(Some("duet"), None), &Classes::default()));
+        let list = [class("duet", OURS, false)];
+        assert!(cfg.is_ours(&ingress(Some("duet"), None), &Classes::new(&list)));
+        // The legacy annotation needs no IngressClass.
+        assert!(cfg.is_ours(&ingress(None, Some("duet")), &Classes::default()));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use dataplane::{FamilyPolicy, LbPolicy, ProxyConfig};
 
 use crate::class::ClassConfig;
+use crate::source::kube::KubeSettings;
 use crate::translate;
 
 /// Exit code for a bad command line (`EX_USAGE`).
@@ -44,6 +45,10 @@ pub struct ServeArgs {
     /// files in DIR (watched; changes apply live) instead of the Kubernetes API.
     #[arg(long, value_name = "DIR")]
     pub manifests: Option<PathBuf>,
+
+    /// Kubernetes mode (without --manifests).
+    #[command(flatten)]
+    pub kube: KubeArgs,
 
     /// Address to serve plain HTTP on; repeatable, one socket each.
     #[arg(long, value_name = "ADDR", default_values = ["0.0.0.0:8080", "[::]:8080"])]
@@ -149,6 +154,8 @@ pub struct Config {
     pub translate: translate::Config,
     /// Proxy timeouts.
     pub proxy: ProxyConfig,
+    /// Kubernetes mode settings (unused with `--manifests`).
+    pub kube: KubeConfig,
 }
 
 /// Why `duet` does not start.
@@ -235,6 +242,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             )));
         }
     }
+    let from_files = args.manifests.is_some();
     let proxy = ProxyConfig {
         connect_timeout: args.connect_timeout,
         response_timeout: args.upstream_timeout,
@@ -259,12 +267,57 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
                 ingress_class: args.ingress_class,
                 controller_name: args.controller_name,
                 watch_without_class: args.watch_ingress_without_class,
+                class_by_flag_name: from_files,
             },
             family_policy: args.upstream_family,
             lb: args.lb,
         },
         proxy,
+        kube: kube_config(args.kube)?,
     })
+}
+
+/// Flags of Kubernetes mode.
+#[derive(Debug, Args)]
+pub struct KubeArgs {
+    /// Kubeconfig file (default: KUBECONFIG, ~/.kube/config, then the in-cluster service account).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Watch only this namespace; repeatable (default: every namespace).
+    #[arg(long, value_name = "NS")]
+    pub watch_namespace: Vec<String>,
+}
+
+/// Kubernetes mode settings, validated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeConfig {
+    /// Where the API is and what to watch.
+    pub settings: KubeSettings,
+}
+
+fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
+    if let Some(ns) = args.watch_namespace.iter().find(|ns| !is_dns_label(ns)) {
+        return Err(ConfigError::Usage(format!(
+            "invalid value '{ns}' for '--watch-namespace': not a namespace name"
+        )));
+    }
+    Ok(KubeConfig {
+        settings: KubeSettings {
+            kubeconfig: args.kubeconfig,
+            namespaces: args.watch_namespace,
+        },
+    })
+}
+
+/// Whether `s` is a DNS-1123 label (a namespace or Service name).
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 #[cfg(test)]

@@ -399,7 +399,8 @@ impl Index {
     }
 
     fn ingress_impact(&self, key: &NsName, old: Option<&Ingress>, new: Option<&Ingress>) -> Impact {
-        if old == new {
+        if same_routing(old, new) {
+            // Unchanged, or only its status (which duet writes itself) or bookkeeping changed.
             return Impact::default();
         }
         let classes = Classes::new(self.ingress_classes.values().map(|e| &*e.object));
@@ -476,6 +477,20 @@ impl Index {
             endpoint_slices: self.endpoint_slices.values().map(|e| &*e.object).collect(),
             secrets: self.secrets.values().map(|e| &*e.object).collect(),
         }
+    }
+}
+
+/// What of an Ingress translation reads: its spec, annotations and creation time; not its
+/// status or resourceVersion, so that a status write does not rebuild routes.
+fn same_routing(old: Option<&Ingress>, new: Option<&Ingress>) -> bool {
+    match (old, new) {
+        (Some(a), Some(b)) => {
+            a.spec == b.spec
+                && a.metadata.annotations == b.metadata.annotations
+                && a.metadata.creation_timestamp == b.metadata.creation_timestamp
+        }
+        (None, None) => true,
+        _ => false,
     }
 }
 
@@ -573,6 +588,35 @@ mod tests {
                 "b"
             )))
             .is_empty());
+    }
+
+    #[test]
+    fn status_and_resource_version_changes_do_not_touch_routes() {
+        use k8s_openapi::api::networking::v1::{
+            IngressLoadBalancerIngress, IngressLoadBalancerStatus, IngressStatus,
+        };
+        let mut index = Index::new(ClassConfig::default());
+        assert!(index.apply(apply(ingress("a", "duet"))).routes);
+        let Object::Ingress(stored) = ingress("a", "duet") else {
+            unreachable!()
+        };
+        let mut written = (*stored).clone();
+        written.metadata.resource_version = Some("42".to_owned());
+        written.status = Some(IngressStatus {
+            load_balancer: Some(IngressLoadBalancerStatus {
+                ingress: Some(vec![IngressLoadBalancerIngress {
+                    ip: Some("2001:db8::1".to_owned()),
+                    ..Default::default()
+                }]),
+            }),
+        });
+        assert!(index
+            .apply(apply(Object::Ingress(Arc::new(written))))
+            .is_empty());
+        assert!(index.ingresses[&NsName::new("default", "a")]
+            .object
+            .status
+            .is_some());
     }
 
     #[test]

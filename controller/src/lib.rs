@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod class;
+pub mod cluster;
 pub mod config;
 pub mod index;
 pub mod source;

@@ -1,5 +1,6 @@
 //! The `duet` binary: parses the command line, binds the dual-stack listeners, runs the control
-//! loop over a manifest folder and the dataplane in one process, and drains on SIGTERM/SIGINT.
+//! loop over a manifest folder or the Kubernetes API and the dataplane in one process, and drains
+//! on SIGTERM/SIGINT.
 
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use controller::app::{App, AppConfig};
+use controller::cluster;
 use controller::config::{self, Config, ConfigError, Listen, EXIT_USAGE};
 use controller::source::files;
 use dataplane::listen::{self, BindError, ServeOptions};
@@ -45,12 +47,6 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let Some(dir) = config.manifests.clone() else {
-        eprintln!(
-            "duet: Kubernetes mode (serve without --manifests) needs a kubeconfig or in-cluster config and is not available in this build yet; use --manifests DIR"
-        );
-        return ExitCode::from(EXIT_USAGE);
-    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -61,7 +57,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config, dir)) {
+    let source = match config.manifests.clone() {
+        Some(dir) => Source::Files(dir),
+        None => match runtime.block_on(cluster::connect(&config.kube)) {
+            Ok(cluster) => Source::Kube(cluster),
+            Err(error) => {
+                eprintln!("duet: {error}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    match runtime.block_on(serve(config, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("duet: {error:#}");
@@ -102,7 +108,15 @@ fn list(bound: &[(SocketAddr, std::net::TcpListener)]) -> String {
         .join(" ")
 }
 
-async fn serve(config: Config, dir: PathBuf) -> anyhow::Result<()> {
+/// Where objects come from.
+enum Source {
+    /// `--manifests DIR`.
+    Files(PathBuf),
+    /// The Kubernetes API.
+    Kube(cluster::Cluster),
+}
+
+async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let http = bind_all("HTTP", &config.http_listen)?;
     let admin = bind_all("admin", &config.admin_listen)?;
     tracing::debug!(
@@ -120,7 +134,14 @@ async fn serve(config: Config, dir: PathBuf) -> anyhow::Result<()> {
     let (events_tx, events_rx) = mpsc::channel(64);
     let app = App::new(AppConfig::new(config.translate.clone()), runtime.clone());
     let extra = app.diagnostics().debug_extra();
-    files::spawn(dir, events_tx)?;
+    // Kept for the life of the process: the Kubernetes mode tasks' handles.
+    let _cluster = match source {
+        Source::Files(dir) => {
+            files::spawn(dir, events_tx)?;
+            None
+        }
+        Source::Kube(c) => Some(c.start(&config.kube, events_tx)),
+    };
     tokio::spawn(app.run(events_rx));
 
     let (proxy_stop, proxy_stopped) = watch::channel(false);

@@ -75,10 +75,42 @@ fn bad_flags_and_values_exit_64_with_one_line() {
 }
 
 #[test]
-fn kubernetes_mode_is_not_available_yet() {
-    let line = usage_error(&["serve", "--http-listen", "127.0.0.1:0"]);
-    assert!(line.contains("Kubernetes mode"), "{line}");
-    assert!(line.contains("--manifests"), "{line}");
+fn kubernetes_mode_without_any_config_exits_64_with_one_line() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(DUET)
+        .args(["serve", "--http-listen", "127.0.0.1:0"])
+        .env_remove("DUET_LOG")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", home.path())
+        .output()
+        .expect("duet runs");
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let line = &lines[0];
+    assert!(
+        line.starts_with("duet: no Kubernetes API configuration"),
+        "{line}"
+    );
+    assert!(
+        line.contains("--kubeconfig") && line.contains("--manifests"),
+        "{line}"
+    );
+
+    // A kubeconfig that does not exist, by flag or by KUBECONFIG, is named.
+    let line = usage_error(&["serve", "--kubeconfig", "/nonexistent/duet-kubeconfig"]);
+    assert!(line.contains("/nonexistent/duet-kubeconfig"), "{line}");
+    let out = Command::new(DUET)
+        .args(["serve"])
+        .env_remove("DUET_LOG")
+        .env("KUBECONFIG", "/nonexistent/duet-kc-env")
+        .output()
+        .expect("duet runs");
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(stderr_lines(&out)[0].contains("/nonexistent/duet-kc-env"));
+    let line = usage_error(&["serve", "--watch-namespace", "Not_A_Namespace"]);
+    assert!(line.contains("--watch-namespace"), "{line}");
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! Sources of object changes. Each source sends [`SourceEvent`]s on one channel: batches of
 //! [`Change`]s, and [`SourceEvent::Synced`] once its first full listing has been sent, so the app
-//! never publishes a partial view. The manifest folder is one source; the Kubernetes API will be
-//! another, feeding the same index.
+//! never publishes a partial view. The manifest folder is one source, the Kubernetes API
+//! ([`kube`]) the other; both feed the same index.
 
 pub mod files;
+pub mod kube;
 
 use crate::index::Change;
 
