@@ -14,10 +14,10 @@ use std::time::Duration;
 use dataplane::admin::DebugExtra;
 use dataplane::{Runtime, Snapshot};
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::index::{Change, Impact, Index};
+use crate::index::{Change, Impact, Index, NsName};
 use crate::source::SourceEvent;
 use crate::translate::{self, Diagnostic, RoutePlan};
 
@@ -88,6 +88,15 @@ pub struct App {
     diagnostics: Diagnostics,
     pending: Impact,
     synced: bool,
+    observers: Observers,
+}
+
+/// Who hears about published Ingresses and new diagnostics (Kubernetes mode's status writer and
+/// Event recorder).
+#[derive(Debug, Default)]
+struct Observers {
+    live: Option<watch::Sender<Arc<BTreeSet<NsName>>>>,
+    diagnostics: Option<mpsc::UnboundedSender<Vec<Diagnostic>>>,
 }
 
 impl App {
@@ -104,7 +113,38 @@ impl App {
             diagnostics: Diagnostics::default(),
             pending: Impact::default(),
             synced: false,
+            observers: Observers::default(),
         }
+    }
+
+    /// After every publish, sends our Ingresses whose routes are now live (applied in the
+    /// runtime) to `live`, and each build's diagnostics that were not there before to
+    /// `diagnostics`.
+    pub fn observe(
+        &mut self,
+        live: watch::Sender<Arc<BTreeSet<NsName>>>,
+        diagnostics: mpsc::UnboundedSender<Vec<Diagnostic>>,
+    ) {
+        self.observers = Observers {
+            live: Some(live),
+            diagnostics: Some(diagnostics),
+        };
+    }
+
+    /// Tells the observer which of our Ingresses the live snapshot serves.
+    fn announce_live(&self) {
+        let (Some(tx), Some(plan)) = (&self.observers.live, &self.plan) else {
+            return;
+        };
+        let ingresses = &plan.references.ingresses;
+        tx.send_if_modified(|old| {
+            if **old != *ingresses {
+                *old = Arc::new(ingresses.clone());
+                true
+            } else {
+                false
+            }
+        });
     }
 
     /// The diagnostics handle (for `/debug/routes`).
@@ -166,6 +206,7 @@ impl App {
                     snapshot.version = self.version,
                     "Nothing changed; snapshot kept"
                 );
+                self.announce_live();
                 return None;
             }
         }
@@ -182,13 +223,24 @@ impl App {
         );
         self.runtime.apply(snapshot.clone());
         self.published = Some(snapshot.clone());
+        self.announce_live();
         Some(snapshot)
     }
 
     /// Logs diagnostics not reported before (once per change) and shares the current set.
     fn report(&mut self, all: Vec<Diagnostic>) {
         let file_of = |d: &Diagnostic| self.index.file_of(&d.object).map(|f| f.to_path_buf());
-        for d in all.iter().filter(|d| !self.reported.contains(*d)) {
+        let new: Vec<Diagnostic> = all
+            .iter()
+            .filter(|d| !self.reported.contains(*d))
+            .cloned()
+            .collect();
+        if let Some(tx) = &self.observers.diagnostics {
+            if !new.is_empty() {
+                let _ = tx.send(new.clone());
+            }
+        }
+        for d in &new {
             match file_of(d) {
                 Some(file) => tracing::warn!(
                     object = %d.object,
@@ -423,6 +475,37 @@ spec: {ports: [{port: 80}]}
         assert!(snapshot.routes.find("a.test", "/").is_none());
         assert!(snapshot.backends.is_empty());
         assert_eq!(snapshot.version, 3);
+    }
+
+    #[test]
+    fn observers_hear_live_ingresses_after_apply_and_each_new_diagnostic_once() {
+        let (mut app, runtime) = app();
+        let (live_tx, live) = watch::channel(Arc::new(BTreeSet::new()));
+        let (diag_tx, mut diag) = mpsc::unbounded_channel();
+        app.observe(live_tx, diag_tx);
+        let without_b: Vec<Change> = changes(BASE)
+            .into_iter()
+            .filter(|c| !matches!(c, Change::Apply { object, .. } if object.key().name == "b"))
+            .collect();
+        app.ingest(without_b);
+        app.publish();
+        assert!(runtime.is_ready());
+        assert_eq!(
+            live.borrow().iter().cloned().collect::<Vec<_>>(),
+            [NsName::new("default", "web")]
+        );
+        let first = diag.try_recv().expect("the missing Service is reported");
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].reason, Reason::MissingService);
+        // A rebuild with the same problem reports nothing new.
+        app.ingest(changes(&slice("a", "10.0.0.1")));
+        app.publish();
+        assert!(diag.try_recv().is_err());
+        // The Ingress stops being ours: it leaves the live set.
+        let other = BASE.replace("ingressClassName: duet", "ingressClassName: nginx");
+        app.ingest(changes(&other));
+        app.publish();
+        assert!(live.borrow().is_empty());
     }
 
     async fn settle() {

@@ -1,10 +1,19 @@
-//! Kubernetes mode: connects to the API and starts the watchers feeding the control loop.
+//! Kubernetes mode: connects to the API, starts the watchers feeding the control loop, leader
+//! election, the Ingress status writer and the Event recorder.
 
-use tokio::sync::mpsc;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
 
+use dataplane::admin::DebugExtra;
+use tokio::sync::{mpsc, watch};
+
+use crate::app::App;
 use crate::config::KubeConfig;
+use crate::leader::{self, ElectionConfig, Elector};
 use crate::source::kube::{self as kube_source, KubeError, Stores};
 use crate::source::SourceEvent;
+use crate::status::{self, StatusDebug, StatusInputs};
 
 /// A connection to the cluster, made before anything is bound.
 #[derive(Clone)]
@@ -32,26 +41,94 @@ pub async fn connect(config: &KubeConfig) -> Result<Cluster, KubeError> {
 pub struct Running {
     /// The watchers' Ingress stores.
     pub stores: Stores,
+    /// Leader election.
+    elector: Elector,
+    /// What `/debug/routes` shows about status.
+    status: StatusDebug,
+}
+
+impl Running {
+    /// Adds the status view (`"status"`) to the app's `/debug/routes` extra.
+    pub fn debug_extra(&self, app: DebugExtra) -> DebugExtra {
+        let status = self.status.clone();
+        Arc::new(move || {
+            let mut value = app();
+            if let Some(object) = value.as_object_mut() {
+                object.insert("status".to_owned(), status.json());
+            }
+            value
+        })
+    }
+
+    /// Steps down from leadership, releasing the Lease so another replica takes over at once.
+    pub async fn shutdown(self) {
+        self.elector.release(Duration::from_secs(2)).await;
+    }
 }
 
 impl Cluster {
-    /// The client.
-    pub fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
     /// The namespace of the kubeconfig context (or the pod, in a cluster).
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
 
-    /// Starts the watchers, sending changes to `tx`.
-    pub fn start(self, config: &KubeConfig, tx: mpsc::Sender<SourceEvent>) -> Running {
+    /// Starts the watchers (changes to `tx`), leader election, the status writer and the Event
+    /// recorder, and hooks the latter two to `app`.
+    pub fn start(
+        self,
+        config: &KubeConfig,
+        tx: mpsc::Sender<SourceEvent>,
+        app: &mut App,
+    ) -> Running {
+        let election_namespace = config
+            .election_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| self.namespace.clone());
+        let election = ElectionConfig {
+            namespace: election_namespace,
+            name: leader::LEASE_NAME.to_owned(),
+            identity: leader::identity(),
+            lease_duration: config.lease_duration,
+        };
         tracing::info!(
             namespaces = ?config.settings.namespaces,
+            lease = %format!("{}/{}", election.namespace, election.name),
+            identity = %election.identity,
             "Watching the Kubernetes API"
         );
-        let stores = kube_source::spawn(self.client, &config.settings.namespaces, tx);
-        Running { stores }
+        let stores = kube_source::spawn(self.client.clone(), &config.settings.namespaces, tx);
+        let identity = election.identity.clone();
+        let elector = leader::spawn(
+            kube::Api::namespaced(self.client.clone(), &election.namespace),
+            election,
+        );
+
+        let (live_tx, live) = watch::channel(Arc::new(BTreeSet::new()));
+        let (diagnostics_tx, diagnostics_rx) = mpsc::unbounded_channel();
+        app.observe(live_tx, diagnostics_tx);
+        let status = status::spawn(StatusInputs {
+            client: self.client.clone(),
+            publish: config.publish.clone(),
+            stores: stores.clone(),
+            live,
+            leading: elector.leading(),
+        });
+        crate::events::spawn(
+            self.client,
+            identity,
+            stores.clone(),
+            diagnostics_rx,
+            elector.leading(),
+        );
+        Running {
+            stores,
+            elector,
+            status,
+        }
     }
 }

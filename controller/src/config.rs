@@ -11,7 +11,9 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use dataplane::{FamilyPolicy, LbPolicy, ProxyConfig};
 
 use crate::class::ClassConfig;
+use crate::index::NsName;
 use crate::source::kube::KubeSettings;
+use crate::status::Publish;
 use crate::translate;
 
 /// Exit code for a bad command line (`EX_USAGE`).
@@ -287,6 +289,28 @@ pub struct KubeArgs {
     /// Watch only this namespace; repeatable (default: every namespace).
     #[arg(long, value_name = "NS")]
     pub watch_namespace: Vec<String>,
+
+    /// Write every address of this Service (LoadBalancer ingress entries, else its clusterIPs)
+    /// into status.loadBalancer.ingress of served Ingresses.
+    #[arg(
+        long,
+        value_name = "NS/NAME",
+        conflicts_with = "publish_status_address"
+    )]
+    pub publish_service: Option<String>,
+
+    /// Write these IPs or host names into status.loadBalancer.ingress of served Ingresses.
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    pub publish_status_address: Vec<String>,
+
+    /// Namespace of the leader-election Lease duet-leader (default: POD_NAMESPACE, then the
+    /// kubeconfig's or pod's namespace).
+    #[arg(long, value_name = "NS")]
+    pub election_namespace: Option<String>,
+
+    /// How long a leader's Lease lasts without renewal; renewed every third of it.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub election_lease_duration: Duration,
 }
 
 /// Kubernetes mode settings, validated.
@@ -294,6 +318,12 @@ pub struct KubeArgs {
 pub struct KubeConfig {
     /// Where the API is and what to watch.
     pub settings: KubeSettings,
+    /// What goes into Ingress status.
+    pub publish: Publish,
+    /// `--election-namespace`, when given.
+    pub election_namespace: Option<String>,
+    /// How long a leader's Lease lasts without renewal.
+    pub lease_duration: Duration,
 }
 
 fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
@@ -302,12 +332,59 @@ fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
             "invalid value '{ns}' for '--watch-namespace': not a namespace name"
         )));
     }
+    let publish = match (args.publish_service, args.publish_status_address) {
+        (Some(service), _) => {
+            let parsed = service
+                .split_once('/')
+                .filter(|(ns, name)| is_dns_label(ns) && is_dns_label(name));
+            let Some((ns, name)) = parsed else {
+                return Err(ConfigError::Usage(format!(
+                    "invalid value '{service}' for '--publish-service': expected NAMESPACE/NAME"
+                )));
+            };
+            Publish::Service(NsName::new(ns, name))
+        }
+        (None, addresses) if !addresses.is_empty() => {
+            if let Some(bad) = addresses.iter().find(|a| !is_address(a)) {
+                return Err(ConfigError::Usage(format!(
+                    "invalid value '{bad}' for '--publish-status-address': not an IP address or host name"
+                )));
+            }
+            Publish::Addresses(addresses)
+        }
+        _ => Publish::Nothing,
+    };
+    if let Some(ns) = args
+        .election_namespace
+        .as_ref()
+        .filter(|ns| !is_dns_label(ns))
+    {
+        return Err(ConfigError::Usage(format!(
+            "invalid value '{ns}' for '--election-namespace': not a namespace name"
+        )));
+    }
     Ok(KubeConfig {
         settings: KubeSettings {
             kubeconfig: args.kubeconfig,
             namespaces: args.watch_namespace,
         },
+        publish,
+        election_namespace: args.election_namespace,
+        lease_duration: args.election_lease_duration,
     })
+}
+
+/// Whether `s` is an IP address or a DNS host name.
+fn is_address(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
+        || (s.len() <= 253
+            && s.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            }))
 }
 
 /// Whether `s` is a DNS-1123 label (a namespace or Service name).
@@ -443,6 +520,82 @@ mod tests {
             parse(["duet", "serve", "--help"]).unwrap_err().exit_code(),
             0
         );
+    }
+
+    #[test]
+    fn kubernetes_flags() {
+        let c = parse([
+            "duet",
+            "serve",
+            "--kubeconfig",
+            "/tmp/kc",
+            "--watch-namespace",
+            "shop",
+            "--watch-namespace",
+            "blog",
+            "--publish-service",
+            "duet/edge",
+            "--election-namespace",
+            "duet",
+            "--election-lease-duration",
+            "3s",
+        ])
+        .unwrap();
+        assert_eq!(c.kube.settings.namespaces, ["shop", "blog"]);
+        assert_eq!(
+            c.kube.settings.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/tmp/kc"))
+        );
+        assert_eq!(
+            c.kube.publish,
+            Publish::Service(NsName::new("duet", "edge"))
+        );
+        assert_eq!(c.kube.election_namespace.as_deref(), Some("duet"));
+        assert_eq!(c.kube.lease_duration, Duration::from_secs(3));
+        assert!(!c.translate.class.class_by_flag_name);
+
+        let c = parse([
+            "duet",
+            "serve",
+            "--publish-status-address",
+            "192.0.2.1,2001:db8::1",
+            "--publish-status-address",
+            "lb.example.com",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.kube.publish,
+            Publish::Addresses(vec![
+                "192.0.2.1".to_owned(),
+                "2001:db8::1".to_owned(),
+                "lb.example.com".to_owned()
+            ])
+        );
+        assert_eq!(c.kube.lease_duration, Duration::from_secs(15));
+        assert!(serve(&[]).unwrap().translate.class.class_by_flag_name);
+
+        for (args, flag) in [
+            (&["--publish-service", "edge"][..], "--publish-service"),
+            (&["--publish-service", "duet/Edge"][..], "--publish-service"),
+            (
+                &["--publish-status-address", "not an address"][..],
+                "--publish-status-address",
+            ),
+            (&["--election-namespace", "A"][..], "--election-namespace"),
+            (&["--watch-namespace", ""][..], "--watch-namespace"),
+            (
+                &[
+                    "--publish-service",
+                    "a/b",
+                    "--publish-status-address",
+                    "192.0.2.1",
+                ][..],
+                "--publish",
+            ),
+        ] {
+            let line = usage(args);
+            assert!(line.contains(flag), "{args:?}: {line}");
+        }
     }
 
     #[test]

@@ -132,15 +132,19 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     };
 
     let (events_tx, events_rx) = mpsc::channel(64);
-    let app = App::new(AppConfig::new(config.translate.clone()), runtime.clone());
-    let extra = app.diagnostics().debug_extra();
-    // Kept for the life of the process: the Kubernetes mode tasks' handles.
-    let _cluster = match source {
+    let mut app = App::new(AppConfig::new(config.translate.clone()), runtime.clone());
+    let mut extra = app.diagnostics().debug_extra();
+    // Kept for the life of the process: the Kubernetes mode tasks.
+    let cluster = match source {
         Source::Files(dir) => {
             files::spawn(dir, events_tx)?;
             None
         }
-        Source::Kube(c) => Some(c.start(&config.kube, events_tx)),
+        Source::Kube(c) => {
+            let running = c.start(&config.kube, events_tx, &mut app);
+            extra = running.debug_extra(extra);
+            Some(running)
+        }
     };
     tokio::spawn(app.run(events_rx));
 
@@ -188,6 +192,10 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     }
     runtime.start_draining();
     let _ = proxy_stop.send(true);
+    if let Some(cluster) = cluster {
+        // Hand leadership over now rather than after the Lease expires.
+        cluster.shutdown().await;
+    }
     tokio::select! {
         _ = &mut listeners => tracing::info!("Stopped"),
         second = shutdown_signal() => {

@@ -1,0 +1,258 @@
+//! Leader election over a `coordination.k8s.io/v1` Lease: one replica at a time writes Ingress
+//! status and Events.
+//!
+//! kube 5 has no election helper, so this is the client-go algorithm in small: every
+//! `lease_duration / 3` a replica reads the Lease; the holder renews it (a replace with the
+//! read `resourceVersion`, so a concurrent writer gets 409 Conflict and loses); another replica
+//! takes it over only once the holder has not renewed for a whole `lease_duration` **as observed
+//! on its own clock** (the Lease's `resourceVersion` did not change), never by comparing
+//! timestamps written by other machines. A holder that cannot renew for `lease_duration` steps
+//! down by itself. On shutdown the leader releases the Lease (empty holder), so another replica
+//! takes over at its next attempt instead of waiting for expiry.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The Lease's name.
+pub const LEASE_NAME: &str = "duet-leader";
+
+/// Where and how to elect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionConfig {
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The Lease's name.
+    pub name: String,
+    /// This replica's identity (pod name or host name, plus a random suffix).
+    pub identity: String,
+    /// How long a Lease lasts without renewal.
+    pub lease_duration: Duration,
+}
+
+impl ElectionConfig {
+    /// How often the Lease is read, renewed or tried.
+    pub fn retry_period(&self) -> Duration {
+        (self.lease_duration / 3).max(Duration::from_millis(100))
+    }
+}
+
+/// A unique identity for this process: `POD_NAME` or the host name, and a random suffix.
+pub fn identity() -> String {
+    let base = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "duet".to_owned());
+    format!("{base}-{:08x}", fastrand::u32(..))
+}
+
+/// Whether this replica leads; dropped or released to step down.
+#[derive(Debug)]
+pub struct Elector {
+    leading: watch::Receiver<bool>,
+    release: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Elector {
+    /// Whether this replica leads now, to watch for changes.
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    /// Steps down: stops renewing and, when leading, releases the Lease (waits at most
+    /// `timeout`).
+    pub async fn release(self, timeout: Duration) {
+        let _ = self.release.send(true);
+        let _ = tokio::time::timeout(timeout, self.task).await;
+    }
+}
+
+/// What the last attempt learnt about the Lease.
+#[derive(Debug, Default)]
+struct Observed {
+    /// The `resourceVersion` last seen and when it was first seen.
+    version: Option<(String, Instant)>,
+}
+
+/// Starts electing; the returned elector says whether this replica leads.
+pub fn spawn(api: Api<Lease>, config: ElectionConfig) -> Elector {
+    let (leading_tx, leading) = watch::channel(false);
+    let (release, mut released) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut observed = Observed::default();
+        let mut renewed_at: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let leads = match attempt(&api, &config, &mut observed, now).await {
+                Ok(leads) => {
+                    if leads {
+                        renewed_at = Some(now);
+                    }
+                    leads
+                }
+                Err(error) => {
+                    tracing::warn!(lease = %config.name, %error, "Lease update failed");
+                    // Still leading until the Lease could have expired for the others.
+                    *leading_tx.borrow()
+                        && renewed_at.is_some_and(|at| now - at < config.lease_duration)
+                }
+            };
+            leading_tx.send_if_modified(|was| {
+                if *was != leads {
+                    if leads {
+                        tracing::info!(lease = %config.name, identity = %config.identity, "Leading");
+                    } else {
+                        tracing::info!(lease = %config.name, identity = %config.identity, "No longer leading");
+                    }
+                    *was = leads;
+                    true
+                } else {
+                    false
+                }
+            });
+            tokio::select! {
+                () = tokio::time::sleep(config.retry_period()) => {}
+                _ = released.changed() => break,
+            }
+        }
+        if *leading_tx.borrow() {
+            leading_tx.send_replace(false);
+            match release_lease(&api, &config).await {
+                Ok(()) => tracing::info!(lease = %config.name, "Lease released"),
+                Err(error) => tracing::warn!(lease = %config.name, %error, "Lease release failed"),
+            }
+        }
+    });
+    Elector {
+        leading,
+        release,
+        task,
+    }
+}
+
+fn micro_now() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+fn lease_seconds(config: &ElectionConfig) -> i32 {
+    i32::try_from(config.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+fn is_conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 409)
+}
+
+/// One read and, when due, one write; returns whether this replica holds the Lease after it.
+async fn attempt(
+    api: &Api<Lease>,
+    config: &ElectionConfig,
+    observed: &mut Observed,
+    now: Instant,
+) -> Result<bool, kube::Error> {
+    let Some(mut lease) = api.get_opt(&config.name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(config.name.clone()),
+                namespace: Some(config.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(config.identity.clone()),
+                lease_duration_seconds: Some(lease_seconds(config)),
+                acquire_time: Some(micro_now()),
+                renew_time: Some(micro_now()),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_conflict(&e) => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    let version = lease.metadata.resource_version.clone().unwrap_or_default();
+    let changed = observed.version.as_ref().is_none_or(|(v, _)| *v != version);
+    if changed {
+        observed.version = Some((version, now));
+    }
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    let ours = holder.as_deref() == Some(&*config.identity);
+    if !ours && holder.is_some() {
+        let duration = spec
+            .lease_duration_seconds
+            .filter(|s| *s > 0)
+            .map_or(config.lease_duration, |s| {
+                Duration::from_secs(u64::try_from(s).unwrap_or(1))
+            });
+        let since = observed.version.as_ref().map_or(now, |(_, at)| *at);
+        if now - since < duration {
+            return Ok(false);
+        }
+        tracing::info!(lease = %config.name, previous = holder.as_deref().unwrap_or(""), "Lease expired; taking over");
+    }
+    if !ours {
+        spec.holder_identity = Some(config.identity.clone());
+        spec.acquire_time = Some(micro_now());
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    }
+    spec.lease_duration_seconds = Some(lease_seconds(config));
+    spec.renew_time = Some(micro_now());
+    match api
+        .replace(&config.name, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(written) => {
+            observed.version = written.metadata.resource_version.map(|v| (v, now));
+            Ok(true)
+        }
+        Err(e) if is_conflict(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Empties the holder so that another replica takes over at once.
+async fn release_lease(api: &Api<Lease>, config: &ElectionConfig) -> Result<(), kube::Error> {
+    let Some(mut lease) = api.get_opt(&config.name).await? else {
+        return Ok(());
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(&*config.identity) {
+        return Ok(());
+    }
+    spec.holder_identity = None;
+    spec.renew_time = Some(micro_now());
+    api.replace(&config.name, &PostParams::default(), &lease)
+        .await
+        .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_are_unique_and_retry_is_a_third() {
+        assert_ne!(identity(), identity());
+        let config = ElectionConfig {
+            namespace: "duet".to_owned(),
+            name: LEASE_NAME.to_owned(),
+            identity: identity(),
+            lease_duration: Duration::from_secs(15),
+        };
+        assert_eq!(config.retry_period(), Duration::from_secs(5));
+    }
+}
