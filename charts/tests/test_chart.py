@@ -479,7 +479,7 @@ def test_service_monitor_scrapes_the_metrics_service():
     # The LoadBalancer Service must not be selected (it has no admin port).
     lb = one(objects, "Service", FULLNAME)
     assert not monitor["spec"]["selector"]["matchLabels"].items() <= lb["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "admin", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+    assert monitor["spec"]["endpoints"] == [{"port": "admin", "path": "/metrics", "honorLabels": True, "interval": "30s", "scrapeTimeout": "10s"}]
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert not [o for o in render() if o["kind"] == "ServiceMonitor"]
 
