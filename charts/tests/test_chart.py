@@ -57,7 +57,7 @@ CLUSTER_RULES = {
     *{("", r, v, None) for r in ("services", "secrets") for v in ("get", "list", "watch")},
     *{("discovery.k8s.io", "endpointslices", v, None) for v in ("get", "list", "watch")},
     *{("networking.k8s.io", "ingresses/status", v, None) for v in ("update", "patch")},
-    *{(g, "events", v, None) for g in ("", "events.k8s.io") for v in ("create", "patch")},
+    *{("events.k8s.io", "events", v, None) for v in ("create", "patch")},
 }
 # ...and in the release namespace (leader election on the Lease "duet-leader").
 LEASE_RULES = {
@@ -530,22 +530,14 @@ def duet_binary() -> Path:
     return path
 
 
-# Flags of Kubernetes mode's status and leader-election part (issue 3) that the chart is written
-# against. While that part is being built, each may still be missing from the binary; every other
-# flag the chart passes must exist. (Checked at each rebase; see the chart's README section.)
-PENDING_FLAGS = {"--election-namespace", "--publish-service", "--publish-status-address"}
-
-
 def test_every_flag_the_chart_passes_is_one_duet_knows():
     help_text = subprocess.run([duet_binary(), "serve", "--help"], capture_output=True, text=True, check=True).stdout
     known = set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
     passed = set()
     for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True}}]:
         passed |= set(flags(container(render(values))["args"]))
-    unknown = passed - known - PENDING_FLAGS
-    if "--kubeconfig" not in known:
-        unknown -= {"--watch-namespace"}  # comes with Kubernetes mode itself
-    assert unknown == set(), f"the chart passes flags duet does not have: {sorted(unknown)}"
+    assert {"--publish-service", "--publish-status-address", "--election-namespace", "--watch-namespace"} <= passed
+    assert passed - known == set(), f"the chart passes flags duet does not have: {sorted(passed - known)}"
 
 
 def test_dockerfile_lints_clean():
