@@ -52,6 +52,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
                 name: "ing".into(),
                 created,
             },
+            redirect_https: false,
         },
     }
 }

@@ -8,6 +8,7 @@ pub mod listen;
 pub mod proxy;
 pub mod runtime;
 pub mod table;
+pub mod tls;
 
 pub use runtime::{Live, ProxyConfig, Runtime};
 pub use table::{

@@ -1,5 +1,6 @@
 //! Dual-stack listeners: one socket per address (IPv6 sockets with `IPV6_V6ONLY`), and the accept
-//! loop that serves HTTP/1.1 and HTTP/2 (prior knowledge) connections until shutdown.
+//! loop that serves HTTP/1.1 and HTTP/2 (prior knowledge, or ALPN `h2` over TLS) connections
+//! until shutdown.
 
 use std::future::Future;
 use std::io;
@@ -14,7 +15,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpListener;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::table::{normalize_addr, Family};
@@ -79,6 +83,8 @@ pub struct ConnInfo {
     pub local: SocketAddr,
     /// The client's family (of `peer`).
     pub family: Family,
+    /// Whether the connection is TLS (an HTTPS listener).
+    pub tls: bool,
 }
 
 impl ConnInfo {
@@ -89,6 +95,22 @@ impl ConnInfo {
             family: Family::of(&peer),
             peer,
             local: normalize_addr(local),
+            tls: false,
+        }
+    }
+
+    /// The same connection, marked as TLS.
+    pub fn with_tls(mut self, tls: bool) -> ConnInfo {
+        self.tls = tls;
+        self
+    }
+
+    /// The scheme the client used: `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
         }
     }
 }
@@ -100,6 +122,9 @@ pub struct ServeOptions {
     pub header_read_timeout: Duration,
     /// How long to wait for open connections after shutdown starts.
     pub drain_timeout: Duration,
+    /// Terminate TLS with this configuration (an HTTPS listener); the handshake must finish
+    /// within `header_read_timeout`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
@@ -142,13 +167,33 @@ where
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
-        let info = Arc::new(ConnInfo::new(peer, local));
+        let info = ConnInfo::new(peer, local);
         let handler = handler.clone();
-        let service = service_fn(move |req| handler(req, info.clone()));
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let tls = options.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+        let handshake_timeout = options.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(error) = conn.await {
+            let (io, info) = match tls {
+                None => (Stream::Plain(stream), info),
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => (Stream::Tls(Box::new(tls)), info.with_tls(true)),
+                        Ok(Err(error)) => {
+                            tracing::trace!(%error, client.addr = %info.peer, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::trace!(client.addr = %info.peer, "TLS handshake timed out");
+                            return;
+                        }
+                    }
+                }
+            };
+            let info = Arc::new(info);
+            let service = service_fn(move |req| handler(req, info.clone()));
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            if let Err(error) = watcher.watch(conn.into_owned()).await {
                 tracing::trace!(error = %error, "Connection ended with an error");
             }
         });
@@ -161,6 +206,70 @@ where
         }
     }
     Ok(())
+}
+
+/// An accepted connection, plain or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
 }
 
 /// Resolves once `shutdown` turns true (or its sender is gone). Holds no `watch::Ref` across an

@@ -241,6 +241,9 @@ impl Proxy {
             .find(&host, req.uri().path())
             .ok_or(ProxyError::NoRoute)?;
         let action = matched.action;
+        if action.redirect_https && !conn.tls {
+            return Ok(self.redirect(&req, &host, conn));
+        }
         let backend = live
             .backends
             .get(&action.backend)
@@ -320,6 +323,19 @@ impl Proxy {
             }),
             None => Err(ProxyError::NoTarget(action.backend.clone())),
         }
+    }
+
+    /// The 308 to HTTPS of a plain-HTTP request for a TLS host.
+    fn redirect<B>(&self, req: &Request<B>, host: &str, conn: &ConnInfo) -> Response<ProxyBody> {
+        let port = self.runtime.config.https_port(conn.family);
+        let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+        let location = crate::tls::redirect_location(host, port, path);
+        let mut res = Response::new(ProxyBody::full(Bytes::new()));
+        *res.status_mut() = StatusCode::PERMANENT_REDIRECT;
+        if let Ok(v) = HeaderValue::from_str(&location) {
+            res.headers_mut().insert(header::LOCATION, v);
+        }
+        res
     }
 
     /// Sends on a connection. A pooled connection that turns out closed before the request was
@@ -517,7 +533,7 @@ fn prepare_request<B>(req: &mut Request<B>, host: &str, conn: &ConnInfo, upgrade
             headers.insert(header::HOST, v);
         }
     }
-    set_forwarding_headers(headers, host, conn, "http");
+    set_forwarding_headers(headers, host, conn, conn.scheme());
 }
 
 /// Sets `X-Forwarded-*`, `X-Real-IP` and `Forwarded` (RFC 7239) from the connection, replacing

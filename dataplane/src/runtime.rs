@@ -1,6 +1,7 @@
 //! The live state of the dataplane: the current snapshot with balancer state, swapped atomically.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, Guard};
 
 use crate::balance::LiveBackend;
-use crate::table::{BackendId, Snapshot};
+use crate::table::{BackendId, Family, Snapshot};
 
 /// Timeouts and limits of the proxy, parsed once at start.
 #[derive(Clone, Debug)]
@@ -29,6 +30,20 @@ pub struct ProxyConfig {
     pub max_target_attempts: usize,
     /// How long draining waits for open connections on shutdown.
     pub drain_timeout: Duration,
+    /// The bound HTTPS listener addresses; the HTTPS redirect names the port of the client's
+    /// family (443 when there is none).
+    pub https_listen: Vec<SocketAddr>,
+}
+
+impl ProxyConfig {
+    /// The HTTPS port for a client of a family: that family's HTTPS listener, else any, else 443.
+    pub fn https_port(&self, family: Family) -> u16 {
+        self.https_listen
+            .iter()
+            .find(|a| Family::of(a) == family)
+            .or(self.https_listen.first())
+            .map_or(443, |a| a.port())
+    }
 }
 
 impl Default for ProxyConfig {
@@ -41,6 +56,7 @@ impl Default for ProxyConfig {
             upstream_idle_per_addr: 64,
             max_target_attempts: 3,
             drain_timeout: Duration::from_secs(25),
+            https_listen: Vec::new(),
         }
     }
 }

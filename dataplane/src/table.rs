@@ -248,6 +248,10 @@ pub struct RouteAction {
     pub policy: FamilyPolicy,
     /// The Ingress that declared the route.
     pub origin: Origin,
+    /// Plain-HTTP requests get a 308 to `https://` (the Ingress lists the host under `spec.tls`
+    /// and does not say `duet.dev/ssl-redirect: "false"`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub redirect_https: bool,
 }
 
 /// The Ingress a rule came from; its age decides conflicts.
@@ -518,9 +522,96 @@ pub fn strip_port(host: &str) -> &str {
     }
 }
 
-/// Certificates by SNI (filled by the TLS work; empty until then).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CertTable {}
+/// One certificate chain with its signing key, ready for rustls, and where it came from.
+#[derive(Clone, Debug)]
+pub struct TlsCert {
+    /// The Secret it was loaded from (`namespace/name`), for logs and `/debug/routes`.
+    pub source: Arc<str>,
+    /// The chain and key as rustls serves them.
+    pub key: Arc<rustls::sign::CertifiedKey>,
+}
+
+/// Certificates by SNI: exact host names, then `*.` wildcards (one label), then the default
+/// certificate. Names are lower case without a trailing dot.
+#[derive(Clone, Debug, Default)]
+pub struct CertTable {
+    exact: HashMap<Box<str>, Arc<TlsCert>>,
+    /// Keyed by the suffix after `*.` (`example.com` for `*.example.com`).
+    wildcard: HashMap<Box<str>, Arc<TlsCert>>,
+    default: Option<Arc<TlsCert>>,
+}
+
+impl CertTable {
+    /// Adds a certificate for a host (`foo.example.com` or `*.example.com`). The first one added
+    /// for a host wins; returns `false` when the host already had one.
+    pub fn insert(&mut self, host: &str, cert: Arc<TlsCert>) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let (map, key) = match host.strip_prefix("*.") {
+            Some(suffix) => (&mut self.wildcard, suffix.to_owned()),
+            None => (&mut self.exact, host),
+        };
+        match map.entry(key.into()) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(cert);
+                true
+            }
+        }
+    }
+
+    /// Sets the certificate for clients whose SNI matches nothing (or who send none).
+    pub fn set_default(&mut self, cert: Arc<TlsCert>) {
+        self.default = Some(cert);
+    }
+
+    /// The default certificate, if one is configured.
+    pub fn default_cert(&self) -> Option<&Arc<TlsCert>> {
+        self.default.as_ref()
+    }
+
+    /// The certificate for a TLS client: the exact SNI name, then the wildcard covering its first
+    /// label, then the default. `None` SNI (an IP-literal client) gets the default.
+    pub fn find(&self, sni: Option<&str>) -> Option<&Arc<TlsCert>> {
+        if let Some(name) = sni {
+            let name = name.trim_end_matches('.');
+            if let Some(cert) = self.exact.get(name) {
+                return Some(cert);
+            }
+            if let Some((_, suffix)) = name.split_once('.') {
+                if let Some(cert) = self.wildcard.get(suffix) {
+                    return Some(cert);
+                }
+            }
+        }
+        self.default.as_ref()
+    }
+
+    /// Whether the table has no certificate at all.
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcard.is_empty() && self.default.is_none()
+    }
+}
+
+impl Serialize for CertTable {
+    /// Host -> Secret, sorted, plus the default's Secret; never key material.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let hosts: std::collections::BTreeMap<String, &str> = self
+            .exact
+            .iter()
+            .map(|(h, c)| (h.to_string(), &*c.source))
+            .chain(
+                self.wildcard
+                    .iter()
+                    .map(|(h, c)| (format!("*.{h}"), &*c.source)),
+            )
+            .collect();
+        let mut st = s.serialize_struct("CertTable", 2)?;
+        st.serialize_field("hosts", &hosts)?;
+        st.serialize_field("default", &self.default.as_ref().map(|c| &*c.source))?;
+        st.end()
+    }
+}
 
 /// Everything the dataplane needs, immutable and published whole.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -570,6 +661,7 @@ mod tests {
                 backend: BackendId(backend.into()),
                 policy: FamilyPolicy::default(),
                 origin: origin(backend, created),
+                redirect_https: false,
             },
         }
     }
