@@ -128,6 +128,57 @@ impl Conn {
         })
     }
 
+    /// A TLS connection to `to` (see [`crate::tls::handshake`]), speaking HTTP/2 when the
+    /// server chose `h2` by ALPN, else HTTP/1.1; with the handshake's certificate and ALPN.
+    pub async fn https(
+        to: SocketAddr,
+        sni: Option<&str>,
+        alpn: &[&str],
+    ) -> anyhow::Result<(Conn, crate::tls::Handshake)> {
+        let (stream, hs) = crate::tls::handshake(to, sni, alpn, &[]).await?;
+        let local = stream.get_ref().0.local_addr()?;
+        let conn = Conn::over(stream, local, to, hs.alpn.as_deref() == Some("h2")).await?;
+        Ok((conn, hs))
+    }
+
+    /// HTTP/1.1 or HTTP/2 over an established stream.
+    pub async fn over<S>(
+        stream: S,
+        local: SocketAddr,
+        peer: SocketAddr,
+        h2: bool,
+    ) -> anyhow::Result<Conn>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, task) = if h2 {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await?;
+            (
+                Sender::H2(sender),
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                }),
+            )
+        } else {
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            (
+                Sender::H1(sender),
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                }),
+            )
+        };
+        Ok(Conn {
+            sender,
+            local,
+            peer,
+            task,
+        })
+    }
+
     /// The client's own address on this connection (what the proxy sees as the peer).
     pub fn local_addr(&self) -> SocketAddr {
         self.local

@@ -101,6 +101,7 @@ impl DuetBuilder {
         }
         cmd.stdin(Stdio::null()).stdout(open()?).stderr(open()?);
         let http = ports.http;
+        let https = ports.https;
         let admin = ports.admin;
         drop(ports);
         let child = cmd
@@ -110,6 +111,7 @@ impl DuetBuilder {
         let mut duet = Duet {
             child,
             http,
+            https,
             admin,
             log,
         };
@@ -172,6 +174,7 @@ impl FreePorts {
 pub struct Duet {
     child: Child,
     http: [SocketAddr; 2],
+    https: [SocketAddr; 2],
     admin: [SocketAddr; 2],
     log: tempfile::NamedTempFile,
 }
@@ -187,6 +190,11 @@ impl Duet {
     /// The HTTP listener of a family.
     pub fn http(&self, family: Family) -> SocketAddr {
         self.http[index(family)]
+    }
+
+    /// The HTTPS listener of a family.
+    pub fn https(&self, family: Family) -> SocketAddr {
+        self.https[index(family)]
     }
 
     /// The admin listener of a family.

@@ -23,6 +23,7 @@ pub mod duet;
 pub mod echo;
 pub mod fleet;
 pub mod manifests;
+pub mod tls;
 
 pub use client::{Conn, Reply};
 // Re-exported so tests build requests with the same versions without depending on them.
@@ -30,4 +31,4 @@ pub use duet::{Duet, DuetBuilder};
 pub use echo::{Echo, EchoServer, Family, Identity};
 pub use fleet::{Fleet, Pod, PodSpec, Port};
 pub use manifests::{Ingress, ManifestDir, PathType, PortRef};
-pub use {bytes, http, http_body_util};
+pub use {bytes, http, http_body_util, rustls};

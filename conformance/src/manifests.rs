@@ -224,6 +224,7 @@ pub struct Ingress {
     annotations: Vec<(String, String)>,
     default_backend: Option<(String, PortRef)>,
     rules: Vec<(Option<String>, Vec<Value>)>,
+    tls: Vec<(Vec<String>, String)>,
 }
 
 impl Ingress {
@@ -237,6 +238,7 @@ impl Ingress {
             annotations: Vec::new(),
             default_backend: None,
             rules: Vec::new(),
+            tls: Vec::new(),
         }
     }
 
@@ -298,6 +300,13 @@ impl Ingress {
         )
     }
 
+    /// Adds a `spec.tls` entry: `hosts` (may be empty) served with the Secret `secret`.
+    pub fn tls(mut self, hosts: &[&str], secret: &str) -> Ingress {
+        self.tls
+            .push((hosts.iter().map(|h| h.to_string()).collect(), secret.into()));
+        self
+    }
+
     /// The object as JSON.
     pub fn build(&self) -> Value {
         let mut metadata = json!({"name": self.name, "namespace": self.namespace});
@@ -336,6 +345,20 @@ impl Ingress {
                 })
                 .collect();
             spec.insert("rules".into(), Value::Array(rules));
+        }
+        if !self.tls.is_empty() {
+            let tls: Vec<Value> = self
+                .tls
+                .iter()
+                .map(|(hosts, secret)| {
+                    if hosts.is_empty() {
+                        json!({"secretName": secret})
+                    } else {
+                        json!({"hosts": hosts, "secretName": secret})
+                    }
+                })
+                .collect();
+            spec.insert("tls".into(), Value::Array(tls));
         }
         json!({
             "apiVersion": "networking.k8s.io/v1",

@@ -180,6 +180,9 @@ impl App {
                 if *old.table == *plan.table {
                     plan.table = old.table.clone();
                 }
+                if *old.certs == *plan.certs {
+                    plan.certs = old.certs.clone();
+                }
             }
             self.plan = Some(plan);
         }
@@ -197,6 +200,7 @@ impl App {
         let plan = self.plan.as_ref()?;
         if let Some(old) = &self.published {
             let unchanged = Arc::ptr_eq(&old.routes, &plan.table)
+                && Arc::ptr_eq(&old.certs, &plan.certs)
                 && old.backends.len() == backends.len()
                 && backends
                     .iter()

@@ -56,7 +56,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_values = ["0.0.0.0:8080", "[::]:8080"])]
     pub http_listen: Vec<SocketAddr>,
 
-    /// Address to serve HTTPS on; repeatable (parsed, served once TLS lands).
+    /// Address to serve HTTPS on; repeatable, one socket each.
     #[arg(long, value_name = "ADDR", default_values = ["0.0.0.0:8443", "[::]:8443"])]
     pub https_listen: Vec<SocketAddr>,
 
@@ -96,6 +96,20 @@ pub struct ServeArgs {
     /// Time to wait for an upstream's response head before answering 504.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,
+
+    /// The kubernetes.io/tls Secret served to TLS clients whose SNI matches no host (or who send
+    /// none); without it, a self-signed certificate generated at start.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_ns_name)]
+    pub default_tls_secret: Option<NsName>,
+}
+
+fn parse_ns_name(s: &str) -> Result<NsName, String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(NsName::new(ns, name))
+        }
+        _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+    }
 }
 
 fn parse_family(s: &str) -> Result<FamilyPolicy, String> {
@@ -273,6 +287,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             },
             family_policy: args.upstream_family,
             lb: args.lb,
+            default_tls_secret: args.default_tls_secret,
         },
         proxy,
         kube: kube_config(args.kube)?,
@@ -470,6 +485,20 @@ mod tests {
         assert_eq!(c.translate.lb, LbPolicy::RoundRobin);
         assert_eq!(c.proxy.connect_timeout, Duration::from_millis(500));
         assert_eq!(c.proxy.response_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn default_tls_secret() {
+        assert_eq!(serve(&[]).unwrap().translate.default_tls_secret, None);
+        let c = serve(&["--default-tls-secret", "edge/wild"]).unwrap();
+        assert_eq!(
+            c.translate.default_tls_secret,
+            Some(NsName::new("edge", "wild"))
+        );
+        for bad in ["wild", "/x", "x/", "a/b/c"] {
+            let line = usage(&["--default-tls-secret", bad]);
+            assert!(line.contains("'--default-tls-secret'"), "{line}");
+        }
     }
 
     #[test]

@@ -119,16 +119,21 @@ enum Source {
 async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let http = bind_all("HTTP", &config.http_listen)?;
     let admin = bind_all("admin", &config.admin_listen)?;
-    tracing::debug!(
-        https = ?config.https_listen.addrs,
-        "HTTPS is not served yet; --https-listen addresses are not bound"
-    );
+    let https = bind_all("HTTPS", &config.https_listen)?;
 
-    let runtime = Runtime::new(config.proxy.clone());
+    let mut proxy_config = config.proxy.clone();
+    proxy_config.https_listen = https.iter().map(|(addr, _)| *addr).collect();
+    let runtime = Runtime::new(proxy_config);
     let proxy = Proxy::new(runtime.clone());
     let options = ServeOptions {
         header_read_timeout: config.proxy.header_read_timeout,
         drain_timeout: config.proxy.drain_timeout,
+        tls: None,
+    };
+    let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
+    let tls_options = ServeOptions {
+        tls: Some(dataplane::tls::server_config(runtime.clone(), &fallback)),
+        ..options.clone()
     };
 
     let (events_tx, events_rx) = mpsc::channel(64);
@@ -150,15 +155,17 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
 
     let (proxy_stop, proxy_stopped) = watch::channel(false);
     let (admin_stop, admin_stopped) = watch::channel(false);
-    tracing::info!(http = %list(&http), admin = %list(&admin), "Listening");
+    tracing::info!(http = %list(&http), https = %list(&https), admin = %list(&admin), "Listening");
 
     // One task per accept loop on the worker threads; `serve` spawns every connection.
-    let proxies = http.into_iter().map(|(addr, listener)| {
+    let plain = http.into_iter().map(|l| (l, options.clone()));
+    let secure = https.into_iter().map(|l| (l, tls_options.clone()));
+    let proxies = plain.chain(secure).map(|((addr, listener), options)| {
         let proxy = proxy.clone();
         let handler = move |req, conn| proxy.clone().handle(req, conn);
         let task = tokio::spawn(listen::serve(
             listener,
-            options.clone(),
+            options,
             handler,
             proxy_stopped.clone(),
         ));

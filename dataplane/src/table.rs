@@ -531,9 +531,18 @@ pub struct TlsCert {
     pub key: Arc<rustls::sign::CertifiedKey>,
 }
 
+impl PartialEq for TlsCert {
+    /// Same Secret and same chain (the key is checked against the leaf when loading).
+    fn eq(&self, other: &TlsCert) -> bool {
+        self.source == other.source && self.key.cert == other.key.cert
+    }
+}
+
+impl Eq for TlsCert {}
+
 /// Certificates by SNI: exact host names, then `*.` wildcards (one label), then the default
 /// certificate. Names are lower case without a trailing dot.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CertTable {
     exact: HashMap<Box<str>, Arc<TlsCert>>,
     /// Keyed by the suffix after `*.` (`example.com` for `*.example.com`).

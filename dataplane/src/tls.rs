@@ -239,7 +239,11 @@ mod tests {
         }
         assert_eq!(source(&table, Some("a.test")).as_deref(), Some("exact"));
         assert_eq!(source(&table, Some("b.test")).as_deref(), Some("wild"));
-        assert_eq!(source(&table, Some("x.b.test")), None, "a wildcard covers one label");
+        assert_eq!(
+            source(&table, Some("x.b.test")),
+            None,
+            "a wildcard covers one label"
+        );
         assert_eq!(source(&table, None), None);
         table.set_default(cert("default"));
         assert_eq!(source(&table, Some("x.b.test")).as_deref(), Some("default"));

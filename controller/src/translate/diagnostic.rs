@@ -35,6 +35,12 @@ pub enum Reason {
     InvalidEndpoint,
     /// An EndpointSlice of a used Service has no port named like the Service port.
     UnknownEndpointPort,
+    /// A TLS Secret that is not `kubernetes.io/tls`, lacks `tls.crt`/`tls.key`, does not parse,
+    /// or whose key does not match its certificate; its hosts get the default certificate.
+    InvalidCertificate,
+    /// A TLS certificate that does not cover a host listed with it; that host gets the default
+    /// certificate.
+    CertificateHostMismatch,
 }
 
 impl Reason {
@@ -53,6 +59,8 @@ impl Reason {
             Reason::UnsupportedAddressType => "UnsupportedAddressType",
             Reason::InvalidEndpoint => "InvalidEndpoint",
             Reason::UnknownEndpointPort => "UnknownEndpointPort",
+            Reason::InvalidCertificate => "InvalidCertificate",
+            Reason::CertificateHostMismatch => "CertificateHostMismatch",
         }
     }
 }

@@ -11,6 +11,7 @@
 //!
 //! [`build`] runs both for a one-shot translation.
 
+mod certs;
 mod diagnostic;
 mod endpoints;
 mod routes;
@@ -24,6 +25,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 
+pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{build_backends, join_targets};
 pub use routes::{plan_routes, UPSTREAM_FAMILY_ANNOTATION};
@@ -40,6 +42,8 @@ pub struct Config {
     pub family_policy: FamilyPolicy,
     /// The balancing algorithm of every backend.
     pub lb: LbPolicy,
+    /// `--default-tls-secret`: the certificate for clients whose SNI matches no host.
+    pub default_tls_secret: Option<NsName>,
 }
 
 /// The objects to translate, in any order (translation sorts what it needs).
@@ -79,7 +83,7 @@ pub struct RoutePlan {
     pub references: References,
     /// Problems found in Ingresses.
     pub diagnostics: Vec<Diagnostic>,
-    /// Certificates (empty until TLS lands).
+    /// Certificates by SNI from `spec.tls` and the default TLS Secret.
     pub certs: Arc<CertTable>,
 }
 

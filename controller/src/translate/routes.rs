@@ -13,6 +13,7 @@
 //!   resolves (creationTimestamp, then namespace/name); later ones get `DuplicateDefaultBackend`.
 //! - `duet.dev/upstream-family` sets the route's family policy per Ingress; an invalid value is an
 //!   `InvalidAnnotation` diagnostic and the global policy applies.
+//! - `spec.tls` feeds the certificate table and the HTTPS redirect (see `certs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, PathRule, RouteActio
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 
+use super::certs::CertBuilder;
 use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
 use crate::class::Classes;
 use crate::index::{Kind, NsName, ObjectKey, References};
@@ -124,15 +126,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             )
         })
         .collect();
-    let secrets: BTreeSet<NsName> = inputs
-        .secrets
-        .iter()
-        .map(|s| {
-            let ns = s.metadata.namespace.as_deref().unwrap_or("default");
-            NsName::new(ns, s.metadata.name.clone().unwrap_or_default())
-        })
-        .collect();
-
+    let mut certs = CertBuilder::new(&inputs.secrets);
     let mut ours: Vec<(Origin, &Ingress)> = inputs
         .ingresses
         .iter()
@@ -160,19 +154,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             continue;
         };
 
-        for tls in spec.tls.iter().flatten() {
-            if let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) {
-                let name = NsName::new(&*origin.namespace, secret);
-                if !secrets.contains(&name) {
-                    b.diagnostics.push(Diagnostic::new(
-                        key.clone(),
-                        Reason::MissingSecret,
-                        format!("TLS secret {name} does not exist"),
-                    ));
-                }
-                b.references.secrets.insert(name);
-            }
-        }
+        let tls = certs.ingress(&key, ingress, &mut b.diagnostics, &mut b.references);
 
         if let Some(backend) = spec.default_backend.as_ref() {
             if let Some(id) = b.resolve(&key, backend, "default backend") {
@@ -182,6 +164,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             backend: id,
                             policy,
                             origin: origin.clone(),
+                            redirect_https: tls.redirects(""),
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -244,10 +227,15 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         backend: id,
                         policy,
                         origin: origin.clone(),
+                        redirect_https: tls.redirects(&host.display()),
                     },
                 });
             }
         }
+    }
+
+    if let Some(name) = &config.default_tls_secret {
+        certs.default_secret(name, &mut b.diagnostics, &mut b.references);
     }
 
     let mut table = RouteTable {
@@ -310,7 +298,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         backends,
         references: b.references,
         diagnostics,
-        certs: Arc::default(),
+        certs: Arc::new(certs.finish()),
     }
 }
 

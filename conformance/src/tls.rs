@@ -1,0 +1,228 @@
+//! TLS for tests: certificates generated with rcgen, `kubernetes.io/tls` Secret manifests, and a
+//! rustls client that records which certificate the server presented and which ALPN protocol it
+//! chose (it accepts any certificate: the test asserts on the one it got).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::client::{connect_tcp, REQUEST_TIMEOUT};
+
+/// A generated certificate and key.
+#[derive(Clone, Debug)]
+pub struct TestCert {
+    /// PEM certificate (`tls.crt`).
+    pub cert_pem: String,
+    /// PEM PKCS#8 key (`tls.key`).
+    pub key_pem: String,
+    /// The certificate's DER, to compare with what a server presents.
+    pub der: Vec<u8>,
+}
+
+/// A self-signed ECDSA P-256 certificate for `names` (DNS names, `*.` wildcards or IP literals).
+pub fn cert(names: &[&str]) -> TestCert {
+    let key = rcgen::KeyPair::generate().expect("key generation");
+    let params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .expect("valid names");
+    let cert = params.self_signed(&key).expect("self-signed certificate");
+    TestCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        der: cert.der().to_vec(),
+    }
+}
+
+/// A `kubernetes.io/tls` Secret manifest holding `cert`.
+pub fn secret(namespace: &str, name: &str, cert: &TestCert) -> Value {
+    secret_raw(
+        namespace,
+        name,
+        cert.cert_pem.as_bytes(),
+        cert.key_pem.as_bytes(),
+    )
+}
+
+/// A `kubernetes.io/tls` Secret with arbitrary `tls.crt` and `tls.key` bytes.
+pub fn secret_raw(namespace: &str, name: &str, crt: &[u8], key: &[u8]) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"namespace": namespace, "name": name},
+        "data": {"tls.crt": base64(crt), "tls.key": base64(key)},
+    })
+}
+
+/// Standard base64 with padding.
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// What a finished TLS handshake negotiated.
+#[derive(Clone, Debug)]
+pub struct Handshake {
+    /// The leaf certificate the server presented (DER).
+    pub cert: Vec<u8>,
+    /// The ALPN protocol the server chose.
+    pub alpn: Option<String>,
+    /// The TLS version, e.g. `TLSv1_3`.
+    pub version: String,
+}
+
+/// Connects to `to` from its family's loopback address and completes a TLS handshake (the stream is ready for HTTP), sending
+/// `sni` as the server name (`None`: the IP address is the server name, so no SNI is sent) and
+/// offering `alpn`. `versions` limits the client's TLS versions (empty: 1.2 and 1.3).
+pub async fn handshake(
+    to: SocketAddr,
+    sni: Option<&str>,
+    alpn: &[&str],
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> anyhow::Result<(TlsStream<TcpStream>, Handshake)> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let seen = Arc::new(Recorder {
+        provider: provider.clone(),
+        cert: Mutex::new(None),
+    });
+    let versions = if versions.is_empty() {
+        rustls::ALL_VERSIONS
+    } else {
+        versions
+    };
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)?
+        .dangerous()
+        .with_custom_certificate_verifier(seen.clone())
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    let name = match sni {
+        Some(host) => ServerName::try_from(host.to_owned())?,
+        None => ServerName::IpAddress(to.ip().into()),
+    };
+    let tcp = connect_tcp(to).await?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = tokio::time::timeout(REQUEST_TIMEOUT, connector.connect(name, tcp))
+        .await
+        .context("TLS handshake timed out")?
+        .context("TLS handshake failed")?;
+    let (_, session) = stream.get_ref();
+    let alpn = session
+        .alpn_protocol()
+        .map(|p| String::from_utf8_lossy(p).into_owned());
+    let version = session
+        .protocol_version()
+        .map_or_else(|| "none".to_owned(), |v| format!("{v:?}"));
+    let cert = seen
+        .cert
+        .lock()
+        .unwrap()
+        .clone()
+        .context("no certificate seen")?;
+    Ok((
+        stream,
+        Handshake {
+            cert,
+            alpn,
+            version,
+        },
+    ))
+}
+
+#[derive(Debug)]
+struct Recorder {
+    provider: Arc<CryptoProvider>,
+    cert: Mutex<Option<Vec<u8>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        *self.cert.lock().unwrap() = Some(end_entity.to_vec());
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_rfc_vectors() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+    }
+}
