@@ -232,9 +232,10 @@ def test_bad_combinations_fail_the_render_with_a_reason(values, message):
         {"controller": {"listenAddresses": ["::"]}},
         {"controller": {"upstreamFamily": "PreferV6"}},
         {"controller": {"containerPorts": {"http": 0}}},
+        {"controller": {"defaultTLSSecret": "no-namespace"}},
         {"controlers": {}},
     ],
-    ids=["family-name", "duplicate-family", "policy-name", "kind", "unbracketed-ipv6", "family-policy", "port-0", "typo"],
+    ids=["family-name", "duplicate-family", "policy-name", "kind", "unbracketed-ipv6", "family-policy", "port-0", "tls-secret-without-namespace", "typo"],
 )
 def test_schema_rejects_bad_values(values):
     with helm.Chart.load(CHART) as chart:
@@ -351,6 +352,7 @@ def test_args_for_options():
             "listenAddresses": ["[::]"],
             "containerPorts": {"http": 80, "https": 443, "admin": 9254},
             "extraArgs": ["--connect-timeout=2s"],
+            "defaultTLSSecret": "ingress-duet/wildcard",
         },
         "ingressClass": {"name": "edge"},
     }
@@ -365,6 +367,8 @@ def test_args_for_options():
     assert f["--lb"] == ["round-robin"]
     assert f["--http-listen"] == ["[::]:80"] and f["--https-listen"] == ["[::]:443"] and f["--admin-listen"] == ["[::]:9254"]
     assert f["--connect-timeout"] == ["2s"]
+    assert f["--default-tls-secret"] == ["ingress-duet/wildcard"]
+    assert "--default-tls-secret" not in flags(container(render())["args"])
     assert f["--ingress-class"] == ["edge"]
     assert one(objects, "IngressClass")["metadata"]["name"] == "edge"
     assert c["readinessProbe"]["httpGet"]["port"] == "admin"
@@ -534,7 +538,7 @@ def test_every_flag_the_chart_passes_is_one_duet_knows():
     help_text = subprocess.run([duet_binary(), "serve", "--help"], capture_output=True, text=True, check=True).stdout
     known = set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
     passed = set()
-    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True}}]:
+    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True, "defaultTLSSecret": "ns/name"}}]:
         passed |= set(flags(container(render(values))["args"]))
     assert {"--publish-service", "--publish-status-address", "--election-namespace", "--watch-namespace"} <= passed
     assert passed - known == set(), f"the chart passes flags duet does not have: {sorted(passed - known)}"

@@ -122,6 +122,9 @@ app.kubernetes.io/part-of: duet
 {{- else if .Values.controller.publishService.enabled }}
 - "--publish-service={{ .Release.Namespace }}/{{ include "duet.fullname" . }}"
 {{- end }}
+{{- with .Values.controller.defaultTLSSecret }}
+- "--default-tls-secret={{ . }}"
+{{- end }}
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}
