@@ -1,6 +1,7 @@
 //! duet's test harness: the echo backend (the upstream conformance JSON contract plus the family
 //! and addresses a request arrived on), in-process echo pods on ephemeral loopback ports, manifest
-//! builders, a runner for the real `duet` binary and a family-aware HTTP client.
+//! builders, a runner for the real `duet` binary, a family-aware HTTP client and a test Kubernetes
+//! API server ([`apiserver`]).
 //!
 //! A typical end-to-end test:
 //!
@@ -18,6 +19,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod apiserver;
 pub mod client;
 pub mod duet;
 pub mod echo;

@@ -1,0 +1,807 @@
+//! The HTTP face of the test API server: path routing, discovery documents, LIST/WATCH/CRUD
+//! handlers, the streaming watch body, injected failures and the `/_test/` control endpoints.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::{status_json, ApiError, Event, Filter, Opened, PatchKind, Store, WatchStart};
+use super::{Options, RequestRecord};
+
+/// A response body: a whole JSON document or a watch stream.
+pub(crate) type Body = UnsyncBoxBody<Bytes, io::Error>;
+
+/// A rule that answers requests with an error status instead of serving them.
+#[derive(Clone, Debug)]
+pub(crate) struct FailRule {
+    pub status: u16,
+    pub remaining: Option<u32>,
+    pub until: Option<Instant>,
+    pub retry_after: Option<u32>,
+}
+
+/// State shared by the listener, every connection and the test handle.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub store: Mutex<Store>,
+    pub options: Options,
+    pub fail: Mutex<Option<FailRule>>,
+    pub requests: Mutex<Vec<RequestRecord>>,
+    pub addr: SocketAddr,
+    /// Set by the `/_test/outage` endpoint; the handle owning the listener acts on it.
+    pub outage: tokio::sync::mpsc::UnboundedSender<Duration>,
+}
+
+const MAX_RECORDS: usize = 10_000;
+
+impl Shared {
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The injected failure this request gets, if any (consuming one of a counted rule).
+    fn injected(&self) -> Option<FailRule> {
+        let mut fail = self.fail.lock().unwrap_or_else(|e| e.into_inner());
+        let rule = fail.as_mut()?;
+        if rule.until.is_some_and(|u| Instant::now() >= u) || rule.remaining == Some(0) {
+            *fail = None;
+            return None;
+        }
+        if let Some(n) = rule.remaining.as_mut() {
+            *n -= 1;
+        }
+        Some(rule.clone())
+    }
+}
+
+fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(
+        Full::new(body.into())
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    full(
+        status,
+        "application/json",
+        serde_json::to_vec(value).unwrap_or_default(),
+    )
+}
+
+fn error_response(err: &ApiError) -> Response<Body> {
+    json_response(
+        StatusCode::from_u16(err.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &err.status(),
+    )
+}
+
+/// Serves one request.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let header = |name: header::HeaderName| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let user_agent = header(header::USER_AGENT);
+    let content_type = header(header::CONTENT_TYPE);
+    let authorization = header(header::AUTHORIZATION);
+    let resp = if let Some(control) = path.strip_prefix("/_test/") {
+        control_endpoint(&shared, &method, control, &query)
+    } else if let Some(rule) = shared.injected() {
+        let reason = match rule.status {
+            429 => "TooManyRequests",
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            500 => "InternalError",
+            _ => "Injected",
+        };
+        let mut resp = json_response(
+            StatusCode::from_u16(rule.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+            &status_json(
+                rule.status,
+                reason,
+                "injected failure (duet test API server)",
+            ),
+        );
+        if let Some(secs) = rule.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    } else if shared
+        .options
+        .token
+        .as_ref()
+        .is_some_and(|t| authorization != format!("Bearer {t}"))
+    {
+        json_response(
+            StatusCode::UNAUTHORIZED,
+            &status_json(401, "Unauthorized", "Unauthorized"),
+        )
+    } else {
+        match route(&shared, req, &method, &path, &query, &content_type).await {
+            Ok(resp) => resp,
+            Err(err) => error_response(&err),
+        }
+    };
+    tracing::trace!(http.method = %method, http.path = %path, http.query = %query, http.status = resp.status().as_u16(), "Served");
+    let mut records = shared.requests.lock().unwrap_or_else(|e| e.into_inner());
+    if records.len() < MAX_RECORDS {
+        records.push(RequestRecord {
+            method: method.to_string(),
+            path,
+            query,
+            status: resp.status().as_u16(),
+            user_agent,
+            content_type,
+        });
+    }
+    Ok(resp)
+}
+
+/// The decoded query parameters.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(q: &str) -> Query {
+        Query(
+            q.split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                    (decode(k), decode(v))
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("true" | "1"))
+    }
+}
+
+/// Percent-decoding of a query component (`+` is a space, as form encoding writes it).
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn route(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    method: &Method,
+    path: &str,
+    query: &str,
+    content_type: &str,
+) -> Result<Response<Body>, ApiError> {
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let get_only = |v: Value| -> Result<Response<Body>, ApiError> {
+        if method != Method::GET {
+            return Err(ApiError::MethodNotAllowed(format!(
+                "{method} is not allowed on {path}"
+            )));
+        }
+        Ok(json_response(StatusCode::OK, &v))
+    };
+    match segs.as_slice() {
+        ["version"] => get_only(json!({
+            "major": "1", "minor": "37", "gitVersion": "v1.37.0-duet-test", "gitCommit": "",
+            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25",
+            "compiler": "gc", "platform": "linux/amd64"
+        })),
+        ["healthz" | "readyz" | "livez"] => Ok(full(StatusCode::OK, "text/plain", "ok")),
+        ["api"] => get_only(json!({
+            "kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": shared.addr.to_string()}]
+        })),
+        ["apis"] => get_only(group_list(&shared.store())),
+        ["api", version] => resource_list(&shared.store(), "", version).and_then(get_only),
+        ["apis", group] => {
+            let groups = group_list(&shared.store());
+            let found = groups["groups"]
+                .as_array()
+                .and_then(|gs| gs.iter().find(|g| g["name"] == *group).cloned())
+                .ok_or_else(|| {
+                    ApiError::NotFound("the server could not find the requested resource".into())
+                })?;
+            let mut found = found;
+            found["kind"] = "APIGroup".into();
+            found["apiVersion"] = "v1".into();
+            get_only(found)
+        }
+        ["apis", group, version] => {
+            resource_list(&shared.store(), group, version).and_then(get_only)
+        }
+        ["api", version, rest @ ..] => {
+            resource(shared, req, method, "", version, rest, query, content_type).await
+        }
+        ["apis", group, version, rest @ ..] => {
+            resource(
+                shared,
+                req,
+                method,
+                group,
+                version,
+                rest,
+                query,
+                content_type,
+            )
+            .await
+        }
+        _ => Err(ApiError::NotFound(
+            "the server could not find the requested resource".into(),
+        )),
+    }
+}
+
+fn group_list(store: &Store) -> Value {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for r in store.resources().iter().filter(|r| !r.group.is_empty()) {
+        match groups.iter_mut().find(|(g, _)| *g == r.group) {
+            Some((_, versions)) if !versions.contains(&r.version) => {
+                versions.push(r.version.clone())
+            }
+            Some(_) => {}
+            None => groups.push((r.group.clone(), vec![r.version.clone()])),
+        }
+    }
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(g, versions)| {
+            let vs: Vec<Value> = versions
+                .iter()
+                .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                .collect();
+            json!({"name": g, "versions": vs, "preferredVersion": vs[0]})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+fn resource_list(store: &Store, group: &str, version: &str) -> Result<Value, ApiError> {
+    let mut resources = Vec::new();
+    for r in store
+        .resources()
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        resources.push(json!({
+            "name": r.plural, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced, "kind": r.kind,
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        }));
+        if r.status {
+            resources.push(json!({
+                "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
+                "kind": r.kind, "verbs": ["get", "patch", "update"],
+            }));
+        }
+    }
+    if resources.is_empty() {
+        return Err(ApiError::NotFound(
+            "the server could not find the requested resource".into(),
+        ));
+    }
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Ok(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
+    )
+}
+
+/// A resource request's target.
+struct Target {
+    res: usize,
+    ns: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+fn parse_target(
+    store: &Store,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<Target, ApiError> {
+    let missing = || ApiError::NotFound("the server could not find the requested resource".into());
+    let (ns, rest) = if rest.len() >= 3
+        && rest[0] == "namespaces"
+        && !matches!(rest[2], "status" | "finalize")
+    {
+        (Some(rest[1].to_owned()), &rest[2..])
+    } else {
+        (None, rest)
+    };
+    let plural = rest.first().ok_or_else(missing)?;
+    let res = store.by_path(group, version, plural).ok_or_else(missing)?;
+    let r = &store.resources()[res];
+    let name = rest.get(1).map(|s| (*s).to_owned());
+    let status = match rest.get(2) {
+        None => false,
+        Some(&"status") if r.status => true,
+        Some(_) => return Err(missing()),
+    };
+    if rest.len() > 3
+        || (ns.is_some() && !r.namespaced)
+        || (r.namespaced && ns.is_none() && name.is_some())
+    {
+        return Err(missing());
+    }
+    Ok(Target {
+        res,
+        ns,
+        name,
+        status,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn resource(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    method: &Method,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    query: &str,
+    content_type: &str,
+) -> Result<Response<Body>, ApiError> {
+    let target = parse_target(&shared.store(), group, version, rest)?;
+    let q = Query::parse(query);
+    let body = if matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    ) {
+        req.into_body()
+            .collect()
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("cannot read the body: {e}")))?
+            .to_bytes()
+    } else {
+        Bytes::new()
+    };
+    let json_body = || -> Result<Value, ApiError> {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))
+    };
+    let ns = target.ns.as_deref();
+    match (method.clone(), target.name.as_deref()) {
+        (Method::GET, None) if q.flag("watch") => watch(shared, &target, &q),
+        (Method::GET, None) => list(shared, &target, &q).map(|v| json_response(StatusCode::OK, &v)),
+        (Method::GET, Some(name)) => shared
+            .store()
+            .get(target.res, ns, name)
+            .map(|v| json_response(StatusCode::OK, &v)),
+        (Method::POST, None) => {
+            let obj = json_body()?;
+            shared
+                .store()
+                .create_in(target.res, ns, obj)
+                .map(|v| json_response(StatusCode::CREATED, &v))
+        }
+        (Method::PUT, Some(name)) => {
+            let obj = json_body()?;
+            shared
+                .store()
+                .update(target.res, ns, name, obj, target.status)
+                .map(|v| json_response(StatusCode::OK, &v))
+        }
+        (Method::PATCH, Some(name)) => {
+            let mime = content_type.split(';').next().unwrap_or("").trim();
+            let (kind, patch) = match mime {
+                "application/merge-patch+json" => (PatchKind::Merge, json_body()?),
+                "application/strategic-merge-patch+json" => (PatchKind::Strategic, json_body()?),
+                "application/apply-patch+yaml" => {
+                    let patch = json_body().or_else(|_| {
+                        serde_saphyr::from_slice::<Value>(&body)
+                            .map_err(|e| ApiError::BadRequest(format!("the apply patch is neither JSON nor YAML: {e}")))
+                    })?;
+                    if q.get("fieldManager").is_none_or(str::is_empty) {
+                        return Err(ApiError::BadRequest(
+                            "PATCH requests with an apply patch require a fieldManager".into(),
+                        ));
+                    }
+                    (PatchKind::Apply, patch)
+                }
+                other => {
+                    return Err(ApiError::UnsupportedMediaType(format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {other:?})"
+                    )))
+                }
+            };
+            let mut store = shared.store();
+            let existed = store.get(target.res, ns, name).is_ok();
+            let out = store.patch(target.res, ns, name, kind, patch, target.status)?;
+            let code = if existed {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            Ok(json_response(code, &out))
+        }
+        (Method::DELETE, Some(name)) => {
+            let options: Value = if body.is_empty() {
+                json!({})
+            } else {
+                json_body()?
+            };
+            let precondition = |field: &str| {
+                options
+                    .pointer(&format!("/preconditions/{field}"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            shared
+                .store()
+                .delete(
+                    target.res,
+                    ns,
+                    name,
+                    (precondition("uid"), precondition("resourceVersion")),
+                )
+                .map(|v| json_response(StatusCode::OK, &v))
+        }
+        (Method::DELETE, None) => {
+            let filter = filter_of(&shared.store(), &target, &q)?;
+            let mut store = shared.store();
+            let names: Vec<(String, String)> = store
+                .list(target.res, &filter, None)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            let mut items = Vec::new();
+            for (ns, name) in names {
+                let ns = (!ns.is_empty()).then_some(ns);
+                items.push(store.delete(target.res, ns.as_deref(), &name, (None, None))?);
+            }
+            let r = &store.resources()[target.res];
+            let list = json!({
+                "apiVersion": r.api_version(), "kind": format!("{}List", r.kind),
+                "metadata": {"resourceVersion": store.resource_version().to_string()}, "items": items
+            });
+            Ok(json_response(StatusCode::OK, &list))
+        }
+        _ => Err(ApiError::MethodNotAllowed(format!(
+            "{method} is not supported here"
+        ))),
+    }
+}
+
+fn filter_of(store: &Store, target: &Target, q: &Query) -> Result<Filter, ApiError> {
+    let r = &store.resources()[target.res];
+    Ok(Filter {
+        namespace: target.ns.clone(),
+        labels: LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
+            .map_err(ApiError::BadRequest)?,
+        fields: FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), r)
+            .map_err(ApiError::BadRequest)?,
+    })
+}
+
+fn list(shared: &Shared, target: &Target, q: &Query) -> Result<Value, ApiError> {
+    let store = shared.store();
+    let filter = filter_of(&store, target, q)?;
+    let limit: usize = match q.get("limit") {
+        None | Some("") => 0,
+        Some(l) => l
+            .parse()
+            .map_err(|_| ApiError::BadRequest(format!("invalid limit {l:?}")))?,
+    };
+    // A continue token is "{rv}/{namespace}/{name}" of the last item served.
+    let (list_rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
+        None => (store.resource_version(), None),
+        Some(token) => {
+            let bad = || ApiError::BadRequest(format!("invalid continue token {token:?}"));
+            let mut parts = token.splitn(3, '/');
+            let rv: u64 = parts.next().and_then(|r| r.parse().ok()).ok_or_else(bad)?;
+            let ns = parts.next().ok_or_else(bad)?.to_owned();
+            let name = parts.next().ok_or_else(bad)?.to_owned();
+            if rv < store.compacted() {
+                return Err(ApiError::Expired(
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".into(),
+                ));
+            }
+            (rv, Some((ns, name)))
+        }
+    };
+    let mut items = store.list(target.res, &filter, after.as_ref());
+    let mut metadata = json!({"resourceVersion": list_rv.to_string()});
+    if limit > 0 && items.len() > limit {
+        let remaining = items.len() - limit;
+        items.truncate(limit);
+        let (ns, name) = &items[limit - 1].0;
+        metadata["continue"] = format!("{list_rv}/{ns}/{name}").into();
+        metadata["remainingItemCount"] = remaining.into();
+    }
+    let r = &store.resources()[target.res];
+    Ok(json!({
+        "apiVersion": r.api_version(),
+        "kind": format!("{}List", r.kind),
+        "metadata": metadata,
+        "items": items.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+    }))
+}
+
+fn watch(shared: &Arc<Shared>, target: &Target, q: &Query) -> Result<Response<Body>, ApiError> {
+    let mut store = shared.store();
+    let filter = filter_of(&store, target, q)?;
+    let bookmarks = q.flag("allowWatchBookmarks");
+    let initial_events = q.flag("sendInitialEvents");
+    let start = match q.get("resourceVersion") {
+        _ if initial_events => WatchStart::Current,
+        None | Some("" | "0") => WatchStart::Current,
+        Some(rv) => WatchStart::After(
+            rv.parse()
+                .map_err(|_| ApiError::BadRequest(format!("invalid resource version {rv:?}")))?,
+        ),
+    };
+    let mut timeout = match q.get("timeoutSeconds") {
+        None | Some("") => Duration::from_secs(1800),
+        Some(t) => Duration::from_secs(
+            t.parse()
+                .map_err(|_| ApiError::BadRequest(format!("invalid timeoutSeconds {t:?}")))?,
+        ),
+    };
+    if let Some(cap) = shared.options.max_watch_timeout {
+        timeout = timeout.min(cap);
+    }
+    let r = store.resources()[target.res].clone();
+    let opened = match store.watch(target.res, start) {
+        Ok(opened) => opened,
+        Err(err) => {
+            drop(store);
+            let line = watch_line("ERROR", &err.status());
+            return Ok(full(StatusCode::OK, "application/json", line));
+        }
+    };
+    drop(store);
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let spec = WatchSpec {
+        filter,
+        bookmarks,
+        initial_events,
+        timeout,
+        api_version: r.api_version(),
+        kind: r.kind,
+    };
+    tokio::spawn(run_watch(shared.clone(), spec, opened, tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, io::Error>(Frame::data(b)), rx))
+    });
+    let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+fn watch_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    line.push(b'\n');
+    line.into()
+}
+
+struct WatchSpec {
+    filter: Filter,
+    bookmarks: bool,
+    initial_events: bool,
+    timeout: Duration,
+    kind: String,
+    api_version: String,
+}
+
+impl WatchSpec {
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if initial_end {
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        watch_line(
+            "BOOKMARK",
+            &json!({"kind": self.kind, "apiVersion": self.api_version, "metadata": metadata}),
+        )
+    }
+
+    fn line(&self, ev: &Event) -> Option<Bytes> {
+        self.filter
+            .translate(ev)
+            .map(|(kind, obj)| watch_line(kind, obj))
+    }
+}
+
+/// Feeds one watch response: backlog, the initial-events-end bookmark, then live events and
+/// periodic bookmarks, until the timeout, the client leaving, or the server dropping watches.
+async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, opened: Opened, tx: mpsc::Sender<Bytes>) {
+    let Opened {
+        backlog,
+        rv,
+        mut live,
+    } = opened;
+    for ev in &backlog {
+        if let Some(line) = spec.line(ev) {
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+    }
+    if spec.initial_events && tx.send(spec.bookmark(rv, true)).await.is_err() {
+        return;
+    }
+    let deadline = tokio::time::sleep(spec.timeout);
+    tokio::pin!(deadline);
+    let every = shared
+        .options
+        .bookmark_interval
+        .max(Duration::from_millis(10));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        let lines: Vec<Bytes> = tokio::select! {
+            _ = &mut deadline => break,
+            _ = tx.closed() => break,
+            ev = live.recv() => match ev {
+                Some(ev) => spec.line(&ev).into_iter().collect(),
+                None => break,
+            },
+            _ = tick.tick(), if spec.bookmarks => {
+                let (pending, rv) = shared.store().drain(&mut live);
+                let mut lines: Vec<Bytes> = pending.iter().filter_map(|ev| spec.line(ev)).collect();
+                lines.push(spec.bookmark(rv, false));
+                lines
+            }
+        };
+        for line in lines {
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn control_endpoint(shared: &Shared, method: &Method, what: &str, query: &str) -> Response<Body> {
+    let q = Query::parse(query);
+    let ok = || json_response(StatusCode::OK, &json!({"ok": true}));
+    let bad =
+        |m: String| json_response(StatusCode::BAD_REQUEST, &status_json(400, "BadRequest", &m));
+    match (method.clone(), what) {
+        (Method::GET, "requests") => {
+            let records = shared
+                .requests
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            json_response(
+                StatusCode::OK,
+                &serde_json::to_value(records).unwrap_or_default(),
+            )
+        }
+        (Method::GET, "state") => {
+            let mut store = shared.store();
+            json_response(
+                StatusCode::OK,
+                &json!({"resourceVersion": store.resource_version(), "compacted": store.compacted(), "watches": store.open_watches(None)}),
+            )
+        }
+        (Method::POST, "drop-watches") => {
+            shared.store().drop_watches();
+            ok()
+        }
+        (Method::POST, "expire") => {
+            let mut store = shared.store();
+            store.expire_history();
+            if q.flag("drop") {
+                store.drop_watches();
+            }
+            ok()
+        }
+        (Method::POST, "fail") => {
+            let status: u16 = match q.get("status").unwrap_or("503").parse() {
+                Ok(s) if (400..600).contains(&s) => s,
+                _ => return bad("status must be an HTTP error code".into()),
+            };
+            let remaining = q.get("count").and_then(|c| c.parse().ok());
+            let until = q
+                .get("ms")
+                .and_then(|m| m.parse().ok())
+                .map(|ms| Instant::now() + Duration::from_millis(ms));
+            if remaining.is_none() && until.is_none() {
+                return bad("give count=N or ms=DURATION".into());
+            }
+            let retry_after = q.get("retryAfter").and_then(|r| r.parse().ok());
+            *shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(FailRule {
+                status,
+                remaining,
+                until,
+                retry_after,
+            });
+            ok()
+        }
+        (Method::POST, "heal") => {
+            *shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            ok()
+        }
+        (Method::POST, "outage") => match q.get("ms").and_then(|m| m.parse().ok()) {
+            Some(ms) => {
+                let _ = shared.outage.send(Duration::from_millis(ms));
+                ok()
+            }
+            None => bad("give ms=DURATION".into()),
+        },
+        (Method::POST, "objects") => bad("POST objects through the regular API paths".into()),
+        _ => json_response(
+            StatusCode::NOT_FOUND,
+            &status_json(404, "NotFound", "unknown control endpoint"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode;
+
+    #[test]
+    fn query_components_are_percent_decoded() {
+        assert_eq!(decode("app%3Dweb%2Ctier+in+%28a%29"), "app=web,tier in (a)");
+        assert_eq!(decode("100%"), "100%");
+        assert_eq!(decode("%zz"), "%zz");
+    }
+}
