@@ -573,8 +573,8 @@ impl Store {
             _ => {
                 let status = obj.get("status").cloned();
                 let mut out = self.create_in(res, ns.as_deref(), obj)?;
-                if self.resources[res].status && status.is_some() {
-                    out["status"] = status.expect("checked");
+                if let Some(status) = status.filter(|_| self.resources[res].status) {
+                    out["status"] = status;
                     out = self.update(res, ns.as_deref(), &name_of(&out), out, true)?;
                 }
                 Ok(out)
