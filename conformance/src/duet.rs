@@ -21,9 +21,18 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug)]
 pub struct DuetBuilder {
     bin: PathBuf,
-    manifests: PathBuf,
+    source: Source,
     args: Vec<String>,
     env: Vec<(String, String)>,
+}
+
+/// Where the `duet` under test reads objects from.
+#[derive(Clone, Debug)]
+enum Source {
+    /// `--manifests DIR`.
+    Manifests(PathBuf),
+    /// `--kubeconfig PATH` (Kubernetes mode).
+    Kubeconfig(PathBuf),
 }
 
 impl DuetBuilder {
@@ -32,7 +41,18 @@ impl DuetBuilder {
     pub fn new(bin: impl AsRef<Path>, manifests: impl AsRef<Path>) -> DuetBuilder {
         DuetBuilder {
             bin: bin.as_ref().to_owned(),
-            manifests: manifests.as_ref().to_owned(),
+            source: Source::Manifests(manifests.as_ref().to_owned()),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// `duet serve --kubeconfig PATH`: Kubernetes mode against the API server of that
+    /// kubeconfig (e.g. a test API server's).
+    pub fn kube(bin: impl AsRef<Path>, kubeconfig: impl AsRef<Path>) -> DuetBuilder {
+        DuetBuilder {
+            bin: bin.as_ref().to_owned(),
+            source: Source::Kubeconfig(kubeconfig.as_ref().to_owned()),
             args: Vec::new(),
             env: Vec::new(),
         }
@@ -82,7 +102,11 @@ impl DuetBuilder {
                 .map_err(|e| StartError::Other(e.into()))
         };
         let mut cmd = Command::new(&self.bin);
-        cmd.arg("serve").arg("--manifests").arg(&self.manifests);
+        cmd.arg("serve");
+        match &self.source {
+            Source::Manifests(dir) => cmd.arg("--manifests").arg(dir),
+            Source::Kubeconfig(path) => cmd.arg("--kubeconfig").arg(path),
+        };
         for (flag, addrs) in [
             ("--http-listen", ports.http),
             ("--https-listen", ports.https),
@@ -205,6 +229,26 @@ impl Duet {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the process to exit; returns whether it did.
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<bool> {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .context("cannot run kill")?;
+        if !status.success() {
+            bail!("kill -TERM {} failed: {status}", self.child.id());
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(false)
     }
 
     /// Everything the process printed so far.

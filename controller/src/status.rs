@@ -212,7 +212,7 @@ async fn watch_publish_service(
     let (reader, writer) = reflector::store();
     let config = watcher::Config::default().fields(&format!("metadata.name={}", name.name));
     let mut stream = std::pin::pin!(watcher(api, config)
-        .default_backoff()
+        .backoff(crate::source::kube::WatchBackoff::default())
         .modify(trim::<Service>)
         .reflect(writer));
     let mut last_warning = None;

@@ -11,14 +11,16 @@
 //! Every (re)list of a kind ends in a [`Change::Replace`] carrying the whole reflector state of
 //! that kind, so objects deleted while a watch was down (a relist after `410 Gone` reports no
 //! deletes) disappear too. [`SourceEvent::Synced`] is sent once every watcher has listed once.
-//! Watch errors are logged and retried with kube-runtime's default backoff (0.8 s growing to
-//! 30 s); the index, and so the published snapshot, keeps the last good state meanwhile.
+//! Watch errors are logged and retried with backoff ([`WatchBackoff`]: 0.5 s doubling to 5 s,
+//! jittered, reset by the first good event); the index, and so the published snapshot, keeps the
+//! last good state meanwhile.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -114,6 +116,44 @@ pub fn trim<K: Resource>(object: &mut K) {
         if annotations.is_empty() {
             meta.annotations = None;
         }
+    }
+}
+
+/// The retry delays of a failing watch: 0.5 s doubling up to 5 s, each with up to 25 % jitter,
+/// back to 0.5 s after a good event. Shorter than kube-runtime's default (up to 30 s), so routes
+/// catch up within seconds once the API server is back; five watches at most every 5 s are
+/// still gentle on a struggling API server.
+#[derive(Clone, Debug)]
+pub struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    /// The first delay.
+    pub const MIN: Duration = Duration::from_millis(500);
+    /// The longest delay (before jitter).
+    pub const MAX: Duration = Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: Self::MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(delay + delay.mul_f64(fastrand::f64() * 0.25))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
     }
 }
 
@@ -261,7 +301,7 @@ fn spawn_kind<K: Watched>(
         let (reader, writer) = reflector::store();
         readers.push(reader);
         let stream = watcher(api, config.clone())
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .modify(trim::<K>)
             .reflect(writer)
             .map(move |event| (i, event));
@@ -384,6 +424,22 @@ mod tests {
         };
         trim(&mut only_last_applied);
         assert_eq!(only_last_applied.metadata.annotations, None);
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_seconds_with_jitter_and_resets() {
+        use kube::runtime::utils::Backoff as _;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = b.by_ref().take(6).collect();
+        let bases = [500, 1000, 2000, 4000, 5000, 5000].map(Duration::from_millis);
+        for (delay, base) in delays.iter().zip(bases) {
+            assert!(
+                *delay >= base && *delay <= base.mul_f64(1.25),
+                "{delay:?} vs {base:?}"
+            );
+        }
+        b.reset();
+        assert!(b.next().unwrap() < Duration::from_millis(700));
     }
 
     #[tokio::test]
