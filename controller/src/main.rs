@@ -155,6 +155,8 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
 
     let (proxy_stop, proxy_stopped) = watch::channel(false);
     let (admin_stop, admin_stopped) = watch::channel(false);
+    // Registered before "Listening" is logged: a SIGTERM right after it drains, never kills.
+    let mut signals = Signals::new()?;
     tracing::info!(http = %list(&http), https = %list(&https), admin = %list(&admin), "Listening");
 
     // One task per accept loop on the worker threads; `serve` spawns every connection.
@@ -195,7 +197,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
 
     tokio::select! {
         _ = &mut listeners => anyhow::bail!("every listener stopped"),
-        signal = shutdown_signal() => tracing::info!(signal = signal?, "Draining"),
+        signal = signals.next() => tracing::info!(signal, "Draining"),
     }
     runtime.start_draining();
     let _ = proxy_stop.send(true);
@@ -205,8 +207,8 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     }
     tokio::select! {
         _ = &mut listeners => tracing::info!("Stopped"),
-        second = shutdown_signal() => {
-            tracing::warn!(signal = second?, "Second signal; exiting without waiting");
+        second = signals.next() => {
+            tracing::warn!(signal = second, "Second signal; exiting without waiting");
         }
     }
     Ok(())
@@ -220,13 +222,26 @@ fn report(addr: SocketAddr, result: Result<std::io::Result<()>, tokio::task::Joi
     }
 }
 
-/// Waits for SIGTERM or SIGINT; returns its name.
-async fn shutdown_signal() -> anyhow::Result<&'static str> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT, caught from creation on.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
+        })
+    }
+
+    /// Waits for the next SIGTERM or SIGINT; returns its name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
