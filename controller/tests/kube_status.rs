@@ -1,0 +1,356 @@
+//! Kubernetes mode end to end: Ingress status and leader election. Two `duet` processes elect
+//! one leader (Lease `duet-leader`), only it writes status, and the other takes over when it
+//! stops; status lists every address of the publish Service, IPv4 and IPv6 (and host names of a
+//! LoadBalancer); a single-family publish Service is reported on /debug/routes; Ingresses that
+//! cannot be served fully get one Event per problem. The API server runs on 127.0.0.1 and [::1].
+
+mod kube_support;
+
+use std::time::{Duration, Instant};
+
+use conformance::apiserver::ApiServer;
+use conformance::client;
+use conformance::{Family, Fleet, Ingress, PodSpec};
+use kube_support::*;
+use serde_json::json;
+
+const UPDATED: &str = "Ingress status updated";
+
+fn publish_service(cluster_ips: &[&str], families: &[&str]) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "edge", "namespace": "duet"},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": cluster_ips[0],
+            "clusterIPs": cluster_ips,
+            "ipFamilies": families,
+            "ports": [{"name": "http", "port": 80}],
+        },
+    })
+}
+
+/// The election namespace the tests use.
+fn election_namespace(api: &ApiServer) -> anyhow::Result<()> {
+    apply(
+        api,
+        &[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "duet"}})],
+    )
+}
+
+fn lease_holder(api: &ApiServer) -> Option<String> {
+    let lease = api.get(
+        "coordination.k8s.io/v1",
+        "Lease",
+        Some("duet"),
+        "duet-leader",
+    )?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+/// The identity a duet logged at start.
+fn identity(duet: &conformance::Duet) -> Option<String> {
+    let logs = duet.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("Watching the Kubernetes API"))?;
+    let id = line.split("identity=").nth(1)?;
+    Some(id.split_whitespace().next()?.to_owned())
+}
+
+async fn two_replicas_one_writer(api_family: Family) -> anyhow::Result<()> {
+    let api = api(api_family)?;
+    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
+    apply(&api, &pods.manifests())?;
+    apply(
+        &api,
+        &[publish_service(
+            &["10.96.0.10", "fd00::10"],
+            &["IPv4", "IPv6"],
+        )],
+    )?;
+    apply(
+        &api,
+        &[Ingress::new("kube", "web").host("a.test", "web").build()],
+    )?;
+    let flags = [
+        "--publish-service",
+        "duet/edge",
+        "--election-namespace",
+        "duet",
+        "--election-lease-duration",
+        "3s",
+    ];
+    let mut one = duet(&api, &flags).await?;
+    let mut two = duet(&api, &flags).await?;
+    until_status(&one, "a.test", 200).await?;
+    until_status(&two, "a.test", 200).await?;
+    until_status_addresses(&api, "kube", "web", &["10.96.0.10", "fd00::10"]).await?;
+
+    let ids = [identity(&one), identity(&two)];
+    let holder = lease_holder(&api);
+    assert!(
+        holder.is_some() && ids.contains(&holder),
+        "holder {holder:?}, replicas {ids:?}"
+    );
+    let (leader, follower) = if holder == ids[0] {
+        (&mut one, &mut two)
+    } else {
+        (&mut two, &mut one)
+    };
+
+    // A new publish address: written once, by the leader only.
+    apply(
+        &api,
+        &[publish_service(
+            &["10.96.0.11", "fd00::11"],
+            &["IPv4", "IPv6"],
+        )],
+    )?;
+    until_status_addresses(&api, "kube", "web", &["10.96.0.11", "fd00::11"]).await?;
+    // Both replicas had every chance to write (they see the same objects).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        leader.logs().matches(UPDATED).count(),
+        2,
+        "{}",
+        leader.logs()
+    );
+    assert_eq!(
+        follower.logs().matches(UPDATED).count(),
+        0,
+        "the follower wrote status"
+    );
+    let patches = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/ingresses/web/status"))
+        .count();
+    assert_eq!(patches, 2, "one status write per change");
+
+    // The leader stops (SIGTERM): it releases the Lease; the follower takes over well before the
+    // lease would have expired, and from then on it writes.
+    let follower_id = identity(follower);
+    let stopped = Instant::now();
+    assert!(
+        leader.terminate(Duration::from_secs(10))?,
+        "the leader did not exit"
+    );
+    client::eventually("the follower holds the Lease", LIVE, || async {
+        anyhow::ensure!(
+            lease_holder(&api) == follower_id,
+            "holder {:?}",
+            lease_holder(&api)
+        );
+        Ok(())
+    })
+    .await?;
+    println!(
+        "API on {api_family}: leader handover after SIGTERM in {:?}",
+        stopped.elapsed()
+    );
+    apply(
+        &api,
+        &[publish_service(
+            &["10.96.0.12", "fd00::12"],
+            &["IPv4", "IPv6"],
+        )],
+    )?;
+    until_status_addresses(&api, "kube", "web", &["10.96.0.12", "fd00::12"]).await?;
+    assert_eq!(follower.logs().matches(UPDATED).count(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_status_writer_and_hand_over_api_on_ipv4() -> anyhow::Result<()> {
+    two_replicas_one_writer(Family::V4).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_elect_one_status_writer_and_hand_over_api_on_ipv6() -> anyhow::Result<()> {
+    two_replicas_one_writer(Family::V6).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_dies_is_replaced_after_the_lease_expires() -> anyhow::Result<()> {
+    let api = api(Family::V6)?;
+    election_namespace(&api)?;
+    let flags = [
+        "--election-namespace",
+        "duet",
+        "--election-lease-duration",
+        "2s",
+    ];
+    let one = duet(&api, &flags).await?;
+    let two = duet(&api, &flags).await?;
+    let ids = [identity(&one), identity(&two)];
+    client::eventually("a leader", LIVE, || async {
+        anyhow::ensure!(lease_holder(&api).is_some());
+        Ok(())
+    })
+    .await?;
+    let holder = lease_holder(&api);
+    let mut duets = vec![one, two];
+    let leader = ids
+        .iter()
+        .position(|id| *id == holder)
+        .ok_or_else(|| anyhow::anyhow!("holder {holder:?} is neither of {ids:?}"))?;
+    let other = ids[1 - leader].clone();
+    // Dropping a Duet kills it with SIGKILL: no release, the Lease has to expire.
+    drop(duets.remove(leader));
+    let killed = Instant::now();
+    client::eventually("the other replica holds the Lease", LIVE, || async {
+        anyhow::ensure!(
+            lease_holder(&api) == other,
+            "holder {:?}",
+            lease_holder(&api)
+        );
+        Ok(())
+    })
+    .await?;
+    let took = killed.elapsed();
+    println!("leader killed -> new leader after {took:?} (lease 2 s)");
+    assert!(
+        took >= Duration::from_millis(1500),
+        "took over before the lease expired: {took:?}"
+    );
+    Ok(())
+}
+
+async fn status_lists_every_address(api_family: Family) -> anyhow::Result<()> {
+    let api = api(api_family)?;
+    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
+    apply(&api, &pods.manifests())?;
+    // A dual-stack LoadBalancer: every ingress entry, both families and the host name.
+    let mut lb = publish_service(&["10.96.0.10", "fd00::10"], &["IPv4", "IPv6"]);
+    lb["spec"]["type"] = json!("LoadBalancer");
+    lb["status"] = json!({"loadBalancer": {"ingress": [
+        {"ip": "192.0.2.10"}, {"ip": "2001:db8::10"}, {"hostname": "lb.example.com"}
+    ]}});
+    apply(&api, &[lb])?;
+    apply(
+        &api,
+        &[Ingress::new("kube", "web").host("a.test", "web").build()],
+    )?;
+    let duet = duet(
+        &api,
+        &[
+            "--publish-service",
+            "duet/edge",
+            "--election-namespace",
+            "duet",
+        ],
+    )
+    .await?;
+    until_status_addresses(
+        &api,
+        "kube",
+        "web",
+        &["192.0.2.10", "2001:db8::10", "lb.example.com"],
+    )
+    .await?;
+    let routes = duet.debug_routes().await?;
+    assert_eq!(routes["status"]["leading"], json!(true), "{routes}");
+    assert!(routes["status"].get("warning").is_none(), "{routes}");
+
+    // Single-family publish Service: a warning on /debug/routes (and in the log), status follows.
+    apply(&api, &[publish_service(&["10.96.0.10"], &["IPv4"])])?;
+    until_status_addresses(&api, "kube", "web", &["10.96.0.10"]).await?;
+    client::eventually("the single-family warning", LIVE, || async {
+        let routes = duet.debug_routes().await?;
+        let warning = routes["status"]["warning"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        anyhow::ensure!(warning.contains("single IP family"), "{routes}");
+        Ok(())
+    })
+    .await?;
+    assert!(duet.logs().contains("Publish Service problem"));
+
+    // --publish-status-address instead (the leader hands over on SIGTERM).
+    let mut duet = duet;
+    assert!(duet.terminate(Duration::from_secs(10))?);
+    let _other = duet_with_addresses(&api).await?;
+    until_status_addresses(&api, "kube", "web", &["203.0.113.5", "2001:db8::5"]).await?;
+    Ok(())
+}
+
+async fn duet_with_addresses(api: &ApiServer) -> anyhow::Result<conformance::Duet> {
+    duet(
+        api,
+        &[
+            "--publish-status-address",
+            "203.0.113.5,2001:db8::5",
+            "--election-namespace",
+            "duet",
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_ipv4_and_ipv6_addresses_api_on_ipv4() -> anyhow::Result<()> {
+    status_lists_every_address(Family::V4).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_ipv4_and_ipv6_addresses_api_on_ipv6() -> anyhow::Result<()> {
+    status_lists_every_address(Family::V6).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingresses_not_served_fully_get_one_event_per_problem() -> anyhow::Result<()> {
+    let api = api(Family::V6)?;
+    election_namespace(&api)?;
+    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
+    apply(&api, &pods.manifests())?;
+    let duet = duet(&api, &["--election-namespace", "duet"]).await?;
+    client::eventually("a leader", LIVE, || async {
+        anyhow::ensure!(lease_holder(&api).is_some());
+        Ok(())
+    })
+    .await?;
+    // One good rule, one to a missing Service: the good one is served.
+    apply(
+        &api,
+        &[Ingress::new("kube", "mixed")
+            .host("good.test", "web")
+            .host("bad.test", "missing")
+            .build()],
+    )?;
+    until_status(&duet, "good.test", 200).await?;
+    let events = || {
+        api.list("events.k8s.io/v1", "Event")
+            .into_iter()
+            .filter(|e| e["regarding"]["name"] == "mixed")
+            .collect::<Vec<_>>()
+    };
+    client::eventually("an Event for the missing Service", LIVE, || async {
+        anyhow::ensure!(!events().is_empty());
+        Ok(())
+    })
+    .await?;
+    let all = events();
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0]["reason"], "MissingService");
+    assert_eq!(all[0]["type"], "Warning");
+    assert_eq!(all[0]["regarding"]["kind"], "Ingress");
+    assert!(all[0]["note"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("missing"));
+
+    // Unrelated changes rebuild the table; the same problem is not reported again.
+    apply(
+        &api,
+        &[Ingress::new("kube", "other")
+            .host("other.test", "web")
+            .build()],
+    )?;
+    until_status(&duet, "other.test", 200).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(events().len(), 1, "the problem was reported again");
+    Ok(())
+}
