@@ -6,8 +6,11 @@ templates say.
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -156,3 +159,169 @@ def check_installed_objects(apiserver: ApiServer):
     monitor = apiserver.get(f"/apis/monitoring.coreos.com/v1{ns}/servicemonitors/{FULLNAME}")
     metrics = apiserver.get(f"/api/v1{ns}/services/{FULLNAME}-metrics")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics["metadata"]["labels"].items()
+
+
+# ---------------------------------------------------------------------------------------------
+# The real duet, started with the installed Deployment's arguments against the same server
+
+
+class Backend(http.server.BaseHTTPRequestHandler):
+    """A one-pod backend on loopback that names the family it was reached over."""
+
+    def do_GET(self):
+        body = f"backend via {'ipv6' if ':' in self.client_address[0] else 'ipv4'}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Server6(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, host: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:
+        return 0, str(error)
+
+
+def poll(deadline_s: float, what: str, check, process: subprocess.Popen | None = None):
+    deadline = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"{what}: duet exited with {process.returncode}")
+        last = check()
+        if last is True:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{what}: still {last!r} after {deadline_s} s")
+
+
+def app_objects(backend_port: int) -> list[tuple[str, dict]]:
+    meta = lambda name, **extra: {"name": name, "namespace": "app", **extra}
+    backend = lambda: {"service": {"name": "web", "port": {"number": 80}}}
+    rule = lambda host: {"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend()}]}}
+    return [
+        ("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "app"}}),
+        ("/api/v1/namespaces/app/services", {"apiVersion": "v1", "kind": "Service", "metadata": meta("web"),
+            "spec": {"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv4", "IPv6"], "clusterIPs": ["10.96.0.10", "fd00::10"],
+                     "ports": [{"name": "http", "port": 80, "targetPort": backend_port, "protocol": "TCP"}]}}),
+        ("/apis/discovery.k8s.io/v1/namespaces/app/endpointslices", {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": meta("web-v4", labels={"kubernetes.io/service-name": "web"}), "addressType": "IPv4",
+            "ports": [{"name": "http", "port": backend_port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+                           "targetRef": {"kind": "Pod", "namespace": "app", "name": "web-0", "uid": "00000000-0000-4000-8000-000000000001"}}]}),
+        ("/apis/discovery.k8s.io/v1/namespaces/app/endpointslices", {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": meta("web-v6", labels={"kubernetes.io/service-name": "web"}), "addressType": "IPv6",
+            "ports": [{"name": "http", "port": backend_port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["::1"], "conditions": {"ready": True},
+                           "targetRef": {"kind": "Pod", "namespace": "app", "name": "web-0", "uid": "00000000-0000-4000-8000-000000000001"}}]}),
+        ("/apis/networking.k8s.io/v1/ingressclasses", {"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+            "metadata": {"name": "other"}, "spec": {"controller": "example.com/other-controller"}}),
+        ("/apis/networking.k8s.io/v1/namespaces/app/ingresses", {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": meta("ours"), "spec": {"ingressClassName": "duet", "rules": [rule("ours.test")]}}),
+        ("/apis/networking.k8s.io/v1/namespaces/app/ingresses", {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": meta("theirs"), "spec": {"ingressClassName": "other", "rules": [rule("theirs.test")]}}),
+        ("/apis/networking.k8s.io/v1/namespaces/app/ingresses", {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": meta("classless"), "spec": {"rules": [rule("classless.test")]}}),
+    ]
+
+
+@pytest.mark.parametrize("default_class", [False, True], ids=["class-duet", "default-class"])
+def test_duet_serves_the_chart_ingress_class_from_the_api_server(apiserver, tmp_path, default_class):
+    """The chart installed into the test API server, then the real duet started with the
+    installed Deployment's own arguments (listeners moved to free loopback ports) against that
+    server: it serves Ingresses of the chart's IngressClass over both families, not another
+    class's, and classless ones exactly when the chart marks its class the default."""
+    apiserver.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    with helm.Config(namespace=NAMESPACE, kubeconfig_path=str(apiserver.kubeconfig), storage_driver="memory") as cfg:
+        assert install(cfg, {"ingressClass": {"default": default_class}})["status"] == "deployed"
+
+    servers = []
+    for host, cls in (("127.0.0.1", http.server.ThreadingHTTPServer), ("::1", Server6)):
+        port = servers[0].server_address[1] if servers else free_port("127.0.0.1")
+        server = cls((host, port), Backend)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    backend_port = servers[0].server_address[1]
+    for path, body in app_objects(backend_port):
+        status, answer = apiserver.request("POST", path, body)
+        assert status == 201, (path, status, answer)
+
+    deployment = apiserver.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{FULLNAME}")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    http_port, admin_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    args = [a for a in container["args"] if not a.startswith(("--http-listen", "--https-listen", "--admin-listen"))]
+    args += [f"--http-listen=127.0.0.1:{http_port}", f"--http-listen=[::1]:{http_port}", f"--admin-listen=127.0.0.1:{admin_port}",
+             f"--https-listen=127.0.0.1:{free_port('127.0.0.1')}", f"--kubeconfig={apiserver.kubeconfig}"]
+    env = {"PATH": "/usr/bin:/bin", "DUET_LOG": "info", "POD_NAME": "edge-duet-0", "POD_NAMESPACE": NAMESPACE}
+    log = open(tmp_path / "duet.log", "w")
+    duet = subprocess.Popen([binary("duet", "controller"), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        check_served(http_port, admin_port, default_class, duet)
+        check_status_published(apiserver, duet)
+    except BaseException:
+        log.flush()
+        print((tmp_path / "duet.log").read_text()[-4000:])
+        raise
+    finally:
+        duet.terminate()
+        duet.wait(timeout=40)
+        log.close()
+        for server in servers:
+            server.shutdown()
+
+
+def poll_get(url: str, host: str, expected: tuple[int, str] | int, deadline_s: float, process: subprocess.Popen):
+    """Polls until GET url (Host: host) answers as expected: a status, or a status and a body."""
+    def check():
+        answer = get(url, host)
+        return True if answer == expected or answer[0] == expected else answer
+
+    poll(deadline_s, f"GET {url} Host: {host}", check, process)
+
+
+def check_served(http_port: int, admin_port: int, default_class: bool, duet: subprocess.Popen):
+    poll_get(f"http://127.0.0.1:{admin_port}/readyz", "admin", 200, 20, duet)
+    for base, family in ((f"http://127.0.0.1:{http_port}", "ipv4"), (f"http://[::1]:{http_port}", "ipv6")):
+        poll_get(base + "/", "ours.test", (200, f"backend via {family}\n"), 5, duet)
+        assert get(base + "/", "theirs.test")[0] == 404
+        classless = get(base + "/", "classless.test")
+        assert classless[0] == (200 if default_class else 404), classless
+
+
+def check_status_published(apiserver: ApiServer, duet: subprocess.Popen):
+    """--publish-service as the chart wires it: once the chart's LoadBalancer Service has an
+    address of each family, the leader copies both into the status of the Ingress it serves."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/services/{FULLNAME}"
+    service = apiserver.get(path)
+    service["status"] = {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}, {"ip": "2001:db8::10"}]}}
+    status, answer = apiserver.request("PUT", path + "/status", service)
+    assert status == 200, answer
+    want = [{"ip": "192.0.2.10"}, {"ip": "2001:db8::10"}]
+
+    def published():
+        ingress = apiserver.get("/apis/networking.k8s.io/v1/namespaces/app/ingresses/ours")
+        got = ingress.get("status", {}).get("loadBalancer", {}).get("ingress")
+        return True if got == want else got
+
+    poll(20, "status.loadBalancer.ingress of app/ours", published, duet)
+    theirs = apiserver.get("/apis/networking.k8s.io/v1/namespaces/app/ingresses/theirs")
+    assert not theirs.get("status", {}).get("loadBalancer", {}).get("ingress")
