@@ -42,6 +42,7 @@ both_families!(
     events_in_both_apis,
     rate_limits_and_unavailability_are_retried,
     namespace_delete_takes_its_objects,
+    discovery_and_dynamic_objects,
 );
 
 async fn client(api: &ApiServer) -> anyhow::Result<Client> {
@@ -689,6 +690,103 @@ async fn namespace_delete_takes_its_objects(family: Family) -> anyhow::Result<()
         .filter_map(|c| c.metadata.namespace)
         .collect();
     ensure!(left == ["kept"], "{left:?}");
+    Ok(())
+}
+
+async fn discovery_and_dynamic_objects(family: Family) -> anyhow::Result<()> {
+    use kube::api::DynamicObject;
+    use kube::discovery::{Discovery, Scope};
+    let api = ApiServer::start(family.loopback())?;
+    let client = client(&api).await?;
+    for aggregated in [false, true] {
+        let discovery = Discovery::new(client.clone());
+        let discovery = if aggregated {
+            discovery.run_aggregated().await?
+        } else {
+            discovery.run().await?
+        };
+        let groups: Vec<String> = discovery.groups().map(|g| g.name().to_owned()).collect();
+        for want in [
+            "",
+            "apps",
+            "networking.k8s.io",
+            "coordination.k8s.io",
+            "rbac.authorization.k8s.io",
+            "policy",
+            "monitoring.coreos.com",
+        ] {
+            ensure!(
+                groups.iter().any(|g| g == want),
+                "aggregated={aggregated}: no group {want:?} in {groups:?}"
+            );
+        }
+        let (ingress, caps) = discovery
+            .groups()
+            .flat_map(|g| g.resources_by_stability())
+            .find(|(r, _)| r.kind == "Ingress")
+            .context("Ingress discovered")?;
+        ensure!(
+            ingress.plural == "ingresses" && caps.scope == Scope::Namespaced,
+            "{ingress:?} {caps:?}"
+        );
+        ensure!(
+            caps.subresources
+                .iter()
+                .any(|(s, _)| s.plural == "ingresses/status" || s.plural == "status"),
+            "{caps:?}"
+        );
+    }
+    // Install what a chart renders through the dynamic API, as a Helm-style client would.
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let manifests = [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ingress-duet"}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "duet", "namespace": "ingress-duet"}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "duet"},
+            "rules": [{"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]}]}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "duet", "namespace": "ingress-duet"},
+            "spec": {"selector": {"matchLabels": {"app": "duet"}}, "template": {"metadata": {"labels": {"app": "duet"}}, "spec": {"containers": [{"name": "duet", "image": "duet"}]}}}}),
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "duet", "namespace": "ingress-duet"}, "spec": {"minAvailable": 1}}),
+        json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "duet", "namespace": "ingress-duet"}, "spec": {}}),
+    ];
+    for manifest in manifests {
+        let obj: DynamicObject = serde_json::from_value(manifest)?;
+        let types = obj.types.clone().context("types")?;
+        let (group, version) = types
+            .api_version
+            .rsplit_once('/')
+            .unwrap_or(("", types.api_version.as_str()));
+        let gvk = kube::core::GroupVersionKind::gvk(group, version, &types.kind);
+        let (resource, caps) = discovery
+            .resolve_gvk(&gvk)
+            .with_context(|| format!("{gvk:?} not discovered"))?;
+        let dynamic: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                obj.metadata.namespace.as_deref().context("ns")?,
+                &resource,
+            ),
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+        };
+        let created = dynamic.create(&PostParams::default(), &obj).await?;
+        ensure!(
+            created.metadata.uid.is_some() && created.types == obj.types,
+            "{created:?}"
+        );
+    }
+    ensure!(api
+        .get("apps/v1", "Deployment", Some("ingress-duet"), "duet")
+        .is_some());
+    // Collections can be deleted in one call.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), "ingress-duet");
+    accounts
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    ensure!(accounts
+        .list(&ListParams::default())
+        .await?
+        .items
+        .is_empty());
     Ok(())
 }
 

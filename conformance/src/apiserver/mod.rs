@@ -34,7 +34,8 @@
 //! # What is modelled
 //!
 //! - Discovery: `/api`, `/apis`, `/api/v1`, `/apis/{group}`, `/apis/{group}/{version}`,
-//!   `/version`, `/healthz`.
+//!   aggregated discovery (`apidiscovery.k8s.io/v2`, by `Accept` header), `/version`,
+//!   `/healthz`. No OpenAPI documents and no protobuf.
 //! - One global resourceVersion; objects are stored as JSON per registered [`Resource`] (the
 //!   defaults cover what duet uses and what an ingress-controller Helm chart installs;
 //!   [`ApiServer::register`] adds more). The two `Event` APIs (`v1` and `events.k8s.io/v1`) are
@@ -64,12 +65,15 @@
 //!
 //! | handle | HTTP | effect |
 //! |---|---|---|
-//! | [`ApiServer::drop_watches`] | `POST /_test/drop-watches` | every open watch response ends |
+//! | [`ApiServer::drop_watches`] | `POST /_test/drop-watches` | every open watch response ends cleanly |
+//! | [`ApiServer::reset_watches`] | `POST /_test/reset-watches` | every open watch connection is cut mid-body |
 //! | [`ApiServer::expire_history`] | `POST /_test/expire[?drop=true]` | the next watch from an older RV gets the 410 ERROR event |
 //! | [`ApiServer::fail_next`] / [`ApiServer::fail_for`] | `POST /_test/fail?status=429&count=N` or `&ms=D` (`&retryAfter=S`) | requests answered with that status |
 //! | [`ApiServer::heal`] | `POST /_test/heal` | stop failing |
 //! | [`ApiServer::stop`] / [`ApiServer::restart`] | `POST /_test/outage?ms=D` | listener and connections gone, then back on the same port |
 //! | [`ApiServer::requests`] | `GET /_test/requests` | what was asked and answered |
+//! | [`ApiServer::apply_manifests`] | `POST /_test/apply` (YAML documents or JSON) | objects created or replaced, namespaces too |
+//! | [`ApiServer::resource_version`] | `GET /_test/state` | latest and compacted resourceVersion, open watches |
 
 pub mod registry;
 pub mod selector;
@@ -183,6 +187,7 @@ impl ApiServer {
             requests: Mutex::new(Vec::new()),
             addr,
             outage: outage_tx,
+            resets: tokio::sync::watch::channel(0).0,
         });
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
@@ -253,6 +258,13 @@ impl ApiServer {
         self.with_store(|s| s.apply(obj))
     }
 
+    /// Applies every object of YAML documents or JSON (an object, an array, or a `List`), as
+    /// [`ApiServer::apply`] does, all under one lock.
+    pub fn apply_manifests(&self, text: &str) -> Result<Vec<Value>, ApiError> {
+        let objects = serve::objects_of(text.as_bytes()).map_err(ApiError::BadRequest)?;
+        self.with_store(|s| objects.into_iter().map(|o| s.apply(o)).collect())
+    }
+
     /// One stored object.
     pub fn get(
         &self,
@@ -288,6 +300,12 @@ impl ApiServer {
     /// Ends every open watch response; clients resume from their last resourceVersion.
     pub fn drop_watches(&self) {
         self.with_store(Store::drop_watches);
+    }
+
+    /// Cuts every open watch connection abruptly (the response body ends without its final
+    /// chunk): the client sees a stream error, then resumes from its last resourceVersion.
+    pub fn reset_watches(&self) {
+        self.shared.resets.send_modify(|n| *n += 1);
     }
 
     /// Forgets the event history: the next watch from an older resourceVersion gets the 410

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub addr: SocketAddr,
     /// Set by the `/_test/outage` endpoint; the handle owning the listener acts on it.
     pub outage: tokio::sync::mpsc::UnboundedSender<Duration>,
+    /// Bumped to cut every open watch connection abruptly.
+    pub resets: tokio::sync::watch::Sender<u64>,
 }
 
 const MAX_RECORDS: usize = 10_000;
@@ -110,8 +112,13 @@ pub(crate) async fn handle(
     let user_agent = header(header::USER_AGENT);
     let content_type = header(header::CONTENT_TYPE);
     let authorization = header(header::AUTHORIZATION);
+    let accept = header(header::ACCEPT);
     let resp = if let Some(control) = path.strip_prefix("/_test/") {
-        control_endpoint(&shared, &method, control, &query)
+        let body = match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => Bytes::new(),
+        };
+        control_endpoint(&shared, &method, control, &query, &body)
     } else if let Some(rule) = shared.injected() {
         let reason = match rule.status {
             429 => "TooManyRequests",
@@ -144,7 +151,7 @@ pub(crate) async fn handle(
             &status_json(401, "Unauthorized", "Unauthorized"),
         )
     } else {
-        match route(&shared, req, &method, &path, &query, &content_type).await {
+        match route(&shared, req, &method, &path, &query, &content_type, &accept).await {
             Ok(resp) => resp,
             Err(err) => error_response(&err),
         }
@@ -224,7 +231,9 @@ async fn route(
     path: &str,
     query: &str,
     content_type: &str,
+    accept: &str,
 ) -> Result<Response<Body>, ApiError> {
+    let aggregated = accept.contains("as=APIGroupDiscoveryList");
     let segs: Vec<&str> = path
         .trim_matches('/')
         .split('/')
@@ -245,6 +254,8 @@ async fn route(
             "compiler": "gc", "platform": "linux/amd64"
         })),
         ["healthz" | "readyz" | "livez"] => Ok(full(StatusCode::OK, "text/plain", "ok")),
+        ["api"] if aggregated => Ok(aggregated_discovery(&shared.store(), true)),
+        ["apis"] if aggregated => Ok(aggregated_discovery(&shared.store(), false)),
         ["api"] => get_only(json!({
             "kind": "APIVersions", "versions": ["v1"],
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": shared.addr.to_string()}]
@@ -311,6 +322,56 @@ fn group_list(store: &Store) -> Value {
         })
         .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// Aggregated discovery (`apidiscovery.k8s.io/v2`) of the core group or of every named group.
+fn aggregated_discovery(store: &Store, core: bool) -> Response<Body> {
+    /// Group name, then each version with its resources.
+    type Groups = Vec<(String, Vec<(String, Vec<Value>)>)>;
+    let mut groups: Groups = Vec::new();
+    for r in store
+        .resources()
+        .iter()
+        .filter(|r| r.group.is_empty() == core)
+    {
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let mut resource = json!({
+            "resource": r.plural, "responseKind": gvk, "singularResource": r.kind.to_lowercase(),
+            "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+        });
+        if r.status {
+            resource["subresources"] = json!([{"subresource": "status", "responseKind": gvk, "verbs": ["get", "patch", "update"]}]);
+        }
+        let group = match groups.iter_mut().find(|(g, _)| *g == r.group) {
+            Some(group) => group,
+            None => {
+                groups.push((r.group.clone(), Vec::new()));
+                groups.last_mut().expect("just pushed")
+            }
+        };
+        match group.1.iter_mut().find(|(v, _)| *v == r.version) {
+            Some((_, resources)) => resources.push(resource),
+            None => group.1.push((r.version.clone(), vec![resource])),
+        }
+    }
+    let items: Vec<Value> = groups
+        .into_iter()
+        .map(|(g, versions)| {
+            let versions: Vec<Value> = versions
+                .into_iter()
+                .map(|(v, resources)| json!({"version": v, "resources": resources, "freshness": "Current"}))
+                .collect();
+            json!({"metadata": {"name": g}, "versions": versions})
+        })
+        .collect();
+    let list = json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items});
+    let mut resp = json_response(StatusCode::OK, &list);
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(AGGREGATED));
+    resp
 }
 
 fn resource_list(store: &Store, group: &str, version: &str) -> Result<Value, ApiError> {
@@ -612,7 +673,7 @@ fn watch(shared: &Arc<Shared>, target: &Target, q: &Query) -> Result<Response<Bo
         }
     };
     drop(store);
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(64);
     let spec = WatchSpec {
         filter,
         bookmarks,
@@ -623,9 +684,7 @@ fn watch(shared: &Arc<Shared>, target: &Target, q: &Query) -> Result<Response<Bo
     };
     tokio::spawn(run_watch(shared.clone(), spec, opened, tx));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, io::Error>(Frame::data(b)), rx))
+        rx.recv().await.map(|b| (b.map(Frame::data), rx))
     });
     let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
     resp.headers_mut().insert(
@@ -671,20 +730,26 @@ impl WatchSpec {
 
 /// Feeds one watch response: backlog, the initial-events-end bookmark, then live events and
 /// periodic bookmarks, until the timeout, the client leaving, or the server dropping watches.
-async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, opened: Opened, tx: mpsc::Sender<Bytes>) {
+async fn run_watch(
+    shared: Arc<Shared>,
+    spec: WatchSpec,
+    opened: Opened,
+    tx: mpsc::Sender<io::Result<Bytes>>,
+) {
     let Opened {
         backlog,
         rv,
         mut live,
     } = opened;
+    let mut resets = shared.resets.subscribe();
     for ev in &backlog {
         if let Some(line) = spec.line(ev) {
-            if tx.send(line).await.is_err() {
+            if tx.send(Ok(line)).await.is_err() {
                 return;
             }
         }
     }
-    if spec.initial_events && tx.send(spec.bookmark(rv, true)).await.is_err() {
+    if spec.initial_events && tx.send(Ok(spec.bookmark(rv, true))).await.is_err() {
         return;
     }
     let deadline = tokio::time::sleep(spec.timeout);
@@ -698,6 +763,11 @@ async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, opened: Opened, tx: mps
         let lines: Vec<Bytes> = tokio::select! {
             _ = &mut deadline => break,
             _ = tx.closed() => break,
+            _ = resets.changed() => {
+                // An error frame makes hyper abort the connection mid-body.
+                let _ = tx.send(Err(io::Error::new(io::ErrorKind::ConnectionReset, "watch reset"))).await;
+                break;
+            }
             ev = live.recv() => match ev {
                 Some(ev) => spec.line(&ev).into_iter().collect(),
                 None => break,
@@ -710,14 +780,57 @@ async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, opened: Opened, tx: mps
             }
         };
         for line in lines {
-            if tx.send(line).await.is_err() {
+            if tx.send(Ok(line)).await.is_err() {
                 return;
             }
         }
     }
 }
 
-fn control_endpoint(shared: &Shared, method: &Method, what: &str, query: &str) -> Response<Body> {
+/// The objects of a `/_test/apply` body: JSON (an object, an array, or a `List`) or YAML (one
+/// or more documents, each an object or a `List`).
+pub(crate) fn objects_of(body: &[u8]) -> Result<Vec<Value>, String> {
+    let docs: Vec<Value> = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(items)) => items,
+        Ok(v) => vec![v],
+        Err(_) => {
+            let text =
+                std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8: {e}"))?;
+            serde_saphyr::from_multiple::<Value>(text)
+                .map_err(|e| format!("the body is neither JSON nor YAML: {e}"))?
+        }
+    };
+    let mut out = Vec::new();
+    for doc in docs {
+        match doc {
+            Value::Null => {}
+            Value::Object(ref map)
+                if map
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .is_some_and(|k| k.ends_with("List")) =>
+            {
+                out.extend(
+                    map.get("items")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+            }
+            Value::Object(_) => out.push(doc),
+            other => return Err(format!("not an object: {other}")),
+        }
+    }
+    Ok(out)
+}
+
+fn control_endpoint(
+    shared: &Shared,
+    method: &Method,
+    what: &str,
+    query: &str,
+    body: &[u8],
+) -> Response<Body> {
     let q = Query::parse(query);
     let ok = || json_response(StatusCode::OK, &json!({"ok": true}));
     let bad =
@@ -740,6 +853,10 @@ fn control_endpoint(shared: &Shared, method: &Method, what: &str, query: &str) -
                 StatusCode::OK,
                 &json!({"resourceVersion": store.resource_version(), "compacted": store.compacted(), "watches": store.open_watches(None)}),
             )
+        }
+        (Method::POST, "reset-watches") => {
+            shared.resets.send_modify(|n| *n += 1);
+            ok()
         }
         (Method::POST, "drop-watches") => {
             shared.store().drop_watches();
@@ -786,7 +903,24 @@ fn control_endpoint(shared: &Shared, method: &Method, what: &str, query: &str) -
             }
             None => bad("give ms=DURATION".into()),
         },
-        (Method::POST, "objects") => bad("POST objects through the regular API paths".into()),
+        (Method::POST, "apply") => {
+            let objects = match objects_of(body) {
+                Ok(objects) => objects,
+                Err(e) => return bad(e),
+            };
+            let mut store = shared.store();
+            let mut applied = Vec::with_capacity(objects.len());
+            for obj in objects {
+                match store.apply(obj) {
+                    Ok(obj) => applied.push(obj),
+                    Err(e) => return error_response(&e),
+                }
+            }
+            json_response(
+                StatusCode::OK,
+                &json!({"kind": "List", "apiVersion": "v1", "items": applied}),
+            )
+        }
         _ => json_response(
             StatusCode::NOT_FOUND,
             &status_json(404, "NotFound", "unknown control endpoint"),
