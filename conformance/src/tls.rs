@@ -104,6 +104,18 @@ pub async fn handshake(
     alpn: &[&str],
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> anyhow::Result<(TlsStream<TcpStream>, Handshake)> {
+    let tcp = connect_tcp(to).await?;
+    handshake_on(tcp, to, sni, alpn, versions).await
+}
+
+/// Like [`handshake`], on an already connected socket (e.g. after a PROXY protocol header).
+pub async fn handshake_on(
+    tcp: TcpStream,
+    to: SocketAddr,
+    sni: Option<&str>,
+    alpn: &[&str],
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> anyhow::Result<(TlsStream<TcpStream>, Handshake)> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let seen = Arc::new(Recorder {
         provider: provider.clone(),
@@ -124,7 +136,6 @@ pub async fn handshake(
         Some(host) => ServerName::try_from(host.to_owned())?,
         None => ServerName::IpAddress(to.ip().into()),
     };
-    let tcp = connect_tcp(to).await?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let stream = tokio::time::timeout(REQUEST_TIMEOUT, connector.connect(name, tcp))
         .await

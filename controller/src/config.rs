@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use dataplane::forwarded::{Cidr, TrustedProxies};
 use dataplane::{FamilyPolicy, LbPolicy, ProxyConfig};
 
 use crate::class::ClassConfig;
@@ -101,6 +102,28 @@ pub struct ServeArgs {
     /// none); without it, a self-signed certificate generated at start.
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_ns_name)]
     pub default_tls_secret: Option<NsName>,
+
+    /// Peers (CIDRs of either family, comma-separated or repeated) whose X-Forwarded-For and
+    /// Forwarded headers are appended to; everyone else's are replaced. Default: nobody.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
+    pub trusted_proxies: Vec<Cidr>,
+
+    /// Expect a PROXY protocol v1 or v2 header first on every connection of these listeners:
+    /// all (when given without a value), http or https.
+    #[arg(
+        long,
+        value_name = "LISTENERS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "all",
+        value_parser = ["all", "http", "https"]
+    )]
+    pub proxy_protocol: Option<String>,
+}
+
+fn parse_cidr(s: &str) -> Result<Cidr, String> {
+    s.parse()
+        .map_err(|e: dataplane::forwarded::BadCidr| e.to_string())
 }
 
 fn parse_ns_name(s: &str) -> Result<NsName, String> {
@@ -162,7 +185,7 @@ pub struct Config {
     pub manifests: Option<PathBuf>,
     /// Plain HTTP listeners.
     pub http_listen: Listen,
-    /// HTTPS listeners (not served yet).
+    /// HTTPS listeners.
     pub https_listen: Listen,
     /// Admin listeners.
     pub admin_listen: Listen,
@@ -172,6 +195,19 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Kubernetes mode settings (unused with `--manifests`).
     pub kube: KubeConfig,
+    /// Edge settings of the proxy listeners: trusted proxies and PROXY protocol.
+    pub edge: Edge,
+}
+
+/// How the proxy listeners treat what is in front of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Edge {
+    /// `--trusted-proxies`.
+    pub trusted_proxies: TrustedProxies,
+    /// PROXY protocol on the HTTP listeners.
+    pub proxy_protocol_http: bool,
+    /// PROXY protocol on the HTTPS listeners.
+    pub proxy_protocol_https: bool,
 }
 
 /// Why `duet` does not start.
@@ -291,6 +327,11 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         },
         proxy,
         kube: kube_config(args.kube)?,
+        edge: Edge {
+            trusted_proxies: TrustedProxies(args.trusted_proxies),
+            proxy_protocol_http: matches!(args.proxy_protocol.as_deref(), Some("all" | "http")),
+            proxy_protocol_https: matches!(args.proxy_protocol.as_deref(), Some("all" | "https")),
+        },
     })
 }
 
@@ -485,6 +526,35 @@ mod tests {
         assert_eq!(c.translate.lb, LbPolicy::RoundRobin);
         assert_eq!(c.proxy.connect_timeout, Duration::from_millis(500));
         assert_eq!(c.proxy.response_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn edge_flags() {
+        let c = serve(&[]).unwrap();
+        assert_eq!(c.edge, Edge::default());
+        let c = serve(&[
+            "--trusted-proxies",
+            "10.0.0.0/8,2001:db8::/32",
+            "--trusted-proxies",
+            "192.0.2.1",
+            "--proxy-protocol",
+        ])
+        .unwrap();
+        assert_eq!(c.edge.trusted_proxies.0.len(), 3);
+        assert!(c
+            .edge
+            .trusted_proxies
+            .trusts("2001:db8::7".parse().unwrap()));
+        assert!(c.edge.proxy_protocol_http && c.edge.proxy_protocol_https);
+        let c = serve(&["--proxy-protocol=https"]).unwrap();
+        assert!(!c.edge.proxy_protocol_http && c.edge.proxy_protocol_https);
+        let line = usage(&["--trusted-proxies", "10.0.0.0/33"]);
+        assert!(line.contains("'--trusted-proxies'"), "{line}");
+        let line = usage(&["--proxy-protocol=tcp"]);
+        assert!(
+            line.contains("'--proxy-protocol") && line.contains("'tcp'"),
+            "{line}"
+        );
     }
 
     #[test]

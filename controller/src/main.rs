@@ -6,6 +6,7 @@ use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use controller::app::{App, AppConfig};
@@ -129,10 +130,18 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         header_read_timeout: config.proxy.header_read_timeout,
         drain_timeout: config.proxy.drain_timeout,
         tls: None,
+        proxy_protocol: None,
+        trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
+    };
+    let pp_timeout = config.proxy.proxy_protocol_timeout;
+    let http_options = ServeOptions {
+        proxy_protocol: config.edge.proxy_protocol_http.then_some(pp_timeout),
+        ..options.clone()
     };
     let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
     let tls_options = ServeOptions {
         tls: Some(dataplane::tls::server_config(runtime.clone(), &fallback)),
+        proxy_protocol: config.edge.proxy_protocol_https.then_some(pp_timeout),
         ..options.clone()
     };
 
@@ -160,7 +169,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     tracing::info!(http = %list(&http), https = %list(&https), admin = %list(&admin), "Listening");
 
     // One task per accept loop on the worker threads; `serve` spawns every connection.
-    let plain = http.into_iter().map(|l| (l, options.clone()));
+    let plain = http.into_iter().map(|l| (l, http_options.clone()));
     let secure = https.into_iter().map(|l| (l, tls_options.clone()));
     let proxies = plain.chain(secure).map(|((addr, listener), options)| {
         let proxy = proxy.clone();

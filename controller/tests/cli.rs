@@ -185,6 +185,8 @@ fn sigterm_drains_and_exits_0() {
             "127.0.0.1:0",
             "--http-listen",
             "[::1]:0",
+            "--https-listen",
+            "[::1]:0",
             "--admin-listen",
             "127.0.0.1:0",
         ])

@@ -4,8 +4,10 @@
 
 pub mod admin;
 pub mod balance;
+pub mod forwarded;
 pub mod listen;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod runtime;
 pub mod table;
 pub mod tls;

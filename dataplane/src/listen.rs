@@ -21,6 +21,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::forwarded::TrustedProxies;
+use crate::proxy_protocol::{self, Header};
 use crate::table::{normalize_addr, Family};
 
 /// A listener that could not be set up.
@@ -85,6 +87,9 @@ pub struct ConnInfo {
     pub family: Family,
     /// Whether the connection is TLS (an HTTPS listener).
     pub tls: bool,
+    /// Whether the peer is a trusted proxy (`--trusted-proxies`): its forwarding headers are
+    /// appended to instead of replaced.
+    pub trusted: bool,
 }
 
 impl ConnInfo {
@@ -96,6 +101,7 @@ impl ConnInfo {
             peer,
             local: normalize_addr(local),
             tls: false,
+            trusted: false,
         }
     }
 
@@ -125,6 +131,12 @@ pub struct ServeOptions {
     /// Terminate TLS with this configuration (an HTTPS listener); the handshake must finish
     /// within `header_read_timeout`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Expect a PROXY protocol (v1 or v2) header first, within this time; a connection
+    /// without a valid one is closed.
+    pub proxy_protocol: Option<Duration>,
+    /// Peers whose forwarding headers are appended to (after PROXY protocol, the carried
+    /// client address is the peer).
+    pub trusted_proxies: Arc<TrustedProxies>,
 }
 
 /// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
@@ -167,13 +179,30 @@ where
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
-        let info = ConnInfo::new(peer, local);
+        let mut info = ConnInfo::new(peer, local);
         let handler = handler.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let tls = options.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         let handshake_timeout = options.header_read_timeout;
+        let proxy_protocol = options.proxy_protocol;
+        let trusted = options.trusted_proxies.clone();
         tokio::spawn(async move {
+            let mut stream = stream;
+            if let Some(timeout) = proxy_protocol {
+                match proxy_protocol::read_header(&mut stream, timeout).await {
+                    Ok(Header::Proxied {
+                        source,
+                        destination,
+                    }) => info = ConnInfo::new(source, destination),
+                    Ok(Header::Local) => {}
+                    Err(error) => {
+                        tracing::trace!(%error, client.addr = %info.peer, "PROXY protocol header refused; closing");
+                        return;
+                    }
+                }
+            }
+            info.trusted = trusted.trusts(info.peer.ip());
             let (io, info) = match tls {
                 None => (Stream::Plain(stream), info),
                 Some(acceptor) => {

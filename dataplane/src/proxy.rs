@@ -185,12 +185,6 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
-static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-
 impl Proxy {
     /// A proxy over a runtime. Must be called within a Tokio runtime (it starts the pool reaper).
     pub fn new(runtime: Arc<Runtime>) -> Arc<Proxy> {
@@ -533,29 +527,7 @@ fn prepare_request<B>(req: &mut Request<B>, host: &str, conn: &ConnInfo, upgrade
             headers.insert(header::HOST, v);
         }
     }
-    set_forwarding_headers(headers, host, conn, conn.scheme());
-}
-
-/// Sets `X-Forwarded-*`, `X-Real-IP` and `Forwarded` (RFC 7239) from the connection, replacing
-/// whatever the client sent (no peer is trusted to forward yet).
-fn set_forwarding_headers(
-    headers: &mut HeaderMap,
-    host: &str,
-    conn: &ConnInfo,
-    proto: &'static str,
-) {
-    let ip = conn.peer.ip().to_string();
-    let ip_value = HeaderValue::from_str(&ip).expect("an IP address is a valid header value");
-    headers.insert(&X_FORWARDED_FOR, ip_value.clone());
-    headers.insert(&X_REAL_IP, ip_value);
-    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
-    if let Ok(v) = HeaderValue::from_str(host) {
-        headers.insert(&X_FORWARDED_HOST, v);
-    }
-    headers.insert(&X_FORWARDED_PORT, HeaderValue::from(conn.local.port()));
-    if let Ok(v) = HeaderValue::from_str(&forwarded_element(conn.peer, host, proto)) {
-        headers.insert(header::FORWARDED, v);
-    }
+    crate::forwarded::set_headers(headers, host, conn);
 }
 
 /// One `Forwarded` element: `for="[2001:db8::1]:4711";host=example.com;proto=http`. A node with

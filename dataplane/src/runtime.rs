@@ -30,6 +30,8 @@ pub struct ProxyConfig {
     pub max_target_attempts: usize,
     /// How long draining waits for open connections on shutdown.
     pub drain_timeout: Duration,
+    /// Time a client (a load balancer) has to send its PROXY protocol header, where expected.
+    pub proxy_protocol_timeout: Duration,
     /// The bound HTTPS listener addresses; the HTTPS redirect names the port of the client's
     /// family (443 when there is none).
     pub https_listen: Vec<SocketAddr>,
@@ -56,6 +58,7 @@ impl Default for ProxyConfig {
             upstream_idle_per_addr: 64,
             max_target_attempts: 3,
             drain_timeout: Duration::from_secs(25),
+            proxy_protocol_timeout: Duration::from_secs(5),
             https_listen: Vec::new(),
         }
     }

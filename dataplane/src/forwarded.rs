@@ -1,0 +1,246 @@
+//! Trusted proxies: which peers may forward client addresses to us (`--trusted-proxies`, CIDRs
+//! of both families), and how the forwarding headers are set for trusted and untrusted peers.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::listen::ConnInfo;
+
+/// An IPv4 or IPv6 network: `10.0.0.0/8`, `2001:db8::/32`; a bare address is a /32 or /128.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// A CIDR that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not an IPv4 or IPv6 CIDR (examples: 10.0.0.0/8, 2001:db8::/32, 192.0.2.1)")]
+pub struct BadCidr(pub String);
+
+impl FromStr for Cidr {
+    type Err = BadCidr;
+
+    fn from_str(s: &str) -> Result<Cidr, BadCidr> {
+        let bad = || BadCidr(s.to_owned());
+        let (addr, prefix) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.trim(), None),
+        };
+        let network: IpAddr = addr.parse().map_err(|_| bad())?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?,
+            None => max,
+        };
+        Ok(Cidr {
+            network: mask(network, prefix),
+            prefix,
+        })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let m = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4((bits & m).into())
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let m = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6((bits & m).into())
+        }
+    }
+}
+
+impl Cidr {
+    /// Whether the network holds `ip` (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.network.is_ipv4() && mask(ip, self.prefix) == self.network
+    }
+}
+
+/// The peers allowed to forward client addresses; empty (the default) trusts nobody.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrustedProxies(pub Vec<Cidr>);
+
+impl TrustedProxies {
+    /// Whether a peer is trusted.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|c| c.contains(ip))
+    }
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `-Host`, `-Port` and `Forwarded`
+/// (RFC 7239) for the upstream. From a trusted peer (`conn.trusted`), the incoming
+/// `X-Forwarded-For` and `Forwarded` are appended to and incoming `X-Forwarded-Proto`, `-Host`
+/// and `-Port` are kept; from anyone else, all of them are replaced.
+pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
+    let proto = conn.scheme();
+    let ip = conn.peer.ip().to_string();
+    let ip_value = HeaderValue::from_str(&ip).expect("an IP address is a valid header value");
+    let element = crate::proxy::forwarded_element(conn.peer, host, proto);
+    if conn.trusted {
+        append(headers, &X_FORWARDED_FOR, &ip);
+        append(headers, &header::FORWARDED, &element);
+    } else {
+        headers.insert(&X_FORWARDED_FOR, ip_value.clone());
+        if let Ok(v) = HeaderValue::from_str(&element) {
+            headers.insert(header::FORWARDED, v);
+        }
+    }
+    headers.insert(&X_REAL_IP, ip_value);
+    let keep = |headers: &HeaderMap, name: &HeaderName| conn.trusted && headers.contains_key(name);
+    if !keep(headers, &X_FORWARDED_PROTO) {
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    }
+    if !keep(headers, &X_FORWARDED_HOST) {
+        match HeaderValue::from_str(host) {
+            Ok(v) => {
+                headers.insert(&X_FORWARDED_HOST, v);
+            }
+            Err(_) => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+    if !keep(headers, &X_FORWARDED_PORT) {
+        headers.insert(&X_FORWARDED_PORT, HeaderValue::from(conn.local.port()));
+    }
+}
+
+/// Appends `value` to a list header, joining every incoming line with `, ` into one.
+fn append(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
+    let mut joined = String::new();
+    for v in headers.get_all(name) {
+        if let Ok(v) = v.to_str() {
+            if !v.trim().is_empty() {
+                joined.push_str(v.trim());
+                joined.push_str(", ");
+            }
+        }
+    }
+    joined.push_str(value);
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_of_both_families() {
+        let list: Vec<Cidr> = ["10.0.0.0/8", "2001:db8::/32", "192.0.2.7", "::1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let trusted = TrustedProxies(list);
+        for (ip, want) in [
+            ("10.1.2.3", true),
+            ("11.0.0.1", false),
+            ("::ffff:10.9.9.9", true),
+            ("2001:db8:1::5", true),
+            ("2001:db9::5", false),
+            ("192.0.2.7", true),
+            ("192.0.2.8", false),
+            ("::1", true),
+            ("::2", false),
+        ] {
+            assert_eq!(trusted.trusts(ip.parse().unwrap()), want, "{ip}");
+        }
+        assert!(TrustedProxies::default().0.is_empty());
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("203.0.113.1".parse().unwrap()));
+        assert!(!all.contains("2001:db8::1".parse().unwrap()));
+        assert_eq!(
+            "10.1.2.3/8".parse::<Cidr>().unwrap().to_string(),
+            "10.0.0.0/8"
+        );
+        for bad in [
+            "",
+            "10.0.0.0/33",
+            "::/129",
+            "host/8",
+            "10.0.0.0/x",
+            "1.2.3.4/-1",
+        ] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+
+    fn conn(peer: &str, trusted: bool) -> ConnInfo {
+        let mut c = ConnInfo::new(peer.parse().unwrap(), "[::1]:8443".parse().unwrap());
+        c.trusted = trusted;
+        c
+    }
+
+    fn incoming() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+        h.append("x-forwarded-for", HeaderValue::from_static("2001:db8::9"));
+        h.insert("forwarded", HeaderValue::from_static("for=203.0.113.9"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        h
+    }
+
+    #[test]
+    fn trusted_peers_are_appended_to() {
+        for (peer, ip, node) in [
+            ("10.0.0.1:5000", "10.0.0.1", "\"10.0.0.1:5000\""),
+            (
+                "[2001:db8::1]:5000",
+                "2001:db8::1",
+                "\"[2001:db8::1]:5000\"",
+            ),
+        ] {
+            let mut h = incoming();
+            set_headers(&mut h, "a.test", &conn(peer, true));
+            assert_eq!(
+                h["x-forwarded-for"],
+                format!("203.0.113.9, 2001:db8::9, {ip}")
+            );
+            assert_eq!(
+                h["forwarded"],
+                format!("for=203.0.113.9, for={node};host=a.test;proto=http")
+            );
+            assert_eq!(
+                h["x-forwarded-proto"], "https",
+                "kept from the trusted proxy"
+            );
+            assert_eq!(h["x-real-ip"], ip);
+        }
+    }
+
+    #[test]
+    fn untrusted_peers_are_replaced() {
+        for (peer, ip) in [("10.0.0.1:5000", "10.0.0.1"), ("[::1]:5000", "::1")] {
+            let mut h = incoming();
+            set_headers(&mut h, "a.test", &conn(peer, false));
+            assert_eq!(h["x-forwarded-for"], ip);
+            assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+            assert!(!h["forwarded"].to_str().unwrap().contains("203.0.113.9"));
+            assert_eq!(h["x-forwarded-proto"], "http");
+            assert_eq!(h["x-forwarded-port"], "8443");
+        }
+    }
+}
