@@ -233,9 +233,10 @@ def test_bad_combinations_fail_the_render_with_a_reason(values, message):
         {"controller": {"upstreamFamily": "PreferV6"}},
         {"controller": {"containerPorts": {"http": 0}}},
         {"controller": {"defaultTLSSecret": "no-namespace"}},
+        {"controller": {"proxyProtocol": "v2"}},
         {"controlers": {}},
     ],
-    ids=["family-name", "duplicate-family", "policy-name", "kind", "unbracketed-ipv6", "family-policy", "port-0", "tls-secret-without-namespace", "typo"],
+    ids=["family-name", "duplicate-family", "policy-name", "kind", "unbracketed-ipv6", "family-policy", "port-0", "tls-secret-without-namespace", "proxy-protocol-value", "typo"],
 )
 def test_schema_rejects_bad_values(values):
     with helm.Chart.load(CHART) as chart:
@@ -353,6 +354,8 @@ def test_args_for_options():
             "containerPorts": {"http": 80, "https": 443, "admin": 9254},
             "extraArgs": ["--connect-timeout=2s"],
             "defaultTLSSecret": "ingress-duet/wildcard",
+            "proxyProtocol": "https",
+            "trustedProxies": ["10.0.0.0/8", "fd00::/8"],
         },
         "ingressClass": {"name": "edge"},
     }
@@ -368,7 +371,10 @@ def test_args_for_options():
     assert f["--http-listen"] == ["[::]:80"] and f["--https-listen"] == ["[::]:443"] and f["--admin-listen"] == ["[::]:9254"]
     assert f["--connect-timeout"] == ["2s"]
     assert f["--default-tls-secret"] == ["ingress-duet/wildcard"]
-    assert "--default-tls-secret" not in flags(container(render())["args"])
+    assert f["--proxy-protocol"] == ["https"]
+    assert f["--trusted-proxies"] == ["10.0.0.0/8,fd00::/8"]
+    defaults = flags(container(render())["args"])
+    assert not {"--default-tls-secret", "--proxy-protocol", "--trusted-proxies"} & set(defaults)
     assert f["--ingress-class"] == ["edge"]
     assert one(objects, "IngressClass")["metadata"]["name"] == "edge"
     assert c["readinessProbe"]["httpGet"]["port"] == "admin"
@@ -538,7 +544,7 @@ def test_every_flag_the_chart_passes_is_one_duet_knows():
     help_text = subprocess.run([duet_binary(), "serve", "--help"], capture_output=True, text=True, check=True).stdout
     known = set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
     passed = set()
-    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True, "defaultTLSSecret": "ns/name"}}]:
+    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True, "defaultTLSSecret": "ns/name", "proxyProtocol": "all", "trustedProxies": ["192.0.2.0/24"]}}]:
         passed |= set(flags(container(render(values))["args"]))
     assert {"--publish-service", "--publish-status-address", "--election-namespace", "--watch-namespace"} <= passed
     assert passed - known == set(), f"the chart passes flags duet does not have: {sorted(passed - known)}"

@@ -125,6 +125,12 @@ app.kubernetes.io/part-of: duet
 {{- with .Values.controller.defaultTLSSecret }}
 - "--default-tls-secret={{ . }}"
 {{- end }}
+{{- with .Values.controller.proxyProtocol }}
+- "--proxy-protocol={{ . }}"
+{{- end }}
+{{- with .Values.controller.trustedProxies }}
+- "--trusted-proxies={{ join "," . }}"
+{{- end }}
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}
