@@ -39,6 +39,7 @@ both_families!(
     bookmarks_advance_the_resource_version,
     expired_history_relists_and_hides_the_delete,
     streaming_list_sends_initial_events,
+    metadata_watcher_sees_partial_objects,
     dropped_watch_resumes_without_relisting,
     reset_watch_connection_resumes_without_relisting,
     server_outage_and_restart_converge,
@@ -312,6 +313,40 @@ async fn streaming_list_sends_initial_events(family: Family) -> anyhow::Result<(
     api.delete("v1", "ConfigMap", Some("demo"), "a")?;
     eventually("live events after the initial ones", WAIT, || async {
         ensure!(names(&store) == ["b", "c"], "{:?}", names(&store));
+        Ok(())
+    })
+    .await
+}
+
+async fn metadata_watcher_sees_partial_objects(family: Family) -> anyhow::Result<()> {
+    use kube::core::PartialObjectMeta;
+    let api = start(family)?;
+    api.apply(cm("a", "web", "1"))?;
+    let cms: Api<ConfigMap> = Api::namespaced(client(&api).await?, "demo");
+    let meta = cms.get_metadata("a").await?;
+    ensure!(
+        meta.types
+            .as_ref()
+            .is_some_and(|t| t.kind == "PartialObjectMetadata"),
+        "{meta:?}"
+    );
+    ensure!(meta.metadata.labels.is_some_and(|l| l["app"] == "web"));
+    let (reader, writer) = reflector::store::<PartialObjectMeta<ConfigMap>>();
+    let metas: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client(&api).await?, "demo");
+    let stream =
+        reflector::reflector(writer, watcher(metas, watcher::Config::default())).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while stream.next().await.is_some() {}
+    });
+    tokio::time::timeout(WAIT, reader.wait_until_ready())
+        .await
+        .context("never ready")??;
+    api.apply(cm("b", "web", "1"))?;
+    eventually("metadata of b arrives", WAIT, || async {
+        let mut names: Vec<String> = reader.state().iter().map(|o| o.name_any()).collect();
+        names.sort();
+        ensure!(names == ["a", "b"], "{names:?}");
         Ok(())
     })
     .await

@@ -51,6 +51,8 @@
 //!   [`Options::bookmark_interval`]), `timeoutSeconds` (capped by
 //!   [`Options::max_watch_timeout`]). A change that moves an object into or out of a watch's
 //!   selector is sent as ADDED or DELETED.
+//! - Metadata-only reads (`Accept: ...;as=PartialObjectMetadata[List]`, kube's
+//!   `Api<PartialObjectMeta<K>>`): GET, LIST and WATCH answer `meta.k8s.io/v1` partial objects.
 //! - POST (201, uid, creationTimestamp, generation, `generateName`, 409 `AlreadyExists`, 404 for
 //!   a missing namespace), GET, PUT (409 `Conflict` on a stale resourceVersion; `.status` kept
 //!   on the main resource, only `.status` taken on `/status`; `generation` bumped on spec
@@ -58,6 +60,7 @@
 //!   as merge, server-side apply treated as merge that may create; managedFields and list-map
 //!   merging are not modelled), DELETE (finalizers honoured, preconditions checked; a Namespace
 //!   takes its objects with it at once, without a Terminating phase), DELETE on a collection.
+//!   `dryRun` is not modelled (a dry-run write is applied).
 //!
 //! # Faults
 //!

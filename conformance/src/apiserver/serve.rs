@@ -234,6 +234,8 @@ async fn route(
     accept: &str,
 ) -> Result<Response<Body>, ApiError> {
     let aggregated = accept.contains("as=APIGroupDiscoveryList");
+    // kube's `Api<PartialObjectMeta<K>>` and client-go's metadata client ask for metadata only.
+    let partial = accept.contains("as=PartialObjectMetadata");
     let segs: Vec<&str> = path
         .trim_matches('/')
         .split('/')
@@ -279,7 +281,18 @@ async fn route(
             resource_list(&shared.store(), group, version).and_then(get_only)
         }
         ["api", version, rest @ ..] => {
-            resource(shared, req, method, "", version, rest, query, content_type).await
+            resource(
+                shared,
+                req,
+                method,
+                "",
+                version,
+                rest,
+                query,
+                content_type,
+                partial,
+            )
+            .await
         }
         ["apis", group, version, rest @ ..] => {
             resource(
@@ -291,6 +304,7 @@ async fn route(
                 rest,
                 query,
                 content_type,
+                partial,
             )
             .await
         }
@@ -463,6 +477,7 @@ async fn resource(
     rest: &[&str],
     query: &str,
     content_type: &str,
+    partial: bool,
 ) -> Result<Response<Body>, ApiError> {
     let target = parse_target(&shared.store(), group, version, rest)?;
     let q = Query::parse(query);
@@ -484,12 +499,14 @@ async fn resource(
     };
     let ns = target.ns.as_deref();
     match (method.clone(), target.name.as_deref()) {
-        (Method::GET, None) if q.flag("watch") => watch(shared, &target, &q),
-        (Method::GET, None) => list(shared, &target, &q).map(|v| json_response(StatusCode::OK, &v)),
+        (Method::GET, None) if q.flag("watch") => watch(shared, &target, &q, partial),
+        (Method::GET, None) => {
+            list(shared, &target, &q, partial).map(|v| json_response(StatusCode::OK, &v))
+        }
         (Method::GET, Some(name)) => shared
             .store()
             .get(target.res, ns, name)
-            .map(|v| json_response(StatusCode::OK, &v)),
+            .map(|v| json_response(StatusCode::OK, &if partial { metadata_only(&v) } else { v })),
         (Method::POST, None) => {
             let obj = json_body()?;
             shared
@@ -596,7 +613,12 @@ fn filter_of(store: &Store, target: &Target, q: &Query) -> Result<Filter, ApiErr
     })
 }
 
-fn list(shared: &Shared, target: &Target, q: &Query) -> Result<Value, ApiError> {
+/// The `meta.k8s.io/v1` `PartialObjectMetadata` of an object.
+fn metadata_only(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]})
+}
+
+fn list(shared: &Shared, target: &Target, q: &Query, partial: bool) -> Result<Value, ApiError> {
     let store = shared.store();
     let filter = filter_of(&store, target, q)?;
     let limit: usize = match q.get("limit") {
@@ -632,6 +654,14 @@ fn list(shared: &Shared, target: &Target, q: &Query) -> Result<Value, ApiError> 
         metadata["remainingItemCount"] = remaining.into();
     }
     let r = &store.resources()[target.res];
+    if partial {
+        return Ok(json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadataList",
+            "metadata": metadata,
+            "items": items.iter().map(|(_, v)| metadata_only(v)).collect::<Vec<_>>(),
+        }));
+    }
     Ok(json!({
         "apiVersion": r.api_version(),
         "kind": format!("{}List", r.kind),
@@ -640,7 +670,12 @@ fn list(shared: &Shared, target: &Target, q: &Query) -> Result<Value, ApiError> 
     }))
 }
 
-fn watch(shared: &Arc<Shared>, target: &Target, q: &Query) -> Result<Response<Body>, ApiError> {
+fn watch(
+    shared: &Arc<Shared>,
+    target: &Target,
+    q: &Query,
+    partial: bool,
+) -> Result<Response<Body>, ApiError> {
     let mut store = shared.store();
     let filter = filter_of(&store, target, q)?;
     let bookmarks = q.flag("allowWatchBookmarks");
@@ -679,8 +714,17 @@ fn watch(shared: &Arc<Shared>, target: &Target, q: &Query) -> Result<Response<Bo
         bookmarks,
         initial_events,
         timeout,
-        api_version: r.api_version(),
-        kind: r.kind,
+        api_version: if partial {
+            "meta.k8s.io/v1".into()
+        } else {
+            r.api_version()
+        },
+        kind: if partial {
+            "PartialObjectMetadata".into()
+        } else {
+            r.kind
+        },
+        partial,
     };
     tokio::spawn(run_watch(shared.clone(), spec, opened, tx));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -707,6 +751,7 @@ struct WatchSpec {
     timeout: Duration,
     kind: String,
     api_version: String,
+    partial: bool,
 }
 
 impl WatchSpec {
@@ -722,9 +767,13 @@ impl WatchSpec {
     }
 
     fn line(&self, ev: &Event) -> Option<Bytes> {
-        self.filter
-            .translate(ev)
-            .map(|(kind, obj)| watch_line(kind, obj))
+        self.filter.translate(ev).map(|(kind, obj)| {
+            if self.partial {
+                watch_line(kind, &metadata_only(obj))
+            } else {
+                watch_line(kind, obj)
+            }
+        })
     }
 }
 
