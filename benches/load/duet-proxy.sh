@@ -4,7 +4,8 @@
 #   PROXY_CMD='/path/to/duet/benches/load/duet-proxy.sh $PORT $UPSTREAM_ADDR' ./proxy-bench.sh
 # Writes a manifest folder with one host-less Ingress whose Service has one pod at the bench's
 # upstream address, then execs duet in the foreground with one Tokio worker (the harness pins it
-# to one core). DUET_BIN overrides the binary (default: target/release/duet of this checkout).
+# to one core) and the access log off. DUET_BIN overrides the binary (default:
+# target/release/duet of this checkout).
 set -euo pipefail
 port=$1
 upstream=$2 # host:port, IPv6 bracketed
@@ -52,6 +53,7 @@ spec:
 YAML
 export TOKIO_WORKER_THREADS=${TOKIO_WORKER_THREADS:-1}
 export DUET_LOG=${DUET_LOG:-warn}
-exec "$bin" serve --manifests "$dir" \
+# The access log is off like nginx's in the bench config; metrics are on (they cannot be turned off).
+exec "$bin" serve --manifests "$dir" --access-log off \
   --http-listen "127.0.0.1:$port" --http-listen "[::1]:$port" \
   --admin-listen "127.0.0.1:$((port + 1))" --admin-listen "[::1]:$((port + 1))"

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::index::{Change, Impact, Index, NsName};
+use crate::metrics::ControllerMetrics;
 use crate::source::SourceEvent;
 use crate::translate::{self, Diagnostic, RoutePlan};
 
@@ -88,6 +89,7 @@ pub struct App {
     diagnostics: Diagnostics,
     pending: Impact,
     synced: bool,
+    metrics: Option<ControllerMetrics>,
     observers: Observers,
 }
 
@@ -114,6 +116,7 @@ impl App {
             pending: Impact::default(),
             synced: false,
             observers: Observers::default(),
+            metrics: None,
         }
     }
 
@@ -147,6 +150,12 @@ impl App {
         });
     }
 
+    /// Records build times and diagnostics in `metrics`.
+    pub fn with_metrics(mut self, metrics: ControllerMetrics) -> App {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// The diagnostics handle (for `/debug/routes`).
     pub fn diagnostics(&self) -> Diagnostics {
         self.diagnostics.clone()
@@ -169,6 +178,7 @@ impl App {
     /// Rebuilds from the stored state and publishes, unless nothing changed since the last
     /// publish. Returns the published snapshot.
     pub fn publish(&mut self) -> Option<Arc<Snapshot>> {
+        let started = std::time::Instant::now();
         let pending = std::mem::take(&mut self.pending);
         let config = &self.config.translate;
         let rebuild_routes = self.plan.is_none() || pending.routes;
@@ -226,6 +236,9 @@ impl App {
             "Snapshot applied"
         );
         self.runtime.apply(snapshot.clone());
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_build(started.elapsed());
+        }
         self.published = Some(snapshot.clone());
         self.announce_live();
         Some(snapshot)
@@ -272,6 +285,9 @@ impl App {
             })
             .collect();
         self.diagnostics.set(shared);
+        if let Some(metrics) = &self.metrics {
+            metrics.set_diagnostics(&all);
+        }
         self.reported = all.into_iter().collect();
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use dataplane::access_log::AccessLogFormat;
 use dataplane::forwarded::{Cidr, TrustedProxies};
 use dataplane::{FamilyPolicy, LbPolicy, ProxyConfig};
 
@@ -119,6 +120,15 @@ pub struct ServeArgs {
         value_parser = ["all", "http", "https"]
     )]
     pub proxy_protocol: Option<String>,
+
+    /// Access log on stdout: json (one JSON object per request) or off.
+    #[arg(long, value_name = "FORMAT", default_value = "json", value_parser = parse_access_log)]
+    pub access_log: AccessLogFormat,
+}
+
+fn parse_access_log(s: &str) -> Result<AccessLogFormat, String> {
+    s.parse()
+        .map_err(|e: dataplane::table::UnknownName| e.to_string())
 }
 
 fn parse_cidr(s: &str) -> Result<Cidr, String> {
@@ -195,6 +205,8 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Kubernetes mode settings (unused with `--manifests`).
     pub kube: KubeConfig,
+    /// The access log's format.
+    pub access_log: AccessLogFormat,
     /// Edge settings of the proxy listeners: trusted proxies and PROXY protocol.
     pub edge: Edge,
 }
@@ -332,6 +344,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             proxy_protocol_http: matches!(args.proxy_protocol.as_deref(), Some("all" | "http")),
             proxy_protocol_https: matches!(args.proxy_protocol.as_deref(), Some("all" | "https")),
         },
+        access_log: args.access_log,
     })
 }
 
@@ -492,6 +505,20 @@ mod tests {
         assert_eq!(c.translate.lb, LbPolicy::P2c);
         assert_eq!(c.proxy.connect_timeout, Duration::from_secs(5));
         assert_eq!(c.proxy.response_timeout, Duration::from_secs(60));
+        assert_eq!(c.access_log, AccessLogFormat::Json);
+    }
+
+    #[test]
+    fn access_log_flag() {
+        assert_eq!(
+            serve(&["--access-log", "off"]).unwrap().access_log,
+            AccessLogFormat::Off
+        );
+        let line = usage(&["--access-log", "text"]);
+        assert!(
+            line.contains("'--access-log'") && line.contains("json, off"),
+            "{line}"
+        );
     }
 
     #[test]

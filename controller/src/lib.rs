@@ -10,6 +10,7 @@ pub mod config;
 pub mod events;
 pub mod index;
 pub mod leader;
+pub mod metrics;
 pub mod source;
 pub mod status;
 pub mod translate;

@@ -12,8 +12,12 @@ use anyhow::Context as _;
 use controller::app::{App, AppConfig};
 use controller::cluster;
 use controller::config::{self, Config, ConfigError, Listen, EXIT_USAGE};
+use controller::metrics::ControllerMetrics;
 use controller::source::files;
+use dataplane::access_log::{AccessLog, AccessLogFormat};
 use dataplane::listen::{self, BindError, ServeOptions};
+use dataplane::metrics::Metrics;
+use dataplane::observe::Telemetry;
 use dataplane::proxy::Proxy;
 use dataplane::Runtime;
 use futures_util::future::join_all;
@@ -122,9 +126,19 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let admin = bind_all("admin", &config.admin_listen)?;
     let https = bind_all("HTTPS", &config.https_listen)?;
 
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let controller_metrics = ControllerMetrics::register(&mut registry);
+    let access_log = match config.access_log {
+        AccessLogFormat::Json => {
+            Some(AccessLog::stdout(metrics.clone()).context("cannot start the access log")?)
+        }
+        AccessLogFormat::Off => None,
+    };
+    let telemetry = Telemetry::new(registry, metrics.clone(), access_log);
     let mut proxy_config = config.proxy.clone();
     proxy_config.https_listen = https.iter().map(|(addr, _)| *addr).collect();
-    let runtime = Runtime::new(proxy_config);
+    let runtime = Runtime::with_telemetry(proxy_config, telemetry);
     let proxy = Proxy::new(runtime.clone());
     let options = ServeOptions {
         header_read_timeout: config.proxy.header_read_timeout,
@@ -132,6 +146,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         tls: None,
         proxy_protocol: None,
         trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
+        connections: None,
     };
     let pp_timeout = config.proxy.proxy_protocol_timeout;
     let http_options = ServeOptions {
@@ -146,7 +161,8 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     };
 
     let (events_tx, events_rx) = mpsc::channel(64);
-    let mut app = App::new(AppConfig::new(config.translate.clone()), runtime.clone());
+    let mut app = App::new(AppConfig::new(config.translate.clone()), runtime.clone())
+        .with_metrics(controller_metrics);
     let mut extra = app.diagnostics().debug_extra();
     // Kept for the life of the process: the Kubernetes mode tasks.
     let cluster = match source {
@@ -174,6 +190,10 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let proxies = plain.chain(secure).map(|((addr, listener), options)| {
         let proxy = proxy.clone();
         let handler = move |req, conn| proxy.clone().handle(req, conn);
+        let options = ServeOptions {
+            connections: Some(metrics.listener(addr)),
+            ..options.clone()
+        };
         let task = tokio::spawn(listen::serve(
             listener,
             options,
@@ -219,6 +239,11 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         second = signals.next() => {
             tracing::warn!(signal = second, "Second signal; exiting without waiting");
         }
+    }
+    if let Some(log) = runtime.telemetry().access_log() {
+        let log = log.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || log.flush(std::time::Duration::from_secs(2))).await;
     }
     Ok(())
 }

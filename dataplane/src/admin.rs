@@ -1,4 +1,5 @@
-//! Admin endpoints: `/healthz`, `/readyz` and `/debug/routes` (the live table as JSON).
+//! Admin endpoints: `/healthz`, `/readyz`, `/metrics` (Prometheus) and `/debug/routes` (the live
+//! table as JSON).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ pub async fn handle(
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if runtime.is_ready() => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/metrics" => metrics(&runtime, &req),
         "/debug/routes" => {
             let live = runtime.load_full();
             let mut doc = serde_json::json!({
@@ -50,6 +52,40 @@ pub async fn handle(
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
+}
+
+/// The registry in the Prometheus text format (0.0.4), or in OpenMetrics when the scraper asks
+/// for it (Prometheus does).
+fn metrics(runtime: &Runtime, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    use prometheus_client::encoding::{prometheus_text, text};
+    let openmetrics = req
+        .headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    let registry = runtime.telemetry().registry();
+    let mut body = String::with_capacity(16 * 1024);
+    let (encoded, content_type) = if openmetrics {
+        (
+            text::encode(&mut body, registry),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+    } else {
+        (
+            prometheus_text::encode(&mut body, registry),
+            prometheus_text::CONTENT_TYPE,
+        )
+    };
+    if encoded.is_err() {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n");
+    }
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::SERVER, "duet")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_default()
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

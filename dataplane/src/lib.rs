@@ -2,10 +2,13 @@
 //! the HTTP proxy and the admin endpoints. It never talks to Kubernetes: the controller hands it
 //! whole snapshots through [`Runtime::apply`].
 
+pub mod access_log;
 pub mod admin;
 pub mod balance;
 pub mod forwarded;
 pub mod listen;
+pub mod metrics;
+pub mod observe;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod runtime;

@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::forwarded::TrustedProxies;
+use crate::metrics::ConnectionMetrics;
 use crate::proxy_protocol::{self, Header};
 use crate::table::{normalize_addr, Family};
 
@@ -137,6 +138,8 @@ pub struct ServeOptions {
     /// Peers whose forwarding headers are appended to (after PROXY protocol, the carried
     /// client address is the peer).
     pub trusted_proxies: Arc<TrustedProxies>,
+    /// Counters of accepted and open connections (`None`: not counted).
+    pub connections: Option<ConnectionMetrics>,
 }
 
 /// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
@@ -180,6 +183,7 @@ where
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
         let mut info = ConnInfo::new(peer, local);
+        let connections = options.connections.clone();
         let handler = handler.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
@@ -203,6 +207,8 @@ where
                 }
             }
             info.trusted = trusted.trusts(info.peer.ip());
+            // Counted by the client's family, after a PROXY protocol header replaced it.
+            let _open = connections.as_ref().map(|c| c.open(info.family));
             let (io, info) = match tls {
                 None => (Stream::Plain(stream), info),
                 Some(acceptor) => {

@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 
 use crate::balance::InFlight;
 use crate::listen::ConnInfo;
+use crate::observe::Exchange;
 use crate::runtime::Runtime;
 use crate::table::BackendId;
 
@@ -89,6 +90,8 @@ impl ProxyError {
 pub struct ProxyBody {
     inner: Either<Incoming, Full<Bytes>>,
     _in_flight: Option<InFlight>,
+    /// Records the request (metrics, access log) when the body is done or dropped.
+    exchange: Option<Exchange>,
 }
 
 impl ProxyBody {
@@ -96,6 +99,7 @@ impl ProxyBody {
         ProxyBody {
             inner: Either::Right(Full::new(bytes)),
             _in_flight: None,
+            exchange: None,
         }
     }
 }
@@ -108,12 +112,17 @@ impl Body for ProxyBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match &mut self.get_mut().inner {
+        let this = self.get_mut();
+        let polled = match &mut this.inner {
             Either::Left(incoming) => Pin::new(incoming).poll_frame(cx),
             Either::Right(full) => Pin::new(full)
                 .poll_frame(cx)
                 .map_err(|never| match never {}),
+        };
+        if let (Poll::Ready(Some(Ok(frame))), Some(exchange)) = (&polled, &mut this.exchange) {
+            exchange.add_bytes(frame.data_ref().map_or(0, Bytes::len));
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -210,7 +219,8 @@ impl Proxy {
         req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Result<Response<ProxyBody>, Infallible> {
-        let mut res = match self.forward(req, &conn).await {
+        let mut exchange = self.runtime.telemetry().exchange(&req, &conn);
+        let mut res = match self.forward(req, &conn, &mut exchange).await {
             Ok(res) => res,
             Err(error) => {
                 tracing::trace!(%error, client.addr = %conn.peer, "Answered locally");
@@ -219,6 +229,8 @@ impl Proxy {
         };
         res.headers_mut()
             .insert(header::SERVER, HeaderValue::from_static("duet"));
+        exchange.set_status(res.status().as_u16());
+        res.body_mut().exchange = Some(exchange);
         Ok(res)
     }
 
@@ -226,6 +238,7 @@ impl Proxy {
         &self,
         mut req: Request<Incoming>,
         conn: &ConnInfo,
+        exchange: &mut Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let live = self.runtime.load_full();
         let host = request_host(&req).unwrap_or_default();
@@ -235,9 +248,11 @@ impl Proxy {
             .find(&host, req.uri().path())
             .ok_or(ProxyError::NoRoute)?;
         let action = matched.action;
+        exchange.matched(&live, action);
         if action.redirect_https && !conn.tls {
             return Ok(self.redirect(&req, &host, conn));
         }
+        let preferred = action.policy.order(conn.family)[0].unwrap_or(conn.family);
         let backend = live
             .backends
             .get(&action.backend)
@@ -258,6 +273,7 @@ impl Proxy {
             tried.push(pick.index);
             let state = &backend.states[pick.index];
             for (family, addr) in pick.addrs.into_iter().flatten() {
+                exchange.upstream_begin();
                 let (sender, fresh) = match self.pool.take(addr, config.upstream_idle_timeout) {
                     Some(sender) => (sender, false),
                     None => match connect(addr, config.connect_timeout).await {
@@ -267,7 +283,9 @@ impl Proxy {
                         }
                         Err(error) => {
                             tracing::trace!(%error, upstream.addr = %addr, "Connect failed");
+                            exchange.connect_failed(family);
                             if state.record_failure(family) {
+                                exchange.ejected(family);
                                 tracing::warn!(
                                     backend = %backend.id(),
                                     target = %backend.backend.targets[pick.index].id,
@@ -287,6 +305,7 @@ impl Proxy {
                     .await
                 {
                     Ok(mut res) => {
+                        exchange.upstream_done(family, addr, preferred);
                         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
                         strip_hop_by_hop(res.headers_mut(), switching);
                         if switching {
@@ -297,14 +316,21 @@ impl Proxy {
                         return Ok(res.map(|body| ProxyBody {
                             inner: Either::Left(body),
                             _in_flight: Some(in_flight),
+                            exchange: None,
                         }));
                     }
-                    Err(SendError::Failed(error)) => return Err(error),
+                    Err(SendError::Failed(error)) => {
+                        exchange.upstream_done(family, addr, preferred);
+                        return Err(error);
+                    }
                     Err(SendError::Unsent(request, error)) => {
                         // Connecting to this address again failed: nothing was sent, so the
                         // request may go to the other family or another target.
                         req = Some(*request);
-                        state.record_failure(family);
+                        exchange.connect_failed(family);
+                        if state.record_failure(family) {
+                            exchange.ejected(family);
+                        }
                         last_error = Some(error);
                     }
                 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, Guard};
 
 use crate::balance::LiveBackend;
+use crate::metrics::LiveMetrics;
+use crate::observe::Telemetry;
 use crate::table::{BackendId, Family, Snapshot};
 
 /// Timeouts and limits of the proxy, parsed once at start.
@@ -71,6 +73,8 @@ pub struct Live {
     pub snapshot: Arc<Snapshot>,
     /// Backends with their balancer state.
     pub backends: HashMap<BackendId, Arc<LiveBackend>>,
+    /// Metric handles of the snapshot's routes.
+    pub metrics: LiveMetrics,
 }
 
 /// The dataplane's shared state: the live snapshot, readiness and configuration.
@@ -82,18 +86,30 @@ pub struct Runtime {
     apply_lock: Mutex<()>,
     /// Proxy timeouts and limits.
     pub config: ProxyConfig,
+    telemetry: Telemetry,
 }
 
 impl Runtime {
     /// A runtime with an empty table, not ready until the first [`Runtime::apply`].
     pub fn new(config: ProxyConfig) -> Arc<Runtime> {
+        Runtime::with_telemetry(config, Telemetry::standalone())
+    }
+
+    /// A runtime recording metrics and access-log lines through `telemetry`.
+    pub fn with_telemetry(config: ProxyConfig, telemetry: Telemetry) -> Arc<Runtime> {
         Arc::new(Runtime {
             live: ArcSwap::from_pointee(Live::default()),
             applied: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             apply_lock: Mutex::new(()),
             config,
+            telemetry,
         })
+    }
+
+    /// Metrics and access log.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 
     /// Publishes a snapshot. Backends whose `Arc` is unchanged keep their live state object;
@@ -101,6 +117,7 @@ impl Runtime {
     pub fn apply(&self, snapshot: Arc<Snapshot>) {
         let _one_at_a_time = self.apply_lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.live.load_full();
+        let mut backends_changed = old.backends.len() != snapshot.backends.len();
         let backends = snapshot
             .backends
             .iter()
@@ -108,12 +125,22 @@ impl Runtime {
                 let previous = old.backends.get(id);
                 let live = match previous {
                     Some(p) if Arc::ptr_eq(&p.backend, backend) => p.clone(),
-                    _ => Arc::new(LiveBackend::new(backend.clone(), previous.map(|p| &**p))),
+                    _ => {
+                        backends_changed = true;
+                        Arc::new(LiveBackend::new(backend.clone(), previous.map(|p| &**p)))
+                    }
                 };
                 (id.clone(), live)
             })
             .collect();
-        self.live.store(Arc::new(Live { snapshot, backends }));
+        let metrics = self.telemetry.metrics();
+        let route_metrics = LiveMetrics::build(metrics, &snapshot, &old.metrics);
+        metrics.snapshot_applied(&snapshot, backends_changed);
+        self.live.store(Arc::new(Live {
+            snapshot,
+            backends,
+            metrics: route_metrics,
+        }));
         self.applied.store(true, Ordering::Release);
     }
 

@@ -44,6 +44,22 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Reason; 12] = [
+        Reason::MissingService,
+        Reason::UnknownServicePort,
+        Reason::MissingSecret,
+        Reason::ConflictingPath,
+        Reason::InvalidPath,
+        Reason::InvalidHost,
+        Reason::InvalidAnnotation,
+        Reason::DuplicateDefaultBackend,
+        Reason::UnsupportedBackend,
+        Reason::UnsupportedAddressType,
+        Reason::InvalidEndpoint,
+        Reason::UnknownEndpointPort,
+    ];
+
     /// The reason's name.
     pub fn as_str(self) -> &'static str {
         match self {

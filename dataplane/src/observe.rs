@@ -1,0 +1,192 @@
+//! What a request leaves behind: [`Exchange`] follows one request through the proxy and, when its
+//! response is done (or the client went away), records its metrics and queues its access-log
+//! line. [`Telemetry`] holds the registry, the metric families and the access log.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{header, Request};
+use prometheus_client::registry::Registry;
+
+use crate::access_log::{AccessLog, Entry};
+use crate::listen::ConnInfo;
+use crate::metrics::{method_index, Metrics, Observation, RouteMetrics};
+use crate::runtime::Live;
+use crate::table::{Family, RouteAction};
+
+/// The metric registry (everything `/metrics` shows), the dataplane's families and the access log.
+#[derive(Debug)]
+pub struct Telemetry {
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    access_log: Option<AccessLog>,
+    unmatched: Arc<RouteMetrics>,
+}
+
+impl Telemetry {
+    /// Telemetry over a registry in which `metrics` (and any other component's families) are
+    /// registered.
+    pub fn new(
+        registry: Registry,
+        metrics: Arc<Metrics>,
+        access_log: Option<AccessLog>,
+    ) -> Telemetry {
+        Telemetry {
+            registry,
+            unmatched: Arc::new(RouteMetrics::unmatched(metrics.clone())),
+            metrics,
+            access_log,
+        }
+    }
+
+    /// A registry with the dataplane's families only, and no access log.
+    pub fn standalone() -> Telemetry {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        Telemetry::new(registry, metrics, None)
+    }
+
+    /// Everything `/metrics` shows.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The dataplane's families.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The access log, when enabled.
+    pub fn access_log(&self) -> Option<&AccessLog> {
+        self.access_log.as_ref()
+    }
+
+    /// Starts following a request.
+    pub fn exchange<B>(&self, req: &Request<B>, conn: &ConnInfo) -> Exchange {
+        let log = self.access_log.as_ref().map(|log| {
+            let host = match req.uri().authority() {
+                Some(a) => http::HeaderValue::from_str(a.as_str()).ok(),
+                None => req.headers().get(header::HOST).cloned(),
+            };
+            (
+                log.clone(),
+                Box::new(Entry {
+                    time: SystemTime::now(),
+                    client: conn.peer,
+                    listener: conn.local,
+                    host,
+                    method: req.method().clone(),
+                    uri: req.uri().clone(),
+                    version: req.version(),
+                    status: 0,
+                    bytes: 0,
+                    duration: Duration::ZERO,
+                    upstream: None,
+                    upstream_time: None,
+                    route: None,
+                    tls: None,
+                }),
+            )
+        });
+        Exchange {
+            start: Instant::now(),
+            method: method_index(req.method()),
+            client: conn.family,
+            route: self.unmatched.clone(),
+            upstream: None,
+            upstream_started: None,
+            upstream_time: None,
+            status: 0,
+            bytes: 0,
+            log,
+        }
+    }
+}
+
+/// One request on its way through the proxy; records itself when dropped (which the proxy
+/// arranges for when the response body is done). A request dropped before a status was set is
+/// recorded as 499 (the client went away), as nginx does.
+#[derive(Debug)]
+pub struct Exchange {
+    start: Instant,
+    method: u8,
+    client: Family,
+    route: Arc<RouteMetrics>,
+    upstream: Option<(Family, SocketAddr)>,
+    upstream_started: Option<Instant>,
+    upstream_time: Option<Duration>,
+    status: u16,
+    bytes: u64,
+    log: Option<(AccessLog, Box<Entry>)>,
+}
+
+impl Exchange {
+    /// The request matched a route of `live`.
+    pub fn matched(&mut self, live: &Live, action: &RouteAction) {
+        if let Some(route) = live.metrics.route(action) {
+            self.route = route.clone();
+        }
+        if let Some((_, entry)) = &mut self.log {
+            entry.route = Some(self.route.route_labels());
+        }
+    }
+
+    /// A connection attempt over `family` failed.
+    pub fn connect_failed(&self, family: Family) {
+        self.route.connect_failed(family);
+    }
+
+    /// A family of a target was ejected after failures.
+    pub fn ejected(&self, family: Family) {
+        self.route.ejected(family);
+    }
+
+    /// The request is about to go to an upstream address (connect included).
+    pub fn upstream_begin(&mut self) {
+        self.upstream_started = Some(Instant::now());
+    }
+
+    /// The request was sent to `addr` over `family` and answered (or failed after being sent);
+    /// `preferred` is the family the policy prefers for this client.
+    pub fn upstream_done(&mut self, family: Family, addr: SocketAddr, preferred: Family) {
+        self.upstream = Some((family, addr));
+        self.upstream_time = self.upstream_started.map(|s| s.elapsed());
+        if family != preferred {
+            self.route.fell_back(family);
+        }
+    }
+
+    /// The status code sent to the client.
+    pub fn set_status(&mut self, status: u16) {
+        self.status = status;
+    }
+
+    /// Response body bytes sent.
+    pub fn add_bytes(&mut self, n: usize) {
+        self.bytes += n as u64;
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let duration = self.start.elapsed();
+        let status = if self.status == 0 { 499 } else { self.status };
+        self.route.observe(&Observation {
+            method: self.method,
+            code: status,
+            client: self.client,
+            upstream: self.upstream.map(|(f, _)| f),
+            duration,
+            upstream_time: self.upstream_time,
+        });
+        if let Some((log, mut entry)) = self.log.take() {
+            entry.status = status;
+            entry.bytes = self.bytes;
+            entry.duration = duration;
+            entry.upstream = self.upstream.map(|(_, a)| a);
+            entry.upstream_time = self.upstream_time;
+            log.log(entry);
+        }
+    }
+}
