@@ -319,10 +319,23 @@ mod tests {
 
     #[test]
     fn binds_each_family_separately_on_one_port() {
-        let v4 = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let port = v4.local_addr().unwrap().port();
-        // With IPV6_V6ONLY the IPv6 socket does not claim the IPv4 port space, so both bind.
-        let v6 = bind(SocketAddr::from(([0u16, 0, 0, 0, 0, 0, 0, 1], port))).unwrap();
+        // With IPV6_V6ONLY the IPv6 socket does not claim the IPv4 port space, so both bind. (The
+        // IPv6 port may be taken by another process: then try another port, a few times.)
+        let (_v4, v6, port) = (0..10)
+            .find_map(|_| {
+                let v4 = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                let port = v4.local_addr().unwrap().port();
+                match bind(SocketAddr::from(([0u16, 0, 0, 0, 0, 0, 0, 1], port))) {
+                    Ok(v6) => Some((v4, v6, port)),
+                    Err(BindError::Bind { source, .. })
+                        if source.kind() == io::ErrorKind::AddrInUse =>
+                    {
+                        None
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            })
+            .expect("a port free on both families");
         assert_eq!(v6.local_addr().unwrap().port(), port);
         let again = bind(SocketAddr::from(([127, 0, 0, 1], port)));
         assert!(matches!(again, Err(BindError::Bind { .. })), "{again:?}");
