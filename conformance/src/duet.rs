@@ -24,6 +24,7 @@ pub struct DuetBuilder {
     source: Source,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    until_ready: bool,
 }
 
 /// Where the `duet` under test reads objects from.
@@ -44,6 +45,7 @@ impl DuetBuilder {
             source: Source::Manifests(manifests.as_ref().to_owned()),
             args: Vec::new(),
             env: Vec::new(),
+            until_ready: true,
         }
     }
 
@@ -55,6 +57,7 @@ impl DuetBuilder {
             source: Source::Kubeconfig(kubeconfig.as_ref().to_owned()),
             args: Vec::new(),
             env: Vec::new(),
+            until_ready: true,
         }
     }
 
@@ -65,6 +68,13 @@ impl DuetBuilder {
         S: Into<String>,
     {
         self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Makes [`DuetBuilder::start`] return once the admin listener answers, whatever `/readyz`
+    /// says (to watch readiness itself).
+    pub fn without_waiting_for_ready(mut self) -> DuetBuilder {
+        self.until_ready = false;
         self
     }
 
@@ -139,7 +149,7 @@ impl DuetBuilder {
             admin,
             log,
         };
-        match duet.wait_ready().await {
+        match duet.wait_ready(self.until_ready).await {
             Ok(()) => Ok(duet),
             Err(e) => {
                 let logs = duet.logs();
@@ -264,7 +274,8 @@ impl Duet {
         Ok(())
     }
 
-    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+    /// Waits for `/readyz` to answer 200 (any answer unless `until_ready`).
+    async fn wait_ready(&mut self, until_ready: bool) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         let addr = self.admin(Family::V4);
         loop {
@@ -272,7 +283,7 @@ impl Duet {
                 bail!("duet exited before it was ready ({status})");
             }
             let last = match client::get(addr, "localhost", "/readyz").await {
-                Ok(r) if r.status == 200 => return Ok(()),
+                Ok(r) if r.status == 200 || !until_ready => return Ok(()),
                 Ok(r) => format!("/readyz answered {}", r.status),
                 Err(e) => format!("{e:#}"),
             };

@@ -6,8 +6,8 @@
 //! read `resourceVersion`, so a concurrent writer gets 409 Conflict and loses); another replica
 //! takes it over only once the holder has not renewed for a whole `lease_duration` **as observed
 //! on its own clock** (the Lease's `resourceVersion` did not change), never by comparing
-//! timestamps written by other machines. A holder that cannot renew for `lease_duration` steps
-//! down by itself. On shutdown the leader releases the Lease (empty holder), so another replica
+//! timestamps written by other machines. A holder that cannot renew for two thirds of
+//! `lease_duration` steps down by itself, before anyone can take over. On shutdown the leader releases the Lease (empty holder), so another replica
 //! takes over at its next attempt instead of waiting for expiry.
 
 use std::time::Duration;
@@ -36,6 +36,12 @@ pub struct ElectionConfig {
 }
 
 impl ElectionConfig {
+    /// How long a leader that cannot renew keeps acting as leader: two thirds of the lease
+    /// duration, so it has stepped down before another replica can take over.
+    pub fn renew_deadline(&self) -> Duration {
+        self.lease_duration * 2 / 3
+    }
+
     /// How often the Lease is read, renewed or tried.
     pub fn retry_period(&self) -> Duration {
         (self.lease_duration / 3).max(Duration::from_millis(100))
@@ -104,9 +110,10 @@ pub fn spawn(api: Api<Lease>, config: ElectionConfig) -> Elector {
                 }
                 Err(error) => {
                     tracing::warn!(lease = %config.name, %error, "Lease update failed");
-                    // Still leading until the Lease could have expired for the others.
+                    // Still leading until the renew deadline, well before the Lease can
+                    // expire for the others.
                     *leading_tx.borrow()
-                        && renewed_at.is_some_and(|at| now - at < config.lease_duration)
+                        && renewed_at.is_some_and(|at| now - at < config.renew_deadline())
                 }
             };
             leading_tx.send_if_modified(|was| {
@@ -254,5 +261,6 @@ mod tests {
             lease_duration: Duration::from_secs(15),
         };
         assert_eq!(config.retry_period(), Duration::from_secs(5));
+        assert_eq!(config.renew_deadline(), Duration::from_secs(10));
     }
 }

@@ -1,6 +1,6 @@
 //! Kubernetes mode end to end: the real `duet` binary watching the test API server (on
-//! 127.0.0.1 and on [::1]), clients of both families. Routes go live within a second of creating
-//! an Ingress; scaling EndpointSlices swaps targets without rebuilding routes; a relist after
+//! 127.0.0.1 and on [::1]), clients of both families. `/readyz` is 503 until every watch has
+//! listed; `--watch-namespace` scopes the watches; routes go live within a second of creating an Ingress; scaling EndpointSlices swaps targets without rebuilding routes; a relist after
 //! `410 Gone` that hides a delete converges; an API outage of 10 s leaves traffic served from the
 //! last snapshot and the controller catches up once the API is back.
 
@@ -101,6 +101,79 @@ async fn routes_go_live_and_endpoint_changes_keep_the_routes_api_on_ipv4() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_go_live_and_endpoint_changes_keep_the_routes_api_on_ipv6() -> anyhow::Result<()> {
     routes_go_live_and_endpoint_changes_keep_the_routes(Family::V6).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_until_every_watch_has_listed() -> anyhow::Result<()> {
+    let api = api(Family::V6)?;
+    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
+    apply(&api, &pods.manifests())?;
+    apply(
+        &api,
+        &[Ingress::new("kube", "a").host("a.test", "web").build()],
+    )?;
+    api.fail_for(503, Duration::from_secs(60));
+    let duet = conformance::DuetBuilder::kube(DUET, api.kubeconfig())
+        .without_waiting_for_ready()
+        .start()
+        .await?;
+    let failing = Instant::now();
+    while failing.elapsed() < Duration::from_millis(1500) {
+        for family in Family::BOTH {
+            let ready = duet.admin_get(family, "/readyz").await?;
+            client::expect_status(&ready, 503)?;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    api.heal();
+    client::eventually("ready once the API answers", LIVE, || async {
+        client::expect_status(&duet.admin_get(Family::V4, "/readyz").await?, 200)
+    })
+    .await?;
+    // The first snapshot is complete: the route works from the moment duet is ready.
+    for family in Family::BOTH {
+        let reply = client::get(duet.http(family), "a.test", "/").await?;
+        client::expect_status(&reply, 200)?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_namespace_scopes_what_is_served() -> anyhow::Result<()> {
+    let api = api(Family::V4)?;
+    let shop = Fleet::start("shop", "web", &[PodSpec::dual("shop-pod")])?;
+    let blog = Fleet::start("blog", "web", &[PodSpec::dual("blog-pod")])?;
+    let news = Fleet::start("news", "web", &[PodSpec::dual("news-pod")])?;
+    for fleet in [&shop, &blog, &news] {
+        apply(&api, &fleet.manifests())?;
+        let ns = fleet.namespace();
+        let host = format!("{ns}.test");
+        apply(&api, &[Ingress::new(ns, "web").host(&host, "web").build()])?;
+    }
+    let duet = duet(
+        &api,
+        &["--watch-namespace", "shop", "--watch-namespace", "news"],
+    )
+    .await?;
+    until_pods(&duet, "shop.test", &["shop-pod"]).await?;
+    until_pods(&duet, "news.test", &["news-pod"]).await?;
+    until_status(&duet, "blog.test", 404).await?;
+    // Watches are per namespace: nothing asks for the whole cluster's Ingresses.
+    let cluster_wide = api
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/apis/networking.k8s.io/v1/ingresses")
+        .count();
+    assert_eq!(cluster_wide, 0);
+    // A later change in a watched namespace still arrives.
+    apply(
+        &api,
+        &[Ingress::new("news", "more")
+            .host("more.test", "web")
+            .build()],
+    )?;
+    until_pods(&duet, "more.test", &["news-pod"]).await?;
+    Ok(())
 }
 
 async fn relist_after_410_converges(api_family: Family) -> anyhow::Result<()> {
