@@ -356,6 +356,8 @@ async fn write_loop(
             _ = changes.changed() => {}
             () = tokio::time::sleep(Duration::from_secs(2)), if retry => {}
         }
+        // Coalesce a burst of Ingress events into one pass over the store.
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

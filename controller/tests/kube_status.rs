@@ -211,8 +211,10 @@ async fn a_leader_that_dies_is_replaced_after_the_lease_expires() -> anyhow::Res
     .await?;
     let took = killed.elapsed();
     println!("leader killed -> new leader after {took:?} (lease 2 s)");
+    // The follower waits a whole lease (2 s) from the last renewal it saw, which can be up to a
+    // retry period (2/3 s) before the kill; a released Lease would be taken within 2/3 s.
     assert!(
-        took >= Duration::from_millis(1500),
+        took >= Duration::from_secs(1),
         "took over before the lease expired: {took:?}"
     );
     Ok(())
