@@ -158,7 +158,13 @@ async fn two_replicas_one_writer(api_family: Family) -> anyhow::Result<()> {
         )],
     )?;
     until_status_addresses(&api, "kube", "web", &["10.96.0.12", "fd00::12"]).await?;
-    assert_eq!(follower.logs().matches(UPDATED).count(), 1);
+    // The new leader logs its write once it has the API's answer.
+    client::eventually("the new leader logged its write", LIVE, || async {
+        let writes = follower.logs().matches(UPDATED).count();
+        anyhow::ensure!(writes == 1, "{writes} writes logged");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
