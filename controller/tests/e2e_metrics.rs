@@ -554,3 +554,59 @@ async fn prometheus_scrapes_both_admin_listeners() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_requests_log_version_and_sni_and_certificates_expose_expiry() -> anyhow::Result<()> {
+    let fleet = Fleet::start("e2e", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let cert = conformance::tls::cert(&["m.test"]);
+    dir.write(
+        "secret.yaml",
+        &[conformance::tls::secret("e2e", "m-cert", &cert)],
+    )?;
+    let ingress = Ingress::new("e2e", "web")
+        .host("m.test", "echo")
+        .tls(&["m.test"], "m-cert");
+    dir.write("ingress.yaml", &[ingress.build()])?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let (mut conn, _) =
+            conformance::Conn::https(duet.https(family), Some("m.test"), &["http/1.1"]).await?;
+        let reply = conn.get("m.test", &format!("/tls/{family}")).await?;
+        client::expect_status(&reply, 200)?;
+    }
+    let lines = eventually("access-log lines", Duration::from_secs(10), || async {
+        let lines: Vec<Value> = access_lines(&duet)
+            .into_iter()
+            .filter(|l| l["path"].as_str().is_some_and(|p| p.starts_with("/tls/")))
+            .collect();
+        ensure!(lines.len() == 2, "{} lines:\n{}", lines.len(), duet.logs());
+        Ok(lines)
+    })
+    .await?;
+    for family in Family::BOTH {
+        let line = lines
+            .iter()
+            .find(|l| l["client_family"] == family.as_str())
+            .with_context(|| format!("no {family} line: {lines:?}"))?;
+        assert_eq!(line["path"], format!("/tls/{family}").as_str(), "{line}");
+        assert_eq!(line["listener"], duet.https(family).to_string().as_str());
+        assert_eq!(line["tls_version"], "TLSv1.3", "{line}");
+        assert_eq!(line["sni"], "m.test", "{line}");
+        assert_eq!(line["status"], 200, "{line}");
+    }
+    let text = scrape(&duet, Family::V6).await?;
+    let expiry = sum(
+        &text,
+        "duet_tls_certificate_expiry_timestamp_seconds",
+        &[("secret", "e2e/m-cert")],
+    );
+    let want = dataplane::metrics::not_after(&cert.der)
+        .context("test certificate has a notAfter")?
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    assert_eq!(expiry, Some(want as f64), "{text}");
+    promtool_check(&text)?;
+    Ok(())
+}

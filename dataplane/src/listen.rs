@@ -91,6 +91,10 @@ pub struct ConnInfo {
     /// Whether the peer is a trusted proxy (`--trusted-proxies`): its forwarding headers are
     /// appended to instead of replaced.
     pub trusted: bool,
+    /// The negotiated TLS version (`TLSv1.3`), for TLS connections.
+    pub tls_version: Option<&'static str>,
+    /// The server name (SNI) the TLS client asked for.
+    pub sni: Option<Arc<str>>,
 }
 
 impl ConnInfo {
@@ -103,7 +107,20 @@ impl ConnInfo {
             local: normalize_addr(local),
             tls: false,
             trusted: false,
+            tls_version: None,
+            sni: None,
         }
+    }
+
+    /// The same connection with what its TLS handshake negotiated (version and SNI).
+    pub fn with_tls_session(mut self, session: &rustls::ServerConnection) -> ConnInfo {
+        self.tls_version = session.protocol_version().map(|v| match v {
+            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
+            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
+            _ => "TLS",
+        });
+        self.sni = session.server_name().map(Arc::from);
+        self
     }
 
     /// The same connection, marked as TLS.
@@ -213,7 +230,10 @@ where
                 None => (Stream::Plain(stream), info),
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => (Stream::Tls(Box::new(tls)), info.with_tls(true)),
+                        Ok(Ok(tls)) => {
+                            let info = info.with_tls(true).with_tls_session(tls.get_ref().1);
+                            (Stream::Tls(Box::new(tls)), info)
+                        }
                         Ok(Err(error)) => {
                             tracing::trace!(%error, client.addr = %info.peer, "TLS handshake failed");
                             return;

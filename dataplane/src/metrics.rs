@@ -291,7 +291,12 @@ impl Metrics {
     }
 
     /// Records a snapshot as applied now: version, time, and targets by kind.
-    pub fn snapshot_applied(&self, snapshot: &Snapshot, backends_changed: bool) {
+    pub fn snapshot_applied(
+        &self,
+        snapshot: &Snapshot,
+        backends_changed: bool,
+        certs_changed: bool,
+    ) {
         self.snapshot_version.set(snapshot.version as i64);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -299,6 +304,15 @@ impl Metrics {
         self.snapshot_applied.set(now.as_secs_f64());
         if backends_changed {
             self.set_backend_targets(snapshot);
+        }
+        if certs_changed {
+            self.clear_certificate_expiries();
+            for cert in snapshot.certs.certs() {
+                let leaf = cert.key.cert.first().and_then(|c| not_after(c));
+                if let Some(expires) = leaf {
+                    self.set_certificate_expiry(&cert.source, expires);
+                }
+            }
         }
     }
 
@@ -336,6 +350,65 @@ impl Metrics {
             }
         }
     }
+}
+
+/// The `notAfter` time of an X.509 certificate (DER), read from its `validity`.
+pub fn not_after(der: &[u8]) -> Option<SystemTime> {
+    /// One DER element: (tag, content, the bytes after it).
+    fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = b.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = if first < 0x80 {
+            (usize::from(first), rest)
+        } else {
+            let n = usize::from(first & 0x7f);
+            if n == 0 || n > 4 || rest.len() < n {
+                return None;
+            }
+            let len = rest[..n]
+                .iter()
+                .fold(0usize, |a, &b| (a << 8) | usize::from(b));
+            (len, &rest[n..])
+        };
+        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+    }
+    let (_, cert, _) = tlv(der)?;
+    let (_, tbs, _) = tlv(cert)?;
+    let mut rest = tbs;
+    let (tag, _, after) = tlv(rest)?;
+    if tag == 0xa0 {
+        rest = after; // [0] version
+    }
+    for _ in 0..3 {
+        rest = tlv(rest)?.2; // serial, signature algorithm, issuer
+    }
+    let (_, validity, _) = tlv(rest)?;
+    let (_, after_not_before) = tlv(validity).map(|(_, _, r)| ((), r))?;
+    let (tag, time, _) = tlv(after_not_before)?;
+    let text = std::str::from_utf8(time).ok()?.strip_suffix('Z')?;
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy: i64 = text.get(..2)?.parse().ok()?;
+            (if yy < 50 { 2000 + yy } else { 1900 + yy }, text.get(2..)?)
+        }
+        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
+        _ => return None,
+    };
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { rest.get(r)?.parse().ok() };
+    let (month, day) = (num(0..2)?, num(2..4)?);
+    let (hour, minute, second) = (num(4..6)?, num(6..8)?, num(8..10)?);
+    // Days since 1970-01-01 from a civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second;
+    u64::try_from(secs)
+        .ok()
+        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
 }
 
 /// `namespace/service:port` -> (`namespace`, `service`).
@@ -862,7 +935,7 @@ mod tests {
         snapshot
             .backends
             .insert(backend.id.clone(), Arc::new(backend));
-        metrics.snapshot_applied(&snapshot, true);
+        metrics.snapshot_applied(&snapshot, true, false);
         let text = encode(&registry);
         for line in [
             r#"duet_backend_targets{namespace="shop",service="api",kind="dual"} 1"#,
@@ -895,6 +968,23 @@ mod tests {
             text.contains(r#"duet_connections_total{listener="[::1]:8080",family="ipv6"} 2"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn certificate_expiry_from_der() {
+        for (y, m, d, unix) in [(2031, 5, 6, 1_935_792_000u64), (2051, 1, 2, 2_556_230_400)] {
+            let mut params = rcgen::CertificateParams::new(vec!["a.test".to_owned()]).unwrap();
+            params.not_after = rcgen::date_time_ymd(y, m, d);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = params.self_signed(&key).unwrap();
+            assert_eq!(
+                not_after(cert.der()),
+                Some(UNIX_EPOCH + Duration::from_secs(unix)),
+                "{y}-{m}-{d}"
+            );
+        }
+        assert_eq!(not_after(b"\x30\x03\x02\x01\x00"), None);
+        assert_eq!(not_after(&[]), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::{header, Request};
 use prometheus_client::registry::Registry;
 
-use crate::access_log::{AccessLog, Entry};
+use crate::access_log::{AccessLog, Entry, TlsInfo};
 use crate::listen::ConnInfo;
 use crate::metrics::{method_index, Metrics, Observation, RouteMetrics};
 use crate::runtime::Live;
@@ -85,7 +85,10 @@ impl Telemetry {
                     upstream: None,
                     upstream_time: None,
                     route: None,
-                    tls: None,
+                    tls: conn.tls_version.map(|version| TlsInfo {
+                        version,
+                        sni: conn.sni.clone(),
+                    }),
                 }),
             )
         });

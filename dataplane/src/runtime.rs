@@ -135,7 +135,8 @@ impl Runtime {
             .collect();
         let metrics = self.telemetry.metrics();
         let route_metrics = LiveMetrics::build(metrics, &snapshot, &old.metrics);
-        metrics.snapshot_applied(&snapshot, backends_changed);
+        let certs_changed = !Arc::ptr_eq(&old.snapshot.certs, &snapshot.certs);
+        metrics.snapshot_applied(&snapshot, backends_changed, certs_changed);
         self.live.store(Arc::new(Live {
             snapshot,
             backends,

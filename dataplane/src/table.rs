@@ -595,6 +595,14 @@ impl CertTable {
         self.default.as_ref()
     }
 
+    /// Every certificate of the table (one per host entry, plus the default).
+    pub fn certs(&self) -> impl Iterator<Item = &Arc<TlsCert>> {
+        self.exact
+            .values()
+            .chain(self.wildcard.values())
+            .chain(self.default.iter())
+    }
+
     /// Whether the table has no certificate at all.
     pub fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.wildcard.is_empty() && self.default.is_none()
