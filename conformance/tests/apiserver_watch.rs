@@ -40,6 +40,7 @@ both_families!(
     expired_history_relists_and_hides_the_delete,
     streaming_list_sends_initial_events,
     metadata_watcher_sees_partial_objects,
+    watches_end_at_the_server_cap_and_events_arrive_promptly,
     dropped_watch_resumes_without_relisting,
     reset_watch_connection_resumes_without_relisting,
     server_outage_and_restart_converge,
@@ -350,6 +351,49 @@ async fn metadata_watcher_sees_partial_objects(family: Family) -> anyhow::Result
         Ok(())
     })
     .await
+}
+
+async fn watches_end_at_the_server_cap_and_events_arrive_promptly(
+    family: Family,
+) -> anyhow::Result<()> {
+    let options = Options {
+        bookmark_interval: Duration::from_secs(60),
+        max_watch_timeout: Some(Duration::from_millis(300)),
+        ..Options::default()
+    };
+    let api = ApiServer::start_with(std::net::SocketAddr::new(family.loopback(), 0), options)?;
+    let cms: Api<ConfigMap> = Api::namespaced(client(&api).await?, "demo");
+    let rv = api.resource_version().to_string();
+    let mut stream = cms
+        .watch(&WatchParams::default().timeout(290), &rv)
+        .await?
+        .boxed();
+    ensure!(
+        api.wait_for_watches(Some("configmaps"), 1, WAIT).await,
+        "watch never opened"
+    );
+    let started = std::time::Instant::now();
+    api.apply(cm("a", "web", "1"))?;
+    let first = tokio::time::timeout(WAIT, stream.next())
+        .await?
+        .context("stream ended")??;
+    let latency = started.elapsed();
+    ensure!(
+        matches!(&first, WatchEvent::Added(c) if c.name_any() == "a"),
+        "{first:?}"
+    );
+    ensure!(
+        latency < Duration::from_millis(200),
+        "event took {latency:?}"
+    );
+    println!("{family}: apply to ADDED on the client in {latency:?}");
+    // The client asked for 290 s; the server's 300 ms cap ends the response (cleanly) first.
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .context("watch outlived the cap")?;
+    ensure!(end.is_none(), "{end:?}");
+    ensure!(started.elapsed() < Duration::from_secs(2));
+    Ok(())
 }
 
 async fn dropped_watch_resumes_without_relisting(family: Family) -> anyhow::Result<()> {
