@@ -241,6 +241,33 @@ async fn crud_and_conflicts(family: Family) -> anyhow::Result<()> {
     ensure!(code(&cms.get("a").await.unwrap_err()) == Some(404));
     ensure!(code(&cms.delete("a", &DeleteParams::default()).await.unwrap_err()) == Some(404));
 
+    // Dry runs answer as the write would, and change nothing.
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let rv_before = api.resource_version();
+    let would = cms.create(&dry, &config_map("demo", "dry", &[])).await?;
+    ensure!(would.metadata.uid.is_some(), "{would:?}");
+    ensure!(code(&cms.get("dry").await.unwrap_err()) == Some(404));
+    let survivor = cms
+        .create(&PostParams::default(), &config_map("demo", "survivor", &[]))
+        .await?;
+    cms.delete(
+        "survivor",
+        &DeleteParams {
+            dry_run: true,
+            ..DeleteParams::default()
+        },
+    )
+    .await?;
+    let kept = cms.get("survivor").await?;
+    ensure!(kept.metadata.resource_version == survivor.metadata.resource_version);
+    ensure!(
+        api.resource_version() == rv_before + 1,
+        "only the real create moved the resourceVersion"
+    );
+
     // Finalizers hold a deletion until they are removed.
     let mut held = config_map("demo", "held", &[]);
     held.metadata.finalizers = Some(vec!["duet.dev/test".into()]);

@@ -60,7 +60,7 @@
 //!   as merge, server-side apply treated as merge that may create; managedFields and list-map
 //!   merging are not modelled), DELETE (finalizers honoured, preconditions checked; a Namespace
 //!   takes its objects with it at once, without a Terminating phase), DELETE on a collection.
-//!   `dryRun` is not modelled (a dry-run write is applied).
+//!   `dryRun=All` runs the write on a throwaway copy (answered, not stored, no event).
 //!
 //! # Faults
 //!

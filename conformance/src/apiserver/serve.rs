@@ -498,6 +498,22 @@ async fn resource(
             .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))
     };
     let ns = target.ns.as_deref();
+    // `dryRun=All`: the write runs against a throwaway copy of the store.
+    // (DeleteOptions carry it in the body, as a list.)
+    let dry_run = q.get("dryRun") == Some("All")
+        || (*method == Method::DELETE
+            && serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|o| o.get("dryRun").and_then(Value::as_array).cloned())
+                .is_some_and(|modes| modes.iter().any(|m| m == "All")));
+    let write = |f: &mut dyn FnMut(&mut Store) -> Result<Value, ApiError>| {
+        let mut store = shared.store();
+        if dry_run {
+            f(&mut store.scratch())
+        } else {
+            f(&mut store)
+        }
+    };
     match (method.clone(), target.name.as_deref()) {
         (Method::GET, None) if q.flag("watch") => watch(shared, &target, &q, partial),
         (Method::GET, None) => {
@@ -508,18 +524,22 @@ async fn resource(
             .get(target.res, ns, name)
             .map(|v| json_response(StatusCode::OK, &if partial { metadata_only(&v) } else { v })),
         (Method::POST, None) => {
-            let obj = json_body()?;
-            shared
-                .store()
-                .create_in(target.res, ns, obj)
+            let mut obj = Some(json_body()?);
+            write(&mut |s| s.create_in(target.res, ns, obj.take().unwrap_or_default()))
                 .map(|v| json_response(StatusCode::CREATED, &v))
         }
         (Method::PUT, Some(name)) => {
-            let obj = json_body()?;
-            shared
-                .store()
-                .update(target.res, ns, name, obj, target.status)
-                .map(|v| json_response(StatusCode::OK, &v))
+            let mut obj = Some(json_body()?);
+            write(&mut |s| {
+                s.update(
+                    target.res,
+                    ns,
+                    name,
+                    obj.take().unwrap_or_default(),
+                    target.status,
+                )
+            })
+            .map(|v| json_response(StatusCode::OK, &v))
         }
         (Method::PATCH, Some(name)) => {
             let mime = content_type.split(';').next().unwrap_or("").trim();
@@ -544,9 +564,12 @@ async fn resource(
                     )))
                 }
             };
-            let mut store = shared.store();
-            let existed = store.get(target.res, ns, name).is_ok();
-            let out = store.patch(target.res, ns, name, kind, patch, target.status)?;
+            let existed = shared.store().get(target.res, ns, name).is_ok();
+            let mut patch = Some(patch);
+            let out = write(&mut |s| {
+                let patch = patch.take().unwrap_or_default();
+                s.patch(target.res, ns, name, kind, patch, target.status)
+            })?;
             let code = if existed {
                 StatusCode::OK
             } else {
@@ -566,14 +589,8 @@ async fn resource(
                     .and_then(Value::as_str)
                     .map(str::to_owned)
             };
-            shared
-                .store()
-                .delete(
-                    target.res,
-                    ns,
-                    name,
-                    (precondition("uid"), precondition("resourceVersion")),
-                )
+            let precondition = (precondition("uid"), precondition("resourceVersion"));
+            write(&mut |s| s.delete(target.res, ns, name, precondition.clone()))
                 .map(|v| json_response(StatusCode::OK, &v))
         }
         (Method::DELETE, None) => {

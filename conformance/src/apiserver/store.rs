@@ -252,6 +252,23 @@ impl Store {
         store
     }
 
+    /// A copy of the state without the open watches, for `dryRun` writes that must not persist
+    /// or notify anyone.
+    pub fn scratch(&self) -> Store {
+        Store {
+            resources: self.resources.clone(),
+            objects: self.objects.clone(),
+            rv: self.rv,
+            history: VecDeque::new(),
+            history_limit: self.history_limit,
+            compacted: self.rv,
+            subscribers: Vec::new(),
+            require_namespaces: self.require_namespaces,
+            random: self.random.clone(),
+            counter: self.counter + 1_000_000,
+        }
+    }
+
     /// Registers another resource (or replaces one with the same group, version and plural).
     pub fn register(&mut self, resource: Resource) {
         match self.resources.iter().position(|r| {
