@@ -6,10 +6,8 @@ checks that every series and label the dashboard queries exists.
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
-import socket
 import subprocess
 import threading
 import urllib.request
@@ -17,7 +15,7 @@ import urllib.request
 import pytest
 
 from test_chart import CHART, METRICS
-from test_install import Backend, Server6, binary, free_port, get, poll_get
+from test_install import Backend, Server6, binary, free_port, free_port_both, get, wait_ready
 
 # Needs a TLS Secret to appear; its name is checked against the list only.
 NEEDS_TLS = {"duet_tls_certificate_expiry_timestamp_seconds"}
@@ -87,31 +85,37 @@ def dashboard_queries() -> list[str]:
 
 @pytest.fixture
 def scraped(tmp_path):
-    port = free_port("::1")
-    backend = Server6(("::1", port), Backend)
+    backend = Server6(("::1", 0), Backend)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     closed = free_port("127.0.0.1")  # nothing listens there: IPv4 connects are refused
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "app.yaml").write_text(MANIFESTS.format(open=port, closed=closed))
-    http_port, admin_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    duet = subprocess.Popen(
-        [binary("duet", "controller"), "serve", "--manifests", tmp_path / "m",
-         f"--http-listen=127.0.0.1:{http_port}", f"--http-listen=[::1]:{http_port}",
-         f"--https-listen=127.0.0.1:{free_port('127.0.0.1')}", f"--admin-listen=127.0.0.1:{admin_port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    (tmp_path / "m" / "app.yaml").write_text(MANIFESTS.format(open=backend.server_address[1], closed=closed))
     try:
-        poll_get(f"http://127.0.0.1:{admin_port}/readyz", "admin", 200, 20, duet)
-        for base in (f"http://127.0.0.1:{http_port}", f"http://[::1]:{http_port}"):
-            for _ in range(4):
-                assert get(base + "/", "web.test") == (200, "backend via ipv6\n")
-            assert get(base + "/", "unknown.test")[0] == 404
-        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as response:
-            yield response.read().decode()
+        # Start again on fresh ports if another process took one before duet bound it.
+        for attempt in range(5):
+            http_port, admin_port = free_port_both(), free_port("127.0.0.1")
+            duet = subprocess.Popen(
+                [binary("duet", "controller"), "serve", "--manifests", tmp_path / "m",
+                 f"--http-listen=127.0.0.1:{http_port}", f"--http-listen=[::1]:{http_port}",
+                 f"--https-listen=127.0.0.1:{free_port('127.0.0.1')}", f"--admin-listen=127.0.0.1:{admin_port}"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            if wait_ready(admin_port, duet):
+                break
+        else:
+            pytest.fail("duet did not start in 5 attempts")
+        try:
+            for base in (f"http://127.0.0.1:{http_port}", f"http://[::1]:{http_port}"):
+                for _ in range(4):
+                    assert get(base + "/", "web.test") == (200, "backend via ipv6\n")
+                assert get(base + "/", "unknown.test")[0] == 404
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as response:
+                yield response.read().decode()
+        finally:
+            duet.terminate()
+            duet.wait(timeout=40)
     finally:
-        duet.terminate()
-        duet.wait(timeout=40)
         backend.shutdown()
 
 

@@ -190,6 +190,34 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def free_port_both() -> int:
+    """A port free on both 127.0.0.1 and [::1] right now (other processes share this machine)."""
+    for _ in range(50):
+        port = free_port("127.0.0.1")
+        try:
+            with socket.socket(socket.AF_INET6) as s:
+                s.bind(("::1", port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no port free on both loopback families")
+
+
+def start_backends() -> list[http.server.ThreadingHTTPServer]:
+    """The backend on 127.0.0.1 and [::1] with one port, retried when another process takes it."""
+    for _ in range(20):
+        v4 = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+        try:
+            v6 = Server6(("::1", v4.server_address[1]), Backend)
+        except OSError:
+            v4.server_close()
+            continue
+        for server in (v4, v6):
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        return [v4, v6]
+    raise RuntimeError("no port free on both loopback families")
+
+
 def get(url: str, host: str) -> tuple[int, str]:
     req = urllib.request.Request(url, headers={"Host": host})
     try:
@@ -254,12 +282,7 @@ def test_duet_serves_the_chart_ingress_class_from_the_api_server(apiserver, tmp_
     with helm.Config(namespace=NAMESPACE, kubeconfig_path=str(apiserver.kubeconfig), storage_driver="memory") as cfg:
         assert install(cfg, {"ingressClass": {"default": default_class}})["status"] == "deployed"
 
-    servers = []
-    for host, cls in (("127.0.0.1", http.server.ThreadingHTTPServer), ("::1", Server6)):
-        port = servers[0].server_address[1] if servers else free_port("127.0.0.1")
-        server = cls((host, port), Backend)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
+    servers = start_backends()
     backend_port = servers[0].server_address[1]
     for path, body in app_objects(backend_port):
         status, answer = apiserver.request("POST", path, body)
@@ -267,26 +290,49 @@ def test_duet_serves_the_chart_ingress_class_from_the_api_server(apiserver, tmp_
 
     deployment = apiserver.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{FULLNAME}")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    http_port, admin_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    args = [a for a in container["args"] if not a.startswith(("--http-listen", "--https-listen", "--admin-listen"))]
-    args += [f"--http-listen=127.0.0.1:{http_port}", f"--http-listen=[::1]:{http_port}", f"--admin-listen=127.0.0.1:{admin_port}",
-             f"--https-listen=127.0.0.1:{free_port('127.0.0.1')}", f"--kubeconfig={apiserver.kubeconfig}"]
+    chart_args = [a for a in container["args"] if not a.startswith(("--http-listen", "--https-listen", "--admin-listen"))]
     env = {"PATH": "/usr/bin:/bin", "DUET_LOG": "info", "POD_NAME": "edge-duet-0", "POD_NAMESPACE": NAMESPACE}
-    log = open(tmp_path / "duet.log", "w")
-    duet = subprocess.Popen([binary("duet", "controller"), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        check_served(http_port, admin_port, default_class, duet)
-        check_status_published(apiserver, duet)
-    except BaseException:
-        log.flush()
-        print((tmp_path / "duet.log").read_text()[-4000:])
-        raise
+        # Another process on this shared machine may take a chosen port before duet binds it:
+        # start again on fresh ports when duet exits before it is ready.
+        for attempt in range(5):
+            http_port, admin_port, https_port = free_port_both(), free_port("127.0.0.1"), free_port("127.0.0.1")
+            args = chart_args + [f"--http-listen=127.0.0.1:{http_port}", f"--http-listen=[::1]:{http_port}",
+                                 f"--admin-listen=127.0.0.1:{admin_port}", f"--https-listen=127.0.0.1:{https_port}",
+                                 f"--kubeconfig={apiserver.kubeconfig}"]
+            log = open(tmp_path / "duet.log", "w")
+            duet = subprocess.Popen([binary("duet", "controller"), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+            if wait_ready(admin_port, duet):
+                break
+            log.close()
+        else:
+            pytest.fail("duet did not start in 5 attempts")
+        try:
+            check_served(http_port, admin_port, default_class, duet)
+            check_status_published(apiserver, duet)
+        except BaseException:
+            log.flush()
+            print((tmp_path / "duet.log").read_text()[-4000:])
+            raise
+        finally:
+            duet.terminate()
+            duet.wait(timeout=40)
+            log.close()
     finally:
-        duet.terminate()
-        duet.wait(timeout=40)
-        log.close()
         for server in servers:
             server.shutdown()
+
+
+def wait_ready(admin_port: int, duet: subprocess.Popen, deadline_s: float = 20) -> bool:
+    """Polls /readyz until 200 (True) or duet exits (False)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if duet.poll() is not None:
+            return False
+        if get(f"http://127.0.0.1:{admin_port}/readyz", "admin")[0] == 200:
+            return True
+        time.sleep(0.05)
+    pytest.fail(f"duet not ready after {deadline_s} s")
 
 
 def poll_get(url: str, host: str, expected: tuple[int, str] | int, deadline_s: float, process: subprocess.Popen):
@@ -299,7 +345,6 @@ def poll_get(url: str, host: str, expected: tuple[int, str] | int, deadline_s: f
 
 
 def check_served(http_port: int, admin_port: int, default_class: bool, duet: subprocess.Popen):
-    poll_get(f"http://127.0.0.1:{admin_port}/readyz", "admin", 200, 20, duet)
     for base, family in ((f"http://127.0.0.1:{http_port}", "ipv4"), (f"http://[::1]:{http_port}", "ipv6")):
         poll_get(base + "/", "ours.test", (200, f"backend via {family}\n"), 5, duet)
         assert get(base + "/", "theirs.test")[0] == 404
