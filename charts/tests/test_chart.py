@@ -335,6 +335,7 @@ def test_args_wire_listeners_class_and_publish_service():
     assert f["--controller-name"] == [ingress_class["spec"]["controller"]] == ["duet.dev/ingress-controller"]
     assert f["--upstream-family"] == ["PreferSameFamily"]
     assert f["--lb"] == ["p2c"]
+    assert f["--access-log"] == ["json"]
     assert "--watch-namespace" not in f and "--watch-ingress-without-class" not in f
     assert "--manifests" not in f
     env = {e["name"]: e for e in c["env"]}
@@ -355,6 +356,7 @@ def test_args_for_options():
             "extraArgs": ["--connect-timeout=2s"],
             "defaultTLSSecret": "ingress-duet/wildcard",
             "proxyProtocol": "https",
+            "accessLog": "off",
             "trustedProxies": ["10.0.0.0/8", "fd00::/8"],
         },
         "ingressClass": {"name": "edge"},
@@ -372,6 +374,7 @@ def test_args_for_options():
     assert f["--connect-timeout"] == ["2s"]
     assert f["--default-tls-secret"] == ["ingress-duet/wildcard"]
     assert f["--proxy-protocol"] == ["https"]
+    assert f["--access-log"] == ["off"]
     assert f["--trusted-proxies"] == ["10.0.0.0/8,fd00::/8"]
     defaults = flags(container(render())["args"])
     assert not {"--default-tls-secret", "--proxy-protocol", "--trusted-proxies"} & set(defaults)

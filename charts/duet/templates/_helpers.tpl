@@ -122,6 +122,7 @@ app.kubernetes.io/part-of: duet
 {{- else if .Values.controller.publishService.enabled }}
 - "--publish-service={{ .Release.Namespace }}/{{ include "duet.fullname" . }}"
 {{- end }}
+- "--access-log={{ .Values.controller.accessLog }}"
 {{- with .Values.controller.defaultTLSSecret }}
 - "--default-tls-secret={{ . }}"
 {{- end }}
