@@ -1,0 +1,264 @@
+//! `duet-conformance`: runs Ingress conformance `.feature` files (the upstream ones unmodified,
+//! and duet's own) with cucumber against a mini cluster, once per address family.
+
+pub mod cluster;
+pub mod parse;
+pub mod steps;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use cucumber::event::ScenarioFinished;
+use cucumber::{StatsWriter, World as _};
+
+use crate::echo::Family;
+use steps::{ConformanceWorld, Shared, FAMILY, SHARED};
+
+/// Which families to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Profile {
+    /// Connect to the IPv4 status address.
+    Ipv4,
+    /// Connect to the IPv6 status address.
+    Ipv6,
+    /// Both, in sequence.
+    Both,
+}
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "duet-conformance",
+    about = "Run Ingress conformance features against duet"
+)]
+pub struct Cli {
+    /// Feature files or folders (default: the upstream features beside the checkout).
+    #[arg(value_name = "PATH")]
+    pub features: Vec<PathBuf>,
+    /// Address family profile.
+    #[arg(long, value_enum, default_value = "both")]
+    pub family: Profile,
+    /// How long the ingress_class scenario waits for a status that must not appear.
+    #[arg(long, value_name = "SECONDS", default_value = "30")]
+    pub ingress_class_wait: u64,
+    /// How long a status address may take to appear.
+    #[arg(long, value_name = "SECONDS", default_value = "60")]
+    pub status_timeout: u64,
+    /// The duet binary (default: `duet` next to this program).
+    #[arg(long, value_name = "PATH")]
+    pub duet: Option<PathBuf>,
+    /// Write a JUnit XML report here.
+    #[arg(long, value_name = "PATH")]
+    pub junit: Option<PathBuf>,
+    /// Only scenarios whose name contains this text.
+    #[arg(long, value_name = "TEXT")]
+    pub name: Option<String>,
+}
+
+/// The default feature folder, relative to the repository root.
+pub const DEFAULT_FEATURES: &str = "../shared/conformance/upstream-ingress/features";
+
+/// One finished scenario.
+#[derive(Clone, Debug)]
+struct Outcome {
+    profile: &'static str,
+    feature: String,
+    scenario: String,
+    result: Result_,
+    seconds: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Result_ {
+    Passed,
+    Failed(String),
+    Skipped,
+}
+
+/// Runs the CLI; returns the process exit code.
+pub async fn main(cli: Cli) -> anyhow::Result<i32> {
+    let started = Instant::now();
+    let duet = match &cli.duet {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no folder of this program")?
+            .join("duet"),
+    };
+    let features = if cli.features.is_empty() {
+        vec![PathBuf::from(DEFAULT_FEATURES)]
+    } else {
+        cli.features.clone()
+    };
+    for f in &features {
+        anyhow::ensure!(f.exists(), "no features at {}", f.display());
+    }
+    let cluster = cluster::Cluster::start(&duet).await?;
+    SHARED
+        .set(Shared {
+            cluster,
+            class_wait: Duration::from_secs(cli.ingress_class_wait),
+            status_timeout: Duration::from_secs(cli.status_timeout),
+        })
+        .map_err(|_| anyhow::anyhow!("started twice"))?;
+    let profiles: &[Family] = match cli.family {
+        Profile::Ipv4 => &[Family::V4],
+        Profile::Ipv6 => &[Family::V6],
+        Profile::Both => &[Family::V4, Family::V6],
+    };
+    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let mut any_failed = false;
+    for &family in profiles {
+        let profile = match family {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        };
+        println!("==== profile {profile} ====");
+        FAMILY.with(|f| f.set(family));
+        for path in &features {
+            let writer = run_features(path.clone(), profile, &cli, outcomes.clone()).await;
+            any_failed |= writer.execution_has_failed();
+        }
+    }
+    let outcomes = outcomes.lock().expect("outcomes lock").clone();
+    let passed = outcomes
+        .iter()
+        .filter(|o| o.result == Result_::Passed)
+        .count();
+    let failed = outcomes
+        .iter()
+        .filter(|o| matches!(o.result, Result_::Failed(_)))
+        .count();
+    let skipped = outcomes
+        .iter()
+        .filter(|o| o.result == Result_::Skipped)
+        .count();
+    for profile in ["ipv4", "ipv6"] {
+        let mine: Vec<&Outcome> = outcomes.iter().filter(|o| o.profile == profile).collect();
+        if !mine.is_empty() {
+            let ok = mine.iter().filter(|o| o.result == Result_::Passed).count();
+            println!("profile {profile}: {ok} of {} scenarios passed", mine.len());
+        }
+    }
+    if let Some(path) = &cli.junit {
+        std::fs::write(path, junit(&outcomes))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("suite took {:.1} s", started.elapsed().as_secs_f64());
+    if skipped > 0 {
+        println!("{passed} passed, {failed} failed, {skipped} skipped");
+    } else {
+        println!("{passed} passed, {failed} failed");
+    }
+    Ok(if failed > 0 || any_failed || outcomes.is_empty() {
+        1
+    } else {
+        0
+    })
+}
+
+async fn run_features(
+    path: PathBuf,
+    profile: &'static str,
+    cli: &Cli,
+    outcomes: Arc<Mutex<Vec<Outcome>>>,
+) -> impl StatsWriter<ConformanceWorld> {
+    let mut cucumber = ConformanceWorld::cucumber::<PathBuf>().with_parser(parse::GodogParser);
+    for (re, f) in steps::steps() {
+        cucumber = cucumber
+            .given(re.clone(), f)
+            .when(re.clone(), f)
+            .then(re, f);
+    }
+    let filter = cli.name.clone();
+    let starts: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let before_starts = starts.clone();
+    cucumber
+        .max_concurrent_scenarios(1)
+        .with_cli(cucumber::cli::Opts::<_, _, _, cucumber::cli::Empty>::default())
+        .before(move |_, _, _, _| {
+            *before_starts.lock().expect("lock") = Some(Instant::now());
+            Box::pin(async {})
+        })
+        .after(move |feature, _, scenario, finished, world| {
+            let seconds = starts
+                .lock()
+                .expect("lock")
+                .map(|s| s.elapsed().as_secs_f64())
+                .unwrap_or_default();
+            let result = match finished {
+                ScenarioFinished::StepFailed(_, _, e) => Result_::Failed(format!("{e:?}")),
+                ScenarioFinished::BeforeHookFailed(e) => Result_::Failed(format!("{e:?}")),
+                ScenarioFinished::StepPassed => Result_::Passed,
+                ScenarioFinished::StepSkipped => Result_::Skipped,
+            };
+            outcomes.lock().expect("lock").push(Outcome {
+                profile,
+                feature: feature.name.clone(),
+                scenario: scenario.name.clone(),
+                result,
+                seconds,
+            });
+            let ns = world.and_then(|w| w.namespace.take());
+            Box::pin(async move {
+                if let Some(ns) = ns {
+                    SHARED.get().expect("cluster").cluster.delete_namespace(&ns);
+                }
+            })
+        })
+        .filter_run(path, move |_, _, scenario| {
+            filter.as_deref().is_none_or(|f| scenario.name.contains(f))
+        })
+        .await
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn junit(outcomes: &[Outcome]) -> String {
+    let failures = outcomes
+        .iter()
+        .filter(|o| matches!(o.result, Result_::Failed(_)))
+        .count();
+    let skipped = outcomes
+        .iter()
+        .filter(|o| o.result == Result_::Skipped)
+        .count();
+    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        out,
+        "<testsuite name=\"duet-conformance\" tests=\"{}\" failures=\"{failures}\" skipped=\"{skipped}\">",
+        outcomes.len()
+    );
+    for o in outcomes {
+        let _ = write!(
+            out,
+            "  <testcase classname=\"{}.{}\" name=\"{}\" time=\"{:.3}\"",
+            o.profile,
+            xml_escape(&o.feature),
+            xml_escape(&o.scenario),
+            o.seconds
+        );
+        match &o.result {
+            Result_::Passed => out.push_str("/>\n"),
+            Result_::Skipped => out.push_str("><skipped/></testcase>\n"),
+            Result_::Failed(msg) => {
+                let _ = writeln!(
+                    out,
+                    "><failure message=\"{}\"/></testcase>",
+                    xml_escape(msg)
+                );
+            }
+        }
+    }
+    out.push_str("</testsuite>\n");
+    out
+}
