@@ -52,6 +52,7 @@ pub struct Captured {
     headers: HeaderMap,
     echo: Value,
     tls_verified: Option<String>,
+    client: Option<SocketAddr>,
 }
 
 /// The state of one scenario.
@@ -139,6 +140,22 @@ pub fn steps() -> Vec<(Regex, StepFn)> {
         (
             r"^all the responses status-code must be (\d+) and the response body should contain the IP address of (\d+) different Kubernetes pods$",
             pods_seen,
+        ),
+        (
+            r"^the Ingress status must list an IPv4 and an IPv6 address$",
+            status_both,
+        ),
+        (
+            r"^the request must reach the pod over the client's address family$",
+            same_family,
+        ),
+        (
+            r#"^the request header "X-Forwarded-For" must be the client's address$"#,
+            xff_is_client,
+        ),
+        (
+            r#"^the request header "Forwarded" must name the client's address$"#,
+            forwarded_is_client,
         ),
     ];
     table
@@ -345,18 +362,22 @@ async fn round_trip(
         }
         let req = req.body(Full::new(Bytes::new()))?;
         let to = shared().cluster.listener(Family::of(&to), &scheme);
-        let (reply, tls_verified): (Reply, Option<String>) = if scheme == "https" {
-            let sni = (!hostname.is_empty()).then_some(hostname.as_str());
-            let (mut c, hs) = Conn::https(to, sni, &[]).await?;
-            let reply = c.send(req).await?;
-            let verified = verified_name(&hs.cert, &hostname);
-            (reply, verified)
-        } else {
-            match conn.as_deref_mut() {
-                Some(c) => (c.send(req).await?, None),
-                None => (Conn::http1(to).await?.send(req).await?, None),
-            }
-        };
+        let (reply, tls_verified, client): (Reply, Option<String>, SocketAddr) =
+            if scheme == "https" {
+                let sni = (!hostname.is_empty()).then_some(hostname.as_str());
+                let (mut c, hs) = Conn::https(to, sni, &[]).await?;
+                let reply = c.send(req).await?;
+                let verified = verified_name(&hs.cert, &hostname);
+                (reply, verified, c.local_addr())
+            } else {
+                match conn.as_deref_mut() {
+                    Some(c) => (c.send(req).await?, None, c.local_addr()),
+                    None => {
+                        let mut c = Conn::http1(to).await?;
+                        (c.send(req).await?, None, c.local_addr())
+                    }
+                }
+            };
         let status = reply.status.as_u16();
         if [301, 302, 303, 307, 308].contains(&status) {
             let location = reply
@@ -384,6 +405,7 @@ async fn round_trip(
             headers: reply.headers,
             echo,
             tls_verified,
+            client: Some(client),
         });
     }
     bail!("more than 10 redirects")
@@ -598,6 +620,82 @@ async fn pods_seen_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Resul
         pods.len() == want,
         "expected {want} different pods but saw {}: {pods:?}",
         pods.len()
+    );
+    Ok(())
+}
+
+step!(status_both, status_both_impl);
+async fn status_both_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
+    let addrs = status_addresses(w)?;
+    let ips: Vec<IpAddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
+    ensure!(
+        ips.iter().any(IpAddr::is_ipv4) && ips.iter().any(IpAddr::is_ipv6),
+        "the status does not list both families: {addrs:?}"
+    );
+    Ok(())
+}
+
+fn client_ip(w: &ConformanceWorld) -> anyhow::Result<IpAddr> {
+    Ok(response(w)?
+        .client
+        .context("no client address recorded")?
+        .ip())
+}
+
+step!(same_family, same_family_impl);
+async fn same_family_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
+    let client = client_ip(w)?;
+    let local = echo_field(w, "local")?;
+    let local: SocketAddr = local
+        .parse()
+        .with_context(|| format!("the echo names no local address: {local:?}"))?;
+    ensure!(
+        local.is_ipv4() == client.is_ipv4(),
+        "a client at {client} reached the pod at {local}"
+    );
+    Ok(())
+}
+
+fn request_header(w: &ConformanceWorld, name: &str) -> anyhow::Result<Vec<String>> {
+    let headers = &response(w)?.echo["headers"];
+    Ok(headers
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        .flat_map(|(_, v)| v.as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect())
+}
+
+step!(xff_is_client, xff_is_client_impl);
+async fn xff_is_client_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
+    let want = client_ip(w)?.to_string();
+    let got = request_header(w, "X-Forwarded-For")?;
+    ensure!(
+        got == [want.clone()],
+        "X-Forwarded-For is {got:?}, not [{want:?}]"
+    );
+    Ok(())
+}
+
+step!(forwarded_is_client, forwarded_is_client_impl);
+async fn forwarded_is_client_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
+    // RFC 7239: the node is the address, optionally with the port; an IPv6 one is bracketed,
+    // and a node with a colon is quoted.
+    let client = response(w)?.client.context("no client address recorded")?;
+    let wants = match client.ip() {
+        IpAddr::V4(ip) => vec![format!("for={ip}"), format!("for=\"{client}\"")],
+        IpAddr::V6(ip) => vec![format!("for=\"[{ip}]\""), format!("for=\"{client}\"")],
+    };
+    let got = request_header(w, "Forwarded")?;
+    ensure!(
+        got.len() == 1
+            && got[0]
+                .split(';')
+                .any(|p| wants.iter().any(|w| p.trim().eq_ignore_ascii_case(w))),
+        "Forwarded is {got:?}, not naming the client as one of {wants:?}"
     );
     Ok(())
 }
