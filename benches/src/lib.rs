@@ -53,6 +53,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
                 created,
             },
             redirect_https: false,
+            max_body_bytes: 0,
         },
     }
 }

@@ -124,11 +124,21 @@ pub struct ServeArgs {
     /// Access log on stdout: json (one JSON object per request) or off.
     #[arg(long, value_name = "FORMAT", default_value = "json", value_parser = parse_access_log)]
     pub access_log: AccessLogFormat,
+
+    /// Largest request body (512, 8k, 10m; 0 = unlimited); larger declared bodies get 413 (per
+    /// Ingress: annotation duet.dev/proxy-body-size).
+    #[arg(long, value_name = "SIZE", default_value = "1m", value_parser = parse_size)]
+    pub max_body_size: u64,
 }
 
 fn parse_access_log(s: &str) -> Result<AccessLogFormat, String> {
     s.parse()
         .map_err(|e: dataplane::table::UnknownName| e.to_string())
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    dataplane::limits::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size (examples: 512, 8k, 10m, 0 for unlimited)"))
 }
 
 fn parse_cidr(s: &str) -> Result<Cidr, String> {
@@ -336,6 +346,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             family_policy: args.upstream_family,
             lb: args.lb,
             default_tls_secret: args.default_tls_secret,
+            max_body_bytes: args.max_body_size,
         },
         proxy,
         kube: kube_config(args.kube)?,
@@ -577,6 +588,11 @@ mod tests {
         assert!(!c.edge.proxy_protocol_http && c.edge.proxy_protocol_https);
         let line = usage(&["--trusted-proxies", "10.0.0.0/33"]);
         assert!(line.contains("'--trusted-proxies'"), "{line}");
+        assert_eq!(c.translate.max_body_bytes, 1 << 20);
+        let c = serve(&["--max-body-size", "0"]).unwrap();
+        assert_eq!(c.translate.max_body_bytes, 0);
+        let line = usage(&["--max-body-size", "big"]);
+        assert!(line.contains("'--max-body-size'"), "{line}");
         let line = usage(&["--proxy-protocol=tcp"]);
         assert!(
             line.contains("'--proxy-protocol") && line.contains("'tcp'"),

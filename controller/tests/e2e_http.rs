@@ -15,7 +15,9 @@ async fn setup() -> anyhow::Result<(Fleet, ManifestDir, Duet)> {
     let fleet = Fleet::start("e2e", "echo", &[PodSpec::dual("dual")])?;
     let dir = ManifestDir::with_class()?;
     dir.write("echo.yaml", &fleet.manifests())?;
+    // Bodies above the 1 MiB default are streamed in a test below.
     let ingress = Ingress::new("e2e", "echo")
+        .annotation("duet.dev/proxy-body-size", "8m")
         .host("hdr.test", "echo")
         .host("h2.test", "echo")
         .host("ws.test", "echo");

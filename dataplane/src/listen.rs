@@ -183,6 +183,7 @@ where
         .header_read_timeout(options.header_read_timeout)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
+    crate::limits::apply(&mut builder);
     let graceful = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {

@@ -784,6 +784,7 @@ mod tests {
                 created: 0,
             },
             redirect_https: false,
+            max_body_bytes: 0,
         }
     }
 

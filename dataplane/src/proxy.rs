@@ -44,6 +44,9 @@ pub enum ProxyError {
         #[source]
         source: io::Error,
     },
+    /// The declared request body is larger than the route allows (413).
+    #[error("request body too large")]
+    BodyTooLarge,
     /// The upstream did not send a response head in time (504).
     #[error("upstream timed out")]
     Timeout,
@@ -60,6 +63,7 @@ impl ProxyError {
             ProxyError::NoTarget(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -70,6 +74,7 @@ impl ProxyError {
             ProxyError::Connect { .. } => "502 cannot connect to upstream\n",
             ProxyError::Upstream(_) => "502 upstream connection failed\n",
             ProxyError::Timeout => "504 upstream timed out\n",
+            ProxyError::BodyTooLarge => "413 request body too large\n",
         }
     }
 
@@ -251,6 +256,9 @@ impl Proxy {
         exchange.matched(&live, action);
         if action.redirect_https && !conn.tls {
             return Ok(self.redirect(&req, &host, conn));
+        }
+        if body_too_large(req.headers(), action.max_body_bytes) {
+            return Err(ProxyError::BodyTooLarge);
         }
         let preferred = action.policy.order(conn.family)[0].unwrap_or(conn.family);
         let backend = live
@@ -500,6 +508,16 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+}
+
+/// Whether the declared `Content-Length` exceeds `max` (0: no limit).
+fn body_too_large(headers: &HeaderMap, max: u64) -> bool {
+    max > 0
+        && headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|len| len > max)
 }
 
 fn is_upgrade(headers: &HeaderMap) -> bool {

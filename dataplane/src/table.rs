@@ -252,6 +252,8 @@ pub struct RouteAction {
     /// and does not say `duet.dev/ssl-redirect: "false"`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub redirect_https: bool,
+    /// Largest request body accepted, in bytes (0: unlimited); larger declared bodies get 413.
+    pub max_body_bytes: u64,
 }
 
 /// The Ingress a rule came from; its age decides conflicts.
@@ -679,6 +681,7 @@ mod tests {
                 policy: FamilyPolicy::default(),
                 origin: origin(backend, created),
                 redirect_https: false,
+                max_body_bytes: 0,
             },
         }
     }

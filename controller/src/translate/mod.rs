@@ -28,7 +28,7 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{build_backends, join_targets};
-pub use routes::{plan_routes, UPSTREAM_FAMILY_ANNOTATION};
+pub use routes::{plan_routes, BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
 
 use crate::class::ClassConfig;
 use crate::index::{NsName, References};
@@ -44,6 +44,9 @@ pub struct Config {
     pub lb: LbPolicy,
     /// `--default-tls-secret`: the certificate for clients whose SNI matches no host.
     pub default_tls_secret: Option<NsName>,
+    /// `--max-body-size` in bytes (0: unlimited) for Ingresses without
+    /// `duet.dev/proxy-body-size`.
+    pub max_body_bytes: u64,
 }
 
 /// The objects to translate, in any order (translation sorts what it needs).

@@ -13,6 +13,7 @@
 //!   resolves (creationTimestamp, then namespace/name); later ones get `DuplicateDefaultBackend`.
 //! - `duet.dev/upstream-family` sets the route's family policy per Ingress; an invalid value is an
 //!   `InvalidAnnotation` diagnostic and the global policy applies.
+//! - `duet.dev/proxy-body-size` sets the route's request body limit per Ingress.
 //! - `spec.tls` feeds the certificate table and the HTTPS redirect (see `certs`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,6 +31,9 @@ use crate::index::{Kind, NsName, ObjectKey, References};
 
 /// The per-Ingress annotation overriding `--upstream-family`.
 pub const UPSTREAM_FAMILY_ANNOTATION: &str = "duet.dev/upstream-family";
+
+/// The per-Ingress annotation overriding `--max-body-size` (`512`, `8k`, `10m`, `0` = unlimited).
+pub const BODY_SIZE_ANNOTATION: &str = "duet.dev/proxy-body-size";
 
 /// Where a rule's host puts it in the table.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -150,6 +154,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             .ingresses
             .insert(NsName::new(&*origin.namespace, &*origin.name));
         let policy = b.policy(&key, ingress, config.family_policy);
+        let max_body_bytes = b.body_size(&key, ingress, config.max_body_bytes);
         let Some(spec) = ingress.spec.as_ref() else {
             continue;
         };
@@ -165,6 +170,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             policy,
                             origin: origin.clone(),
                             redirect_https: tls.redirects(""),
+                            max_body_bytes,
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -228,6 +234,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         policy,
                         origin: origin.clone(),
                         redirect_https: tls.redirects(&host.display()),
+                        max_body_bytes,
                     },
                 });
             }
@@ -340,6 +347,29 @@ impl Builder<'_> {
                     key.clone(),
                     Reason::InvalidAnnotation,
                     format!("{UPSTREAM_FAMILY_ANNOTATION}: {error}; using {global:?}"),
+                ));
+                global
+            }
+        }
+    }
+
+    /// The largest request body of an Ingress: its `duet.dev/proxy-body-size`, else the global.
+    fn body_size(&mut self, key: &ObjectKey, ingress: &Ingress, global: u64) -> u64 {
+        let value = ingress
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(BODY_SIZE_ANNOTATION));
+        match value.map(|v| (v, dataplane::limits::parse_size(v))) {
+            None => global,
+            Some((_, Some(size))) => size,
+            Some((v, None)) => {
+                self.diagnostics.push(Diagnostic::new(
+                    key.clone(),
+                    Reason::InvalidAnnotation,
+                    format!(
+                        "{BODY_SIZE_ANNOTATION}: {v:?} is not a size like 512, 8k or 10m; using {global} bytes"
+                    ),
                 ));
                 global
             }

@@ -1,0 +1,81 @@
+//! End to end, over real sockets on 127.0.0.1 and [::1]: client-side limits. Request heads over
+//! 32 KiB get 431 (HTTP/1.1) or are refused (HTTP/2); declared bodies over the route's limit get
+//! 413 (1 MiB by default, per Ingress with `duet.dev/proxy-body-size`).
+
+use conformance::bytes::Bytes;
+use conformance::client::{self, Conn};
+use conformance::http::Method;
+use conformance::http_body_util::Full;
+use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
+
+const DUET: &str = env!("CARGO_BIN_EXE_duet");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_heads_and_bodies_are_refused() -> anyhow::Result<()> {
+    let fleet = Fleet::start("lim", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let default = Ingress::new("lim", "default").host("default.test", "echo");
+    let small = Ingress::new("lim", "small")
+        .annotation("duet.dev/proxy-body-size", "4k")
+        .host("small.test", "echo");
+    let unlimited = Ingress::new("lim", "unlimited")
+        .annotation("duet.dev/proxy-body-size", "0")
+        .host("unlimited.test", "echo");
+    dir.write(
+        "ingress.yaml",
+        &[default.build(), small.build(), unlimited.build()],
+    )?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+
+    let big_header = "x".repeat(40 * 1024);
+    let fits_header = "x".repeat(16 * 1024);
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        // Heads.
+        let mut conn = Conn::http1(to).await?;
+        let req = client::request(Method::GET, "default.test", "/")
+            .header("x-fits", fits_header.as_str())
+            .body(Full::new(Bytes::new()))?;
+        client::expect_status(&conn.send(req).await?, 200)?;
+        let mut conn = Conn::http1(to).await?;
+        let req = client::request(Method::GET, "default.test", "/")
+            .header("x-big", big_header.as_str())
+            .body(Full::new(Bytes::new()))?;
+        client::expect_status(&conn.send(req).await?, 431)?;
+        let mut conn = Conn::http2(to).await?;
+        let req = client::request(Method::GET, "default.test", "/")
+            .header("x-big", big_header.as_str())
+            .body(Full::new(Bytes::new()))?;
+        // Refused with a stream reset (an error here) or an error status; never served.
+        if let Ok(reply) = conn.send(req).await {
+            assert_ne!(reply.status, 200, "{family}: h2 oversized head served");
+        }
+
+        // Bodies by declared length.
+        for (host, size, want) in [
+            ("default.test", 1024 * 1024, 200),
+            ("default.test", 1024 * 1024 + 1, 413),
+            ("small.test", 4096, 200),
+            ("small.test", 4097, 413),
+            ("unlimited.test", 3 * 1024 * 1024, 200),
+        ] {
+            let mut conn = Conn::http1(to).await?;
+            let req = client::request(Method::PUT, host, "/up")
+                .body(Full::new(Bytes::from(vec![b'b'; size])))?;
+            let reply = conn.send(req).await?;
+            assert_eq!(
+                reply.status,
+                want,
+                "{family} {host} {size}: {}",
+                reply.text()
+            );
+            if want == 200 {
+                assert_eq!(reply.echo()?.body_length, size as u64);
+            } else {
+                assert_eq!(reply.header("server"), Some("duet"));
+            }
+        }
+    }
+    Ok(())
+}
