@@ -1,7 +1,13 @@
 //! Limits of the client side, with defaults comparable to nginx's: request head size (431),
-//! request body size (413; per Ingress with `duet.dev/proxy-body-size`), and HTTP/2 stream limits
+//! request body size (413, declared or counted as it streams; per Ingress with
+//! `duet.dev/proxy-body-size`), and HTTP/2 stream limits
 //! against floods and rapid reset (CVE-2023-44487).
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Buf;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 
@@ -55,6 +61,86 @@ pub fn parse_size(s: &str) -> Option<u64> {
         _ => return None,
     };
     n.checked_mul(factor)
+}
+
+/// The error a [`Limited`] body fails with once its limit is passed.
+#[derive(Debug, thiserror::Error)]
+#[error("request body larger than {limit} bytes")]
+pub struct BodyTooLarge {
+    /// The limit in bytes.
+    pub limit: u64,
+}
+
+/// A request body that fails with [`BodyTooLarge`] once more than its limit has arrived, for
+/// bodies that declare no length (chunked HTTP/1.1, HTTP/2 without `content-length`) or lie about
+/// it. The upstream request is aborted then; the proxy answers 413 when no response has started.
+#[derive(Debug)]
+pub struct Limited<B> {
+    inner: B,
+    /// 0: unlimited.
+    limit: u64,
+    seen: u64,
+}
+
+impl<B> Limited<B> {
+    /// `inner`, failing after `limit` bytes (0: unlimited).
+    pub fn new(inner: B, limit: u64) -> Limited<B> {
+        Limited {
+            inner,
+            limit,
+            seen: 0,
+        }
+    }
+}
+
+impl<B> Body for Limited<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = B::Data;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.seen = this.seen.saturating_add(data.remaining() as u64);
+                    if this.limit > 0 && this.seen > this.limit {
+                        let error = BodyTooLarge { limit: this.limit };
+                        return Poll::Ready(Some(Err(Box::new(error))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(error.into()))),
+            other => other.map(|_| None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether an upstream error came from a [`Limited`] body passing its limit.
+pub fn body_too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if error.is::<BodyTooLarge>() {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::balance::InFlight;
+use crate::limits::{self, Limited};
 use crate::listen::ConnInfo;
 use crate::observe::Exchange;
 use crate::runtime::Runtime;
@@ -44,7 +45,8 @@ pub enum ProxyError {
         #[source]
         source: io::Error,
     },
-    /// The declared request body is larger than the route allows (413).
+    /// The request body is larger than the route allows (413): declared, or counted before any
+    /// response.
     #[error("request body too large")]
     BodyTooLarge,
     /// The upstream did not send a response head in time (504).
@@ -139,8 +141,9 @@ impl Body for ProxyBody {
     }
 }
 
-/// The body sent upstream: the client's stream, or nothing for a replayed bodyless request.
-type UpstreamBody = Either<Incoming, Empty<Bytes>>;
+/// The body sent upstream: the client's stream (counted against the route's body limit), or
+/// nothing for a replayed bodyless request.
+type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
 
 /// A pooled connection and when it went idle.
 type IdleConn = (SendRequest<UpstreamBody>, Instant);
@@ -273,7 +276,7 @@ impl Proxy {
         let config = &self.runtime.config;
         let mut tried: Vec<usize> = Vec::new();
         let mut last_error: Option<io::Error> = None;
-        let mut req = Some(req.map(Either::Left));
+        let mut req = Some(req.map(|body| Either::Left(Limited::new(body, action.max_body_bytes))));
         for _ in 0..config.max_target_attempts {
             let Some(pick) = backend.pick(conn.family, action.policy, &tried) else {
                 break;
@@ -329,7 +332,14 @@ impl Proxy {
                     }
                     Err(SendError::Failed(error)) => {
                         exchange.upstream_done(family, addr, preferred);
-                        return Err(error);
+                        return Err(match error {
+                            // A body without a declared length passed the limit: the upstream
+                            // request was aborted before any response.
+                            ProxyError::Upstream(e) if limits::body_too_large(&e) => {
+                                ProxyError::BodyTooLarge
+                            }
+                            other => other,
+                        });
                     }
                     Err(SendError::Unsent(request, error)) => {
                         // Connecting to this address again failed: nothing was sent, so the
