@@ -99,6 +99,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,
 
+    /// Time a client connection may stay idle between requests before it is closed.
+    #[arg(long, value_name = "DURATION", default_value = "75s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+
+    /// Time a client has to send a request head (the first from connecting, later ones from
+    /// their first byte) and to finish a TLS handshake; the connection is closed after it.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+
     /// The kubernetes.io/tls Secret served to TLS clients whose SNI matches no host (or who send
     /// none); without it, a self-signed certificate generated at start.
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = parse_ns_name)]
@@ -320,6 +329,8 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
     let proxy = ProxyConfig {
         connect_timeout: args.connect_timeout,
         response_timeout: args.upstream_timeout,
+        keepalive_timeout: args.keepalive_timeout,
+        header_read_timeout: args.header_read_timeout,
         ..ProxyConfig::default()
     };
     Ok(Config {
@@ -516,6 +527,8 @@ mod tests {
         assert_eq!(c.translate.lb, LbPolicy::P2c);
         assert_eq!(c.proxy.connect_timeout, Duration::from_secs(5));
         assert_eq!(c.proxy.response_timeout, Duration::from_secs(60));
+        assert_eq!(c.proxy.keepalive_timeout, Duration::from_secs(75));
+        assert_eq!(c.proxy.header_read_timeout, Duration::from_secs(60));
         assert_eq!(c.access_log, AccessLogFormat::Json);
     }
 
@@ -552,6 +565,10 @@ mod tests {
             "500ms",
             "--upstream-timeout",
             "2",
+            "--keepalive-timeout",
+            "1m",
+            "--header-read-timeout",
+            "10s",
         ])
         .unwrap();
         assert_eq!(c.http_listen.addrs.len(), 2);
@@ -564,6 +581,8 @@ mod tests {
         assert_eq!(c.translate.lb, LbPolicy::RoundRobin);
         assert_eq!(c.proxy.connect_timeout, Duration::from_millis(500));
         assert_eq!(c.proxy.response_timeout, Duration::from_secs(2));
+        assert_eq!(c.proxy.keepalive_timeout, Duration::from_secs(60));
+        assert_eq!(c.proxy.header_read_timeout, Duration::from_secs(10));
     }
 
     #[test]

@@ -142,6 +142,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let proxy = Proxy::new(runtime.clone());
     let options = ServeOptions {
         header_read_timeout: config.proxy.header_read_timeout,
+        keepalive_timeout: config.proxy.keepalive_timeout,
         drain_timeout: config.proxy.drain_timeout,
         tls: None,
         proxy_protocol: None,

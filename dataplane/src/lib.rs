@@ -6,6 +6,7 @@ pub mod access_log;
 pub mod admin;
 pub mod balance;
 pub mod forwarded;
+pub mod idle;
 pub mod limits;
 pub mod listen;
 pub mod metrics;

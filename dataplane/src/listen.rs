@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::forwarded::TrustedProxies;
+use crate::idle;
 use crate::metrics::ConnectionMetrics;
 use crate::proxy_protocol::{self, Header};
 use crate::table::{normalize_addr, Family};
@@ -142,8 +143,11 @@ impl ConnInfo {
 /// Settings of the HTTP server side of a listener.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// Time a client has to send a complete request head.
+    /// Time a client has to send a complete request head: the first from the connection's
+    /// start, later ones from their first byte.
     pub header_read_timeout: Duration,
+    /// Time a connection may stay idle between requests (HTTP/1.1 keep-alive and HTTP/2).
+    pub keepalive_timeout: Duration,
     /// How long to wait for open connections after shutdown starts.
     pub drain_timeout: Duration,
     /// Terminate TLS with this configuration (an HTTPS listener); the handshake must finish
@@ -170,7 +174,7 @@ pub async fn serve<H, F, B>(
 where
     H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<B>, std::convert::Infallible>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
+    B: hyper::body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -180,7 +184,8 @@ where
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout)
+        // Head and idle times are watched by `idle` for both protocols.
+        .header_read_timeout(None)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     crate::limits::apply(&mut builder);
@@ -207,6 +212,10 @@ where
         let watcher = graceful.watcher();
         let tls = options.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         let handshake_timeout = options.header_read_timeout;
+        let timeouts = idle::Timeouts {
+            keepalive: options.keepalive_timeout,
+            header_read: options.header_read_timeout,
+        };
         let proxy_protocol = options.proxy_protocol;
         let trusted = options.trusted_proxies.clone();
         tokio::spawn(async move {
@@ -246,11 +255,27 @@ where
                     }
                 }
             };
+            let client = info.peer;
             let info = Arc::new(info);
-            let service = service_fn(move |req| handler(req, info.clone()));
+            let activity = idle::Activity::new();
+            let io = idle::Watched::new(io, activity.clone());
+            let watchdog = activity.clone();
+            let service = service_fn(move |req| {
+                let busy = activity.begin();
+                let response = handler(req, info.clone());
+                async move {
+                    let response = response.await?;
+                    Ok::<_, std::convert::Infallible>(response.map(|body| busy.body(body)))
+                }
+            });
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-            if let Err(error) = watcher.watch(conn.into_owned()).await {
-                tracing::trace!(error = %error, "Connection ended with an error");
+            tokio::select! {
+                ended = watcher.watch(conn.into_owned()) => if let Err(error) = ended {
+                    tracing::trace!(error = %error, "Connection ended with an error");
+                },
+                () = watchdog.expired(timeouts) => {
+                    tracing::trace!(client.addr = %client, "Closed an idle or slow connection");
+                }
             }
         });
     }

@@ -24,6 +24,9 @@ pub struct ProxyConfig {
     pub response_timeout: Duration,
     /// Time a client has to send a request head (nginx `client_header_timeout`: 60 s).
     pub header_read_timeout: Duration,
+    /// Time a client connection may stay idle between requests (nginx `keepalive_timeout`:
+    /// 75 s).
+    pub keepalive_timeout: Duration,
     /// Idle time after which a pooled upstream connection is closed.
     pub upstream_idle_timeout: Duration,
     /// Idle keep-alive connections kept per upstream address.
@@ -56,6 +59,7 @@ impl Default for ProxyConfig {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(75),
             upstream_idle_timeout: Duration::from_secs(60),
             upstream_idle_per_addr: 64,
             max_target_attempts: 3,

@@ -1,0 +1,343 @@
+//! Client connection timers: how long a connection may sit idle between requests (the keep-alive
+//! timeout, nginx `keepalive_timeout`) and how long a request head may take (the header read
+//! timeout, nginx `client_header_timeout`, against slowloris), for HTTP/1.1 and HTTP/2 alike.
+//!
+//! A connection is active while a request is in flight, from its head until its response body
+//! ends; an active connection is never cut. The first request's head must arrive within the
+//! header read timeout of the connection's start. Afterwards the connection may stay idle for the
+//! keep-alive timeout; once bytes of a next request arrive, its head must complete within the
+//! header read timeout of the first byte. HTTP/2 clients send frames between requests (window
+//! updates, pings), so on HTTP/2 only streams count: idle means no stream in flight.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The two client-side connection timeouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Longest idle time between requests.
+    pub keepalive: Duration,
+    /// Longest time for a request head, from the connection's start (first request) or from the
+    /// head's first byte.
+    pub header_read: Duration,
+}
+
+#[derive(Debug)]
+struct Shared {
+    start: Instant,
+    in_flight: AtomicUsize,
+    served: AtomicBool,
+    /// The connection speaks HTTP/2 (it began with the connection preface).
+    h2: AtomicBool,
+    /// Milliseconds after `start` when the connection last went idle.
+    idle_since: AtomicU64,
+    /// Milliseconds after `start`, plus one, when the first byte arrived while idle (0: none).
+    head_since: AtomicU64,
+    changed: Notify,
+}
+
+/// What a connection is doing, shared by its reader, its requests and its watchdog.
+#[derive(Clone, Debug)]
+pub struct Activity(Arc<Shared>);
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity::new()
+    }
+}
+
+impl Activity {
+    /// A connection starting now.
+    pub fn new() -> Activity {
+        Activity(Arc::new(Shared {
+            start: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            h2: AtomicBool::new(false),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
+            changed: Notify::new(),
+        }))
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.0.start.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Bytes arrived from the client: while idle, a request head has started.
+    pub fn read(&self) {
+        let s = &self.0;
+        if s.in_flight.load(Ordering::SeqCst) == 0
+            && s.head_since.load(Ordering::SeqCst) == 0
+            && !s.h2.load(Ordering::SeqCst)
+        {
+            s.head_since.store(self.now_ms() + 1, Ordering::SeqCst);
+            s.changed.notify_one();
+        }
+    }
+
+    /// The connection speaks HTTP/2: bytes between requests do not start a head.
+    pub fn http2(&self) {
+        self.0.h2.store(true, Ordering::SeqCst);
+        self.0.head_since.store(0, Ordering::SeqCst);
+    }
+
+    /// A request head arrived; the connection is active until the returned guard drops.
+    pub fn begin(&self) -> Busy {
+        self.0.served.store(true, Ordering::SeqCst);
+        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(Some(self.clone()))
+    }
+
+    /// When the connection is to be closed as things stand (`None`: a request is in flight).
+    fn deadline(&self, t: Timeouts) -> Option<Instant> {
+        let s = &self.0;
+        if s.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        if !s.served.load(Ordering::SeqCst) {
+            return Some(s.start + t.header_read);
+        }
+        let at = |ms: u64| s.start + Duration::from_millis(ms);
+        Some(match s.head_since.load(Ordering::SeqCst) {
+            0 => at(s.idle_since.load(Ordering::SeqCst)) + t.keepalive,
+            head => at(head - 1) + t.header_read,
+        })
+    }
+
+    /// Resolves once the connection has been idle too long, or a request head too slow.
+    pub async fn expired(&self, t: Timeouts) {
+        loop {
+            let changed = self.0.changed.notified();
+            match self.deadline(t) {
+                None => changed.await,
+                Some(deadline) if Instant::now() >= deadline => return,
+                Some(deadline) => {
+                    tokio::select! {
+                        _ = changed => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Marks one request in flight until dropped.
+#[derive(Debug)]
+pub struct Busy(Option<Activity>);
+
+impl Busy {
+    /// A response body that keeps the request in flight until it ends or is dropped.
+    pub fn body<B>(self, inner: B) -> BusyBody<B> {
+        BusyBody { inner, busy: self }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if let Some(activity) = self.0.take() {
+            let s = &activity.0;
+            // Idle from now, unless another request is still in flight (HTTP/2); the times are
+            // written before the count drops so the watchdog never sees stale ones.
+            s.idle_since.store(activity.now_ms(), Ordering::SeqCst);
+            s.head_since.store(0, Ordering::SeqCst);
+            if s.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+                s.changed.notify_one();
+            }
+        }
+    }
+}
+
+/// A response body that holds its request's [`Busy`] mark.
+#[derive(Debug)]
+pub struct BusyBody<B> {
+    inner: B,
+    busy: Busy,
+}
+
+impl<B: Body + Unpin> Body for BusyBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            // Done: idle from now even if the connection keeps the body around.
+            drop(std::mem::replace(&mut this.busy, Busy(None)));
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A client stream that reports arriving bytes to its connection's [`Activity`].
+#[derive(Debug)]
+pub struct Watched<S> {
+    inner: S,
+    activity: Activity,
+    /// No byte has arrived yet.
+    first: bool,
+}
+
+/// How an HTTP/2 connection (prior knowledge, or ALPN `h2`) begins.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+impl<S> Watched<S> {
+    /// `inner`, reporting to `activity`.
+    pub fn new(inner: S, activity: Activity) -> Watched<S> {
+        Watched {
+            inner,
+            activity,
+            first: true,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let arrived = &buf.filled()[before..];
+        if !arrived.is_empty() {
+            if this.first {
+                this.first = false;
+                let n = arrived.len().min(H2_PREFACE.len());
+                if n >= 3 && arrived[..n] == H2_PREFACE[..n] {
+                    this.activity.http2();
+                }
+            }
+            this.activity.read();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timeouts = Timeouts {
+        keepalive: Duration::from_secs(75),
+        header_read: Duration::from_secs(60),
+    };
+
+    /// How long until `expired` resolves, from now (paused time), or `None` within an hour.
+    async fn expires_in(activity: &Activity) -> Option<Duration> {
+        let start = Instant::now();
+        tokio::time::timeout(Duration::from_secs(3600), activity.expired(T))
+            .await
+            .ok()
+            .map(|()| start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_head_gets_the_header_timeout_from_the_start() {
+        let activity = Activity::new();
+        assert_eq!(expires_in(&activity).await, Some(T.header_read));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_between_requests_gets_the_keepalive_timeout() {
+        let activity = Activity::new();
+        drop(activity.begin());
+        assert_eq!(expires_in(&activity).await, Some(T.keepalive));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_started_head_gets_the_header_timeout_from_its_first_byte() {
+        let activity = Activity::new();
+        drop(activity.begin());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        activity.read();
+        assert_eq!(expires_in(&activity).await, Some(T.header_read));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_frames_between_streams_keep_the_keepalive_timeout() {
+        let activity = Activity::new();
+        let mut io = Watched::new(H2_PREFACE, activity.clone());
+        let mut buf = [0u8; 64];
+        tokio::io::AsyncReadExt::read(&mut io, &mut buf)
+            .await
+            .unwrap();
+        drop(activity.begin());
+        activity.read();
+        assert_eq!(expires_in(&activity).await, Some(T.keepalive));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_in_flight_are_never_cut_and_the_idle_time_restarts_after() {
+        let activity = Activity::new();
+        let first = activity.begin();
+        let second = activity.begin();
+        assert_eq!(expires_in(&activity).await, None);
+        drop(first);
+        assert_eq!(expires_in(&activity).await, None, "one still in flight");
+        let start = Instant::now();
+        let waiter = activity.clone();
+        let expiry = tokio::spawn(async move {
+            waiter.expired(T).await;
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(second);
+        let expired_at = expiry.await.unwrap();
+        assert_eq!(expired_at - start, T.keepalive + Duration::from_secs(5));
+    }
+}
