@@ -288,3 +288,48 @@ fn build_is_deterministic_and_serialisable() {
     );
     assert_eq!(a.version, 0);
 }
+
+#[test]
+fn app_protocol_selects_the_upstream_protocol_and_annotations_the_tls() {
+    use dataplane::table::UpstreamProtocol;
+    let (snapshot, diagnostics) = translate("upstream_protocols.yaml", &Config::default());
+    let protocol = |id: &str| snapshot.backends[&dataplane::BackendId(id.into())].protocol;
+    assert_eq!(protocol("default/multi:plain"), UpstreamProtocol::Http1);
+    assert_eq!(protocol("default/multi:h2c"), UpstreamProtocol::H2c);
+    assert_eq!(protocol("default/multi:443"), UpstreamProtocol::Https);
+    assert_eq!(protocol("default/multi:h2"), UpstreamProtocol::H2);
+    assert_eq!(protocol("default/multi:odd"), UpstreamProtocol::Http1);
+
+    let tls = |host: &str, path: &str| {
+        let action = snapshot.routes.find(host, path).unwrap().action;
+        action.upstream_tls.clone()
+    };
+    assert!(tls("a.test", "/plain").is_none());
+    assert!(tls("a.test", "/h2c").is_none());
+    let missing = tls("a.test", "/tls").unwrap();
+    assert_eq!(missing.server_name(), "api.internal");
+    assert!(missing.error().unwrap().contains("does not exist"));
+    let skip = tls("b.test", "/tls").unwrap();
+    assert_eq!(skip.server_name(), "multi.default.svc");
+    assert_eq!(skip.error(), None);
+    assert_ne!(*skip, *tls("b.test", "/h2").unwrap(), "ALPN differs");
+    assert!(tls("c.test", "/").unwrap().error().is_some());
+
+    let found: Vec<(Reason, String)> = diagnostics
+        .iter()
+        .map(|d| (d.reason, d.object.to_string()))
+        .collect();
+    for expected in [
+        (Reason::MissingSecret, "Ingress default/verified"),
+        (Reason::InsecureBackendTls, "Ingress default/skip"),
+        (Reason::InvalidBackendTls, "Ingress default/bad-ca"),
+        (Reason::InvalidAnnotation, "Ingress default/bad-ca"),
+        (Reason::UnsupportedAppProtocol, "Service default/multi"),
+    ] {
+        assert!(
+            found.contains(&(expected.0, expected.1.to_owned())),
+            "{expected:?} in {found:?}"
+        );
+    }
+    assert_eq!(found.len(), 5, "{found:?}");
+}

@@ -16,6 +16,7 @@ pub mod proxy_protocol;
 pub mod runtime;
 pub mod table;
 pub mod tls;
+pub mod upstream;
 
 pub use runtime::{Live, ProxyConfig, Runtime};
 pub use table::{

@@ -785,6 +785,7 @@ mod tests {
             },
             redirect_https: false,
             max_body_bytes: 0,
+            upstream_tls: None,
         }
     }
 

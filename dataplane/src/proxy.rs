@@ -1,5 +1,6 @@
 //! The reverse proxy: route lookup, target pick by client family, pooled HTTP/1.1 upstream
-//! connections with per-family fallback, forwarding headers and upgrade tunnels.
+//! connections with per-family fallback, forwarding headers and upgrade tunnels. HTTP/2 and TLS
+//! upstreams go through [`crate::upstream`].
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -26,6 +27,7 @@ use crate::listen::ConnInfo;
 use crate::observe::Exchange;
 use crate::runtime::Runtime;
 use crate::table::BackendId;
+use crate::upstream::{H2Pool, UpstreamTls};
 
 /// Why the proxy answered by itself; each variant knows its side and status.
 #[derive(Debug, thiserror::Error)]
@@ -143,19 +145,22 @@ impl Body for ProxyBody {
 
 /// The body sent upstream: the client's stream (counted against the route's body limit), or
 /// nothing for a replayed bodyless request.
-type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
+pub(crate) type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
 
 /// A pooled connection and when it went idle.
 type IdleConn = (SendRequest<UpstreamBody>, Instant);
 
+/// Where a pooled connection goes: the address, and the TLS settings' key (0: plain TCP).
+type PoolKey = (SocketAddr, u64);
+
 /// Idle upstream HTTP/1.1 connections by address.
 #[derive(Debug, Default)]
 struct Pool {
-    idle: Mutex<HashMap<SocketAddr, Vec<IdleConn>>>,
+    idle: Mutex<HashMap<PoolKey, Vec<IdleConn>>>,
 }
 
 impl Pool {
-    fn take(&self, addr: SocketAddr, max_idle: Duration) -> Option<SendRequest<UpstreamBody>> {
+    fn take(&self, addr: PoolKey, max_idle: Duration) -> Option<SendRequest<UpstreamBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.get_mut(&addr)?;
         while let Some((sender, since)) = list.pop() {
@@ -166,7 +171,7 @@ impl Pool {
         None
     }
 
-    fn put(&self, addr: SocketAddr, sender: SendRequest<UpstreamBody>, max_per_addr: usize) {
+    fn put(&self, addr: PoolKey, sender: SendRequest<UpstreamBody>, max_per_addr: usize) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(addr).or_default();
         if list.len() < max_per_addr {
@@ -189,6 +194,7 @@ impl Pool {
 pub struct Proxy {
     runtime: Arc<Runtime>,
     pool: Arc<Pool>,
+    h2: Arc<H2Pool>,
 }
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
@@ -206,19 +212,24 @@ impl Proxy {
     /// A proxy over a runtime. Must be called within a Tokio runtime (it starts the pool reaper).
     pub fn new(runtime: Arc<Runtime>) -> Arc<Proxy> {
         let pool = Arc::new(Pool::default());
+        let h2 = Arc::new(H2Pool::default());
         let weak = Arc::downgrade(&pool);
+        let weak_h2 = Arc::downgrade(&h2);
         let max_idle = runtime.config.upstream_idle_timeout;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(max_idle.min(Duration::from_secs(30)));
             loop {
                 tick.tick().await;
-                match weak.upgrade() {
-                    Some(pool) => pool.reap(max_idle),
-                    None => return,
+                match (weak.upgrade(), weak_h2.upgrade()) {
+                    (Some(pool), Some(h2)) => {
+                        pool.reap(max_idle);
+                        h2.reap();
+                    }
+                    _ => return,
                 }
             }
         });
-        Arc::new(Proxy { runtime, pool })
+        Arc::new(Proxy { runtime, pool, h2 })
     }
 
     /// Handles one client request; every response carries `Server: duet`.
@@ -269,9 +280,23 @@ impl Proxy {
             .get(&action.backend)
             .ok_or_else(|| ProxyError::NoTarget(action.backend.clone()))?;
 
+        let protocol = backend.backend.protocol;
+        let tls = action.upstream_tls.as_deref().filter(|_| protocol.is_tls());
+        if let Some(reason) = tls.and_then(UpstreamTls::error) {
+            tracing::trace!(backend = %action.backend, %reason, "Upstream TLS is not usable");
+            let source = io::Error::other(reason.to_owned());
+            let backend = action.backend.clone();
+            return Err(ProxyError::Connect { backend, source });
+        }
+        let h2 = protocol.is_h2();
+        let trailers = h2 && crate::upstream::wants_trailers(req.headers());
         let upgrade = is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         prepare_request(&mut req, &host, conn, upgrade);
+        if trailers {
+            crate::upstream::keep_trailers(&mut req);
+        }
+        let tls_key = tls.map_or(0, UpstreamTls::key);
 
         let config = &self.runtime.config;
         let mut tried: Vec<usize> = Vec::new();
@@ -285,9 +310,59 @@ impl Proxy {
             let state = &backend.states[pick.index];
             for (family, addr) in pick.addrs.into_iter().flatten() {
                 exchange.upstream_begin();
-                let (sender, fresh) = match self.pool.take(addr, config.upstream_idle_timeout) {
+                if h2 {
+                    let request = req.take().expect("request is present until sent");
+                    let in_flight = state.start();
+                    let sent = self
+                        .h2
+                        .send(
+                            addr,
+                            tls,
+                            request,
+                            config.connect_timeout,
+                            config.response_timeout,
+                        )
+                        .await;
+                    match sent {
+                        Ok((mut res, fresh)) => {
+                            if fresh {
+                                state.record_success(family);
+                            }
+                            exchange.upstream_done(family, addr, preferred);
+                            strip_hop_by_hop(res.headers_mut(), false);
+                            return Ok(res.map(|body| ProxyBody {
+                                inner: Either::Left(body),
+                                _in_flight: Some(in_flight),
+                                exchange: None,
+                            }));
+                        }
+                        Err(SendError::Failed(error)) => {
+                            exchange.upstream_done(family, addr, preferred);
+                            return Err(match error {
+                                ProxyError::Upstream(e) if limits::body_too_large(&e) => {
+                                    ProxyError::BodyTooLarge
+                                }
+                                other => other,
+                            });
+                        }
+                        Err(SendError::Unsent(request, error)) => {
+                            tracing::trace!(%error, upstream.addr = %addr, "Connect failed");
+                            req = Some(*request);
+                            exchange.connect_failed(family);
+                            if state.record_failure(family) {
+                                exchange.ejected(family);
+                            }
+                            last_error = Some(error);
+                            continue;
+                        }
+                    }
+                }
+                let (sender, fresh) = match self
+                    .pool
+                    .take((addr, tls_key), config.upstream_idle_timeout)
+                {
                     Some(sender) => (sender, false),
-                    None => match connect(addr, config.connect_timeout).await {
+                    None => match connect(addr, tls, config.connect_timeout).await {
                         Ok(sender) => {
                             state.record_success(family);
                             (sender, true)
@@ -312,7 +387,7 @@ impl Proxy {
                 let request = req.take().expect("request is present until sent");
                 let in_flight = state.start();
                 match self
-                    .send(sender, fresh, addr, request, config.connect_timeout)
+                    .send(sender, fresh, addr, tls, request, config.connect_timeout)
                     .await
                 {
                     Ok(mut res) => {
@@ -385,6 +460,7 @@ impl Proxy {
         mut sender: SendRequest<UpstreamBody>,
         mut fresh: bool,
         addr: SocketAddr,
+        tls: Option<&UpstreamTls>,
         mut request: Request<UpstreamBody>,
         connect_timeout: Duration,
     ) -> Result<Response<Incoming>, SendError> {
@@ -400,9 +476,10 @@ impl Proxy {
                     if res.status() != StatusCode::SWITCHING_PROTOCOLS {
                         let pool = self.pool.clone();
                         let max = config.upstream_idle_per_addr;
+                        let key = tls.map_or(0, UpstreamTls::key);
                         tokio::spawn(async move {
                             if sender.ready().await.is_ok() {
-                                pool.put(addr, sender, max);
+                                pool.put((addr, key), sender, max);
                             }
                         });
                     }
@@ -411,7 +488,7 @@ impl Proxy {
                 Ok(Err(mut error)) => match error.take_message() {
                     Some(unsent) if !fresh => {
                         request = unsent;
-                        match connect(addr, connect_timeout).await {
+                        match connect(addr, tls, connect_timeout).await {
                             Ok(s) => {
                                 sender = s;
                                 fresh = true;
@@ -428,7 +505,7 @@ impl Proxy {
                         Some(again) if !fresh => {
                             tracing::trace!(upstream.addr = %addr, error = %error.error(), "Replaying on a fresh connection");
                             request = again.into_request();
-                            match connect(addr, connect_timeout).await {
+                            match connect(addr, tls, connect_timeout).await {
                                 Ok(s) => {
                                     sender = s;
                                     fresh = true;
@@ -446,7 +523,7 @@ impl Proxy {
     }
 }
 
-enum SendError {
+pub(crate) enum SendError {
     /// The request was not written; it can go elsewhere.
     Unsent(Box<Request<UpstreamBody>>, io::Error),
     /// The request may have reached the upstream; answer the client with this.
@@ -476,7 +553,14 @@ impl Replay {
     }
 }
 
-async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<SendRequest<UpstreamBody>> {
+async fn connect(
+    addr: SocketAddr,
+    tls: Option<&UpstreamTls>,
+    timeout: Duration,
+) -> io::Result<SendRequest<UpstreamBody>> {
+    if let Some(tls) = tls {
+        return crate::upstream::connect_h1_tls(addr, tls, timeout).await;
+    }
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;

@@ -215,13 +215,31 @@ impl fmt::Display for BackendId {
     }
 }
 
-/// The protocol spoken to a backend's targets.
+/// The protocol spoken to a backend's targets, from the Service port's `appProtocol`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum UpstreamProtocol {
     /// HTTP/1.1 over plain TCP (the default).
     #[default]
     Http1,
+    /// HTTP/2 over plain TCP with prior knowledge (`kubernetes.io/h2c`).
+    H2c,
+    /// HTTP/1.1 over TLS (`https`).
+    Https,
+    /// HTTP/2 over TLS, ALPN `h2` (`h2`).
+    H2,
+}
+
+impl UpstreamProtocol {
+    /// Whether connections use TLS (the route's [`RouteAction::upstream_tls`] applies).
+    pub fn is_tls(self) -> bool {
+        matches!(self, UpstreamProtocol::Https | UpstreamProtocol::H2)
+    }
+
+    /// Whether requests go over one multiplexed HTTP/2 connection per address.
+    pub fn is_h2(self) -> bool {
+        matches!(self, UpstreamProtocol::H2c | UpstreamProtocol::H2)
+    }
 }
 
 /// One Service port with its targets.
@@ -254,6 +272,10 @@ pub struct RouteAction {
     pub redirect_https: bool,
     /// Largest request body accepted, in bytes (0: unlimited); larger declared bodies get 413.
     pub max_body_bytes: u64,
+    /// How to speak TLS to the backend when its protocol is `https` or `h2` (server name, trust;
+    /// per Ingress and Service); `None` for plain backends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_tls: Option<Arc<crate::upstream::UpstreamTls>>,
 }
 
 /// The Ingress a rule came from; its age decides conflicts.
@@ -682,6 +704,7 @@ mod tests {
                 origin: origin(backend, created),
                 redirect_https: false,
                 max_body_bytes: 0,
+                upstream_tls: None,
             },
         }
     }

@@ -41,11 +41,18 @@ pub enum Reason {
     /// A TLS certificate that does not cover a host listed with it; that host gets the default
     /// certificate.
     CertificateHostMismatch,
+    /// A Service port whose `appProtocol` duet does not know; it is served as HTTP/1.1.
+    UnsupportedAppProtocol,
+    /// The TLS settings for a TLS upstream (`https`, `h2`) cannot be built (a CA Secret without a
+    /// usable `ca.crt`); the Ingress's routes to it answer 502.
+    InvalidBackendTls,
+    /// Upstream certificates are not verified (`duet.dev/backend-tls-skip-verify: "true"`).
+    InsecureBackendTls,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 17] = [
         Reason::MissingService,
         Reason::UnknownServicePort,
         Reason::MissingSecret,
@@ -58,6 +65,11 @@ impl Reason {
         Reason::UnsupportedAddressType,
         Reason::InvalidEndpoint,
         Reason::UnknownEndpointPort,
+        Reason::InvalidCertificate,
+        Reason::CertificateHostMismatch,
+        Reason::UnsupportedAppProtocol,
+        Reason::InvalidBackendTls,
+        Reason::InsecureBackendTls,
     ];
 
     /// The reason's name.
@@ -77,6 +89,9 @@ impl Reason {
             Reason::UnknownEndpointPort => "UnknownEndpointPort",
             Reason::InvalidCertificate => "InvalidCertificate",
             Reason::CertificateHostMismatch => "CertificateHostMismatch",
+            Reason::UnsupportedAppProtocol => "UnsupportedAppProtocol",
+            Reason::InvalidBackendTls => "InvalidBackendTls",
+            Reason::InsecureBackendTls => "InsecureBackendTls",
         }
     }
 }

@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use dataplane::table::UpstreamProtocol;
 use dataplane::{Backend, BackendId, Family, Target, TargetId};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -43,7 +42,7 @@ pub fn build_backends(
             id: id.clone(),
             targets: targets.into(),
             lb: config.lb,
-            protocol: UpstreamProtocol::Http1,
+            protocol: spec.protocol,
         };
         let backend = match previous.get(id) {
             Some(old) if **old == backend => old.clone(),

@@ -15,6 +15,7 @@ mod certs;
 mod diagnostic;
 mod endpoints;
 mod routes;
+mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -29,6 +30,10 @@ pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{build_backends, join_targets};
 pub use routes::{plan_routes, BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
+pub use upstream::{
+    app_protocol, BACKEND_CA_SECRET_ANNOTATION, BACKEND_TLS_SERVER_NAME_ANNOTATION,
+    BACKEND_TLS_SKIP_VERIFY_ANNOTATION,
+};
 
 use crate::class::ClassConfig;
 use crate::index::{NsName, References};
@@ -73,6 +78,8 @@ pub struct BackendSpec {
     pub port_name: String,
     /// The Service port's number.
     pub port: i32,
+    /// The protocol spoken to the pods, from the port's `appProtocol`.
+    pub protocol: dataplane::table::UpstreamProtocol,
 }
 
 /// The output of the route phase.

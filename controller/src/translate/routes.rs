@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 
 use super::certs::CertBuilder;
+use super::upstream::{app_protocol, UpstreamTlsBuilder};
 use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
 use crate::class::Classes;
 use crate::index::{Kind, NsName, ObjectKey, References};
@@ -131,6 +132,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         })
         .collect();
     let mut certs = CertBuilder::new(&inputs.secrets);
+    let mut upstream_tls = UpstreamTlsBuilder::new(&inputs.secrets);
     let mut ours: Vec<(Origin, &Ingress)> = inputs
         .ingresses
         .iter()
@@ -165,12 +167,14 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             if let Some(id) = b.resolve(&key, backend, "default backend") {
                 match &default_backend {
                     None => {
+                        let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id);
                         default_backend = Some(RouteAction {
                             backend: id,
                             policy,
                             origin: origin.clone(),
                             redirect_https: tls.redirects(""),
                             max_body_bytes,
+                            upstream_tls,
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -227,6 +231,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                 let Some(id) = b.resolve(&key, &path.backend, &what) else {
                     continue;
                 };
+                let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id);
                 hosts.entry(host.clone()).or_default().push(PathRule {
                     matcher,
                     action: RouteAction {
@@ -235,6 +240,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         origin: origin.clone(),
                         redirect_https: tls.redirects(&host.display()),
                         max_body_bytes,
+                        upstream_tls,
                     },
                 });
             }
@@ -439,12 +445,43 @@ impl Builder<'_> {
             return None;
         };
         let id = BackendId::new(&name.namespace, &name.name, &written);
+        let protocol = app_protocol(port.app_protocol.as_deref()).unwrap_or_else(|| {
+            self.diagnostics.push(Diagnostic::new(
+                ObjectKey::new(Kind::Service, &*name.namespace, &*name.name),
+                Reason::UnsupportedAppProtocol,
+                format!(
+                    "port {written}: appProtocol {:?} is not supported; served as HTTP/1.1",
+                    port.app_protocol.as_deref().unwrap_or_default()
+                ),
+            ));
+            dataplane::table::UpstreamProtocol::Http1
+        });
         self.specs.entry(id.clone()).or_insert_with(|| BackendSpec {
             service: name,
             port_name: port.name.clone().unwrap_or_default(),
             port: port.port,
+            protocol,
         });
         Some(id)
+    }
+
+    /// The upstream TLS settings of a route of `ingress` to a resolved backend.
+    fn upstream_tls(
+        &mut self,
+        builder: &mut UpstreamTlsBuilder<'_>,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        id: &BackendId,
+    ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
+        let spec = self.specs.get(id)?;
+        builder.route(
+            key,
+            ingress,
+            &spec.service,
+            spec.protocol,
+            &mut self.diagnostics,
+            &mut self.references,
+        )
     }
 }
 
