@@ -30,6 +30,8 @@ pub struct Reply {
     pub headers: HeaderMap,
     /// The whole body.
     pub body: Bytes,
+    /// The trailers that followed the body (empty when none).
+    pub trailers: HeaderMap,
 }
 
 impl Reply {
@@ -248,16 +250,14 @@ fn to_h2(mut req: Request<Full<Bytes>>) -> anyhow::Result<Request<Full<Bytes>>> 
 
 async fn read_reply(res: http::Response<hyper::body::Incoming>) -> anyhow::Result<Reply> {
     let (parts, body) = res.into_parts();
-    let body = body
-        .collect()
-        .await
-        .context("reading the response body")?
-        .to_bytes();
+    let collected = body.collect().await.context("reading the response body")?;
+    let trailers = collected.trailers().cloned().unwrap_or_default();
     Ok(Reply {
         status: parts.status,
         version: parts.version,
         headers: parts.headers,
-        body,
+        body: collected.to_bytes(),
+        trailers,
     })
 }
 
@@ -304,6 +304,7 @@ pub async fn upgrade(
             version: res.version(),
             headers: res.headers().clone(),
             body: Bytes::new(),
+            trailers: HeaderMap::new(),
         };
         Ok((reply, Some(TokioIo::new(upgraded))))
     };

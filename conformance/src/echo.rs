@@ -14,6 +14,13 @@
 //! (at most 60 s) before answering; `X-Echo-Set-Header: Name: value, Other: value` adds those
 //! headers to the response.
 //!
+//! A request with `Content-Type: application/grpc...` is answered like a gRPC server-streaming
+//! call: `X-Echo-Grpc-Messages: N` (default 1, at most 100) length-prefixed messages, each the
+//! compact echo JSON, as separate DATA frames, then the trailers `grpc-status: 0` and
+//! `grpc-message: ok` (`X-Echo-Grpc-Status: N` sets another status).
+//!
+//! With [`EchoOptions::tls`], pods serve TLS (ALPN `h2` and `http/1.1`) instead of plain TCP.
+//!
 //! `GET /health` answers `OK`. A request with `Upgrade: websocket` and `Connection: upgrade` is
 //! answered `101 Switching Protocols` (with `X-Echo-Pod`, `X-Echo-Family`, `X-Echo-Local` and
 //! `X-Echo-Peer` headers) and every byte then received is sent back, until the client closes.
@@ -28,7 +35,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -212,6 +221,15 @@ pub struct ServedPod {
 pub struct EchoOptions {
     /// Print one line per request on stderr.
     pub log: bool,
+    /// Serve TLS with this configuration (its ALPN decides HTTP/2 or HTTP/1.1).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// The body of echo responses: whole, or a stream of frames with trailers (gRPC).
+type EchoBody = BoxBody<Bytes, Infallible>;
+
+fn full(bytes: Bytes) -> EchoBody {
+    Full::new(bytes).boxed()
 }
 
 /// Binds one listening socket: `SO_REUSEADDR`, `IPV6_V6ONLY` on IPv6 addresses, non-blocking.
@@ -281,6 +299,7 @@ impl EchoServer {
                     identity: identity.clone(),
                     pod: name.clone(),
                     log: options.log,
+                    tls: options.tls.clone(),
                 };
                 tasks.push(tokio::spawn(accept_loop(listener, ctx, stop.subscribe())));
             }
@@ -336,6 +355,7 @@ struct PodContext {
     identity: Arc<Identity>,
     pod: Arc<str>,
     log: bool,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 #[derive(Debug)]
@@ -373,12 +393,33 @@ async fn accept_loop(listener: TcpListener, ctx: PodContext, mut stop: watch::Re
         });
         let builder = builder.clone();
         let mut stop = stop.clone();
+        let tls = ctx.tls.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(req, conn.clone()));
-            let serving = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = serving => {}
-                _ = stopped(&mut stop) => {}
+            match tls {
+                None => {
+                    let serving =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = serving => {}
+                        _ = stopped(&mut stop) => {}
+                    }
+                }
+                Some(config) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                            .await
+                    else {
+                        return;
+                    };
+                    let serving =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = serving => {}
+                        _ = stopped(&mut stop) => {}
+                    }
+                }
             }
         });
     }
@@ -421,7 +462,7 @@ pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
 async fn handle(
     mut req: Request<Incoming>,
     conn: Arc<ConnContext>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<EchoBody>, Infallible> {
     let family = Family::of(&conn.local);
     if conn.pod.log {
         eprintln!(
@@ -442,7 +483,7 @@ async fn handle(
                 echo_bytes(TokioIo::new(upgraded)).await;
             }
         });
-        let mut res = Response::new(Full::new(Bytes::new()));
+        let mut res = Response::new(full(Bytes::new()));
         *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         let h = res.headers_mut();
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
@@ -459,7 +500,7 @@ async fn handle(
         return Ok(res);
     }
     if req.uri().path() == "/health" && req.method() == Method::GET {
-        let mut res = Response::new(Full::new(Bytes::from_static(b"OK")));
+        let mut res = Response::new(full(Bytes::from_static(b"OK")));
         res.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -470,6 +511,18 @@ async fn handle(
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(|ms| Duration::from_millis(ms.min(60_000)));
     let extra = response_headers(req.headers());
+    let grpc = header_text(req.headers(), "content-type")
+        .filter(|t| t.starts_with("application/grpc"))
+        .map(|_| {
+            let count = header_text(req.headers(), "x-echo-grpc-messages")
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(1)
+                .min(100);
+            let status = header_text(req.headers(), "x-echo-grpc-status")
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(0);
+            (count, status)
+        });
     let (parts, body) = req.into_parts();
     let body_length = match body.collect().await {
         Ok(collected) => collected.to_bytes().len() as u64,
@@ -513,7 +566,7 @@ async fn handle(
     let formatter = serde_json::ser::PrettyFormatter::with_indent(b" ");
     let mut ser = serde_json::Serializer::with_formatter(&mut body, formatter);
     if echo.serialize(&mut ser).is_err() {
-        let mut res = Response::new(Full::new(Bytes::from_static(
+        let mut res = Response::new(full(Bytes::from_static(
             b"{\"message\": \"cannot encode\"}\n",
         )));
         *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
@@ -523,7 +576,10 @@ async fn handle(
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
     }
-    let mut res = Response::new(Full::new(Bytes::from(body)));
+    if let Some(grpc) = grpc {
+        return Ok(grpc_response(&echo, grpc));
+    }
+    let mut res = Response::new(full(Bytes::from(body)));
     let h = res.headers_mut();
     for (name, value) in extra {
         h.append(name, value);
@@ -537,6 +593,55 @@ async fn handle(
         HeaderValue::from_static("nosniff"),
     );
     Ok(res)
+}
+
+/// A gRPC answer: `count` length-prefixed messages (the compact echo JSON), each its own DATA
+/// frame, then `grpc-status` and `grpc-message` trailers.
+fn grpc_response(echo: &Echo, (count, status): (usize, u32)) -> Response<EchoBody> {
+    let message = serde_json::to_vec(echo).unwrap_or_default();
+    let mut frames: Vec<Result<Frame<Bytes>, Infallible>> = Vec::with_capacity(count + 1);
+    for _ in 0..count {
+        frames.push(Ok(Frame::data(grpc_frame(&message))));
+    }
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from(status));
+    let text = if status == 0 { "ok" } else { "failed" };
+    trailers.insert("grpc-message", HeaderValue::from_static(text));
+    frames.push(Ok(Frame::trailers(trailers)));
+    let body = StreamBody::new(futures_util::stream::iter(frames)).boxed();
+    let mut res = Response::new(body);
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    res
+}
+
+/// One gRPC length-prefixed message: a zero compression flag, the length (big endian), the bytes.
+pub fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(5 + message.len());
+    out.push(0);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    Bytes::from(out)
+}
+
+/// Splits a body into its gRPC length-prefixed messages; `None` when it is not well framed.
+pub fn grpc_messages(mut body: &[u8]) -> Option<Vec<Bytes>> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        if body.len() < 5 || body[0] != 0 {
+            return None;
+        }
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        let rest = &body[5..];
+        if rest.len() < len {
+            return None;
+        }
+        out.push(Bytes::copy_from_slice(&rest[..len]));
+        body = &rest[len..];
+    }
+    Some(out)
 }
 
 fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

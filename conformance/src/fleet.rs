@@ -121,6 +121,7 @@ pub struct Fleet {
     pods: Vec<Pod>,
     listening: Vec<(String, Vec<SocketAddr>)>,
     server: Option<EchoServer>,
+    options: EchoOptions,
     _closed: Vec<Socket>,
 }
 
@@ -142,6 +143,16 @@ pub fn closed_port(family: Family) -> anyhow::Result<(SocketAddr, Socket)> {
 impl Fleet {
     /// Starts the pods of `service` in `namespace`; must be called inside a Tokio runtime.
     pub fn start(namespace: &str, service: &str, specs: &[PodSpec]) -> anyhow::Result<Fleet> {
+        Fleet::start_with(namespace, service, specs, EchoOptions::default())
+    }
+
+    /// Like [`Fleet::start`], with echo options (e.g. TLS).
+    pub fn start_with(
+        namespace: &str,
+        service: &str,
+        specs: &[PodSpec],
+        options: EchoOptions,
+    ) -> anyhow::Result<Fleet> {
         let mut pods = Vec::with_capacity(specs.len());
         let mut listeners = Vec::new();
         let mut closed = Vec::new();
@@ -193,8 +204,9 @@ impl Fleet {
                 (p.name.clone(), addrs.collect())
             })
             .collect();
-        let server = EchoServer::serve(identity, listeners, EchoOptions::default())?;
+        let server = EchoServer::serve(identity, listeners, options.clone())?;
         Ok(Fleet {
+            options,
             namespace: namespace.into(),
             service: service.into(),
             pods,
@@ -234,6 +246,13 @@ impl Fleet {
     pub fn manifests(&self) -> Vec<Value> {
         let mut docs = vec![service(&self.namespace, &self.service, &[SERVICE_PORT])];
         docs.extend(self.slices());
+        docs
+    }
+
+    /// Like [`Fleet::manifests`], with `appProtocol` set on the Service port.
+    pub fn manifests_with_app_protocol(&self, app_protocol: &str) -> Vec<Value> {
+        let mut docs = self.manifests();
+        docs[0]["spec"]["ports"][0]["appProtocol"] = Value::String(app_protocol.into());
         docs
     }
 
@@ -281,7 +300,7 @@ impl Fleet {
             ingress: String::new(),
             service: self.service.clone(),
         };
-        let server = EchoServer::bind(identity, &self.listening, EchoOptions::default())?;
+        let server = EchoServer::bind(identity, &self.listening, self.options.clone())?;
         self.server = Some(server);
         Ok(())
     }

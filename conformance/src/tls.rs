@@ -41,6 +41,79 @@ pub fn cert(names: &[&str]) -> TestCert {
     }
 }
 
+/// A test certificate authority that issues server certificates (for TLS upstreams).
+#[derive(Debug)]
+pub struct TestCa {
+    /// The CA certificate in PEM (what a `ca.crt` holds).
+    pub cert_pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    /// A new self-signed CA named `name`.
+    pub fn new(name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().expect("key generation");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("no names");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let cert = params.self_signed(&key).expect("CA certificate");
+        TestCa {
+            cert_pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A server certificate for `names` (DNS names or IP literals) signed by this CA.
+    pub fn issue(&self, names: &[&str]) -> TestCert {
+        let key = rcgen::KeyPair::generate().expect("key generation");
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("valid names");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("signed certificate");
+        TestCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().to_vec(),
+        }
+    }
+}
+
+/// A rustls server configuration serving `cert` with ALPN `alpn` (e.g. `["h2", "http/1.1"]`).
+pub fn server_config(cert: &TestCert, alpn: &[&str]) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::PrivateKeyDer;
+    let chain = vec![CertificateDer::from(cert.der.clone())];
+    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).expect("PEM key");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("certificate and key");
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    Arc::new(config)
+}
+
+/// An `Opaque` Secret holding a CA bundle under `ca.crt`.
+pub fn ca_secret(namespace: &str, name: &str, ca_pem: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"namespace": namespace, "name": name},
+        "data": {"ca.crt": base64(ca_pem.as_bytes())},
+    })
+}
+
 /// A `kubernetes.io/tls` Secret manifest holding `cert`.
 pub fn secret(namespace: &str, name: &str, cert: &TestCert) -> Value {
     secret_raw(

@@ -79,7 +79,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ingress: args.ingress,
         service: args.service,
     };
-    let options = EchoOptions { log: !args.quiet };
+    let options = EchoOptions {
+        log: !args.quiet,
+        ..EchoOptions::default()
+    };
     let server = if args.pods.is_empty() {
         let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, args.http_port));
         let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, args.http_port));

@@ -1,0 +1,287 @@
+//! End to end, over real sockets on 127.0.0.1 and [::1]: upstream protocols chosen by the Service
+//! port's `appProtocol`: HTTP/2 cleartext (one multiplexed connection per pod address, the
+//! client's family, per-family fallback), HTTP/1.1 over TLS verified against a CA Secret (wrong,
+//! missing or no CA: 502 for those routes only; skip-verify), HTTP/2 over TLS with a server-name
+//! annotation, and gRPC (unary and server-streaming, trailers kept) from h2 clients over
+//! prior knowledge and TLS.
+
+use conformance::bytes::Bytes;
+use conformance::client::{self, Conn, Reply};
+use conformance::echo::{grpc_frame, grpc_messages, EchoOptions};
+use conformance::http::{Method, Request};
+use conformance::http_body_util::Full;
+use conformance::tls::{self, TestCa};
+use conformance::{Duet, DuetBuilder, Echo, Family, Fleet, Ingress, ManifestDir, PodSpec, Port};
+
+const DUET: &str = env!("CARGO_BIN_EXE_duet");
+const NS: &str = "up";
+
+struct Setup {
+    _fleets: Vec<Fleet>,
+    _dir: ManifestDir,
+    duet: Duet,
+    h2c: Fleet,
+}
+
+/// Services: `h2c` (appProtocol `kubernetes.io/h2c`, dual-stack pods), `fallback` (h2c, a pod
+/// whose IPv4 port refuses), `secure` (`https`, pods with a certificate for
+/// `secure.up.svc` from the CA), `secure-h2` (`h2`, a certificate for `grpc.internal` only).
+async fn setup() -> anyhow::Result<Setup> {
+    let ca = TestCa::new("duet upstream test CA");
+    let other_ca = TestCa::new("another CA");
+    let secure_cert = ca.issue(&["secure.up.svc"]);
+    let h2_cert = ca.issue(&["grpc.internal"]);
+    let tls_options = |cert, alpn: &[&str]| EchoOptions {
+        tls: Some(tls::server_config(cert, alpn)),
+        ..EchoOptions::default()
+    };
+    let pods = [PodSpec::dual("a"), PodSpec::dual("b")];
+    let h2c = Fleet::start(NS, "h2c", &pods)?;
+    let fallback = Fleet::start(
+        NS,
+        "fallback",
+        &[PodSpec::dual("only").with(Family::V4, Port::Closed)],
+    )?;
+    let secure = Fleet::start_with(
+        NS,
+        "secure",
+        &pods,
+        tls_options(&secure_cert, &["http/1.1"]),
+    )?;
+    let secure_h2 = Fleet::start_with(
+        NS,
+        "secure-h2",
+        &pods,
+        tls_options(&h2_cert, &["h2", "http/1.1"]),
+    )?;
+
+    let dir = ManifestDir::with_class()?;
+    let mut services = h2c.manifests_with_app_protocol("kubernetes.io/h2c");
+    services.extend(fallback.manifests_with_app_protocol("h2c"));
+    services.extend(secure.manifests_with_app_protocol("https"));
+    services.extend(secure_h2.manifests_with_app_protocol("h2"));
+    dir.write("services.yaml", &services)?;
+    dir.write(
+        "secrets.yaml",
+        &[
+            tls::ca_secret(NS, "upstream-ca", &ca.cert_pem),
+            tls::ca_secret(NS, "other-ca", &other_ca.cert_pem),
+        ],
+    )?;
+    let ca_ingress = |name: &str, host: &str, service: &str, secret: &str| {
+        Ingress::new(NS, name)
+            .annotation("duet.dev/backend-ca-secret", secret)
+            .host(host, service)
+            .build()
+    };
+    dir.write(
+        "ingresses.yaml",
+        &[
+            Ingress::new(NS, "h2c")
+                .host("h2c.test", "h2c")
+                .host("fallback.test", "fallback")
+                .build(),
+            ca_ingress("secure", "secure.test", "secure", "upstream-ca"),
+            ca_ingress("wrong-ca", "wrong-ca.test", "secure", "other-ca"),
+            ca_ingress("missing-ca", "missing-ca.test", "secure", "no-such-secret"),
+            Ingress::new(NS, "no-ca")
+                .host("no-ca.test", "secure")
+                .build(),
+            Ingress::new(NS, "skip")
+                .annotation("duet.dev/backend-tls-skip-verify", "true")
+                .host("skip.test", "secure")
+                .build(),
+            Ingress::new(NS, "secure-h2")
+                .annotation("duet.dev/backend-ca-secret", "upstream-ca")
+                .annotation("duet.dev/backend-tls-server-name", "grpc.internal")
+                .host("h2.test", "secure-h2")
+                .build(),
+            Ingress::new(NS, "secure-h2-default-name")
+                .annotation("duet.dev/backend-ca-secret", "upstream-ca")
+                .host("h2-wrong-name.test", "secure-h2")
+                .build(),
+        ],
+    )?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    Ok(Setup {
+        _fleets: vec![fallback, secure, secure_h2],
+        _dir: dir,
+        duet,
+        h2c,
+    })
+}
+
+fn echo_of(reply: &Reply, what: &str) -> anyhow::Result<Echo> {
+    anyhow::ensure!(
+        reply.status == 200,
+        "{what}: status {} body {:?}",
+        reply.status,
+        reply.text()
+    );
+    reply.echo()
+}
+
+#[tokio::test]
+async fn h2c_upstream_speaks_http2_over_the_clients_family_on_one_connection() -> anyhow::Result<()>
+{
+    let s = setup().await?;
+    for family in Family::BOTH {
+        for h2_client in [false, true] {
+            let to = s.duet.http(family);
+            let mut conn = if h2_client {
+                Conn::http2(to).await?
+            } else {
+                Conn::http1(to).await?
+            };
+            let mut peers = std::collections::BTreeSet::new();
+            for _ in 0..6 {
+                let echo = echo_of(&conn.get("h2c.test", "/x?y=1").await?, "h2c")?;
+                assert_eq!(echo.proto, "HTTP/2.0", "{family} h2 client {h2_client}");
+                assert_eq!(echo.family, family, "pod reached over the client's family");
+                assert_eq!(echo.path, "/x?y=1");
+                assert_eq!(echo.host, "h2c.test");
+                let pod = s.h2c.pod(&echo.pod);
+                assert_eq!(Some(echo.local), pod.addr(family));
+                assert_eq!(
+                    echo.header("X-Forwarded-For").as_deref(),
+                    Some(&*conn.local_addr().ip().to_string())
+                );
+                peers.insert((echo.pod.clone(), echo.peer));
+            }
+            // Two pods, one multiplexed connection to each address: at most two source ports.
+            assert!(peers.len() <= 2, "{family}: {peers:?}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn h2c_upstream_falls_back_to_the_pods_other_family() -> anyhow::Result<()> {
+    let s = setup().await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(s.duet.http(family)).await?;
+        for _ in 0..4 {
+            let echo = echo_of(&conn.get("fallback.test", "/").await?, "fallback")?;
+            assert_eq!(
+                echo.family,
+                Family::V6,
+                "{family} client: the IPv4 port refuses"
+            );
+            assert_eq!(echo.proto, "HTTP/2.0");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn https_upstreams_verify_against_the_ca_secret_per_route() -> anyhow::Result<()> {
+    let s = setup().await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(s.duet.http(family)).await?;
+        for host in ["secure.test", "skip.test"] {
+            let echo = echo_of(&conn.get(host, "/tls").await?, host)?;
+            assert_eq!(echo.proto, "HTTP/1.1", "{host}");
+            assert_eq!(echo.family, family, "{host}");
+            assert_eq!(echo.service, "secure");
+        }
+        for host in ["wrong-ca.test", "missing-ca.test", "no-ca.test"] {
+            let reply = conn.get(host, "/tls").await?;
+            assert_eq!(reply.status, 502, "{host}: {}", reply.text());
+            assert_eq!(reply.header("server"), Some("duet"));
+        }
+        // The failures are per route: the verified route still answers on the same connection.
+        echo_of(&conn.get("secure.test", "/again").await?, "secure again")?;
+    }
+    let routes = s.duet.debug_routes().await?;
+    let diagnostics = routes["diagnostics"].to_string();
+    for expected in ["MissingSecret", "no-such-secret", "InsecureBackendTls"] {
+        assert!(diagnostics.contains(expected), "{expected}: {diagnostics}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn h2_over_tls_upstream_checks_the_server_name() -> anyhow::Result<()> {
+    let s = setup().await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(s.duet.http(family)).await?;
+        for _ in 0..3 {
+            let echo = echo_of(&conn.get("h2.test", "/").await?, "h2 over TLS")?;
+            assert_eq!(echo.proto, "HTTP/2.0");
+            assert_eq!(echo.family, family);
+        }
+        // Same pods and CA, but the default name secure-h2.up.svc is not in the certificate.
+        let reply = conn.get("h2-wrong-name.test", "/").await?;
+        assert_eq!(reply.status, 502, "{}", reply.text());
+    }
+    Ok(())
+}
+
+fn grpc_request(host: &str, messages: usize, status: u32) -> anyhow::Result<Request<Full<Bytes>>> {
+    Ok(client::request(Method::POST, host, "/echo.Echo/Stream")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("x-echo-grpc-messages", messages.to_string())
+        .header("x-echo-grpc-status", status.to_string())
+        .body(Full::new(grpc_frame(b"hello")))?)
+}
+
+fn check_grpc(reply: &Reply, messages: usize, status: &str, family: Family) -> anyhow::Result<()> {
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("content-type"), Some("application/grpc"));
+    let trailers = &reply.trailers;
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.to_str().unwrap()),
+        Some(status),
+        "trailers {trailers:?}"
+    );
+    let got = grpc_messages(&reply.body).expect("well-framed gRPC messages");
+    assert_eq!(got.len(), messages);
+    for message in got {
+        let echo: Echo = serde_json::from_slice(&message)?;
+        assert_eq!(echo.proto, "HTTP/2.0");
+        assert_eq!(echo.family, family);
+        assert_eq!(echo.body_length, 10);
+        assert_eq!(echo.header("Te").as_deref(), Some("trailers"));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn grpc_round_trips_keep_trailers_over_prior_knowledge_and_tls() -> anyhow::Result<()> {
+    let s = setup().await?;
+    for family in Family::BOTH {
+        let prior = Conn::http2(s.duet.http(family)).await?;
+        let (tls, handshake) = Conn::https(s.duet.https(family), Some("h2c.test"), &["h2"]).await?;
+        assert_eq!(handshake.alpn.as_deref(), Some("h2"));
+        for mut conn in [prior, tls] {
+            // Unary, then server streaming, then a failing call: the status is in the trailers.
+            check_grpc(
+                &conn.send(grpc_request("h2c.test", 1, 0)?).await?,
+                1,
+                "0",
+                family,
+            )?;
+            check_grpc(
+                &conn.send(grpc_request("h2c.test", 3, 0)?).await?,
+                3,
+                "0",
+                family,
+            )?;
+            check_grpc(
+                &conn.send(grpc_request("h2c.test", 0, 7)?).await?,
+                0,
+                "7",
+                family,
+            )?;
+            // gRPC to an HTTP/2-over-TLS upstream too.
+            check_grpc(
+                &conn.send(grpc_request("h2.test", 2, 0)?).await?,
+                2,
+                "0",
+                family,
+            )?;
+        }
+    }
+    Ok(())
+}
