@@ -25,7 +25,12 @@ pub struct DuetBuilder {
     args: Vec<String>,
     env: Vec<(String, String)>,
     until_ready: bool,
+    die_with_parent: bool,
 }
+
+/// `setpriv` (util-linux) runs a program with a parent-death signal, so a child outlives no
+/// parent that dies abruptly (SIGKILL, a crash), without `unsafe` code in the parent.
+const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// Where the `duet` under test reads objects from.
 #[derive(Clone, Debug)]
@@ -46,6 +51,7 @@ impl DuetBuilder {
             args: Vec::new(),
             env: Vec::new(),
             until_ready: true,
+            die_with_parent: false,
         }
     }
 
@@ -58,6 +64,7 @@ impl DuetBuilder {
             args: Vec::new(),
             env: Vec::new(),
             until_ready: true,
+            die_with_parent: false,
         }
     }
 
@@ -75,6 +82,14 @@ impl DuetBuilder {
     /// says (to watch readiness itself).
     pub fn without_waiting_for_ready(mut self) -> DuetBuilder {
         self.until_ready = false;
+        self
+    }
+
+    /// Makes the process get SIGKILL when the thread that started it ends or this process dies,
+    /// however it dies (through `setpriv --pdeathsig KILL`, when `/usr/bin/setpriv` exists). For
+    /// long-lived owners such as the conformance runner: a test's `Duet` is killed on drop anyway.
+    pub fn die_with_parent(mut self) -> DuetBuilder {
+        self.die_with_parent = true;
         self
     }
 
@@ -111,7 +126,13 @@ impl DuetBuilder {
                 .open(log.path())
                 .map_err(|e| StartError::Other(e.into()))
         };
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = if self.die_with_parent && Path::new(SETPRIV).exists() {
+            let mut cmd = Command::new(SETPRIV);
+            cmd.arg("--pdeathsig").arg("KILL").arg("--").arg(&self.bin);
+            cmd
+        } else {
+            Command::new(&self.bin)
+        };
         cmd.arg("serve");
         match &self.source {
             Source::Manifests(dir) => cmd.arg("--manifests").arg(dir),
@@ -259,6 +280,17 @@ impl Duet {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(false)
+    }
+
+    /// Sends SIGKILL without waiting (for a shared handle, e.g. from a signal handler; the
+    /// process is reaped on drop or by init).
+    pub fn kill_now(&self) {
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg(self.child.id().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 
     /// Everything the process printed so far.

@@ -80,7 +80,8 @@ impl PodSpec {
         self
     }
 
-    fn port(&self, family: Family) -> Port {
+    /// What the pod has on one family.
+    pub fn port(&self, family: Family) -> Port {
         match family {
             Family::V4 => self.v4,
             Family::V6 => self.v6,

@@ -1,22 +1,31 @@
-//! The mini cluster the runner tests against: the test API server, the real `duet` in
-//! Kubernetes mode publishing its loopback listener addresses as Ingress status, the IngressClass
-//! `conformance`, and "Deployments" realised as in-process echo pods whose Service and
-//! per-family EndpointSlices the runner writes as the endpoint controller would.
+//! The cluster the runner tests against, always driven through the Kubernetes API: the runner
+//! creates Namespaces, Deployments (`<ingress>-<service>`, the echo image, port 3000), Services
+//! (port `http` 8080 → 3000), Secrets and Ingresses, waits for the Deployments to be available
+//! and their EndpointSlices ready, and reads the Ingress status.
+//!
+//! - **Mini cluster** (default): the test API server, the stand-in deployment and endpoint
+//!   controllers of [`super::standin`] realising Deployments as loopback echo pods, the
+//!   IngressClass created by the runner, and the real `duet` in Kubernetes mode publishing its
+//!   loopback listener addresses as Ingress status.
+//! - **Real cluster** (`--kubeconfig`): the same requests against that cluster, whose own
+//!   controllers run the echo image; the controller under test and its IngressClass are already
+//!   there, and its status addresses are reached on `--http-port` / `--https-port`.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{bail, ensure, Context};
 use serde_json::{json, Value};
 
+use super::kube_api::KubeApi;
+use super::standin::{PodShape, StandIn, PODS_ANNOTATION};
 use crate::apiserver::ApiServer;
 use crate::duet::{Duet, DuetBuilder};
 use crate::echo::Family;
-use crate::fleet::{Fleet, PodSpec};
+use crate::fleet::{PodSpec, Port};
 
 /// The IngressClass the upstream features use by default.
 pub const INGRESS_CLASS: &str = "conformance";
@@ -24,197 +33,489 @@ pub const INGRESS_CLASS: &str = "conformance";
 pub const CONTROLLER: &str = "duet.dev/ingress-controller";
 /// The label on every namespace the runner creates.
 pub const NAMESPACE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "ingress-conformance");
+/// The upstream suite's echo backend (NOTES.md §4.3): port 3000, `POD_NAME`, `NAMESPACE`,
+/// `INGRESS_NAME` and `SERVICE_NAME` from the environment.
+pub const ECHO_IMAGE: &str = "k8s.gcr.io/ingressconformance/echoserver:v0.0.1@sha256:9b34b17f391f87fb2155f01da2f2f90b7a4a5c1110ed84cb5379faa4f570dc52";
+/// The Service port of every backend, as upstream: 8080, here always named `http`.
+pub const SERVICE_PORT: (&str, u16) = ("http", 8080);
+/// The echo container's port.
+pub const ECHO_PORT: u16 = 3000;
 
-/// One "Deployment": its pods, and the names of the slices written for them.
-#[derive(Debug)]
-struct Deployment {
-    service: String,
-    /// Held: dropping it stops the pods.
-    _fleet: Fleet,
+/// What the runner needs to reach a cluster.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `--kubeconfig`: a real cluster; `None` starts the mini cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// The `duet` binary (mini cluster only).
+    pub duet: PathBuf,
+    /// The IngressClass name Ingresses get by default.
+    pub ingress_class: String,
+    /// The echo image of real Deployments.
+    pub echo_image: String,
+    /// The port of the status addresses for `http` (real cluster).
+    pub http_port: u16,
+    /// The port of the status addresses for `https` (real cluster).
+    pub https_port: u16,
+    /// How long a Deployment may take to become available.
+    pub ready_timeout: Duration,
+    /// After scaling on a real cluster, how long the controller gets to pick up the endpoints
+    /// (upstream sleeps 60 s); the mini cluster asks duet's `/debug/routes` instead.
+    pub scale_settle: Duration,
 }
 
-/// The running mini cluster.
+/// What runs where.
+#[derive(Debug)]
+enum Mode {
+    Mini {
+        api: Arc<ApiServer>,
+        duet: Box<Duet>,
+        _standin: StandIn,
+    },
+    Real {
+        http_port: u16,
+        https_port: u16,
+        scale_settle: Duration,
+    },
+}
+
+/// The cluster under test.
 #[derive(Debug)]
 pub struct Cluster {
-    /// The API server.
-    pub api: ApiServer,
-    /// duet, in Kubernetes mode.
-    pub duet: Duet,
-    deployments: Mutex<HashMap<(String, String), Deployment>>,
-    counter: AtomicU64,
+    /// The API client.
+    pub kube: KubeApi,
+    /// The IngressClass name Ingresses get by default.
+    pub ingress_class: String,
+    echo_image: String,
+    ready_timeout: Duration,
+    mode: Mode,
 }
 
 impl Cluster {
-    /// Starts the API server on `127.0.0.1`, creates the IngressClass and starts duet with
-    /// `--publish-status-address 127.0.0.1,::1`.
-    pub async fn start(duet_bin: &Path) -> anyhow::Result<Cluster> {
-        let api = ApiServer::start(Family::V4.loopback())?;
-        api.create(json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "IngressClass",
-            "metadata": {"name": INGRESS_CLASS},
-            "spec": {"controller": CONTROLLER},
-        }))
-        .context("cannot create the IngressClass")?;
-        let duet = DuetBuilder::kube(duet_bin, api.kubeconfig())
-            .args([
-                "--publish-status-address",
-                "127.0.0.1,::1",
-                "--ingress-class",
-                INGRESS_CLASS,
-                "--election-namespace",
-                "default",
-            ])
-            .start()
-            .await?;
-        Ok(Cluster {
-            api,
-            duet,
-            deployments: Mutex::new(HashMap::new()),
-            counter: AtomicU64::new(0),
-        })
+    /// Connects to the cluster (starting the mini cluster unless `--kubeconfig` was given) and
+    /// deletes namespaces an earlier run left behind.
+    pub async fn start(opts: &Options) -> anyhow::Result<Cluster> {
+        let (kube, mode) = match &opts.kubeconfig {
+            Some(path) => {
+                let kube = KubeApi::from_kubeconfig(path).await?;
+                let class = kube
+                    .get(
+                        "networking.k8s.io/v1",
+                        "IngressClass",
+                        None,
+                        &opts.ingress_class,
+                    )
+                    .await?;
+                ensure!(
+                    class.is_some(),
+                    "the cluster has no IngressClass {:?}: create it for the controller under test",
+                    opts.ingress_class
+                );
+                println!(
+                    "cluster of {}: IngressClass {}, status addresses on ports {} and {}",
+                    path.display(),
+                    opts.ingress_class,
+                    opts.http_port,
+                    opts.https_port
+                );
+                let mode = Mode::Real {
+                    http_port: opts.http_port,
+                    https_port: opts.https_port,
+                    scale_settle: opts.scale_settle,
+                };
+                (kube, mode)
+            }
+            None => {
+                let api = Arc::new(ApiServer::start(Family::V4.loopback())?);
+                let standin = StandIn::start(api.clone());
+                let kube = KubeApi::from_kubeconfig(api.kubeconfig()).await?;
+                kube.create(crate::manifests::ingress_class(
+                    &opts.ingress_class,
+                    CONTROLLER,
+                ))
+                .await?;
+                let duet = DuetBuilder::kube(&opts.duet, api.kubeconfig())
+                    .args([
+                        "--publish-status-address",
+                        "127.0.0.1,::1",
+                        "--ingress-class",
+                        &opts.ingress_class,
+                        "--election-namespace",
+                        "default",
+                    ])
+                    .die_with_parent()
+                    .start()
+                    .await?;
+                println!(
+                    "mini cluster: API server {}, duet pid {} on {} and {}",
+                    api.addr(),
+                    duet.pid(),
+                    duet.http(Family::V4),
+                    duet.http(Family::V6)
+                );
+                let mode = Mode::Mini {
+                    api,
+                    duet: Box::new(duet),
+                    _standin: standin,
+                };
+                (kube, mode)
+            }
+        };
+        let cluster = Cluster {
+            kube,
+            ingress_class: opts.ingress_class.clone(),
+            echo_image: opts.echo_image.clone(),
+            ready_timeout: opts.ready_timeout,
+            mode,
+        };
+        cluster.delete_leftovers().await?;
+        Ok(cluster)
     }
 
-    /// The listener a client of `family` reaches for `scheme`.
-    pub fn listener(&self, family: Family, scheme: &str) -> SocketAddr {
-        if scheme == "https" {
-            self.duet.https(family)
-        } else {
-            self.duet.http(family)
+    /// Kills the `duet` the runner started, if any (from any thread, at any time).
+    pub fn kill_children(&self) {
+        if let Mode::Mini { duet, .. } = &self.mode {
+            duet.kill_now();
         }
     }
 
+    /// The mini cluster's test API server, if this is one.
+    pub fn mini_api(&self) -> Option<&ApiServer> {
+        match &self.mode {
+            Mode::Mini { api, .. } => Some(api),
+            Mode::Real { .. } => None,
+        }
+    }
+
+    /// Where a client connects for a status address and scheme.
+    pub fn listener(&self, ip: IpAddr, scheme: &str) -> SocketAddr {
+        let https = scheme == "https";
+        match &self.mode {
+            Mode::Mini { duet, .. } => {
+                let family = Family::of(&SocketAddr::new(ip, 0));
+                if https {
+                    duet.https(family)
+                } else {
+                    duet.http(family)
+                }
+            }
+            Mode::Real {
+                http_port,
+                https_port,
+                ..
+            } => SocketAddr::new(ip, if https { *https_port } else { *http_port }),
+        }
+    }
+
+    async fn delete_leftovers(&self) -> anyhow::Result<()> {
+        let selector = format!("{}={}", NAMESPACE_LABEL.0, NAMESPACE_LABEL.1);
+        for ns in self.kube.list("v1", "Namespace", None, &selector).await? {
+            if let Some(name) = ns["metadata"]["name"].as_str() {
+                println!("deleting namespace {name} left by an earlier run");
+                self.kube.delete("v1", "Namespace", None, name).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// A namespace named `ingress-conformance-…` with the conformance label.
-    pub fn new_namespace(&self) -> anyhow::Result<String> {
-        let ns = self.api.create(json!({
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "generateName": "ingress-conformance-",
-                "labels": {NAMESPACE_LABEL.0: NAMESPACE_LABEL.1},
-            },
-        }))?;
+    pub async fn new_namespace(&self) -> anyhow::Result<String> {
+        let ns = self
+            .kube
+            .create(json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "generateName": "ingress-conformance-",
+                    "labels": {NAMESPACE_LABEL.0: NAMESPACE_LABEL.1},
+                },
+            }))
+            .await?;
         ns["metadata"]["name"]
             .as_str()
             .map(str::to_owned)
             .context("namespace without a name")
     }
 
-    /// Deletes a namespace (its objects go with it) and stops its pods.
-    pub fn delete_namespace(&self, ns: &str) {
-        let _ = self.api.delete("v1", "Namespace", None, ns);
-        let mut deployments = self.deployments.lock().expect("deployments lock");
-        deployments.retain(|(dns, _), _| dns != ns);
+    /// Deletes a namespace (its objects go with it; its pods stop), without waiting.
+    pub async fn delete_namespace(&self, ns: &str) {
+        if let Err(e) = self.kube.delete("v1", "Namespace", None, ns).await {
+            eprintln!("cannot delete namespace {ns}: {e:#}");
+        }
     }
 
-    /// Creates Deployment `<ingress>-<service>` with one pod, its Service and slices, unless that
-    /// Deployment exists (as upstream: then nothing happens).
-    pub fn ensure_backend(&self, ns: &str, ingress: &str, service: &str) -> anyhow::Result<()> {
+    /// Creates Deployment `<ingress>-<service>` (one replica) and its Service, and waits until
+    /// it is available, unless that Deployment or that Service exists (as upstream: then
+    /// nothing happens; a Service declared by an earlier step keeps its pods).
+    pub async fn ensure_backend(
+        &self,
+        ns: &str,
+        ingress: &str,
+        service: &str,
+    ) -> anyhow::Result<()> {
         let name = format!("{ingress}-{service}");
         if self
-            .deployments
-            .lock()
-            .expect("deployments lock")
-            .contains_key(&(ns.to_owned(), name.clone()))
+            .kube
+            .get("apps/v1", "Deployment", Some(ns), &name)
+            .await?
+            .is_some()
+            || self
+                .kube
+                .get("v1", "Service", Some(ns), service)
+                .await?
+                .is_some()
         {
             return Ok(());
         }
-        let specs = self.pod_specs(&name, 1);
-        let fleet = Fleet::start(ns, service, &specs)?;
-        for doc in fleet.manifests() {
-            self.api.apply(doc)?;
-        }
-        self.deployments.lock().expect("deployments lock").insert(
-            (ns.to_owned(), name),
-            Deployment {
-                service: service.to_owned(),
-                _fleet: fleet,
-            },
-        );
+        self.kube
+            .create(self.deployment(ns, &name, ingress, service, 1, None))
+            .await?;
+        self.kube
+            .create(service_object(ns, service, &name, None))
+            .await?;
+        self.wait_available(ns, &name, service, 1).await?;
         Ok(())
     }
 
-    fn pod_specs(&self, deployment: &str, replicas: usize) -> Vec<PodSpec> {
-        (0..replicas)
-            .map(|_| {
-                let n = self.counter.fetch_add(1, Ordering::Relaxed);
-                PodSpec::dual(&format!("{deployment}-{n:05x}"))
-            })
-            .collect()
-    }
-
-    /// Scales Deployment `name` to `replicas` pods: new pods and slices replace the old ones, then
-    /// waits until duet routes to every new pod on both families.
-    pub async fn scale(&self, ns: &str, name: &str, replicas: usize) -> anyhow::Result<()> {
-        let service = {
-            let deployments = self.deployments.lock().expect("deployments lock");
-            let d = deployments
-                .get(&(ns.to_owned(), name.to_owned()))
-                .with_context(|| format!("no Deployment {ns}/{name}"))?;
-            d.service.clone()
-        };
-        let specs = self.pod_specs(name, replicas);
-        let fleet = Fleet::start(ns, &service, &specs)?;
-        let new_slices = fleet.slices();
-        let keep: Vec<String> = new_slices
-            .iter()
-            .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_owned))
+    /// Creates Service `service` with exactly these pods (mini cluster only: its stand-in
+    /// realises the Deployment's [`PODS_ANNOTATION`]), its `ipFamilies` those of its pods.
+    pub async fn service_with_pods(
+        &self,
+        ns: &str,
+        service: &str,
+        specs: &[PodSpec],
+    ) -> anyhow::Result<()> {
+        ensure!(
+            self.mini_api().is_some(),
+            "a Service with pods of chosen families needs the mini cluster (run without --kubeconfig)"
+        );
+        let shapes: Vec<PodShape> = specs.iter().map(PodShape::of).collect();
+        let families: Vec<Family> = Family::BOTH
+            .into_iter()
+            .filter(|f| specs.iter().any(|s| s.port(*f) != Port::Absent))
             .collect();
-        for doc in new_slices {
-            self.api.apply(doc)?;
-        }
-        for old in self.api.list("discovery.k8s.io/v1", "EndpointSlice") {
-            let meta = &old["metadata"];
-            let same_service =
-                meta["labels"]["kubernetes.io/service-name"].as_str() == Some(service.as_str());
-            let name = meta["name"].as_str().unwrap_or_default();
-            if meta["namespace"].as_str() == Some(ns)
-                && same_service
-                && !keep.iter().any(|k| k == name)
-            {
-                let _ = self
-                    .api
-                    .delete("discovery.k8s.io/v1", "EndpointSlice", Some(ns), name);
-            }
-        }
-        let addrs: Vec<SocketAddr> = fleet
-            .pods()
-            .iter()
-            .flat_map(|p| Family::BOTH.into_iter().filter_map(|f| p.addr(f)))
-            .collect();
-        let old = self.deployments.lock().expect("deployments lock").insert(
-            (ns.to_owned(), name.to_owned()),
-            Deployment {
+        self.kube
+            .create(self.deployment(
+                ns,
                 service,
-                _fleet: fleet,
-            },
-        );
-        self.wait_routed(&addrs).await?;
-        drop(old);
+                "",
+                service,
+                specs.len(),
+                Some(serde_json::to_string(&shapes)?),
+            ))
+            .await?;
+        self.kube
+            .create(service_object(ns, service, service, Some(&families)))
+            .await?;
+        self.wait_available(ns, service, service, specs.len())
+            .await?;
         Ok(())
     }
 
-    /// Waits until `/debug/routes` names every address.
-    async fn wait_routed(&self, addrs: &[SocketAddr]) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let routes = self
-                .duet
-                .debug_routes()
-                .await
-                .unwrap_or(Value::Null)
-                .to_string();
-            let missing: Vec<&SocketAddr> = addrs
-                .iter()
-                .filter(|a| !routes.contains(&a.to_string()))
-                .collect();
-            if missing.is_empty() {
-                return Ok(());
+    /// Scales Deployment `name` (of Service `service`) to `replicas` and waits until it is
+    /// available with that many ready endpoints; then until duet routes to every one (mini
+    /// cluster), or for the settle time (real cluster; upstream sleeps 60 s).
+    pub async fn scale(
+        &self,
+        ns: &str,
+        name: &str,
+        service: &str,
+        replicas: usize,
+    ) -> anyhow::Result<()> {
+        self.kube
+            .merge_patch(
+                "apps/v1",
+                "Deployment",
+                Some(ns),
+                name,
+                &json!({"spec": {"replicas": replicas}}),
+            )
+            .await?;
+        let addrs = self.wait_available(ns, name, service, replicas).await?;
+        match &self.mode {
+            Mode::Mini { duet, .. } => wait_routed(duet, &addrs).await,
+            Mode::Real { scale_settle, .. } => {
+                tokio::time::sleep(*scale_settle).await;
+                Ok(())
             }
-            if Instant::now() > deadline {
-                bail!("duet does not route to {missing:?} after 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    fn deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        ingress: &str,
+        service: &str,
+        replicas: usize,
+        pods: Option<String>,
+    ) -> Value {
+        let probe = json!({
+            "httpGet": {"path": "/health", "port": ECHO_PORT, "scheme": "HTTP"},
+            "initialDelaySeconds": 1, "periodSeconds": 1, "timeoutSeconds": 1,
+            "successThreshold": 1, "failureThreshold": 10,
+        });
+        let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+        let mut d = json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{
+                        "name": "ingress-conformance-echo",
+                        "image": self.echo_image,
+                        "env": [
+                            {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+                            {"name": "NAMESPACE", "valueFrom": field("metadata.namespace")},
+                            {"name": "INGRESS_NAME", "value": ingress},
+                            {"name": "SERVICE_NAME", "value": service},
+                        ],
+                        "ports": [{"name": SERVICE_PORT.0, "containerPort": ECHO_PORT}],
+                        "readinessProbe": probe,
+                        "livenessProbe": probe,
+                    }]},
+                },
+            },
+        });
+        if let Some(pods) = pods {
+            d["metadata"]["annotations"] = json!({ PODS_ANNOTATION: pods });
+        }
+        d
+    }
+
+    /// Waits until Deployment `name` reports `replicas` available (for its current generation)
+    /// and the EndpointSlices of `service` list exactly `replicas` ready pods; returns their
+    /// addresses.
+    async fn wait_available(
+        &self,
+        ns: &str,
+        name: &str,
+        service: &str,
+        replicas: usize,
+    ) -> anyhow::Result<Vec<SocketAddr>> {
+        let deadline = Instant::now() + self.ready_timeout;
+        // Quick at first (the mini cluster answers in milliseconds), then once a second.
+        let mut poll = Duration::from_millis(20);
+        let selector = format!("kubernetes.io/service-name={service}");
+        loop {
+            let last = match self
+                .kube
+                .get("apps/v1", "Deployment", Some(ns), name)
+                .await?
+            {
+                None => bail!("Deployment {ns}/{name} is gone"),
+                Some(d) => {
+                    let status = &d["status"];
+                    let generation = d["metadata"]["generation"].as_u64().unwrap_or(0);
+                    let available = status["availableReplicas"].as_u64().unwrap_or(0) as usize;
+                    let observed = status["observedGeneration"].as_u64().unwrap_or(0);
+                    if available == replicas && observed >= generation {
+                        let slices = self
+                            .kube
+                            .list("discovery.k8s.io/v1", "EndpointSlice", Some(ns), &selector)
+                            .await?;
+                        let (pods, addrs) = ready_endpoints(&slices);
+                        if pods.len() == replicas {
+                            return Ok(addrs);
+                        }
+                        format!("{} ready pods in the EndpointSlices", pods.len())
+                    } else {
+                        format!("{available} available replicas (generation {observed} of {generation})")
+                    }
+                }
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "Deployment {ns}/{name} not available with {replicas} replicas after {:?}: {last}",
+                    self.ready_timeout
+                );
+            }
+            tokio::time::sleep(poll).await;
+            poll = (poll * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+/// The Service of a backend: selects `app: <deployment>`, port `http` 8080 → 3000. Upstream
+/// sets no family policy; duet's runner asks for both families where the cluster has them, or
+/// exactly `families`.
+fn service_object(ns: &str, service: &str, deployment: &str, families: Option<&[Family]>) -> Value {
+    let mut spec = json!({
+        "selector": {"app": deployment},
+        "ports": [{
+            "name": SERVICE_PORT.0, "port": SERVICE_PORT.1, "targetPort": ECHO_PORT,
+            "protocol": "TCP",
+        }],
+        "ipFamilyPolicy": "PreferDualStack",
+    });
+    if let Some(families) = families {
+        let names: Vec<&str> = families
+            .iter()
+            .map(|f| match f {
+                Family::V4 => "IPv4",
+                Family::V6 => "IPv6",
+            })
+            .collect();
+        spec["ipFamilyPolicy"] = json!(if names.len() == 2 {
+            "RequireDualStack"
+        } else {
+            "SingleStack"
+        });
+        spec["ipFamilies"] = json!(names);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service, "namespace": ns},
+        "spec": spec,
+    })
+}
+
+/// The ready pods of EndpointSlices (by `targetRef.name`, else by address) and their addresses
+/// with the slice's first port.
+fn ready_endpoints(slices: &[Value]) -> (BTreeSet<String>, Vec<SocketAddr>) {
+    let mut pods = BTreeSet::new();
+    let mut addrs = Vec::new();
+    for slice in slices {
+        let port = slice["ports"][0]["port"].as_u64().unwrap_or(0) as u16;
+        for e in slice["endpoints"].as_array().into_iter().flatten() {
+            if e["conditions"]["ready"] == false {
+                continue;
+            }
+            for a in e["addresses"].as_array().into_iter().flatten() {
+                let Some(ip) = a.as_str().and_then(|a| a.parse::<IpAddr>().ok()) else {
+                    continue;
+                };
+                addrs.push(SocketAddr::new(ip, port));
+                pods.insert(
+                    e["targetRef"]["name"]
+                        .as_str()
+                        .map_or_else(|| ip.to_string(), str::to_owned),
+                );
+            }
+        }
+    }
+    (pods, addrs)
+}
+
+/// Waits until duet's `/debug/routes` names every address.
+async fn wait_routed(duet: &Duet, addrs: &[SocketAddr]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let routes = duet.debug_routes().await.unwrap_or(Value::Null).to_string();
+        let missing: Vec<&SocketAddr> = addrs
+            .iter()
+            .filter(|a| !routes.contains(&a.to_string()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("duet does not route to {missing:?} after 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

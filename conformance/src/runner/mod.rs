@@ -2,7 +2,9 @@
 //! and duet's own) with cucumber against a mini cluster, once per address family.
 
 pub mod cluster;
+pub mod kube_api;
 pub mod parse;
+pub mod standin;
 pub mod steps;
 
 use std::fmt::Write as _;
@@ -48,9 +50,32 @@ pub struct Cli {
     /// How long a status address may take to appear.
     #[arg(long, value_name = "SECONDS", default_value = "60")]
     pub status_timeout: u64,
-    /// The duet binary (default: `duet` next to this program).
+    /// The duet binary (default: `duet` next to this program; mini cluster only).
     #[arg(long, value_name = "PATH")]
     pub duet: Option<PathBuf>,
+    /// Test a real cluster: create the backends there and read the status that the controller
+    /// under test writes, instead of starting the mini cluster and duet.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The IngressClass Ingresses name by default (with --kubeconfig it must exist).
+    #[arg(long, value_name = "NAME", default_value = cluster::INGRESS_CLASS)]
+    pub ingress_class: String,
+    /// The echo backend image of the Deployments (with --kubeconfig).
+    #[arg(long, value_name = "IMAGE", default_value = cluster::ECHO_IMAGE)]
+    pub echo_image: String,
+    /// The port of the status addresses for http:// (with --kubeconfig).
+    #[arg(long, value_name = "PORT", default_value = "80")]
+    pub http_port: u16,
+    /// The port of the status addresses for https:// (with --kubeconfig).
+    #[arg(long, value_name = "PORT", default_value = "443")]
+    pub https_port: u16,
+    /// How long a backend Deployment may take to become available.
+    #[arg(long, value_name = "SECONDS", default_value = "300")]
+    pub ready_timeout: u64,
+    /// After scaling a Deployment, how long the controller gets to see the new endpoints (with
+    /// --kubeconfig; as upstream, 60 s).
+    #[arg(long, value_name = "SECONDS", default_value = "60")]
+    pub scale_settle: u64,
     /// Write a JUnit XML report here.
     #[arg(long, value_name = "PATH")]
     pub junit: Option<PathBuf>,
@@ -97,7 +122,17 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     for f in &features {
         anyhow::ensure!(f.exists(), "no features at {}", f.display());
     }
-    let cluster = cluster::Cluster::start(&duet).await?;
+    let cluster = cluster::Cluster::start(&cluster::Options {
+        kubeconfig: cli.kubeconfig.clone(),
+        duet,
+        ingress_class: cli.ingress_class.clone(),
+        echo_image: cli.echo_image.clone(),
+        http_port: cli.http_port,
+        https_port: cli.https_port,
+        ready_timeout: Duration::from_secs(cli.ready_timeout),
+        scale_settle: Duration::from_secs(cli.scale_settle),
+    })
+    .await?;
     SHARED
         .set(Shared {
             cluster,
@@ -206,7 +241,8 @@ async fn run_features(
             let ns = world.and_then(|w| w.namespace.take());
             Box::pin(async move {
                 if let Some(ns) = ns {
-                    SHARED.get().expect("cluster").cluster.delete_namespace(&ns);
+                    let cluster = &SHARED.get().expect("cluster").cluster;
+                    cluster.delete_namespace(&ns).await;
                 }
             })
         })
@@ -214,6 +250,14 @@ async fn run_features(
             filter.as_deref().is_none_or(|f| scenario.name.contains(f))
         })
         .await
+}
+
+/// Stops what the runner started (the `duet` process); the API server and the echo pods live in
+/// this process and end with it. Safe to call more than once, and from a signal handler's task.
+pub fn shutdown() {
+    if let Some(shared) = SHARED.get() {
+        shared.cluster.kill_children();
+    }
 }
 
 fn xml_escape(s: &str) -> String {

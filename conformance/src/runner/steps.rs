@@ -15,14 +15,15 @@ use http_body_util::Full;
 use regex::Regex;
 use serde_json::Value;
 
-use super::cluster::{Cluster, INGRESS_CLASS};
+use super::cluster::Cluster;
 use crate::client::{self, Conn, Reply};
 use crate::echo::Family;
+use crate::fleet::{PodSpec, Port};
 
 /// What every scenario shares: the cluster, the profile and the waits.
 #[derive(Debug)]
 pub struct Shared {
-    /// The mini cluster.
+    /// The cluster under test.
     pub cluster: Cluster,
     /// How long the status wait of the ingress_class scenario lasts.
     pub class_wait: Duration,
@@ -62,8 +63,22 @@ pub struct ConformanceWorld {
     pub namespace: Option<String>,
     ingress: Option<String>,
     address: Option<IpAddr>,
+    /// The status address as the Host header names it (an IPv6 one bracketed, or the FQDN).
+    location: Option<String>,
     response: Option<Captured>,
     buckets: BTreeMap<u16, BTreeSet<String>>,
+    /// Every response of the last `I send N requests` step, in order.
+    replies: Vec<Served>,
+    /// The pods of the Services this scenario declared.
+    pods: Vec<PodSpec>,
+}
+
+/// What one of many requests got: its status, and which pod answered over which address.
+#[derive(Clone, Debug)]
+struct Served {
+    status: u16,
+    pod: String,
+    local: Option<SocketAddr>,
 }
 
 type StepFn = for<'a> fn(&'a mut ConformanceWorld, Context) -> LocalBoxFuture<'a, ()>;
@@ -157,6 +172,34 @@ pub fn steps() -> Vec<(Regex, StepFn)> {
             r#"^the request header "Forwarded" must name the client's address$"#,
             forwarded_is_client,
         ),
+        (
+            r#"^a Service "([^"]*)" with these pods:$"#,
+            service_with_pods,
+        ),
+        (
+            r"^every response status-code must be (\d+)$",
+            every_status_is,
+        ),
+        (
+            r#"^each of the pods "([^"]*)" must serve between (\d+) and (\d+) of the requests$"#,
+            pods_share,
+        ),
+        (
+            r#"^the pod "([^"]*)" must serve at least (\d+) of the requests$"#,
+            pod_serves_at_least,
+        ),
+        (
+            r#"^the pod "([^"]*)" must be reached over (IPv4|IPv6|the client's address family)$"#,
+            pod_reached_over,
+        ),
+        (
+            r"^every request must reach a pod over the client's address family$",
+            every_same_family,
+        ),
+        (
+            r"^only the pods with an address of the client's family must serve requests$",
+            only_client_family_pods,
+        ),
     ];
     table
         .into_iter()
@@ -174,7 +217,7 @@ fn family() -> Family {
 
 step!(new_namespace, new_namespace_impl);
 async fn new_namespace_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
-    w.namespace = Some(shared().cluster.new_namespace()?);
+    w.namespace = Some(shared().cluster.new_namespace().await?);
     Ok(())
 }
 
@@ -193,7 +236,7 @@ async fn ingress_spec_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Re
         "metadata": {"name": name},
         "spec": spec,
     });
-    create_ingress(w, ingress)
+    create_ingress(w, ingress).await
 }
 
 step!(ingress_manifest, ingress_manifest_impl);
@@ -204,7 +247,7 @@ async fn ingress_manifest_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow
         .clone()
         .context("the step needs a doc string")?;
     let ingress: Value = serde_saphyr::from_str(&doc).context("the manifest is not YAML")?;
-    create_ingress(w, ingress)
+    create_ingress(w, ingress).await
 }
 
 step!(ingress_in_new_namespace, ingress_in_new_namespace_impl);
@@ -212,12 +255,12 @@ async fn ingress_in_new_namespace_impl(
     w: &mut ConformanceWorld,
     ctx: Context,
 ) -> anyhow::Result<()> {
-    w.namespace = Some(shared().cluster.new_namespace()?);
+    w.namespace = Some(shared().cluster.new_namespace().await?);
     ingress_manifest_impl(w, ctx).await
 }
 
 /// Backends first (one per referenced Service), then the Ingress, as upstream.
-fn create_ingress(w: &mut ConformanceWorld, mut ingress: Value) -> anyhow::Result<()> {
+async fn create_ingress(w: &mut ConformanceWorld, mut ingress: Value) -> anyhow::Result<()> {
     let ns = w.namespace.clone().context("no namespace yet")?;
     ensure!(ns != "default", "refusing the default namespace");
     let name = ingress["metadata"]["name"]
@@ -226,7 +269,7 @@ fn create_ingress(w: &mut ConformanceWorld, mut ingress: Value) -> anyhow::Resul
         .to_owned();
     ingress["metadata"]["namespace"] = ns.clone().into();
     if ingress["spec"]["ingressClassName"].is_null() {
-        ingress["spec"]["ingressClassName"] = INGRESS_CLASS.into();
+        ingress["spec"]["ingressClassName"] = shared().cluster.ingress_class.clone().into();
     }
     let mut services = Vec::new();
     if let Some(s) = ingress["spec"]["defaultBackend"]["service"]["name"].as_str() {
@@ -241,9 +284,9 @@ fn create_ingress(w: &mut ConformanceWorld, mut ingress: Value) -> anyhow::Resul
     }
     let cluster = &shared().cluster;
     for service in services {
-        cluster.ensure_backend(&ns, &name, &service)?;
+        cluster.ensure_backend(&ns, &name, &service).await?;
     }
-    cluster.api.create(ingress)?;
+    cluster.kube.create(ingress).await?;
     w.ingress = Some(name);
     Ok(())
 }
@@ -256,19 +299,21 @@ async fn tls_secret_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Resu
     let cert = crate::tls::cert(&names);
     shared()
         .cluster
-        .api
-        .create(crate::tls::secret(&ns, &arg(&ctx, 1), &cert))?;
+        .kube
+        .create(crate::tls::secret(&ns, &arg(&ctx, 1), &cert))
+        .await?;
     Ok(())
 }
 
 /// The status addresses of the scenario's Ingress (`ip`, then `hostname`, per entry).
-fn status_addresses(w: &ConformanceWorld) -> anyhow::Result<Vec<String>> {
+async fn status_addresses(w: &ConformanceWorld) -> anyhow::Result<Vec<String>> {
     let ns = w.namespace.as_deref().context("no namespace yet")?;
     let name = w.ingress.as_deref().context("no Ingress yet")?;
     let ingress = shared()
         .cluster
-        .api
+        .kube
         .get("networking.k8s.io/v1", "Ingress", Some(ns), name)
+        .await?
         .with_context(|| format!("Ingress {ns}/{name} not found"))?;
     let mut out = Vec::new();
     for entry in ingress["status"]["loadBalancer"]["ingress"]
@@ -290,14 +335,13 @@ async fn status_shows_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::R
     let deadline = Instant::now() + shared().status_timeout;
     let want = family();
     loop {
-        let addrs = status_addresses(w)?;
+        let addrs = status_addresses(w).await?;
         if !addrs.is_empty() {
-            let ip = addrs
-                .iter()
-                .filter_map(|a| a.parse::<IpAddr>().ok())
-                .find(|ip| Family::of(&SocketAddr::new(*ip, 0)) == want)
+            let (ip, location) = pick_address(&addrs, want)
+                .await
                 .with_context(|| format!("the status lists no {want} address: {addrs:?}"))?;
             w.address = Some(ip);
+            w.location = Some(location);
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -307,11 +351,37 @@ async fn status_shows_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::R
     }
 }
 
+/// The first status address of the client's family: an IP as written, or a host name resolved
+/// to its A and AAAA records. Returns the IP to connect to and the Host header naming it.
+async fn pick_address(addrs: &[String], want: Family) -> Option<(IpAddr, String)> {
+    for a in addrs {
+        if let Ok(ip) = a.parse::<IpAddr>() {
+            if Family::of(&SocketAddr::new(ip, 0)) == want {
+                let location = match ip {
+                    IpAddr::V4(v4) => v4.to_string(),
+                    IpAddr::V6(v6) => format!("[{v6}]"),
+                };
+                return Some((ip, location));
+            }
+            continue;
+        }
+        let Ok(resolved) = tokio::net::lookup_host((a.as_str(), 80)).await else {
+            continue;
+        };
+        for sa in resolved {
+            if Family::of(&sa) == want {
+                return Some((sa.ip(), a.clone()));
+            }
+        }
+    }
+    None
+}
+
 step!(status_empty, status_empty_impl);
 async fn status_empty_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
     let deadline = Instant::now() + shared().class_wait;
     while Instant::now() < deadline {
-        let addrs = status_addresses(w)?;
+        let addrs = status_addresses(w).await?;
         ensure!(addrs.is_empty(), "the status got addresses: {addrs:?}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -323,8 +393,12 @@ async fn scale_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Result<()
     let ns = w.namespace.clone().context("no namespace yet")?;
     let ingress = w.ingress.clone().context("no Ingress yet")?;
     let replicas: usize = arg(&ctx, 2).parse()?;
-    let deployment = format!("{ingress}-{}", arg(&ctx, 1));
-    shared().cluster.scale(&ns, &deployment, replicas).await
+    let service = arg(&ctx, 1);
+    let deployment = format!("{ingress}-{service}");
+    shared()
+        .cluster
+        .scale(&ns, &deployment, &service, replicas)
+        .await
 }
 
 /// Upstream's CaptureRoundTrip: connects to the status address (the listener of `scheme`),
@@ -338,18 +412,13 @@ async fn round_trip(
     path: &str,
 ) -> anyhow::Result<Captured> {
     let ip = w.address.context("no status address yet")?;
-    let to = shared()
-        .cluster
-        .listener(Family::of(&SocketAddr::new(ip, 0)), scheme);
+    let location = w.location.clone().context("no status address yet")?;
     let mut conn = conn;
     let (mut scheme, mut hostname, mut path) =
         (scheme.to_owned(), hostname.to_owned(), path.to_owned());
     for _ in 0..10 {
         let host = if hostname.is_empty() {
-            match ip {
-                IpAddr::V4(v4) => v4.to_string(),
-                IpAddr::V6(v6) => format!("[{v6}]"),
-            }
+            location.clone()
         } else {
             hostname.clone()
         };
@@ -361,7 +430,7 @@ async fn round_trip(
             req = req.header(http::header::CONTENT_LENGTH, "0");
         }
         let req = req.body(Full::new(Bytes::new()))?;
-        let to = shared().cluster.listener(Family::of(&to), &scheme);
+        let to = shared().cluster.listener(ip, &scheme);
         let (reply, tls_verified, client): (Reply, Option<String>, SocketAddr) =
             if scheme == "https" {
                 let sni = (!hostname.is_empty()).then_some(hostname.as_str());
@@ -450,17 +519,22 @@ async fn send_many_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Resul
     let count: usize = arg(&ctx, 1).parse()?;
     let (scheme, host, path) = split_url(&arg(&ctx, 2))?;
     let ip = w.address.context("no status address yet")?;
-    let to = shared()
-        .cluster
-        .listener(Family::of(&SocketAddr::new(ip, 0)), &scheme);
+    let to = shared().cluster.listener(ip, &scheme);
     let mut conn = Conn::http1(to).await?;
     let mut buckets: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
+    let mut replies = Vec::with_capacity(count);
     for _ in 0..count {
         let c = round_trip(w, Some(&mut conn), "GET", &scheme, &host, &path).await?;
         let pod = c.echo["pod"].as_str().unwrap_or_default().to_owned();
-        buckets.entry(c.status).or_default().insert(pod);
+        buckets.entry(c.status).or_default().insert(pod.clone());
+        replies.push(Served {
+            status: c.status,
+            pod,
+            local: c.echo["local"].as_str().and_then(|l| l.parse().ok()),
+        });
     }
     w.buckets = buckets;
+    w.replies = replies;
     Ok(())
 }
 
@@ -626,7 +700,7 @@ async fn pods_seen_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Resul
 
 step!(status_both, status_both_impl);
 async fn status_both_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
-    let addrs = status_addresses(w)?;
+    let addrs = status_addresses(w).await?;
     let ips: Vec<IpAddr> = addrs.iter().filter_map(|a| a.parse().ok()).collect();
     ensure!(
         ips.iter().any(IpAddr::is_ipv4) && ips.iter().any(IpAddr::is_ipv6),
@@ -696,6 +770,169 @@ async fn forwarded_is_client_impl(w: &mut ConformanceWorld, _ctx: Context) -> an
                 .split(';')
                 .any(|p| wants.iter().any(|w| p.trim().eq_ignore_ascii_case(w))),
         "Forwarded is {got:?}, not naming the client as one of {wants:?}"
+    );
+    Ok(())
+}
+
+step!(service_with_pods, service_with_pods_impl);
+async fn service_with_pods_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Result<()> {
+    let ns = w.namespace.clone().context("no namespace yet")?;
+    let port = |cell: &str| -> anyhow::Result<Port> {
+        Ok(match cell {
+            "listen" => Port::Listen,
+            "closed" => Port::Closed,
+            "absent" => Port::Absent,
+            other => bail!("{other:?} is not listen, closed or absent"),
+        })
+    };
+    let table = ctx.step.table.as_ref().context("the step needs a table")?;
+    let (header, rows) = table.rows.split_first().context("the table is empty")?;
+    ensure!(
+        header
+            .iter()
+            .map(String::as_str)
+            .eq(["pod", "ipv4", "ipv6"]),
+        "the table's columns must be pod | ipv4 | ipv6, not {header:?}"
+    );
+    let mut specs = Vec::new();
+    for row in rows {
+        let [pod, v4, v6] = row.as_slice() else {
+            bail!("a pod row needs 3 cells: {row:?}");
+        };
+        specs.push(
+            PodSpec::dual(pod)
+                .with(Family::V4, port(v4)?)
+                .with(Family::V6, port(v6)?),
+        );
+    }
+    ensure!(!specs.is_empty(), "the Service needs at least one pod");
+    shared()
+        .cluster
+        .service_with_pods(&ns, &arg(&ctx, 1), &specs)
+        .await?;
+    w.pods.extend(specs);
+    Ok(())
+}
+
+fn replies(w: &ConformanceWorld) -> anyhow::Result<&[Served]> {
+    ensure!(!w.replies.is_empty(), "no requests were sent");
+    Ok(&w.replies)
+}
+
+/// How many of the replies each pod served.
+fn per_pod(w: &ConformanceWorld) -> anyhow::Result<BTreeMap<&str, usize>> {
+    let mut counts = BTreeMap::new();
+    for r in replies(w)? {
+        *counts.entry(r.pod.as_str()).or_default() += 1;
+    }
+    Ok(counts)
+}
+
+step!(every_status_is, every_status_is_impl);
+async fn every_status_is_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Result<()> {
+    let want: u16 = arg(&ctx, 1).parse()?;
+    let all = replies(w)?;
+    let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+    for r in all {
+        *by_status.entry(r.status).or_default() += 1;
+    }
+    ensure!(
+        by_status.keys().all(|s| *s == want),
+        "of {} responses, not all had status {want}: count by status {by_status:?}",
+        all.len()
+    );
+    Ok(())
+}
+
+step!(pods_share, pods_share_impl);
+async fn pods_share_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Result<()> {
+    let (low, high): (usize, usize) = (arg(&ctx, 2).parse()?, arg(&ctx, 3).parse()?);
+    let counts = per_pod(w)?;
+    for pod in arg(&ctx, 1).split(',').map(str::trim) {
+        let n = counts.get(pod).copied().unwrap_or_default();
+        ensure!(
+            (low..=high).contains(&n),
+            "pod {pod} served {n} requests, not between {low} and {high}: {counts:?}"
+        );
+    }
+    Ok(())
+}
+
+step!(pod_serves_at_least, pod_serves_at_least_impl);
+async fn pod_serves_at_least_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Result<()> {
+    let pod = arg(&ctx, 1);
+    let want: usize = arg(&ctx, 2).parse()?;
+    let counts = per_pod(w)?;
+    let n = counts.get(pod.as_str()).copied().unwrap_or_default();
+    ensure!(
+        n >= want,
+        "pod {pod} served {n} requests, fewer than {want}: {counts:?}"
+    );
+    Ok(())
+}
+
+/// The family a pod's local address belongs to, failing on a reply that names none.
+fn reached_over(r: &Served) -> anyhow::Result<Family> {
+    r.local.map(|l| Family::of(&l)).with_context(|| {
+        format!(
+            "pod {:?} did not report the address it was reached on",
+            r.pod
+        )
+    })
+}
+
+step!(pod_reached_over, pod_reached_over_impl);
+async fn pod_reached_over_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Result<()> {
+    let pod = arg(&ctx, 1);
+    let want = match arg(&ctx, 2).as_str() {
+        "IPv4" => Family::V4,
+        "IPv6" => Family::V6,
+        _ => family(),
+    };
+    let mine: Vec<&Served> = replies(w)?.iter().filter(|r| r.pod == pod).collect();
+    ensure!(!mine.is_empty(), "pod {pod} served none of the requests");
+    for r in &mine {
+        let got = reached_over(r)?;
+        ensure!(
+            got == want,
+            "pod {pod} was reached over {got} ({:?}), not {want}",
+            r.local
+        );
+    }
+    Ok(())
+}
+
+step!(every_same_family, every_same_family_impl);
+async fn every_same_family_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
+    let want = family();
+    for r in replies(w)? {
+        let got = reached_over(r)?;
+        ensure!(
+            got == want,
+            "an {want} client reached pod {} over {got} ({:?})",
+            r.pod,
+            r.local
+        );
+    }
+    Ok(())
+}
+
+step!(only_client_family_pods, only_client_family_pods_impl);
+async fn only_client_family_pods_impl(
+    w: &mut ConformanceWorld,
+    _ctx: Context,
+) -> anyhow::Result<()> {
+    let client = family();
+    let served: BTreeSet<&str> = replies(w)?.iter().map(|r| r.pod.as_str()).collect();
+    let eligible: BTreeSet<&str> = w
+        .pods
+        .iter()
+        .filter(|p| p.port(client) != Port::Absent)
+        .map(|p| p.name.as_str())
+        .collect();
+    ensure!(
+        served == eligible,
+        "an {client} client was served by {served:?}, but exactly {eligible:?} have {client}"
     );
     Ok(())
 }
