@@ -156,6 +156,49 @@ async fn h2c_upstream_speaks_http2_over_the_clients_family_on_one_connection() -
 }
 
 #[tokio::test]
+async fn concurrent_first_requests_share_one_h2_connection_per_address() -> anyhow::Result<()> {
+    let s = setup().await?;
+    for family in Family::BOTH {
+        let to = s.duet.http(family);
+        let requests = (0..16).map(|_| async move {
+            let reply = Conn::http1(to).await?.get("h2c.test", "/").await?;
+            echo_of(&reply, "concurrent")
+        });
+        let mut peers = std::collections::BTreeSet::new();
+        for echo in futures_util::future::join_all(requests).await {
+            let echo = echo?;
+            assert_eq!(echo.family, family);
+            peers.insert(echo.peer);
+        }
+        // Two pods, so at most two connections however many requests raced for them.
+        assert!(peers.len() <= 2, "{family}: {peers:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn h2c_upstream_reconnects_after_the_pods_restart() -> anyhow::Result<()> {
+    let mut s = setup().await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(s.duet.http(family)).await?;
+        let mut before = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            let echo = echo_of(&conn.get("h2c.test", "/").await?, "before")?;
+            before.insert(echo.peer);
+        }
+        // The pods' processes restart: every connection duet had to them is cut.
+        s.h2c.restart().await?;
+        for _ in 0..4 {
+            let echo = echo_of(&conn.get("h2c.test", "/").await?, "after restart")?;
+            assert_eq!(echo.proto, "HTTP/2.0");
+            assert_eq!(echo.family, family);
+            assert!(!before.contains(&echo.peer), "a new connection");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn h2c_upstream_falls_back_to_the_pods_other_family() -> anyhow::Result<()> {
     let s = setup().await?;
     for family in Family::BOTH {

@@ -531,12 +531,12 @@ pub(crate) enum SendError {
 }
 
 /// What it takes to send a bodyless idempotent request again.
-struct Replay {
+pub(crate) struct Replay {
     parts: http::request::Parts,
 }
 
 impl Replay {
-    fn of(request: &Request<UpstreamBody>) -> Option<Replay> {
+    pub(crate) fn of(request: &Request<UpstreamBody>) -> Option<Replay> {
         if !request.method().is_idempotent() || !request.body().is_end_stream() {
             return None;
         }
@@ -548,7 +548,7 @@ impl Replay {
         Some(Replay { parts })
     }
 
-    fn into_request(self) -> Request<UpstreamBody> {
+    pub(crate) fn into_request(self) -> Request<UpstreamBody> {
         Request::from_parts(self.parts, Either::Right(Empty::new()))
     }
 }

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
@@ -23,7 +24,7 @@ use serde::{Serialize, Serializer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::proxy::{ProxyError, SendError, UpstreamBody};
+use crate::proxy::{ProxyError, Replay, SendError, UpstreamBody};
 
 /// What an upstream certificate is verified against.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -339,11 +340,24 @@ where
     Ok(sender)
 }
 
+/// A connection attempt that every request arriving meanwhile waits for.
+type Connecting =
+    Shared<BoxFuture<'static, Result<http2::SendRequest<UpstreamBody>, Arc<io::Error>>>>;
+
 /// One multiplexed HTTP/2 connection per upstream address and TLS settings, shared by every
 /// request to that address; a closed connection (GOAWAY, reset) is replaced on the next request.
-#[derive(Debug, Default)]
+/// Requests that find no connection while one is being made wait for that one.
+#[derive(Default)]
 pub(crate) struct H2Pool {
     conns: Mutex<HashMap<(SocketAddr, u64), http2::SendRequest<UpstreamBody>>>,
+    connecting: Mutex<HashMap<(SocketAddr, u64), Connecting>>,
+}
+
+impl std::fmt::Debug for H2Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let conns = self.conns.lock().map_or(0, |c| c.len());
+        f.debug_struct("H2Pool").field("conns", &conns).finish()
+    }
 }
 
 impl H2Pool {
@@ -363,33 +377,46 @@ impl H2Pool {
         conns.retain(|_, s| !s.is_closed());
     }
 
+    /// A new connection to the address, or the one another request is making right now.
     async fn connect(
         &self,
         addr: SocketAddr,
         tls: Option<&UpstreamTls>,
         timeout: Duration,
     ) -> io::Result<http2::SendRequest<UpstreamBody>> {
-        let started = tokio::time::Instant::now();
-        let stream = tcp(addr, timeout).await?;
-        let sender = match tls {
-            None => handshake_h2(stream, addr).await?,
-            Some(tls) => {
-                let stream =
-                    tokio::time::timeout_at(started + timeout, tls.handshake(stream, true))
-                        .await
-                        .map_err(|_| {
-                            io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
-                        })??;
-                handshake_h2(stream, addr).await?
-            }
+        let key = (addr, tls.map_or(0, UpstreamTls::key));
+        let attempt = {
+            let mut connecting = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
+            connecting
+                .entry(key)
+                .or_insert_with(|| {
+                    let tls = tls.cloned();
+                    async move {
+                        connect_h2(addr, tls.as_ref(), timeout)
+                            .await
+                            .map_err(Arc::new)
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
         };
-        self.put((addr, tls.map_or(0, UpstreamTls::key)), sender.clone());
-        Ok(sender)
+        let result = attempt.clone().await;
+        if let Ok(sender) = &result {
+            self.put(key, sender.clone());
+        }
+        let mut connecting = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
+        if connecting.get(&key).is_some_and(|c| c.ptr_eq(&attempt)) {
+            connecting.remove(&key);
+        }
+        result.map_err(|e| io::Error::new(e.kind(), e.to_string()))
     }
 
     /// Sends a request over the address's HTTP/2 connection, connecting first when there is none
     /// (or it closed). A request the connection did not take (it was closing) goes once over a
-    /// fresh connection. Returns the response, and whether a new connection was made.
+    /// fresh connection; so does a bodyless idempotent one that failed before any response on a
+    /// reused connection (the pod went away, or refused the stream on GOAWAY). Returns the
+    /// response, and whether a new connection was made.
     pub(crate) async fn send(
         &self,
         addr: SocketAddr,
@@ -407,6 +434,7 @@ impl H2Pool {
                 Err(error) => return Err(SendError::Unsent(Box::new(request), error)),
             },
         };
+        let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
             let sent =
                 tokio::time::timeout(response_timeout, sender.try_send_request(request)).await;
@@ -432,11 +460,44 @@ impl H2Pool {
                             io::Error::new(io::ErrorKind::ConnectionAborted, error.into_error());
                         return Err(SendError::Unsent(Box::new(unsent), e));
                     }
-                    None => {
-                        return Err(SendError::Failed(ProxyError::Upstream(error.into_error())))
-                    }
+                    None => match replay.take() {
+                        Some(again) if !fresh => {
+                            tracing::trace!(upstream.addr = %addr, error = %error.error(), "Replaying on a fresh HTTP/2 connection");
+                            request = again.into_request();
+                            match self.connect(addr, tls, connect_timeout).await {
+                                Ok(s) => {
+                                    sender = s;
+                                    fresh = true;
+                                }
+                                Err(e) => return Err(SendError::Unsent(Box::new(request), e)),
+                            }
+                        }
+                        _ => {
+                            return Err(SendError::Failed(ProxyError::Upstream(error.into_error())))
+                        }
+                    },
                 },
             }
+        }
+    }
+}
+
+async fn connect_h2(
+    addr: SocketAddr,
+    tls: Option<&UpstreamTls>,
+    timeout: Duration,
+) -> io::Result<http2::SendRequest<UpstreamBody>> {
+    let started = tokio::time::Instant::now();
+    let stream = tcp(addr, timeout).await?;
+    match tls {
+        None => handshake_h2(stream, addr).await,
+        Some(tls) => {
+            let stream = tokio::time::timeout_at(started + timeout, tls.handshake(stream, true))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                })??;
+            handshake_h2(stream, addr).await
         }
     }
 }
