@@ -235,6 +235,28 @@ async fn https_upstreams_verify_against_the_ca_secret_per_route() -> anyhow::Res
         // The failures are per route: the verified route still answers on the same connection.
         echo_of(&conn.get("secure.test", "/again").await?, "secure again")?;
     }
+    // The access log names the upstream protocol of requests a pod answered.
+    let logged = client::eventually(
+        "access log lines",
+        std::time::Duration::from_secs(10),
+        || {
+            let logs = s.duet.logs();
+            async move {
+                let lines: Vec<serde_json::Value> = logs
+                    .lines()
+                    .filter(|l| l.starts_with('{'))
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .filter(|v: &serde_json::Value| v["path"] == "/again")
+                    .collect();
+                anyhow::ensure!(lines.len() == 2, "{logs}");
+                Ok(lines)
+            }
+        },
+    )
+    .await?;
+    for line in logged {
+        assert_eq!(line["upstream_protocol"], "https", "{line}");
+    }
     let routes = s.duet.debug_routes().await?;
     let diagnostics = routes["diagnostics"].to_string();
     for expected in ["MissingSecret", "no-such-secret", "InsecureBackendTls"] {

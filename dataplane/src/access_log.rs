@@ -85,6 +85,8 @@ pub struct Entry {
     pub upstream: Option<SocketAddr>,
     /// Upstream send to response head.
     pub upstream_time: Option<Duration>,
+    /// The protocol spoken to the matched backend.
+    pub upstream_protocol: Option<crate::table::UpstreamProtocol>,
     /// Namespace, Ingress and Service of the matched route.
     pub route: Option<[Arc<str>; 3]>,
     /// TLS version and SNI, for requests over TLS.
@@ -107,6 +109,7 @@ struct Line<'a> {
     duration_seconds: f64,
     upstream_addr: Option<String>,
     upstream_family: Option<Family>,
+    upstream_protocol: Option<&'static str>,
     upstream_response_seconds: Option<f64>,
     namespace: Option<&'a str>,
     ingress: Option<&'a str>,
@@ -154,6 +157,7 @@ impl Entry {
             duration_seconds: self.duration.as_secs_f64(),
             upstream_addr: upstream.map(|a| a.to_string()),
             upstream_family: upstream.map(|a| Family::of(&a)),
+            upstream_protocol: upstream.and(self.upstream_protocol).map(|p| p.as_str()),
             upstream_response_seconds: self.upstream_time.map(|t| t.as_secs_f64()),
             namespace: route.map(|r| &*r[0]),
             ingress: route.map(|r| &*r[1]),
@@ -318,6 +322,7 @@ mod tests {
             duration: Duration::from_micros(1500),
             upstream: upstream.map(|u| u.parse().unwrap()),
             upstream_time: Some(Duration::from_millis(1)),
+            upstream_protocol: Some(crate::table::UpstreamProtocol::H2c),
             route: Some(["e2e".into(), "web".into(), "echo".into()]),
             tls: None,
         }
@@ -338,6 +343,7 @@ mod tests {
         assert_eq!(v["listener"], "127.0.0.1:8080");
         assert_eq!(v["upstream_addr"], "10.0.0.1:80");
         assert_eq!(v["upstream_family"], "ipv4");
+        assert_eq!(v["upstream_protocol"], "h2c");
         assert_eq!(v["path"], "/a/b", "the query is not logged");
         assert_eq!(v["namespace"], "e2e");
         assert_eq!(v["duration_seconds"], 0.0015);
@@ -354,6 +360,7 @@ mod tests {
         assert_eq!(v["client_addr"], "192.0.2.7");
         assert_eq!(v["client_family"], "ipv4");
         assert_eq!(v["upstream_addr"], serde_json::Value::Null);
+        assert_eq!(v["upstream_protocol"], serde_json::Value::Null);
         assert_eq!(v["tls_version"], "TLSv1.3");
         assert_eq!(v["sni"], "demo.test");
     }

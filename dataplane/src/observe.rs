@@ -84,6 +84,7 @@ impl Telemetry {
                     duration: Duration::ZERO,
                     upstream: None,
                     upstream_time: None,
+                    upstream_protocol: None,
                     route: None,
                     tls: conn.tls_version.map(|version| TlsInfo {
                         version,
@@ -132,6 +133,13 @@ impl Exchange {
         }
         if let Some((_, entry)) = &mut self.log {
             entry.route = Some(self.route.route_labels());
+        }
+    }
+
+    /// The matched backend speaks `protocol` (for the access log).
+    pub fn upstream_protocol(&mut self, protocol: crate::table::UpstreamProtocol) {
+        if let Some((_, entry)) = &mut self.log {
+            entry.upstream_protocol = Some(protocol);
         }
     }
 

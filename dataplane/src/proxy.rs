@@ -281,6 +281,7 @@ impl Proxy {
             .ok_or_else(|| ProxyError::NoTarget(action.backend.clone()))?;
 
         let protocol = backend.backend.protocol;
+        exchange.upstream_protocol(protocol);
         let tls = action.upstream_tls.as_deref().filter(|_| protocol.is_tls());
         if let Some(reason) = tls.and_then(UpstreamTls::error) {
             tracing::trace!(backend = %action.backend, %reason, "Upstream TLS is not usable");

@@ -240,6 +240,16 @@ impl UpstreamProtocol {
     pub fn is_h2(self) -> bool {
         matches!(self, UpstreamProtocol::H2c | UpstreamProtocol::H2)
     }
+
+    /// The name in `/debug/routes` and the access log: `http1`, `h2c`, `https` or `h2`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamProtocol::Http1 => "http1",
+            UpstreamProtocol::H2c => "h2c",
+            UpstreamProtocol::Https => "https",
+            UpstreamProtocol::H2 => "h2",
+        }
+    }
 }
 
 /// One Service port with its targets.
