@@ -55,6 +55,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             redirect_https: false,
             max_body_bytes: 0,
             upstream_tls: None,
+            timeouts: Default::default(),
         },
     }
 }

@@ -141,6 +141,49 @@ pub fn closed_port(family: Family) -> anyhow::Result<(SocketAddr, Socket)> {
     Ok((bound, socket))
 }
 
+/// A loopback port of `family` whose connection attempts hang: it listens with a backlog of 0
+/// and one connection, never accepted, fills that, so the kernel drops further SYNs (the way an
+/// unreachable address behaves, offline). Holds while the returned sockets live.
+pub fn unanswered_port(family: Family) -> anyhow::Result<(SocketAddr, Vec<Socket>)> {
+    let (addr, listener) = closed_port(family)?;
+    listener.listen(0)?;
+    let filler = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    filler
+        .connect_timeout(&addr.into(), std::time::Duration::from_secs(5))
+        .context("filling the backlog")?;
+    Ok((addr, vec![listener, filler]))
+}
+
+/// A loopback port of `family` that accepts connections (the kernel completes them) and never
+/// answers: nobody accepts them. Holds while the returned listener lives.
+pub fn silent_port(family: Family) -> anyhow::Result<(SocketAddr, std::net::TcpListener)> {
+    let listener = std::net::TcpListener::bind(SocketAddr::new(family.loopback(), 0))?;
+    Ok((listener.local_addr()?, listener))
+}
+
+/// A Service (port `http` 8080) with one dual-stack pod `only` at `v4` and `v6`, and its two
+/// EndpointSlices: for upstreams that are not echo pods.
+pub fn static_service(namespace: &str, name: &str, v4: SocketAddr, v6: SocketAddr) -> Vec<Value> {
+    let mut docs = vec![service(namespace, name, &[SERVICE_PORT])];
+    for (family, addr) in [(Family::V4, v4), (Family::V6, v6)] {
+        docs.push(endpoint_slice(
+            namespace,
+            name,
+            &format!("{name}-{family}"),
+            family,
+            SERVICE_PORT.0,
+            addr.port(),
+            &[Endpoint {
+                pod: "only".into(),
+                uid: format!("uid-{namespace}-{name}"),
+                ip: addr.ip(),
+                ready: true,
+            }],
+        ));
+    }
+    docs
+}
+
 impl Fleet {
     /// Starts the pods of `service` in `namespace`; must be called inside a Tokio runtime.
     pub fn start(namespace: &str, service: &str, specs: &[PodSpec]) -> anyhow::Result<Fleet> {

@@ -3,11 +3,13 @@
 //! and which diagnostics come out.
 
 use std::path::Path;
+use std::time::Duration;
 
 use controller::class::ClassConfig;
 use controller::index::{Change, Index};
 use controller::source::files;
 use controller::translate::{self, Config, Diagnostic, Reason};
+use dataplane::table::UpstreamTimeouts;
 use dataplane::{FamilyPolicy, Snapshot, Target, TargetId};
 
 fn load(fixture: &str) -> Index {
@@ -332,4 +334,45 @@ fn app_protocol_selects_the_upstream_protocol_and_annotations_the_tls() {
         );
     }
     assert_eq!(found.len(), 5, "{found:?}");
+}
+
+#[test]
+fn timeout_annotations_set_per_ingress_and_bad_ones_fall_back() {
+    let (snapshot, diagnostics) = translate("timeout_annotations.yaml", &Config::default());
+    let timeouts = |host: &str| {
+        snapshot
+            .routes
+            .find(host, "/")
+            .map(|m| m.action.timeouts)
+            .expect("routed")
+    };
+    let ms = |n| Some(Duration::from_millis(n));
+    assert_eq!(
+        timeouts("fast.test"),
+        UpstreamTimeouts {
+            connect: ms(500),
+            read: ms(120_000)
+        }
+    );
+    assert_eq!(
+        timeouts("bare.test"),
+        UpstreamTimeouts {
+            connect: None,
+            read: ms(30_000)
+        }
+    );
+    // Still served, with the globals.
+    assert_eq!(timeouts("bad.test"), UpstreamTimeouts::default());
+    assert_eq!(timeouts("plain.test"), UpstreamTimeouts::default());
+    let bad: Vec<_> = diagnostics
+        .iter()
+        .map(|d| (d.reason, d.object.to_string(), d.message.clone()))
+        .collect();
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    for (reason, object, _) in &bad {
+        assert_eq!(*reason, Reason::InvalidAnnotation);
+        assert_eq!(object, "Ingress default/bad");
+    }
+    assert!(bad[0].2.contains("duet.dev/proxy-connect-timeout") && bad[0].2.contains("soon"));
+    assert!(bad[1].2.contains("duet.dev/proxy-read-timeout") && bad[1].2.contains("-1"));
 }

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod observe;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod read_timeout;
 pub mod runtime;
 pub mod table;
 pub mod tls;

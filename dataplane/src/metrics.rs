@@ -786,6 +786,7 @@ mod tests {
             redirect_https: false,
             max_body_bytes: 0,
             upstream_tls: None,
+            timeouts: Default::default(),
         }
     }
 

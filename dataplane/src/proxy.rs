@@ -25,6 +25,7 @@ use crate::balance::InFlight;
 use crate::limits::{self, Limited};
 use crate::listen::ConnInfo;
 use crate::observe::Exchange;
+use crate::read_timeout::ReadTimeout;
 use crate::runtime::Runtime;
 use crate::table::BackendId;
 use crate::upstream::{H2Pool, UpstreamTls};
@@ -97,7 +98,7 @@ impl ProxyError {
 /// target's in-flight mark until the body is done, so balancing sees streaming responses.
 #[derive(Debug)]
 pub struct ProxyBody {
-    inner: Either<Incoming, Full<Bytes>>,
+    inner: Either<ReadTimeout<Incoming>, Full<Bytes>>,
     _in_flight: Option<InFlight>,
     /// Records the request (metrics, access log) when the body is done or dropped.
     exchange: Option<Exchange>,
@@ -115,12 +116,12 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         let polled = match &mut this.inner {
             Either::Left(incoming) => Pin::new(incoming).poll_frame(cx),
@@ -300,6 +301,8 @@ impl Proxy {
         let tls_key = tls.map_or(0, UpstreamTls::key);
 
         let config = &self.runtime.config;
+        let connect_timeout = action.timeouts.connect.unwrap_or(config.connect_timeout);
+        let read_timeout = action.timeouts.read.unwrap_or(config.response_timeout);
         let mut tried: Vec<usize> = Vec::new();
         let mut last_error: Option<io::Error> = None;
         let mut req = Some(req.map(|body| Either::Left(Limited::new(body, action.max_body_bytes))));
@@ -316,13 +319,7 @@ impl Proxy {
                     let in_flight = state.start();
                     let sent = self
                         .h2
-                        .send(
-                            addr,
-                            tls,
-                            request,
-                            config.connect_timeout,
-                            config.response_timeout,
-                        )
+                        .send(addr, tls, request, connect_timeout, read_timeout)
                         .await;
                     match sent {
                         Ok((mut res, fresh)) => {
@@ -332,7 +329,7 @@ impl Proxy {
                             exchange.upstream_done(family, addr, preferred);
                             strip_hop_by_hop(res.headers_mut(), false);
                             return Ok(res.map(|body| ProxyBody {
-                                inner: Either::Left(body),
+                                inner: Either::Left(ReadTimeout::new(body, read_timeout)),
                                 _in_flight: Some(in_flight),
                                 exchange: None,
                             }));
@@ -363,7 +360,7 @@ impl Proxy {
                     .take((addr, tls_key), config.upstream_idle_timeout)
                 {
                     Some(sender) => (sender, false),
-                    None => match connect(addr, tls, config.connect_timeout).await {
+                    None => match connect(addr, tls, connect_timeout).await {
                         Ok(sender) => {
                             state.record_success(family);
                             (sender, true)
@@ -388,7 +385,15 @@ impl Proxy {
                 let request = req.take().expect("request is present until sent");
                 let in_flight = state.start();
                 match self
-                    .send(sender, fresh, addr, tls, request, config.connect_timeout)
+                    .send(
+                        sender,
+                        fresh,
+                        addr,
+                        tls,
+                        request,
+                        connect_timeout,
+                        read_timeout,
+                    )
                     .await
                 {
                     Ok(mut res) => {
@@ -401,7 +406,7 @@ impl Proxy {
                             }
                         }
                         return Ok(res.map(|body| ProxyBody {
-                            inner: Either::Left(body),
+                            inner: Either::Left(ReadTimeout::new(body, read_timeout)),
                             _in_flight: Some(in_flight),
                             exchange: None,
                         }));
@@ -456,6 +461,7 @@ impl Proxy {
     /// written is replaced by a fresh one to the same address. So is one that fails before any
     /// response byte when the request is idempotent and bodyless (the upstream closed an idle
     /// connection as we reused it): that request is replayed once, as nginx and Go's client do.
+    #[allow(clippy::too_many_arguments)] // The connection, the request and its route's timeouts.
     async fn send(
         &self,
         mut sender: SendRequest<UpstreamBody>,
@@ -464,13 +470,12 @@ impl Proxy {
         tls: Option<&UpstreamTls>,
         mut request: Request<UpstreamBody>,
         connect_timeout: Duration,
+        read_timeout: Duration,
     ) -> Result<Response<Incoming>, SendError> {
         let config = &self.runtime.config;
         let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
-            let sent =
-                tokio::time::timeout(config.response_timeout, sender.try_send_request(request))
-                    .await;
+            let sent = tokio::time::timeout(read_timeout, sender.try_send_request(request)).await;
             match sent {
                 Err(_) => return Err(SendError::Failed(ProxyError::Timeout)),
                 Ok(Ok(res)) => {

@@ -7,6 +7,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
@@ -286,6 +287,43 @@ pub struct RouteAction {
     /// per Ingress and Service); `None` for plain backends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_tls: Option<Arc<crate::upstream::UpstreamTls>>,
+    /// Upstream timeouts of the Ingress that declared the route, where it sets them.
+    #[serde(skip_serializing_if = "UpstreamTimeouts::is_default")]
+    pub timeouts: UpstreamTimeouts,
+}
+
+/// Upstream timeouts set per Ingress by annotation; `None` means the global flag's value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct UpstreamTimeouts {
+    /// TCP connect timeout per attempt (`duet.dev/proxy-connect-timeout`), in place of
+    /// `--connect-timeout`.
+    #[serde(
+        rename = "connect_ms",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "millis"
+    )]
+    pub connect: Option<Duration>,
+    /// Longest wait for the response head and between response body reads
+    /// (`duet.dev/proxy-read-timeout`), in place of `--upstream-timeout`.
+    #[serde(
+        rename = "read_ms",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "millis"
+    )]
+    pub read: Option<Duration>,
+}
+
+impl UpstreamTimeouts {
+    fn is_default(&self) -> bool {
+        *self == UpstreamTimeouts::default()
+    }
+}
+
+fn millis<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        None => s.serialize_none(),
+    }
 }
 
 /// The Ingress a rule came from; its age decides conflicts.
@@ -715,6 +753,7 @@ mod tests {
                 redirect_https: false,
                 max_body_bytes: 0,
                 upstream_tls: None,
+                timeouts: UpstreamTimeouts::default(),
             },
         }
     }

@@ -15,6 +15,7 @@ mod certs;
 mod diagnostic;
 mod endpoints;
 mod routes;
+mod timeouts;
 mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
@@ -30,6 +31,7 @@ pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{build_backends, join_targets};
 pub use routes::{plan_routes, BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
+pub use timeouts::{CONNECT_TIMEOUT_ANNOTATION, READ_TIMEOUT_ANNOTATION};
 pub use upstream::{
     app_protocol, BACKEND_CA_SECRET_ANNOTATION, BACKEND_TLS_SERVER_NAME_ANNOTATION,
     BACKEND_TLS_SKIP_VERIFY_ANNOTATION,

@@ -13,7 +13,8 @@
 //!   resolves (creationTimestamp, then namespace/name); later ones get `DuplicateDefaultBackend`.
 //! - `duet.dev/upstream-family` sets the route's family policy per Ingress; an invalid value is an
 //!   `InvalidAnnotation` diagnostic and the global policy applies.
-//! - `duet.dev/proxy-body-size` sets the route's request body limit per Ingress.
+//! - `duet.dev/proxy-body-size` sets the route's request body limit per Ingress; the upstream
+//!   timeout annotations are read by `timeouts`.
 //! - `spec.tls` feeds the certificate table and the HTTPS redirect (see `certs`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -157,6 +158,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             .insert(NsName::new(&*origin.namespace, &*origin.name));
         let policy = b.policy(&key, ingress, config.family_policy);
         let max_body_bytes = b.body_size(&key, ingress, config.max_body_bytes);
+        let timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
         let Some(spec) = ingress.spec.as_ref() else {
             continue;
         };
@@ -175,6 +177,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             redirect_https: tls.redirects(""),
                             max_body_bytes,
                             upstream_tls,
+                            timeouts,
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -241,6 +244,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         redirect_https: tls.redirects(&host.display()),
                         max_body_bytes,
                         upstream_tls,
+                        timeouts,
                     },
                 });
             }
