@@ -300,6 +300,7 @@ async fn write_loop(
     // resourceVersion the object had before the write.
     let mut written: BTreeMap<NsName, (Vec<IngressLoadBalancerIngress>, Option<String>)> =
         BTreeMap::new();
+    let (mut addresses_open, mut changes_open) = (true, true);
     loop {
         let live_now = live.borrow_and_update().clone();
         was_live.extend(live_now.iter().cloned());
@@ -349,11 +350,14 @@ async fn write_loop(
                 }
             }
         }
+        // A closed channel is ready at once, every time: stop selecting on it, or this loop
+        // spins. The fixed addresses of `--publish-status-address` are sent once and their
+        // sender dropped; the publish-Service and Ingress senders live as long as their watches.
         tokio::select! {
             r = live.changed() => if r.is_err() { return },
             r = leading.changed() => if r.is_err() { return },
-            _ = addresses.changed() => {}
-            _ = changes.changed() => {}
+            r = addresses.changed(), if addresses_open => addresses_open = r.is_ok(),
+            r = changes.changed(), if changes_open => changes_open = r.is_ok(),
             () = tokio::time::sleep(Duration::from_secs(2)), if retry => {}
         }
         // Coalesce a burst of Ingress events into one pass over the store.

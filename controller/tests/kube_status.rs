@@ -2,7 +2,8 @@
 //! one leader (Lease `duet-leader`), only it writes status, and the other takes over when it
 //! stops; status lists every address of the publish Service, IPv4 and IPv6 (and host names of a
 //! LoadBalancer); a single-family publish Service is reported on /debug/routes; Ingresses that
-//! cannot be served fully get one Event per problem. The API server runs on 127.0.0.1 and [::1].
+//! cannot be served fully get one Event per problem; an idle leader sleeps, with its API server up
+//! or gone. The API server runs on 127.0.0.1 and [::1].
 
 mod kube_support;
 
@@ -360,5 +361,59 @@ async fn ingresses_not_served_fully_get_one_event_per_problem() -> anyhow::Resul
     until_status(&duet, "other.test", 200).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(events().len(), 1, "the problem was reported again");
+    Ok(())
+}
+
+/// Times the threads of process `pid` went to sleep by themselves (voluntary context switches,
+/// summed over `/proc/PID/task/*/status`): how often an idle process wakes up.
+fn wakeups(pid: u32) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let status = std::fs::read_to_string(task?.path().join("status"))?;
+        total += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
+/// Wakeups of `pid` during `window`.
+async fn wakeups_during(pid: u32, window: Duration) -> anyhow::Result<u64> {
+    let before = wakeups(pid)?;
+    tokio::time::sleep(window).await;
+    Ok(wakeups(pid)?.saturating_sub(before))
+}
+
+/// An idle leader with `--publish-status-address` wakes a few times a second at most, with the
+/// API server up and after it is gone for good. (The status writer used to select on the
+/// fixed addresses' closed channel, which is always ready: 50 passes a second, ~300 wakeups in
+/// 5 s, forever, even after its API server had gone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_leader_sleeps_with_its_api_up_and_gone() -> anyhow::Result<()> {
+    const WINDOW: Duration = Duration::from_secs(5);
+    const MAX: u64 = 150; // 30 a second
+    let api = api(Family::V6)?;
+    election_namespace(&api)?;
+    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
+    apply(&api, &pods.manifests())?;
+    apply(
+        &api,
+        &[Ingress::new("kube", "web").host("a.test", "web").build()],
+    )?;
+    let mut duet = duet_with_addresses(&api).await?;
+    until_status_addresses(&api, "kube", "web", &["203.0.113.5", "2001:db8::5"]).await?;
+
+    let up = wakeups_during(duet.pid(), WINDOW).await?;
+    api.stop();
+    // Let the first, faster watch retries pass (0.5 s doubling).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let gone = wakeups_during(duet.pid(), WINDOW).await?;
+    println!("idle leader wakeups in {WINDOW:?}: {up} with the API up, {gone} with it gone");
+    duet.check_running()?;
+    assert!(up < MAX, "{up} wakeups in {WINDOW:?} with the API up");
+    assert!(gone < MAX, "{gone} wakeups in {WINDOW:?} with the API gone");
+    until_status(&duet, "a.test", 200).await?;
     Ok(())
 }
