@@ -27,9 +27,8 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::fmt;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,59 +48,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// An address family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Family {
-    /// IPv4 (IPv4-mapped IPv6 addresses count as IPv4).
-    #[serde(rename = "ipv4")]
-    V4,
-    /// IPv6.
-    #[serde(rename = "ipv6")]
-    V6,
-}
-
-impl Family {
-    /// Both families, IPv4 first.
-    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
-
-    /// The family of an address (IPv4-mapped IPv6 is IPv4).
-    pub fn of(addr: &SocketAddr) -> Family {
-        match addr.ip().to_canonical() {
-            IpAddr::V4(_) => Family::V4,
-            IpAddr::V6(_) => Family::V6,
-        }
-    }
-
-    /// The loopback address of the family: `127.0.0.1` or `::1`.
-    pub fn loopback(self) -> IpAddr {
-        match self {
-            Family::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            Family::V6 => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        }
-    }
-
-    /// The other family.
-    pub fn other(self) -> Family {
-        match self {
-            Family::V4 => Family::V6,
-            Family::V6 => Family::V4,
-        }
-    }
-
-    /// `ipv4` or `ipv6`, as in the echo JSON and in duet's logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::V4 => "ipv4",
-            Family::V6 => "ipv6",
-        }
-    }
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// An address family: the dataplane's own type (`ipv4` / `ipv6` in the echo JSON).
+pub use dataplane::table::Family;
 
 /// What the echo backend saw of one request: the body of every echo response.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

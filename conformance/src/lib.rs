@@ -35,3 +35,21 @@ pub use echo::{Echo, EchoServer, Family, Identity};
 pub use fleet::{Fleet, Pod, PodSpec, Port};
 pub use manifests::{Ingress, ManifestDir, PathType, PortRef};
 pub use {bytes, http, http_body_util, rustls};
+
+/// Generates, for each `async fn name(family: Family) -> anyhow::Result<()>` named, a module
+/// `name` with a `v4` and a `v6` `#[tokio::test]` running it over that family.
+#[macro_export]
+macro_rules! both_families {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn v4() {
+                super::$name($crate::Family::V4).await.unwrap();
+            }
+            #[tokio::test]
+            async fn v6() {
+                super::$name($crate::Family::V6).await.unwrap();
+            }
+        }
+    )*};
+}

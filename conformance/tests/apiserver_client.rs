@@ -17,21 +17,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::json;
 
-/// Generates a `v4` and a `v6` test running `$name(family)`.
-macro_rules! both_families {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test]
-            async fn v4() {
-                super::$name(conformance::Family::V4).await.unwrap();
-            }
-            #[tokio::test]
-            async fn v6() {
-                super::$name(conformance::Family::V6).await.unwrap();
-            }
-        }
-    )*};
-}
+use conformance::both_families;
 
 both_families!(
     kubeconfig_points_at_the_server,

@@ -18,20 +18,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Config, ResourceExt};
 use serde_json::json;
 
-macro_rules! both_families {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test]
-            async fn v4() {
-                super::$name(conformance::Family::V4).await.unwrap();
-            }
-            #[tokio::test]
-            async fn v6() {
-                super::$name(conformance::Family::V6).await.unwrap();
-            }
-        }
-    )*};
-}
+use conformance::both_families;
 
 both_families!(
     reflector_follows_adds_modifies_and_deletes,

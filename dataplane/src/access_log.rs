@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderValue, Method, Uri, Version};
 use serde::Serialize;
@@ -171,28 +171,10 @@ impl Entry {
     }
 }
 
-/// `2026-11-29T20:34:47.123Z`.
+/// `2026-11-29T20:34:47.123Z`: UTC, milliseconds.
 pub fn rfc3339(time: SystemTime) -> String {
-    let since = time.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-    let secs = since.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        since.subsec_millis()
-    )
+    let at = jiff::Timestamp::try_from(time).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    format!("{at:.3}")
 }
 
 enum Msg {
@@ -294,6 +276,7 @@ fn write_loop<W: Write>(rx: Receiver<Msg>, out: W) {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+    use std::time::UNIX_EPOCH;
 
     #[derive(Clone, Default)]
     struct Shared(Arc<Mutex<Vec<u8>>>);

@@ -9,18 +9,32 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
-/// An address family: of a client, of a listener, of an upstream address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// An address family: of a client, of a listener, of an upstream address. Serialised as
+/// `ipv4` / `ipv6`, as in logs, JSON and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Family {
     /// IPv4 (including IPv4-mapped IPv6 addresses, which are normalised to IPv4).
+    #[serde(rename = "ipv4")]
     V4,
     /// IPv6.
+    #[serde(rename = "ipv6")]
     V6,
 }
 
 impl Family {
+    /// Both families, IPv4 first.
+    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The loopback address of the family: `127.0.0.1` or `::1`.
+    pub fn loopback(self) -> IpAddr {
+        match self {
+            Family::V4 => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            Family::V6 => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        }
+    }
+
     /// The family of an address, after normalising IPv4-mapped IPv6 addresses.
     pub fn of(addr: &SocketAddr) -> Family {
         Family::of_ip(&addr.ip())
@@ -54,12 +68,6 @@ impl Family {
 impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl Serialize for Family {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
     }
 }
 
