@@ -34,11 +34,6 @@ pub struct Shared {
 /// Set once before the features run.
 pub static SHARED: OnceLock<Shared> = OnceLock::new();
 
-thread_local! {
-    /// The profile being run.
-    pub static FAMILY: std::cell::Cell<Family> = const { std::cell::Cell::new(Family::V4) };
-}
-
 fn shared() -> &'static Shared {
     SHARED
         .get()
@@ -61,6 +56,8 @@ pub struct Captured {
 pub struct ConformanceWorld {
     /// The scenario's namespace.
     pub namespace: Option<String>,
+    /// The profile: the client's address family (set before the scenario starts).
+    pub family: Option<Family>,
     ingress: Option<String>,
     address: Option<IpAddr>,
     /// The status address as the Host header names it (an IPv6 one bracketed, or the FQDN).
@@ -211,8 +208,8 @@ fn arg(ctx: &Context, i: usize) -> String {
     ctx.matches.get(i).map(|m| m.1.clone()).unwrap_or_default()
 }
 
-fn family() -> Family {
-    FAMILY.with(|f| f.get())
+fn family(w: &ConformanceWorld) -> Family {
+    w.family.unwrap_or(Family::V4)
 }
 
 step!(new_namespace, new_namespace_impl);
@@ -333,7 +330,7 @@ async fn status_addresses(w: &ConformanceWorld) -> anyhow::Result<Vec<String>> {
 step!(status_shows, status_shows_impl);
 async fn status_shows_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
     let deadline = Instant::now() + shared().status_timeout;
-    let want = family();
+    let want = family(w);
     loop {
         let addrs = status_addresses(w).await?;
         if !addrs.is_empty() {
@@ -887,7 +884,7 @@ async fn pod_reached_over_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow
     let want = match arg(&ctx, 2).as_str() {
         "IPv4" => Family::V4,
         "IPv6" => Family::V6,
-        _ => family(),
+        _ => family(w),
     };
     let mine: Vec<&Served> = replies(w)?.iter().filter(|r| r.pod == pod).collect();
     ensure!(!mine.is_empty(), "pod {pod} served none of the requests");
@@ -904,7 +901,7 @@ async fn pod_reached_over_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow
 
 step!(every_same_family, every_same_family_impl);
 async fn every_same_family_impl(w: &mut ConformanceWorld, _ctx: Context) -> anyhow::Result<()> {
-    let want = family();
+    let want = family(w);
     for r in replies(w)? {
         let got = reached_over(r)?;
         ensure!(
@@ -922,7 +919,7 @@ async fn only_client_family_pods_impl(
     w: &mut ConformanceWorld,
     _ctx: Context,
 ) -> anyhow::Result<()> {
-    let client = family();
+    let client = family(w);
     let served: BTreeSet<&str> = replies(w)?.iter().map(|r| r.pod.as_str()).collect();
     let eligible: BTreeSet<&str> = w
         .pods
