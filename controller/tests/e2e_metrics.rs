@@ -1,8 +1,8 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: `/metrics` on both admin listeners
 //! (checked by Prometheus's own `promtool check metrics`), request counters by client and
 //! upstream family, connect failures, family fallbacks and ejections when a pod's IPv6 port is
-//! closed, the JSON access log for clients of both families, and a real Prometheus server
-//! scraping duet over both families.
+//! closed, series of a deleted Ingress leaving the exposition, the JSON access log for clients
+//! of both families, and a real Prometheus server scraping duet over both families.
 
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};
@@ -314,6 +314,53 @@ async fn closed_ipv6_port_counts_failures_fallbacks_and_an_ejection() -> anyhow:
 
 /// The JSON access-log lines in duet's output (stdout and stderr share the log file; only the
 /// access log writes JSON objects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_of_a_deleted_ingress_leave_the_exposition() -> anyhow::Result<()> {
+    let s = setup(&[PodSpec::dual("dual")], &["--access-log", "off"]).await?;
+    s._dir.write(
+        "other.yaml",
+        &[Ingress::new("e2e", "gone").host("n.test", "echo").build()],
+    )?;
+    for (host, family) in [("m.test", Family::V4), ("n.test", Family::V6)] {
+        eventually(
+            &format!("{host} served"),
+            Duration::from_secs(10),
+            || async {
+                let reply = client::get(s.duet.http(family), host, "/").await?;
+                client::expect_status(&reply, 200)
+            },
+        )
+        .await?;
+    }
+    let text = eventually("n.test counted", Duration::from_secs(10), || async {
+        let text = scrape(&s.duet, Family::V4).await?;
+        ensure!(
+            sum(&text, "duet_requests_total", &[("ingress", "gone")]).is_some(),
+            "{text}"
+        );
+        Ok(text)
+    })
+    .await?;
+    ensure!(text.contains(r#"host="n.test""#), "{text}");
+
+    s._dir.remove("other.yaml")?;
+    for admin in Family::BOTH {
+        let text = eventually("n.test series gone", Duration::from_secs(10), || async {
+            let text = scrape(&s.duet, admin).await?;
+            ensure!(!text.contains(r#"host="n.test""#), "{text}");
+            Ok(text)
+        })
+        .await?;
+        // The Ingress that stays keeps its series and counts.
+        ensure!(
+            sum(&text, "duet_requests_total", &[("host", "m.test")]).is_some_and(|n| n >= 1.0),
+            "{text}"
+        );
+        promtool_check(&text)?;
+    }
+    Ok(())
+}
+
 fn access_lines(duet: &Duet) -> Vec<Value> {
     duet.logs()
         .lines()

@@ -7,14 +7,16 @@
 //! between snapshots, holding its Service's failure counters and a table of request handles
 //! indexed by method, client family and upstream family. A request indexes arrays and bumps
 //! atomics; the series of one label combination is created the first time a request has it and
-//! is cached in the route's table for every later request. Every label value is bounded: host
+//! is cached in the route's table for every later request. When a route leaves the table its
+//! series leave the exposition (and a Service's failure counters once no route uses it), so
+//! deleted Ingresses do not pile up in a long-running process. Every label value is bounded: host
 //! entries of the table (never the Host header), nine methods plus `other`, families, status
 //! codes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -275,6 +277,23 @@ impl Metrics {
             .set(at);
     }
 
+    /// Removes the per-Service series (connect failures, fallbacks, ejections) of `service`.
+    fn forget_service(&self, service: &Arc<str>) {
+        for family in FAMILIES {
+            let labels = ServiceFamilyLabels {
+                service: service.clone(),
+                family: family.as_str(),
+            };
+            self.connect_failures.remove(&labels);
+            self.ejections.remove(&labels);
+            self.fallbacks.remove(&FallbackLabels {
+                service: service.clone(),
+                from: family.other().as_str(),
+                to: family.as_str(),
+            });
+        }
+    }
+
     /// Forgets every certificate expiry (before setting those of a new certificate table).
     pub fn clear_certificate_expiries(&self) {
         self.tls_expiry.clear();
@@ -397,18 +416,18 @@ pub fn not_after(der: &[u8]) -> Option<SystemTime> {
     let num = |r: std::ops::Range<usize>| -> Option<i64> { rest.get(r)?.parse().ok() };
     let (month, day) = (num(0..2)?, num(2..4)?);
     let (hour, minute, second) = (num(4..6)?, num(6..8)?, num(8..10)?);
-    // Days since 1970-01-01 from a civil date (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second;
-    u64::try_from(secs)
-        .ok()
-        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+    let time = jiff::civil::DateTime::new(
+        i16::try_from(year).ok()?,
+        i8::try_from(month).ok()?,
+        i8::try_from(day).ok()?,
+        i8::try_from(hour).ok()?,
+        i8::try_from(minute).ok()?,
+        i8::try_from(second).ok()?,
+        0,
+    )
+    .ok()?;
+    let at = time.to_zoned(jiff::tz::TimeZone::UTC).ok()?.timestamp();
+    (at >= jiff::Timestamp::UNIX_EPOCH).then(|| SystemTime::from(at))
 }
 
 /// `namespace/service:port` -> (`namespace`, `service`).
@@ -466,7 +485,10 @@ struct ServiceCounters {
 /// Request handles of one method / client family / upstream family combination.
 #[derive(Debug)]
 struct Slot {
+    labels: LatencyLabels,
     codes: [OnceLock<(u16, Counter)>; CODE_SLOTS],
+    /// A code found no free cell and went through the family's map.
+    overflowed: AtomicBool,
     duration: Histogram,
     upstream: Option<Histogram>,
 }
@@ -601,6 +623,7 @@ impl RouteMetrics {
                 return;
             }
         }
+        slot.overflowed.store(true, Ordering::Relaxed);
         self.metrics
             .requests
             .get_or_create(&self.request_labels(o))
@@ -617,6 +640,39 @@ impl RouteMetrics {
             code: o.code,
             client_family: o.client.as_str(),
             upstream_family: upstream_family_label(o.upstream),
+        }
+    }
+
+    /// Removes every series of this route from the exposition (the route left the table). A
+    /// request still in flight on the old snapshot counts into handles no longer exposed.
+    fn forget(&self) {
+        let Some(slots) = self.slots.get() else {
+            return;
+        };
+        let m = &self.metrics;
+        for slot in slots.iter().filter_map(OnceLock::get) {
+            let l = &slot.labels;
+            let with_code = |code| RequestLabels {
+                namespace: l.namespace.clone(),
+                ingress: l.ingress.clone(),
+                service: l.service.clone(),
+                host: l.host.clone(),
+                method: l.method,
+                code,
+                client_family: l.client_family,
+                upstream_family: l.upstream_family,
+            };
+            if slot.overflowed.load(Ordering::Relaxed) {
+                for code in 100..=999 {
+                    m.requests.remove(&with_code(code));
+                }
+            } else {
+                for (code, _) in slot.codes.iter().filter_map(OnceLock::get) {
+                    m.requests.remove(&with_code(*code));
+                }
+            }
+            m.request_duration.remove(l);
+            m.upstream_response.remove(l);
         }
     }
 
@@ -638,9 +694,11 @@ impl RouteMetrics {
             };
             Box::new(Slot {
                 codes: std::array::from_fn(|_| OnceLock::new()),
+                overflowed: AtomicBool::new(false),
                 duration: self.metrics.request_duration.get_or_create_owned(&labels),
                 upstream: upstream
                     .map(|_| self.metrics.upstream_response.get_or_create_owned(&labels)),
+                labels,
             })
         })
     }
@@ -746,6 +804,22 @@ impl LiveMetrics {
                 }
             };
             index.by_action.insert(action_addr(action), handles);
+        }
+        // Routes that left the table take their series with them, and so do Services no
+        // route uses any more: a long-running controller does not grow an exposition of dead
+        // Ingresses.
+        let services: HashSet<&Arc<str>> = index.by_key.keys().map(|k| &k.service).collect();
+        let mut gone_services: HashSet<&Arc<str>> = HashSet::new();
+        for (key, handles) in &previous.index.by_key {
+            if !index.by_key.contains_key(key) {
+                handles.forget();
+                if !services.contains(&key.service) {
+                    gone_services.insert(&key.service);
+                }
+            }
+        }
+        for service in gone_services {
+            metrics.forget_service(service);
         }
         LiveMetrics {
             index: Arc::new(index),
@@ -878,6 +952,82 @@ mod tests {
         });
         let text = encode(&registry);
         assert!(text.contains(r#"host="*.b.test",method="other",code="503",client_family="ipv4",upstream_family="none"} 1"#), "{text}");
+    }
+
+    #[test]
+    fn series_of_removed_routes_and_services_are_dropped() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let get = |code: u16, client: Family| Observation {
+            method: method_index(&Method::GET),
+            code,
+            client,
+            upstream: Some(client),
+            duration: Duration::from_millis(1),
+            upstream_time: Some(Duration::from_millis(1)),
+        };
+        let snapshot = Snapshot {
+            version: 1,
+            routes: table(),
+            ..Snapshot::default()
+        };
+        let live = LiveMetrics::build(&metrics, &snapshot, &LiveMetrics::default());
+        let a = snapshot.routes.find("a.test", "/").unwrap().action;
+        let b = snapshot.routes.find("x.b.test", "/").unwrap().action;
+        for code in [200, 404] {
+            live.route(a).unwrap().observe(&get(code, Family::V4));
+        }
+        // More distinct codes than a slot caches: the overflow series go too.
+        for code in 500..520 {
+            live.route(b).unwrap().observe(&get(code, Family::V6));
+        }
+        live.route(b).unwrap().connect_failed(Family::V6);
+        let text = encode(&registry);
+        assert!(
+            text.contains(r#"host="a.test",method="GET",code="404""#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"host="*.b.test",method="GET",code="519""#),
+            "{text}"
+        );
+
+        // *.b.test leaves the table; a.test stays with its counts.
+        let mut routes = (*table()).clone();
+        routes.wildcard.clear();
+        let next = Snapshot {
+            version: 2,
+            routes: Arc::new(routes),
+            ..Snapshot::default()
+        };
+        let live = LiveMetrics::build(&metrics, &next, &live);
+        assert_eq!(live.routes(), 2);
+        let text = encode(&registry);
+        assert!(!text.contains("b.test"), "{text}");
+        assert!(text.contains(r#"host="a.test",method="GET",code="404",client_family="ipv4",upstream_family="ipv4"} 1"#), "{text}");
+        // Service api is still routed (a.test): its failure counters stay.
+        assert!(
+            text.contains(r#"duet_upstream_connect_failures_total{service="api",family="ipv6"} 1"#),
+            "{text}"
+        );
+
+        // Every route gone: no request series and no Service series are left.
+        let empty = Snapshot {
+            version: 3,
+            ..Snapshot::default()
+        };
+        let live = LiveMetrics::build(&metrics, &empty, &live);
+        assert_eq!(live.routes(), 0);
+        let text = encode(&registry);
+        for series in [
+            "duet_requests_total{",
+            "duet_request_duration_seconds_count{",
+            "duet_upstream_response_seconds_count{",
+            "duet_upstream_connect_failures_total{",
+            "duet_family_fallbacks_total{",
+        ] {
+            assert!(!text.contains(series), "{series}: {text}");
+        }
     }
 
     #[test]
