@@ -128,3 +128,36 @@ async fn kubeconfig_mode_runs_the_upstream_features_against_a_cluster() -> anyho
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn kubeconfig_mode_needs_the_ingress_class() -> anyhow::Result<()> {
+    let api = ApiServer::start(Family::V6.loopback())?;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_duet-conformance"))
+        .arg(upstream("default_backend.feature"))
+        .arg("--kubeconfig")
+        .arg(api.kubeconfig())
+        .args(["--ingress-class", "missing"])
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the cluster has no IngressClass \"missing\""),
+        "{stderr}"
+    );
+    // Nothing was created.
+    assert!(api.requests().iter().all(|r| r.method == "GET"));
+    Ok(())
+}
+
+#[test]
+fn a_bad_flag_exits_64_with_one_line() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_duet-conformance"))
+        .args(["--family", "ipv5"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("ipv5"), "{stderr}");
+}
