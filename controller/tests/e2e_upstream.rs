@@ -3,7 +3,9 @@
 //! client's family, per-family fallback), HTTP/1.1 over TLS verified against a CA Secret (wrong,
 //! missing or no CA: 502 for those routes only; skip-verify), HTTP/2 over TLS with a server-name
 //! annotation, and gRPC (unary and server-streaming, trailers kept) from h2 clients over
-//! prior knowledge and TLS.
+//! prior knowledge and TLS. In Kubernetes mode, an `Opaque` CA Secret is watched and used.
+
+mod kube_support;
 
 use conformance::bytes::Bytes;
 use conformance::client::{self, Conn, Reply};
@@ -347,6 +349,37 @@ async fn grpc_round_trips_keep_trailers_over_prior_knowledge_and_tls() -> anyhow
                 family,
             )?;
         }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubernetes_mode_reads_appprotocol_and_an_opaque_ca_secret() -> anyhow::Result<()> {
+    let api = kube_support::api(Family::V6)?;
+    let ca = TestCa::new("kube CA");
+    let cert = ca.issue(&["secure.kube.svc"]);
+    let options = EchoOptions {
+        tls: Some(tls::server_config(&cert, &["h2", "http/1.1"])),
+        ..EchoOptions::default()
+    };
+    let fleet = Fleet::start_with("kube", "secure", &[PodSpec::dual("a")], options)?;
+    kube_support::apply(&api, &fleet.manifests_with_app_protocol("h2"))?;
+    kube_support::apply(
+        &api,
+        &[
+            tls::ca_secret("kube", "ca", &ca.cert_pem),
+            Ingress::new("kube", "secure")
+                .annotation("duet.dev/backend-ca-secret", "ca")
+                .host("kube-secure.test", "secure")
+                .build(),
+        ],
+    )?;
+    let duet = kube_support::duet(&api, &[]).await?;
+    kube_support::until_status(&duet, "kube-secure.test", 200).await?;
+    for family in Family::BOTH {
+        let reply = client::get(duet.http(family), "kube-secure.test", "/").await?;
+        let echo = echo_of(&reply, "kube")?;
+        assert_eq!((echo.proto.as_str(), echo.family), ("HTTP/2.0", family));
     }
     Ok(())
 }

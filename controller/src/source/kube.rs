@@ -4,7 +4,8 @@
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, `v1` Service, `discovery.k8s.io/v1`
 //! EndpointSlice (only those labelled `kubernetes.io/service-name`) and `v1` Secret (only
-//! `type=kubernetes.io/tls`, by field selector). `managedFields` and the
+//! `type=kubernetes.io/tls` and `type=Opaque`, by field selectors: TLS certificates, and the CA
+//! bundles of TLS upstreams). `managedFields` and the
 //! `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped before an object is
 //! cached.
 //!
@@ -235,35 +236,38 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
     let base = watcher::Config::default();
     let ingresses = spawn_kind(
         namespaced::<Ingress>(&client, &namespaces),
-        base.clone(),
+        vec![base.clone()],
         tx.clone(),
         countdown.clone(),
         Some(changed_tx),
     );
     spawn_kind(
         vec![Api::<IngressClass>::all(client.clone())],
-        base.clone(),
+        vec![base.clone()],
         tx.clone(),
         countdown.clone(),
         None,
     );
     spawn_kind(
         namespaced::<Service>(&client, &namespaces),
-        base.clone(),
+        vec![base.clone()],
         tx.clone(),
         countdown.clone(),
         None,
     );
     spawn_kind(
         namespaced::<EndpointSlice>(&client, &namespaces),
-        base.clone().labels(SERVICE_NAME_LABEL),
+        vec![base.clone().labels(SERVICE_NAME_LABEL)],
         tx.clone(),
         countdown.clone(),
         None,
     );
     spawn_kind(
         namespaced::<Secret>(&client, &namespaces),
-        base.fields("type=kubernetes.io/tls"),
+        vec![
+            base.clone().fields("type=kubernetes.io/tls"),
+            base.fields("type=Opaque"),
+        ],
         tx,
         countdown,
         None,
@@ -288,19 +292,26 @@ where
     }
 }
 
+/// Watches one kind: every API (namespace) with every config (field selector); a relist of any
+/// of them replaces the kind with the union of all their stores.
 fn spawn_kind<K: Watched>(
     apis: Vec<Api<K>>,
-    config: watcher::Config,
+    configs: Vec<watcher::Config>,
     tx: mpsc::Sender<SourceEvent>,
     countdown: Arc<SyncCountdown>,
     changed: Option<Arc<watch::Sender<u64>>>,
 ) -> Vec<Store<K>> {
     let mut readers = Vec::new();
     let mut streams = Vec::new();
-    for (i, api) in apis.into_iter().enumerate() {
+    let watches = apis.iter().flat_map(|api| {
+        configs
+            .iter()
+            .map(move |config| (api.clone(), config.clone()))
+    });
+    for (i, (api, config)) in watches.enumerate() {
         let (reader, writer) = reflector::store();
         readers.push(reader);
-        let stream = watcher(api, config.clone())
+        let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
             .modify(trim::<K>)
             .reflect(writer)
