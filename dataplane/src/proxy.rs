@@ -224,7 +224,7 @@ impl Proxy {
                 match (weak.upgrade(), weak_h2.upgrade()) {
                     (Some(pool), Some(h2)) => {
                         pool.reap(max_idle);
-                        h2.reap();
+                        h2.reap(max_idle);
                     }
                     _ => return,
                 }

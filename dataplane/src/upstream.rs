@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::header::{self, HeaderMap, HeaderValue};
@@ -346,10 +346,11 @@ type Connecting =
 
 /// One multiplexed HTTP/2 connection per upstream address and TLS settings, shared by every
 /// request to that address; a closed connection (GOAWAY, reset) is replaced on the next request.
-/// Requests that find no connection while one is being made wait for that one.
+/// Requests that find no connection while one is being made wait for that one. A connection no
+/// request has used for the idle timeout is let go (its open streams still finish).
 #[derive(Default)]
 pub(crate) struct H2Pool {
-    conns: Mutex<HashMap<(SocketAddr, u64), http2::SendRequest<UpstreamBody>>>,
+    conns: Mutex<HashMap<(SocketAddr, u64), (http2::SendRequest<UpstreamBody>, Instant)>>,
     connecting: Mutex<HashMap<(SocketAddr, u64), Connecting>>,
 }
 
@@ -362,19 +363,22 @@ impl std::fmt::Debug for H2Pool {
 
 impl H2Pool {
     fn get(&self, key: (SocketAddr, u64)) -> Option<http2::SendRequest<UpstreamBody>> {
-        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.get(&key).filter(|s| !s.is_closed()).cloned()
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let (sender, used) = conns.get_mut(&key).filter(|(s, _)| !s.is_closed())?;
+        *used = Instant::now();
+        Some(sender.clone())
     }
 
     fn put(&self, key: (SocketAddr, u64), sender: http2::SendRequest<UpstreamBody>) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.insert(key, sender);
+        conns.insert(key, (sender, Instant::now()));
     }
 
-    /// Drops closed connections.
-    pub(crate) fn reap(&self) {
+    /// Drops closed connections, and lets go of those unused for `max_idle` (which closes them
+    /// once their open streams are done).
+    pub(crate) fn reap(&self, max_idle: Duration) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|_, s| !s.is_closed());
+        conns.retain(|_, (s, used)| !s.is_closed() && used.elapsed() < max_idle);
     }
 
     /// A new connection to the address, or the one another request is making right now.
@@ -563,6 +567,85 @@ pub(crate) fn keep_trailers<B>(request: &mut Request<B>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+
+    /// An h2c server on `ip` answering every request with "a", then "b" once `go` is notified;
+    /// `closed` is notified when the connection ends.
+    async fn slow_server(
+        ip: std::net::IpAddr,
+    ) -> (
+        SocketAddr,
+        Arc<tokio::sync::Notify>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        use http_body_util::BodyExt as _;
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let go = Arc::new(tokio::sync::Notify::new());
+        let (closed_tx, closed) = tokio::sync::oneshot::channel();
+        let gate = go.clone();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |_req| {
+                let gate = gate.clone();
+                async move {
+                    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+                    tokio::spawn(async move {
+                        let _ = tx.send(Bytes::from_static(b"a")).await;
+                        gate.notified().await;
+                        let _ = tx.send(Bytes::from_static(b"b")).await;
+                    });
+                    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+                        let chunk = rx.recv().await?;
+                        Some((
+                            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk)),
+                            rx,
+                        ))
+                    });
+                    Ok::<_, std::convert::Infallible>(Response::new(
+                        http_body_util::StreamBody::new(frames).boxed(),
+                    ))
+                }
+            });
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            let _ = closed_tx.send(());
+        });
+        (addr, go, closed)
+    }
+
+    #[tokio::test]
+    async fn idle_h2_connections_are_let_go_after_their_streams_end() {
+        use http_body_util::BodyExt as _;
+        for ip in ["127.0.0.1", "::1"] {
+            let (addr, go, closed) = slow_server(ip.parse().unwrap()).await;
+            let pool = H2Pool::default();
+            let request = Request::builder()
+                .uri("/")
+                .header(header::HOST, "h2.test")
+                .body(UpstreamBody::Right(http_body_util::Empty::new()))
+                .unwrap();
+            let second = Duration::from_secs(5);
+            let Ok((res, fresh)) = pool.send(addr, None, request, second, second).await else {
+                panic!("request to {addr} failed");
+            };
+            assert!(fresh);
+            // Idle for "longer than the timeout" while a stream is still open.
+            pool.reap(Duration::ZERO);
+            assert!(pool.get((addr, 0)).is_none(), "let go");
+            go.notify_one();
+            let body = tokio::time::timeout(second, res.into_body().collect())
+                .await
+                .expect("the open stream finishes")
+                .expect("body");
+            assert_eq!(body.to_bytes(), "ab");
+            tokio::time::timeout(second, closed)
+                .await
+                .expect("the connection closes once its last stream is done")
+                .unwrap();
+        }
+    }
 
     #[test]
     fn settings_compare_by_name_trust_and_alpn() {
