@@ -340,6 +340,9 @@ where
     Ok(sender)
 }
 
+/// A pooled HTTP/2 connection and when a request last took it.
+type PooledH2 = (http2::SendRequest<UpstreamBody>, Instant);
+
 /// A connection attempt that every request arriving meanwhile waits for.
 type Connecting =
     Shared<BoxFuture<'static, Result<http2::SendRequest<UpstreamBody>, Arc<io::Error>>>>;
@@ -350,7 +353,7 @@ type Connecting =
 /// request has used for the idle timeout is let go (its open streams still finish).
 #[derive(Default)]
 pub(crate) struct H2Pool {
-    conns: Mutex<HashMap<(SocketAddr, u64), (http2::SendRequest<UpstreamBody>, Instant)>>,
+    conns: Mutex<HashMap<(SocketAddr, u64), PooledH2>>,
     connecting: Mutex<HashMap<(SocketAddr, u64), Connecting>>,
 }
 
