@@ -1,7 +1,8 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: upstream protocols chosen by the Service
 //! port's `appProtocol`: HTTP/2 cleartext (one multiplexed connection per pod address, the
-//! client's family, per-family fallback), HTTP/1.1 over TLS verified against a CA Secret (wrong,
-//! missing or no CA: 502 for those routes only; skip-verify), HTTP/2 over TLS with a server-name
+//! client's family, per-family fallback), HTTP/1.1 over TLS (`kubernetes.io/wss`, WebSocket
+//! upgrades too) verified against a CA Secret (wrong, missing or no CA: 502 for those routes
+//! only; skip-verify), HTTP/2 over TLS with a server-name
 //! annotation, and gRPC (unary and server-streaming, trailers kept) from h2 clients over
 //! prior knowledge and TLS. In Kubernetes mode, an `Opaque` CA Secret is watched and used.
 
@@ -26,7 +27,7 @@ struct Setup {
 }
 
 /// Services: `h2c` (appProtocol `kubernetes.io/h2c`, dual-stack pods), `fallback` (h2c, a pod
-/// whose IPv4 port refuses), `secure` (`https`, pods with a certificate for
+/// whose IPv4 port refuses), `secure` (`kubernetes.io/wss`: HTTP/1.1 over TLS, pods with a certificate for
 /// `secure.up.svc` from the CA), `secure-h2` (`h2`, a certificate for `grpc.internal` only).
 async fn setup() -> anyhow::Result<Setup> {
     let ca = TestCa::new("duet upstream test CA");
@@ -60,7 +61,7 @@ async fn setup() -> anyhow::Result<Setup> {
     let dir = ManifestDir::with_class()?;
     let mut services = h2c.manifests_with_app_protocol("kubernetes.io/h2c");
     services.extend(fallback.manifests_with_app_protocol("h2c"));
-    services.extend(secure.manifests_with_app_protocol("https"));
+    services.extend(secure.manifests_with_app_protocol("kubernetes.io/wss"));
     services.extend(secure_h2.manifests_with_app_protocol("h2"));
     dir.write("services.yaml", &services)?;
     dir.write(
@@ -263,6 +264,28 @@ async fn https_upstreams_verify_against_the_ca_secret_per_route() -> anyhow::Res
     let diagnostics = routes["diagnostics"].to_string();
     for expected in ["MissingSecret", "no-such-secret", "InsecureBackendTls"] {
         assert!(diagnostics.contains(expected), "{expected}: {diagnostics}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn websocket_upgrades_tunnel_to_wss_upstreams() -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = setup().await?;
+    for family in Family::BOTH {
+        let (reply, io) = client::upgrade(s.duet.http(family), "secure.test", "/ws").await?;
+        assert_eq!(reply.status, 101, "{family}: {}", reply.text());
+        assert_eq!(reply.header("x-echo-family"), Some(family.as_str()));
+        let mut io = io.expect("101 without an upgraded stream");
+        let exchange = async {
+            io.write_all(b"over tls").await?;
+            io.flush().await?;
+            let mut back = [0u8; 8];
+            io.read_exact(&mut back).await?;
+            anyhow::Ok(back)
+        };
+        let back = tokio::time::timeout(client::REQUEST_TIMEOUT, exchange).await??;
+        assert_eq!(&back, b"over tls");
     }
     Ok(())
 }
