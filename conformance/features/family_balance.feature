@@ -3,9 +3,11 @@ Feature: Balancing over pods of mixed families
   duet picks the pod first and its address second, so a dual-stack pod, an IPv4-only pod and an
   IPv6-only pod of one Service each get an equal share of the requests, whatever the client's
   family: a pod without the client's family is reached over its other one.
-  (600 uniformly spread requests give each of 3 pods 200 on average, standard deviation 11.5;
-  150..250 is 4.3 standard deviations each way, so a correct balancer fails this about once in
-  10 000 runs, while a balancer weighting pods by their addresses (300/150/150) fails it always.)
+  (duet's default balancer, P2C over requests in flight, picks uniformly among idle pods, so 600
+  sequential requests give each of 3 pods 200 on average, standard deviation 11.5; round robin
+  gives exactly 200. 150..250 is 4.3 standard deviations each way: a correct balancer fails this
+  about once in 27 000 runs per profile, while one weighting pods by their addresses (300/150/150)
+  fails it always.)
 
   Scenario: Each pod of a mixed-family Service serves an equal share of the requests
     Given a new random namespace

@@ -16,6 +16,7 @@ use regex::Regex;
 use serde_json::Value;
 
 use super::cluster::Cluster;
+use super::standin::PodShape;
 use crate::client::{self, Conn, Reply};
 use crate::echo::Family;
 use crate::fleet::{PodSpec, Port};
@@ -774,14 +775,6 @@ async fn forwarded_is_client_impl(w: &mut ConformanceWorld, _ctx: Context) -> an
 step!(service_with_pods, service_with_pods_impl);
 async fn service_with_pods_impl(w: &mut ConformanceWorld, ctx: Context) -> anyhow::Result<()> {
     let ns = w.namespace.clone().context("no namespace yet")?;
-    let port = |cell: &str| -> anyhow::Result<Port> {
-        Ok(match cell {
-            "listen" => Port::Listen,
-            "closed" => Port::Closed,
-            "absent" => Port::Absent,
-            other => bail!("{other:?} is not listen, closed or absent"),
-        })
-    };
     let table = ctx.step.table.as_ref().context("the step needs a table")?;
     let (header, rows) = table.rows.split_first().context("the table is empty")?;
     ensure!(
@@ -796,11 +789,12 @@ async fn service_with_pods_impl(w: &mut ConformanceWorld, ctx: Context) -> anyho
         let [pod, v4, v6] = row.as_slice() else {
             bail!("a pod row needs 3 cells: {row:?}");
         };
-        specs.push(
-            PodSpec::dual(pod)
-                .with(Family::V4, port(v4)?)
-                .with(Family::V6, port(v6)?),
-        );
+        let shape = PodShape {
+            name: pod.clone(),
+            ipv4: v4.clone(),
+            ipv6: v6.clone(),
+        };
+        specs.push(shape.spec()?);
     }
     ensure!(!specs.is_empty(), "the Service needs at least one pod");
     shared()
