@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::{Diagnostic, Reason};
-use crate::index::{Kind, NsName, ObjectKey, References};
+use crate::index::{NsName, ObjectKey, References};
 
 /// The per-Ingress annotation naming the Secret (key `ca.crt`) that verifies TLS upstreams.
 pub const BACKEND_CA_SECRET_ANNOTATION: &str = "duet.dev/backend-ca-secret";
@@ -211,7 +211,7 @@ impl<'a> UpstreamTlsBuilder<'a> {
             None => {
                 let reason = format!("Secret {secret_name} has no {CA_KEY}");
                 diagnostics.push(Diagnostic::new(
-                    ObjectKey::new(Kind::Ingress, &*key.namespace, &*key.name),
+                    key.clone(),
                     Reason::InvalidBackendTls,
                     format!("{BACKEND_CA_SECRET_ANNOTATION}: {reason}; TLS routes answer 502"),
                 ));
