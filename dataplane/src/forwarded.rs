@@ -2,7 +2,7 @@
 //! of both families), and how the forwarding headers are set for trusted and untrusted peers.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -95,19 +95,18 @@ static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// and `-Port` are kept; from anyone else, all of them are replaced.
 pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
     let proto = conn.scheme();
-    let ip = conn.peer.ip().to_string();
-    let ip_value = HeaderValue::from_str(&ip).expect("an IP address is a valid header value");
-    let element = crate::proxy::forwarded_element(conn.peer, host, proto);
+    let peer = &conn.forwarded;
+    let element = peer.element(host, proto);
     if conn.trusted {
-        append(headers, &X_FORWARDED_FOR, &ip);
+        append(headers, &X_FORWARDED_FOR, &peer.ip);
         append(headers, &header::FORWARDED, &element);
     } else {
-        headers.insert(&X_FORWARDED_FOR, ip_value.clone());
+        headers.insert(&X_FORWARDED_FOR, peer.ip_value.clone());
         if let Ok(v) = HeaderValue::from_str(&element) {
             headers.insert(header::FORWARDED, v);
         }
     }
-    headers.insert(&X_REAL_IP, ip_value);
+    headers.insert(&X_REAL_IP, peer.ip_value.clone());
     let keep = |headers: &HeaderMap, name: &HeaderName| conn.trusted && headers.contains_key(name);
     if !keep(headers, &X_FORWARDED_PROTO) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
@@ -124,6 +123,66 @@ pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
     }
     if !keep(headers, &X_FORWARDED_PORT) {
         headers.insert(&X_FORWARDED_PORT, HeaderValue::from(conn.local.port()));
+    }
+}
+
+/// The client address as forwarding headers carry it, formatted once per connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PeerHeaders {
+    /// `192.0.2.1` or `2001:db8::1` (`X-Forwarded-For`, `X-Real-IP`).
+    ip: String,
+    ip_value: HeaderValue,
+    /// `for="192.0.2.1:4711"` or `for="[2001:db8::1]:4711"` (RFC 7239: quoted, IPv6 bracketed).
+    for_node: String,
+}
+
+impl PeerHeaders {
+    pub(crate) fn new(peer: SocketAddr) -> PeerHeaders {
+        let ip = peer.ip().to_string();
+        let for_node = match peer {
+            SocketAddr::V4(a) => format!("for=\"{}:{}\"", a.ip(), a.port()),
+            SocketAddr::V6(a) => format!("for=\"[{}]:{}\"", a.ip(), a.port()),
+        };
+        PeerHeaders {
+            ip_value: HeaderValue::from_str(&ip).expect("an IP address is a valid header value"),
+            ip,
+            for_node,
+        }
+    }
+
+    /// The `Forwarded` element of one request: `for="…";host=…;proto=…` (the host as a token,
+    /// or quoted when it is not one, as an IPv6 literal with its brackets and port).
+    fn element(&self, host: &str, proto: &str) -> String {
+        let mut out = String::with_capacity(self.for_node.len() + host.len() + 20);
+        out.push_str(&self.for_node);
+        if !host.is_empty() {
+            out.push_str(";host=");
+            push_token_or_quoted(&mut out, host);
+        }
+        out.push_str(";proto=");
+        out.push_str(proto);
+        out
+    }
+}
+
+/// The `Forwarded` element (RFC 7239) for a client at `peer` asking for `host` over `proto`.
+pub fn forwarded_element(peer: SocketAddr, host: &str, proto: &str) -> String {
+    PeerHeaders::new(peer).element(host, proto)
+}
+
+fn push_token_or_quoted(out: &mut String, value: &str) {
+    let is_tchar = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+    if !value.is_empty() && value.bytes().all(is_tchar) {
+        out.push_str(value);
+    } else {
+        out.push('"');
+        for c in value.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
     }
 }
 

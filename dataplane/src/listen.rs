@@ -96,6 +96,9 @@ pub struct ConnInfo {
     pub tls_version: Option<&'static str>,
     /// The server name (SNI) the TLS client asked for.
     pub sni: Option<Arc<str>>,
+    /// What every request of the connection forwards about `peer`, formatted once per
+    /// connection rather than per request.
+    pub(crate) forwarded: crate::forwarded::PeerHeaders,
 }
 
 impl ConnInfo {
@@ -110,6 +113,7 @@ impl ConnInfo {
             trusted: false,
             tls_version: None,
             sni: None,
+            forwarded: crate::forwarded::PeerHeaders::new(peer),
         }
     }
 

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -199,7 +198,8 @@ pub struct Proxy {
 }
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
-const HOP_BY_HOP: [HeaderName; 7] = [
+const HOP_BY_HOP_NAMES: usize = 7;
+const HOP_BY_HOP: [HeaderName; HOP_BY_HOP_NAMES] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -633,19 +633,41 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
 /// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
 fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // One pass over the (few) names present instead of a hashed removal per hop-by-hop name:
+    // most requests carry none of them, most responses only `Connection: keep-alive`.
+    let mut present = [false; HOP_BY_HOP_NAMES];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
+        return;
+    }
     let upgrade = if keep_upgrade {
         headers.get(header::UPGRADE).cloned()
     } else {
         None
     };
+    // Connection options name further hop-by-hop headers; `keep-alive`, `close` and `upgrade`
+    // are options, not header names to look for (keep-alive and upgrade go anyway).
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|t| {
+            !["keep-alive", "close", "upgrade", ""]
+                .iter()
+                .any(|o| t.eq_ignore_ascii_case(o))
+        })
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    for name in &named {
+        headers.remove(name);
+    }
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         headers.remove(name);
     }
     if let Some(upgrade) = upgrade {
@@ -674,39 +696,6 @@ fn prepare_request<B>(req: &mut Request<B>, host: &str, conn: &ConnInfo, upgrade
     crate::forwarded::set_headers(headers, host, conn);
 }
 
-/// One `Forwarded` element: `for="[2001:db8::1]:4711";host=example.com;proto=http`. A node with
-/// a port is always quoted, and IPv6 is bracketed (RFC 7239 section 6).
-pub fn forwarded_element(peer: SocketAddr, host: &str, proto: &str) -> String {
-    let mut out = String::with_capacity(64);
-    let node = match peer {
-        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
-        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
-    };
-    let _ = write!(out, "for=\"{node}\"");
-    if !host.is_empty() {
-        out.push_str(";host=");
-        push_token_or_quoted(&mut out, host);
-    }
-    let _ = write!(out, ";proto={proto}");
-    out
-}
-
-fn push_token_or_quoted(out: &mut String, value: &str) {
-    let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-    if !value.is_empty() && value.chars().all(is_tchar) {
-        out.push_str(value);
-    } else {
-        out.push('"');
-        for c in value.chars() {
-            if c == '"' || c == '\\' {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-        out.push('"');
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -715,16 +704,16 @@ mod tests {
     fn forwarded_quotes_and_brackets() {
         let v6: SocketAddr = "[2001:db8::1]:4711".parse().unwrap();
         assert_eq!(
-            forwarded_element(v6, "example.com", "http"),
+            crate::forwarded::forwarded_element(v6, "example.com", "http"),
             "for=\"[2001:db8::1]:4711\";host=example.com;proto=http"
         );
         let v4: SocketAddr = "192.0.2.60:4711".parse().unwrap();
         assert_eq!(
-            forwarded_element(v4, "example.com:8080", "https"),
+            crate::forwarded::forwarded_element(v4, "example.com:8080", "https"),
             "for=\"192.0.2.60:4711\";host=\"example.com:8080\";proto=https"
         );
         assert_eq!(
-            forwarded_element(v4, "[::1]:8080", "http"),
+            crate::forwarded::forwarded_element(v4, "[::1]:8080", "http"),
             "for=\"192.0.2.60:4711\";host=\"[::1]:8080\";proto=http"
         );
     }
