@@ -1,10 +1,13 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: client-side limits. Request heads over
 //! 32 KiB get 431 (HTTP/1.1) or are refused (HTTP/2); declared bodies over the route's limit get
 //! 413 (1 MiB by default, per Ingress with `duet.dev/proxy-body-size`), and so do chunked bodies
-//! once they pass it.
+//! once they pass it. HTTP/2 connections advertise 128 concurrent streams and end with GOAWAY
+//! `ENHANCE_YOUR_CALM` under a rapid-reset flood (CVE-2023-44487), while the proxy goes on
+//! serving.
 
 use std::net::SocketAddr;
 
+use anyhow::Context as _;
 use conformance::bytes::Bytes;
 use conformance::client::{self, Conn};
 use conformance::http::Method;
@@ -126,4 +129,113 @@ async fn chunked_put(to: SocketAddr, host: &str, size: usize) -> anyhow::Result<
     let mut reply = Vec::new();
     let _ = tokio::time::timeout(client::REQUEST_TIMEOUT, tcp.read_to_end(&mut reply)).await?;
     Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// One HTTP/2 frame: 9-byte header (length, type, flags, stream id) and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("small frame")
+        .to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one frame: (type, flags, payload); `None` at the end of the connection.
+async fn read_h2_frame(
+    tcp: &mut tokio::net::TcpStream,
+) -> anyhow::Result<Option<(u8, u8, Vec<u8>)>> {
+    let mut head = [0u8; 9];
+    match tcp.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    let mut payload = vec![0u8; len];
+    tcp.read_exact(&mut payload).await?;
+    Ok(Some((head[3], head[4], payload)))
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const SETTINGS: u8 = 0x4;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const GOAWAY: u8 = 0x7;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_are_limited_and_a_rapid_reset_flood_ends_the_connection(
+) -> anyhow::Result<()> {
+    let fleet = Fleet::start("lim", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    dir.write(
+        "ingress.yaml",
+        &[Ingress::new("lim", "web").host("a.test", "echo").build()],
+    )?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    // GET / for a.test: indexed :method GET, :scheme http, :path /, and :authority as a literal
+    // without indexing, so every block is the same.
+    let mut block = vec![0x82, 0x86, 0x84, 0x01, 6];
+    block.extend_from_slice(b"a.test");
+    const FLOOD: u32 = 500;
+    for family in Family::BOTH {
+        let mut tcp = client::connect_tcp(duet.http(family)).await?;
+        let mut hello = H2_PREFACE.to_vec();
+        hello.extend(h2_frame(SETTINGS, 0, 0, &[]));
+        tcp.write_all(&hello).await?;
+        // The server's SETTINGS carry the stream limit.
+        let settings = loop {
+            match read_h2_frame(&mut tcp).await? {
+                Some((SETTINGS, 0, payload)) => break payload,
+                Some(_) => continue,
+                None => anyhow::bail!("{family}: closed before SETTINGS"),
+            }
+        };
+        let max_streams = settings.chunks_exact(6).find_map(|e| {
+            (u16::from_be_bytes([e[0], e[1]]) == 0x3)
+                .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+        });
+        assert_eq!(max_streams, Some(128), "{family}: SETTINGS {settings:?}");
+        tcp.write_all(&h2_frame(SETTINGS, 0x1, 0, &[])).await?;
+
+        // Rapid reset: each stream opened and cancelled at once, many times over.
+        let mut flood = Vec::new();
+        for i in 0..FLOOD {
+            let stream = 2 * i + 1;
+            flood.extend(h2_frame(HEADERS, 0x1 | 0x4, stream, &block));
+            flood.extend(h2_frame(RST_STREAM, 0, stream, &0x8u32.to_be_bytes()));
+        }
+        // The server may close before reading it all.
+        let _ = tcp.write_all(&flood).await;
+        let goaway = tokio::time::timeout(client::REQUEST_TIMEOUT, async {
+            loop {
+                match read_h2_frame(&mut tcp).await? {
+                    Some((GOAWAY, _, payload)) => return anyhow::Ok(Some(payload)),
+                    Some(_) => continue,
+                    None => return Ok(None),
+                }
+            }
+        })
+        .await??;
+        let goaway = goaway.with_context(|| format!("{family}: closed without GOAWAY"))?;
+        let code = u32::from_be_bytes([goaway[4], goaway[5], goaway[6], goaway[7]]);
+        assert_eq!(
+            code, 0xb,
+            "{family}: GOAWAY {goaway:?} is not ENHANCE_YOUR_CALM"
+        );
+        let last = u32::from_be_bytes([goaway[0], goaway[1], goaway[2], goaway[3]]) & 0x7fff_ffff;
+        assert!(
+            last < 2 * FLOOD - 1,
+            "{family}: every stream was taken ({last})"
+        );
+
+        // Other clients are still served, over HTTP/2 too.
+        let mut conn = Conn::http2(duet.http(family)).await?;
+        let req = client::request(Method::GET, "a.test", "/").body(Full::new(Bytes::new()))?;
+        client::expect_status(&conn.send(req).await?, 200)?;
+    }
+    Ok(())
 }
