@@ -101,6 +101,8 @@ pub struct ProxyBody {
     _in_flight: Option<InFlight>,
     /// Records the request (metrics, access log) when the body is done or dropped.
     exchange: Option<Exchange>,
+    /// The HTTP/1.1 upstream connection, back to the pool once this body is done.
+    _pool_return: Option<PoolReturn>,
 }
 
 impl ProxyBody {
@@ -109,6 +111,37 @@ impl ProxyBody {
             inner: Either::Right(Full::new(bytes)),
             _in_flight: None,
             exchange: None,
+            _pool_return: None,
+        }
+    }
+}
+
+/// An HTTP/1.1 upstream connection whose response is being relayed; dropped with the response
+/// body, it goes back to the pool. By then the connection has almost always read the whole
+/// response and is ready for the next request, so it is pooled at once; otherwise a task waits
+/// until it is ready (or closed, and then it is not pooled).
+#[derive(Debug)]
+struct PoolReturn {
+    sender: Option<SendRequest<UpstreamBody>>,
+    pool: Arc<Pool>,
+    key: PoolKey,
+    max: usize,
+}
+
+impl Drop for PoolReturn {
+    fn drop(&mut self) {
+        let Some(mut sender) = self.sender.take() else {
+            return;
+        };
+        if sender.is_ready() {
+            self.pool.put(self.key, sender, self.max);
+        } else if !sender.is_closed() {
+            let (pool, key, max) = (self.pool.clone(), self.key, self.max);
+            tokio::spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.put(key, sender, max);
+                }
+            });
         }
     }
 }
@@ -332,6 +365,7 @@ impl Proxy {
                                 inner: Either::Left(ReadTimeout::new(body, read_timeout)),
                                 _in_flight: Some(in_flight),
                                 exchange: None,
+                                _pool_return: None,
                             }));
                         }
                         Err(SendError::Failed(error)) => {
@@ -396,7 +430,7 @@ impl Proxy {
                     )
                     .await
                 {
-                    Ok(mut res) => {
+                    Ok((mut res, pool_return)) => {
                         exchange.upstream_done(family, addr, preferred);
                         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
                         strip_hop_by_hop(res.headers_mut(), switching);
@@ -409,6 +443,7 @@ impl Proxy {
                             inner: Either::Left(ReadTimeout::new(body, read_timeout)),
                             _in_flight: Some(in_flight),
                             exchange: None,
+                            _pool_return: pool_return,
                         }));
                     }
                     Err(SendError::Failed(error)) => {
@@ -471,7 +506,7 @@ impl Proxy {
         mut request: Request<UpstreamBody>,
         connect_timeout: Duration,
         read_timeout: Duration,
-    ) -> Result<Response<Incoming>, SendError> {
+    ) -> Result<(Response<Incoming>, Option<PoolReturn>), SendError> {
         let config = &self.runtime.config;
         let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
@@ -479,17 +514,14 @@ impl Proxy {
             match sent {
                 Err(_) => return Err(SendError::Failed(ProxyError::Timeout)),
                 Ok(Ok(res)) => {
-                    if res.status() != StatusCode::SWITCHING_PROTOCOLS {
-                        let pool = self.pool.clone();
-                        let max = config.upstream_idle_per_addr;
-                        let key = tls.map_or(0, UpstreamTls::key);
-                        tokio::spawn(async move {
-                            if sender.ready().await.is_ok() {
-                                pool.put((addr, key), sender, max);
-                            }
+                    let pool_return =
+                        (res.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| PoolReturn {
+                            sender: Some(sender),
+                            pool: self.pool.clone(),
+                            key: (addr, tls.map_or(0, UpstreamTls::key)),
+                            max: config.upstream_idle_per_addr,
                         });
-                    }
-                    return Ok(res);
+                    return Ok((res, pool_return));
                 }
                 Ok(Err(mut error)) => match error.take_message() {
                     Some(unsent) if !fresh => {
