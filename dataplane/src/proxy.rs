@@ -60,6 +60,15 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// A failed upstream request whose body passed the limit as it streamed (no declared length)
+    /// was aborted before any response: that is the client's 413, not a 502.
+    fn body_limit_checked(self) -> ProxyError {
+        match self {
+            ProxyError::Upstream(e) if limits::body_too_large(&e) => ProxyError::BodyTooLarge,
+            other => other,
+        }
+    }
+
     /// The status code the client sees.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -370,12 +379,7 @@ impl Proxy {
                         }
                         Err(SendError::Failed(error)) => {
                             exchange.upstream_done(family, addr, preferred);
-                            return Err(match error {
-                                ProxyError::Upstream(e) if limits::body_too_large(&e) => {
-                                    ProxyError::BodyTooLarge
-                                }
-                                other => other,
-                            });
+                            return Err(error.body_limit_checked());
                         }
                         Err(SendError::Unsent(request, error)) => {
                             tracing::trace!(%error, upstream.addr = %addr, "Connect failed");
@@ -448,14 +452,7 @@ impl Proxy {
                     }
                     Err(SendError::Failed(error)) => {
                         exchange.upstream_done(family, addr, preferred);
-                        return Err(match error {
-                            // A body without a declared length passed the limit: the upstream
-                            // request was aborted before any response.
-                            ProxyError::Upstream(e) if limits::body_too_large(&e) => {
-                                ProxyError::BodyTooLarge
-                            }
-                            other => other,
-                        });
+                        return Err(error.body_limit_checked());
                     }
                     Err(SendError::Unsent(request, error)) => {
                         // Connecting to this address again failed: nothing was sent, so the

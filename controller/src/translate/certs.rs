@@ -50,6 +50,20 @@ impl TlsHosts {
     }
 }
 
+/// Secrets by namespace and name, for the lookups of one translation.
+pub(crate) fn by_name<'a>(secrets: &[&'a Secret]) -> BTreeMap<NsName, &'a Secret> {
+    secrets
+        .iter()
+        .map(|s| {
+            let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+            (
+                NsName::new(ns, s.metadata.name.clone().unwrap_or_default()),
+                *s,
+            )
+        })
+        .collect()
+}
+
 /// Builds the certificate table while the route phase walks the Ingresses (oldest first).
 pub(crate) struct CertBuilder<'a> {
     secrets: BTreeMap<NsName, &'a Secret>,
@@ -59,16 +73,7 @@ pub(crate) struct CertBuilder<'a> {
 
 impl<'a> CertBuilder<'a> {
     pub(crate) fn new(secrets: &[&'a Secret]) -> CertBuilder<'a> {
-        let secrets = secrets
-            .iter()
-            .map(|s| {
-                let ns = s.metadata.namespace.as_deref().unwrap_or("default");
-                (
-                    NsName::new(ns, s.metadata.name.clone().unwrap_or_default()),
-                    *s,
-                )
-            })
-            .collect();
+        let secrets = by_name(secrets);
         CertBuilder {
             secrets,
             loaded: BTreeMap::new(),

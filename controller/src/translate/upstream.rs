@@ -59,16 +59,7 @@ pub(crate) struct UpstreamTlsBuilder<'a> {
 
 impl<'a> UpstreamTlsBuilder<'a> {
     pub(crate) fn new(secrets: &[&'a Secret]) -> UpstreamTlsBuilder<'a> {
-        let secrets = secrets
-            .iter()
-            .map(|s| {
-                let ns = s.metadata.namespace.as_deref().unwrap_or("default");
-                (
-                    NsName::new(ns, s.metadata.name.clone().unwrap_or_default()),
-                    *s,
-                )
-            })
-            .collect();
+        let secrets = super::certs::by_name(secrets);
         UpstreamTlsBuilder {
             secrets,
             built: BTreeMap::new(),
