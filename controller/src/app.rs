@@ -121,8 +121,8 @@ impl App {
     }
 
     /// After every publish, sends our Ingresses whose routes are now live (applied in the
-    /// runtime) to `live`, and each build's diagnostics that were not there before to
-    /// `diagnostics`.
+    /// runtime) to `live`, and the whole current set of diagnostics to `diagnostics` whenever it
+    /// changed (a problem appeared or was resolved).
     pub fn observe(
         &mut self,
         live: watch::Sender<Arc<BTreeSet<NsName>>>,
@@ -253,8 +253,9 @@ impl App {
             .cloned()
             .collect();
         if let Some(tx) = &self.observers.diagnostics {
-            if !new.is_empty() {
-                let _ = tx.send(new.clone());
+            let resolved = self.reported.iter().any(|d| !all.contains(d));
+            if !new.is_empty() || resolved {
+                let _ = tx.send(all.clone());
             }
         }
         for d in &new {

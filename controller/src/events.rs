@@ -1,9 +1,13 @@
 //! Kubernetes Events (`events.k8s.io/v1`) for Ingresses duet cannot serve fully: one Warning per
 //! new diagnostic (missing Service, unknown port, missing Secret, conflicting path, ...), with
 //! the translation [`Reason`](crate::translate::Reason) as its reason. The control loop hands
-//! over only diagnostics that were not there at the previous build, so an unchanged problem is
-//! reported once, not at every rebuild. Only the leader records, so replicas do not repeat each
-//! other.
+//! over the whole current set of diagnostics whenever it changes; the recorder publishes those it
+//! has not published as leader yet, so an unchanged problem is reported once, not at every
+//! rebuild. Only the leader records, so replicas do not repeat each other, and a replica that
+//! becomes leader reports the problems that already exist (the old leader's Events may have
+//! expired, and its instance is gone).
+
+use std::collections::BTreeSet;
 
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Resource as _;
@@ -22,7 +26,7 @@ pub fn spawn(
     instance: String,
     stores: Stores,
     mut rx: mpsc::UnboundedReceiver<Vec<Diagnostic>>,
-    leading: watch::Receiver<bool>,
+    mut leading: watch::Receiver<bool>,
 ) {
     let recorder = Recorder::new(
         client,
@@ -32,11 +36,23 @@ pub fn spawn(
         },
     );
     tokio::spawn(async move {
-        while let Some(batch) = rx.recv().await {
-            if !*leading.borrow() {
+        let mut current: BTreeSet<Diagnostic> = BTreeSet::new();
+        // What this replica published as leader and is still current.
+        let mut published: BTreeSet<Diagnostic> = BTreeSet::new();
+        loop {
+            tokio::select! {
+                batch = rx.recv() => match batch {
+                    Some(all) => current = all.into_iter().filter(|d| d.object.kind == Kind::Ingress).collect(),
+                    None => return,
+                },
+                changed = leading.changed() => if changed.is_err() { return },
+            }
+            if !*leading.borrow_and_update() {
+                published.clear();
                 continue;
             }
-            for diagnostic in batch.into_iter().filter(|d| d.object.kind == Kind::Ingress) {
+            published.retain(|d| current.contains(d));
+            for diagnostic in current.iter().filter(|d| !published.contains(*d)) {
                 let Some(ingress) =
                     stores.ingress(&diagnostic.object.namespace, &diagnostic.object.name)
                 else {
@@ -59,6 +75,7 @@ pub fn spawn(
                     }
                 }
             }
+            published.clone_from(&current);
         }
     });
 }

@@ -2,8 +2,9 @@
 //! one leader (Lease `duet-leader`), only it writes status, and the other takes over when it
 //! stops; status lists every address of the publish Service, IPv4 and IPv6 (and host names of a
 //! LoadBalancer); a single-family publish Service is reported on /debug/routes; Ingresses that
-//! cannot be served fully get one Event per problem; an idle leader sleeps, with its API server up
-//! or gone. The API server runs on 127.0.0.1 and [::1].
+//! cannot be served fully get one Event per problem, and a new leader reports the problems that
+//! already existed; an idle leader sleeps, with its API server up or gone. The API server runs on
+//! 127.0.0.1 and [::1].
 
 mod kube_support;
 
@@ -361,6 +362,85 @@ async fn ingresses_not_served_fully_get_one_event_per_problem() -> anyhow::Resul
     until_status(&duet, "other.test", 200).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(events().len(), 1, "the problem was reported again");
+    Ok(())
+}
+
+/// A replica that takes over reports the problems that already existed: its own Event, naming
+/// itself as the reporting instance, for the problem the old leader reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_reports_problems_that_already_existed() -> anyhow::Result<()> {
+    let api = api(Family::V4)?;
+    election_namespace(&api)?;
+    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
+    apply(&api, &pods.manifests())?;
+    apply(
+        &api,
+        &[Ingress::new("kube", "mixed")
+            .host("good.test", "web")
+            .host("bad.test", "missing")
+            .build()],
+    )?;
+    let flags = [
+        "--election-namespace",
+        "duet",
+        "--election-lease-duration",
+        "3s",
+    ];
+    let mut one = duet(&api, &flags).await?;
+    let mut two = duet(&api, &flags).await?;
+    until_status(&one, "good.test", 200).await?;
+    until_status(&two, "good.test", 200).await?;
+    let reporters = || {
+        api.list("events.k8s.io/v1", "Event")
+            .into_iter()
+            .filter(|e| e["regarding"]["name"] == "mixed" && e["reason"] == "MissingService")
+            .map(|e| {
+                e["reportingInstance"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    client::eventually("the leader's Event", LIVE, || async {
+        anyhow::ensure!(!reporters().is_empty(), "no Event yet");
+        Ok(())
+    })
+    .await?;
+    let ids = [identity(&one), identity(&two)];
+    let holder = lease_holder(&api);
+    assert!(
+        holder.is_some() && ids.contains(&holder),
+        "holder {holder:?}"
+    );
+    assert_eq!(reporters(), [holder.clone().unwrap_or_default()]);
+    let (leader, follower) = if holder == ids[0] {
+        (&mut one, &mut two)
+    } else {
+        (&mut two, &mut one)
+    };
+    let follower_id = identity(follower).unwrap_or_default();
+
+    assert!(leader.terminate(Duration::from_secs(10))?);
+    client::eventually("the new leader's Event", LIVE, || async {
+        let reporters = reporters();
+        anyhow::ensure!(
+            reporters.contains(&follower_id),
+            "reported by {reporters:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    // Once each: the new leader does not repeat it at later rebuilds.
+    apply(
+        &api,
+        &[Ingress::new("kube", "other")
+            .host("other.test", "web")
+            .build()],
+    )?;
+    until_status(follower, "other.test", 200).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(reporters().len(), 2, "{:?}", reporters());
     Ok(())
 }
 
