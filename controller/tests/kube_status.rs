@@ -61,6 +61,22 @@ fn identity(duet: &conformance::Duet) -> Option<String> {
     Some(id.split_whitespace().next()?.to_owned())
 }
 
+/// One good rule and one to a Service that does not exist: served in part, with a problem.
+fn mixed_ingress() -> serde_json::Value {
+    Ingress::new("kube", "mixed")
+        .host("good.test", "web")
+        .host("bad.test", "missing")
+        .build()
+}
+
+/// The Events (`events.k8s.io/v1`) regarding the Ingress `name`.
+fn events_of(api: &ApiServer, name: &str) -> Vec<serde_json::Value> {
+    api.list("events.k8s.io/v1", "Event")
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name)
+        .collect()
+}
+
 async fn two_replicas_one_writer(api_family: Family) -> anyhow::Result<()> {
     let api = api(api_family)?;
     let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
@@ -323,20 +339,9 @@ async fn ingresses_not_served_fully_get_one_event_per_problem() -> anyhow::Resul
     })
     .await?;
     // One good rule, one to a missing Service: the good one is served.
-    apply(
-        &api,
-        &[Ingress::new("kube", "mixed")
-            .host("good.test", "web")
-            .host("bad.test", "missing")
-            .build()],
-    )?;
+    apply(&api, &[mixed_ingress()])?;
     until_status(&duet, "good.test", 200).await?;
-    let events = || {
-        api.list("events.k8s.io/v1", "Event")
-            .into_iter()
-            .filter(|e| e["regarding"]["name"] == "mixed")
-            .collect::<Vec<_>>()
-    };
+    let events = || events_of(&api, "mixed");
     client::eventually("an Event for the missing Service", LIVE, || async {
         anyhow::ensure!(!events().is_empty());
         Ok(())
@@ -373,13 +378,7 @@ async fn a_new_leader_reports_problems_that_already_existed() -> anyhow::Result<
     election_namespace(&api)?;
     let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
     apply(&api, &pods.manifests())?;
-    apply(
-        &api,
-        &[Ingress::new("kube", "mixed")
-            .host("good.test", "web")
-            .host("bad.test", "missing")
-            .build()],
-    )?;
+    apply(&api, &[mixed_ingress()])?;
     let flags = [
         "--election-namespace",
         "duet",
@@ -391,9 +390,9 @@ async fn a_new_leader_reports_problems_that_already_existed() -> anyhow::Result<
     until_status(&one, "good.test", 200).await?;
     until_status(&two, "good.test", 200).await?;
     let reporters = || {
-        api.list("events.k8s.io/v1", "Event")
+        events_of(&api, "mixed")
             .into_iter()
-            .filter(|e| e["regarding"]["name"] == "mixed" && e["reason"] == "MissingService")
+            .filter(|e| e["reason"] == "MissingService")
             .map(|e| {
                 e["reportingInstance"]
                     .as_str()

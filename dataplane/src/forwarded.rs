@@ -98,15 +98,19 @@ pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
     let peer = &conn.forwarded;
     let element = peer.element(host, proto);
     if conn.trusted {
-        append(headers, &X_FORWARDED_FOR, &peer.ip);
+        append(
+            headers,
+            &X_FORWARDED_FOR,
+            peer.ip.to_str().unwrap_or_default(),
+        );
         append(headers, &header::FORWARDED, &element);
     } else {
-        headers.insert(&X_FORWARDED_FOR, peer.ip_value.clone());
+        headers.insert(&X_FORWARDED_FOR, peer.ip.clone());
         if let Ok(v) = HeaderValue::from_str(&element) {
             headers.insert(header::FORWARDED, v);
         }
     }
-    headers.insert(&X_REAL_IP, peer.ip_value.clone());
+    headers.insert(&X_REAL_IP, peer.ip.clone());
     let keep = |headers: &HeaderMap, name: &HeaderName| conn.trusted && headers.contains_key(name);
     if !keep(headers, &X_FORWARDED_PROTO) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
@@ -130,24 +134,20 @@ pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PeerHeaders {
     /// `192.0.2.1` or `2001:db8::1` (`X-Forwarded-For`, `X-Real-IP`).
-    ip: String,
-    ip_value: HeaderValue,
+    ip: HeaderValue,
     /// `for="192.0.2.1:4711"` or `for="[2001:db8::1]:4711"` (RFC 7239: quoted, IPv6 bracketed).
     for_node: String,
 }
 
 impl PeerHeaders {
     pub(crate) fn new(peer: SocketAddr) -> PeerHeaders {
-        let ip = peer.ip().to_string();
+        let ip = HeaderValue::from_str(&peer.ip().to_string())
+            .expect("an IP address is a valid header value");
         let for_node = match peer {
             SocketAddr::V4(a) => format!("for=\"{}:{}\"", a.ip(), a.port()),
             SocketAddr::V6(a) => format!("for=\"[{}]:{}\"", a.ip(), a.port()),
         };
-        PeerHeaders {
-            ip_value: HeaderValue::from_str(&ip).expect("an IP address is a valid header value"),
-            ip,
-            for_node,
-        }
+        PeerHeaders { ip, for_node }
     }
 
     /// The `Forwarded` element of one request: `for="…";host=…;proto=…` (the host as a token,
@@ -163,11 +163,6 @@ impl PeerHeaders {
         out.push_str(proto);
         out
     }
-}
-
-/// The `Forwarded` element (RFC 7239) for a client at `peer` asking for `host` over `proto`.
-pub fn forwarded_element(peer: SocketAddr, host: &str, proto: &str) -> String {
-    PeerHeaders::new(peer).element(host, proto)
 }
 
 fn push_token_or_quoted(out: &mut String, value: &str) {
@@ -206,6 +201,24 @@ fn append(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarded_quotes_and_brackets() {
+        let v6: SocketAddr = "[2001:db8::1]:4711".parse().unwrap();
+        assert_eq!(
+            PeerHeaders::new(v6).element("example.com", "http"),
+            "for=\"[2001:db8::1]:4711\";host=example.com;proto=http"
+        );
+        let v4: SocketAddr = "192.0.2.60:4711".parse().unwrap();
+        assert_eq!(
+            PeerHeaders::new(v4).element("example.com:8080", "https"),
+            "for=\"192.0.2.60:4711\";host=\"example.com:8080\";proto=https"
+        );
+        assert_eq!(
+            PeerHeaders::new(v4).element("[::1]:8080", "http"),
+            "for=\"192.0.2.60:4711\";host=\"[::1]:8080\";proto=http"
+        );
+    }
 
     #[test]
     fn cidrs_of_both_families() {

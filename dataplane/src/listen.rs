@@ -97,7 +97,7 @@ pub struct ConnInfo {
     /// The server name (SNI) the TLS client asked for.
     pub sni: Option<Arc<str>>,
     /// What every request of the connection forwards about `peer`, formatted once per
-    /// connection rather than per request.
+    /// connection rather than per request (by [`ConnInfo::new`], from the same address).
     pub(crate) forwarded: crate::forwarded::PeerHeaders,
 }
 

@@ -730,24 +730,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn forwarded_quotes_and_brackets() {
-        let v6: SocketAddr = "[2001:db8::1]:4711".parse().unwrap();
-        assert_eq!(
-            crate::forwarded::forwarded_element(v6, "example.com", "http"),
-            "for=\"[2001:db8::1]:4711\";host=example.com;proto=http"
-        );
-        let v4: SocketAddr = "192.0.2.60:4711".parse().unwrap();
-        assert_eq!(
-            crate::forwarded::forwarded_element(v4, "example.com:8080", "https"),
-            "for=\"192.0.2.60:4711\";host=\"example.com:8080\";proto=https"
-        );
-        assert_eq!(
-            crate::forwarded::forwarded_element(v4, "[::1]:8080", "http"),
-            "for=\"192.0.2.60:4711\";host=\"[::1]:8080\";proto=http"
-        );
-    }
-
-    #[test]
     fn hop_by_hop_headers_go_including_named_ones() {
         let mut h = HeaderMap::new();
         h.insert(
