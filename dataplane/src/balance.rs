@@ -14,7 +14,9 @@ pub const EJECT_AFTER_FAILURES: u32 = 3;
 /// How long an ejected family stays skipped (doubling per repeated ejection, capped at 8x).
 pub const EJECT_BASE: Duration = Duration::from_secs(5);
 
-fn now_ms() -> u64 {
+/// Milliseconds on the balancer's clock (monotonic, process-wide): what the `*_at` methods take.
+/// Never 0, so that 0 means "never ejected".
+pub fn now_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     // Offset by one so that 0 means "never ejected".
     EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
@@ -56,11 +58,21 @@ impl TargetState {
 
     /// Whether one family of this target is ejected now.
     pub fn is_ejected(&self, family: Family) -> bool {
-        self.health[slot(family)].ejected(now_ms())
+        self.is_ejected_at(family, now_ms())
+    }
+
+    /// Whether one family of this target is ejected at `now` (see [`now_ms`]).
+    pub fn is_ejected_at(&self, family: Family, now: u64) -> bool {
+        self.health[slot(family)].ejected(now)
     }
 
     /// Records a connect failure over one family; returns true when it ejected that family.
     pub fn record_failure(&self, family: Family) -> bool {
+        self.record_failure_at(family, now_ms())
+    }
+
+    /// [`Self::record_failure`] at `now` (see [`now_ms`]).
+    pub fn record_failure_at(&self, family: Family, now: u64) -> bool {
         let h = &self.health[slot(family)];
         let n = h.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= EJECT_AFTER_FAILURES {
@@ -68,7 +80,7 @@ impl TargetState {
             let times = h.ejections.fetch_add(1, Ordering::Relaxed).min(3);
             let window = EJECT_BASE * (1 << times);
             h.ejected_until_ms
-                .store(now_ms() + window.as_millis() as u64, Ordering::Relaxed);
+                .store(now + window.as_millis() as u64, Ordering::Relaxed);
             return true;
         }
         false
@@ -76,11 +88,17 @@ impl TargetState {
 
     /// Records a successful connect over one family, which clears its failure count.
     pub fn record_success(&self, family: Family) {
+        self.record_success_at(family, now_ms())
+    }
+
+    /// [`Self::record_success`] at `now` (see [`now_ms`]): after the ejection window has passed
+    /// it also clears the ejection count, so the next ejection lasts [`EJECT_BASE`] again.
+    pub fn record_success_at(&self, family: Family, now: u64) {
         let h = &self.health[slot(family)];
         if h.consecutive_failures.load(Ordering::Relaxed) != 0 {
             h.consecutive_failures.store(0, Ordering::Relaxed);
         }
-        if h.ejections.load(Ordering::Relaxed) != 0 && !h.ejected(now_ms()) {
+        if h.ejections.load(Ordering::Relaxed) != 0 && !h.ejected(now) {
             h.ejections.store(0, Ordering::Relaxed);
         }
     }
@@ -185,7 +203,17 @@ impl LiveBackend {
     /// Picks a target for a client, skipping the indices in `tried`, and orders its addresses.
     /// Targets whose allowed families are all ejected are used only when nothing else is left.
     pub fn pick(&self, client: Family, policy: FamilyPolicy, tried: &[usize]) -> Option<Pick> {
-        let now = now_ms();
+        self.pick_at(client, policy, tried, now_ms())
+    }
+
+    /// [`Self::pick`] at `now` (see [`now_ms`]).
+    pub fn pick_at(
+        &self,
+        client: Family,
+        policy: FamilyPolicy,
+        tried: &[usize],
+        now: u64,
+    ) -> Option<Pick> {
         let index = self
             .choose(client, policy, tried, now, true)
             .or_else(|| self.choose(client, policy, tried, now, false))?;
@@ -421,6 +449,128 @@ mod tests {
             Family::V6,
             "ejected family kept as last resort"
         );
+    }
+
+    /// Fails a family of a target until it is ejected, at `now`; returns the window it got (ms).
+    fn eject(s: &TargetState, family: Family, now: u64) -> u64 {
+        for k in 1..EJECT_AFTER_FAILURES {
+            assert!(
+                !s.record_failure_at(family, now),
+                "ejected after {k} failures"
+            );
+        }
+        assert!(
+            s.record_failure_at(family, now),
+            "not ejected after 3 failures"
+        );
+        // The window ends where the family is no longer ejected.
+        let end = (now..now + 100_000)
+            .find(|&t| !s.is_ejected_at(family, t))
+            .expect("ejected for more than 100 s");
+        end - now
+    }
+
+    fn other(f: Family) -> Family {
+        match f {
+            Family::V4 => Family::V6,
+            Family::V6 => Family::V4,
+        }
+    }
+
+    #[test]
+    fn an_ejection_lasts_5_s_then_the_family_is_used_again() {
+        for family in [Family::V4, Family::V6] {
+            let b = mixed(LbPolicy::RoundRobin);
+            let s = &b.states[0];
+            let t0 = 1_000;
+            assert_eq!(eject(s, family, t0), 5_000, "{family:?}");
+            assert!(
+                !s.is_ejected_at(other(family), t0),
+                "{family:?}: other family kept"
+            );
+            // While ejected, the dual-stack pod is reached over its other family first.
+            let during = b.addresses(0, family, FamilyPolicy::PreferSameFamily, t0 + 4_999);
+            assert_eq!(during.addrs[0].unwrap().0, other(family), "{family:?}");
+            // From 5 s on, the client's own family comes first again.
+            let after = b.addresses(0, family, FamilyPolicy::PreferSameFamily, t0 + 5_000);
+            assert_eq!(after.addrs[0].unwrap().0, family, "{family:?}");
+            assert_eq!(after.addrs[1].unwrap().0, other(family), "{family:?}");
+        }
+    }
+
+    #[test]
+    fn repeated_ejections_double_up_to_40_s() {
+        for family in [Family::V4, Family::V6] {
+            let s = TargetState::default();
+            let mut now = 1_000;
+            let mut windows = Vec::new();
+            for _ in 0..6 {
+                // Each repeat fails right when the last window ends, with no success between.
+                let w = eject(&s, family, now);
+                windows.push(w);
+                now += w;
+            }
+            assert_eq!(
+                windows,
+                [5_000, 10_000, 20_000, 40_000, 40_000, 40_000],
+                "{family:?}"
+            );
+            assert!(!s.is_ejected_at(other(family), now), "{family:?}");
+        }
+    }
+
+    #[test]
+    fn a_success_after_the_window_restarts_at_5_s() {
+        for family in [Family::V4, Family::V6] {
+            let s = TargetState::default();
+            let mut now = 1_000;
+            for _ in 0..3 {
+                now += eject(&s, family, now);
+            }
+            // A success while still ejected (a last-resort attempt) does not forgive the count:
+            // the next ejection keeps the 40 s cap.
+            s.record_success_at(family, now - 1);
+            now += eject(&s, family, now);
+            s.record_success_at(family, now - 1);
+            assert_eq!(eject(&s, family, now), 40_000, "{family:?}");
+            now += 40_000;
+            // Recovered: a success once the window is over, then 3 new failures: 5 s again.
+            s.record_success_at(family, now);
+            assert!(!s.is_ejected_at(family, now), "{family:?}");
+            assert_eq!(
+                eject(&s, family, now + 60_000),
+                5_000,
+                "{family:?}: recovered"
+            );
+        }
+    }
+
+    #[test]
+    fn picks_skip_a_pod_whose_only_family_is_ejected_until_it_expires() {
+        for family in [Family::V4, Family::V6] {
+            let b = mixed(LbPolicy::RoundRobin);
+            // The pod having only `family`, under RequireSameFamily with a `family` client.
+            let only = if family == Family::V4 { 1 } else { 2 };
+            let t0 = 1_000;
+            eject(&b.states[only], family, t0);
+            let picks = |now| -> Vec<usize> {
+                (0..20)
+                    .map(|_| {
+                        b.pick_at(family, FamilyPolicy::RequireSameFamily, &[], now)
+                            .unwrap()
+                            .index
+                    })
+                    .collect()
+            };
+            assert!(
+                !picks(t0 + 4_999).contains(&only),
+                "{family:?}: ejected pod picked"
+            );
+            assert!(
+                picks(t0 + 5_000).contains(&only),
+                "{family:?}: pod not back after 5 s"
+            );
+        }
     }
 
     #[test]

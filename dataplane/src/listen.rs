@@ -391,6 +391,74 @@ mod tests {
         assert!(matches!(again, Err(BindError::Bind { .. })), "{again:?}");
     }
 
+    /// Accepts one pending connection on a non-blocking listener, waiting up to 5 s.
+    fn accept_within(listener: &std::net::TcpListener) -> Option<SocketAddr> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match listener.accept() {
+                Ok((_, peer)) => return Some(peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("accept: {e}"),
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Nothing is waiting on the listener (checked after the other family's accept succeeded,
+    /// so a connection that went the wrong way would be queued by now).
+    fn nothing_pending(listener: &std::net::TcpListener) -> bool {
+        matches!(listener.accept(), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    #[test]
+    fn wildcard_listeners_of_both_families_share_a_port_and_each_gets_its_own_family() {
+        // The defaults `0.0.0.0:p` and `[::]:p`, both listening: without IPV6_V6ONLY the IPv6
+        // wildcard would claim the IPv4 port too (bind fails, or it takes IPv4 clients).
+        let (v4, v6, port) = (0..10)
+            .find_map(|_| {
+                let v4 = bind("0.0.0.0:0".parse().unwrap()).unwrap();
+                let port = v4.local_addr().unwrap().port();
+                match bind(SocketAddr::from(([0u16; 8], port))) {
+                    Ok(v6) => Some((v4, v6, port)),
+                    Err(BindError::Bind { source, .. })
+                        if source.kind() == io::ErrorKind::AddrInUse =>
+                    {
+                        None
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            })
+            .expect("a port free on both wildcards");
+        let v6_socket = socket2::SockRef::from(&v6);
+        assert!(
+            v6_socket.only_v6().unwrap(),
+            "IPV6_V6ONLY not set on [::]:{port}"
+        );
+        assert!(v6_socket.reuse_address().unwrap());
+        // An IPv4 client lands on the IPv4 socket and only there.
+        let _c4 = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let peer = accept_within(&v4).expect("IPv4 client not accepted on 0.0.0.0");
+        assert_eq!(peer.ip(), std::net::IpAddr::from([127, 0, 0, 1]));
+        assert!(
+            nothing_pending(&v6),
+            "an IPv4 client reached the IPv6 socket"
+        );
+        // An IPv6 client lands on the IPv6 socket and only there.
+        let _c6 = std::net::TcpStream::connect(("::1", port)).unwrap();
+        let peer = accept_within(&v6).expect("IPv6 client not accepted on [::]");
+        assert_eq!(
+            peer.ip(),
+            std::net::IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1])
+        );
+        assert!(
+            nothing_pending(&v4),
+            "an IPv6 client reached the IPv4 socket"
+        );
+    }
+
     #[test]
     fn mapped_peers_are_ipv4_clients() {
         let info = ConnInfo::new(

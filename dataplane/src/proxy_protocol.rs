@@ -323,6 +323,140 @@ mod tests {
         assert_eq!(parse(&local).unwrap(), Some((Header::Local, 16)));
     }
 
+    /// Bytes from hex digits, ignoring spaces and newlines.
+    fn hex(text: &str) -> Vec<u8> {
+        let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    // v2 headers written by hand from proxy-protocol.txt section 2.2, not by `encode_v2`: the
+    // 12-byte signature, version 2 with command PROXY (0x21) or LOCAL (0x20), the family and
+    // transport byte (0x11 TCP over IPv4, 0x21 TCP over IPv6, 0x00 UNSPEC), the big-endian
+    // length of what follows, the address block (source, destination, source port, destination
+    // port), then TLVs (type, big-endian length, value), which the parser skips.
+    const SIG: &str = "0d0a0d0a000d0a515549540a";
+    /// TCP over IPv4, 192.0.2.33:4711 -> 198.51.100.1:443, no TLVs.
+    const V2_TCP4: &str = "21 11 000c  c0000221 c6336401 1267 01bb";
+    /// TCP over IPv6, [2001:db8::33]:4711 -> [2001:db8::1]:443, no TLVs.
+    const V2_TCP6: &str = "21 21 0024
+        20010db8000000000000000000000033 20010db8000000000000000000000001 1267 01bb";
+    /// As an AWS NLB sends it through a VPC endpoint (TLS listener): TCP over IPv4, then
+    /// PP2_TYPE_ALPN "h2", PP2_TYPE_AUTHORITY "edge.test", PP2_TYPE_AWS (0xEA) with subtype
+    /// PP2_SUBTYPE_AWS_VPCE_ID (0x01) "vpce-08d2bf15fac5001c9", and PP2_TYPE_NOOP padding.
+    const V2_TCP4_AWS_TLVS: &str = "21 11 003d  c0000221 c6336401 1267 01bb
+        01 0002 6832
+        02 0009 656467652e74657374
+        ea 0017 01 767063652d3038643262663135666163353030316339
+        04 0003 000000";
+    /// As a GCP load balancer sends it (Private Service Connect): TCP over IPv6, then
+    /// PP2_TYPE_ALPN "http/1.1", the PSC connection id (type 0xE0, 8 bytes big-endian) and a
+    /// one-byte PP2_TYPE_NOOP.
+    const V2_TCP6_GCP_TLVS: &str = "21 21 003e
+        20010db8000000000000000000000033 20010db8000000000000000000000001 1267 01bb
+        01 0008 687474702f312e31
+        e0 0008 0000000000002a17
+        04 0001 00";
+    /// LOCAL, as a load balancer's health check sends it: no address block.
+    const V2_LOCAL: &str = "20 00 0000";
+    /// LOCAL with an IPv4 address block, which the receiver must ignore.
+    const V2_LOCAL_WITH_ADDRESSES: &str = "20 11 000c  c0000221 c6336401 1267 01bb";
+    /// UNSPEC under PROXY: the receiver keeps the socket's addresses.
+    const V2_PROXY_UNSPEC: &str = "21 00 0000";
+
+    fn spec_vector(body: &str) -> Vec<u8> {
+        hex(&format!("{SIG}{body}"))
+    }
+
+    #[test]
+    fn spec_vectors_parse_to_their_addresses_and_length() {
+        let (v4, v6) = (
+            Header::Proxied {
+                source: "192.0.2.33:4711".parse().unwrap(),
+                destination: "198.51.100.1:443".parse().unwrap(),
+            },
+            Header::Proxied {
+                source: "[2001:db8::33]:4711".parse().unwrap(),
+                destination: "[2001:db8::1]:443".parse().unwrap(),
+            },
+        );
+        for (name, body, want, len) in [
+            ("TCP4", V2_TCP4, v4, 28),
+            ("TCP6", V2_TCP6, v6, 52),
+            ("TCP4 + AWS TLVs", V2_TCP4_AWS_TLVS, v4, 16 + 61),
+            ("TCP6 + GCP TLVs", V2_TCP6_GCP_TLVS, v6, 16 + 62),
+            ("LOCAL", V2_LOCAL, Header::Local, 16),
+            (
+                "LOCAL + addresses",
+                V2_LOCAL_WITH_ADDRESSES,
+                Header::Local,
+                28,
+            ),
+            ("PROXY UNSPEC", V2_PROXY_UNSPEC, Header::Local, 16),
+        ] {
+            let bytes = spec_vector(body);
+            assert_eq!(bytes.len(), len, "{name}: the vector itself");
+            // What follows the header (a TLS ClientHello here) is left alone.
+            let mut with_tail = bytes.clone();
+            with_tail.extend_from_slice(&[0x16, 0x03, 0x01]);
+            assert_eq!(parse(&with_tail), Ok(Some((want, len))), "{name}");
+            for cut in 0..len {
+                assert_eq!(parse(&bytes[..cut]), Ok(None), "{name}: prefix of {cut}");
+            }
+        }
+        // Our encoder writes exactly the specification's bytes.
+        let (
+            Header::Proxied {
+                source,
+                destination,
+            },
+            Header::Proxied {
+                source: s6,
+                destination: d6,
+            },
+        ) = (v4, v6)
+        else {
+            unreachable!()
+        };
+        assert_eq!(encode_v2(source, destination), spec_vector(V2_TCP4));
+        assert_eq!(encode_v2(s6, d6), spec_vector(V2_TCP6));
+    }
+
+    #[tokio::test]
+    async fn the_reader_takes_exactly_a_spec_header_with_tlvs() {
+        for body in [V2_TCP4_AWS_TLVS, V2_TCP6_GCP_TLVS, V2_LOCAL] {
+            let mut input = spec_vector(body);
+            input.extend_from_slice(b"GET / HTTP/1.1\r\n");
+            let mut reader = &input[..];
+            read_header(&mut reader, Duration::from_secs(1))
+                .await
+                .unwrap();
+            assert_eq!(reader, b"GET / HTTP/1.1\r\n", "{body}");
+        }
+    }
+
+    #[test]
+    fn the_longest_v1_line_of_the_specification_is_accepted() {
+        // proxy-protocol.txt 2.1: the worst case is 107 bytes, CRLF included.
+        let line = "PROXY UNKNOWN ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff \
+                    ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff 65535 65535\r\n";
+        assert_eq!(line.len(), V1_MAX);
+        assert_eq!(parse(line.as_bytes()), Ok(Some((Header::Local, V1_MAX))));
+        let tcp4 = "PROXY TCP4 255.255.255.255 255.255.255.255 65535 65535\r\n";
+        assert_eq!(
+            parse(tcp4.as_bytes()),
+            Ok(Some((
+                Header::Proxied {
+                    source: "255.255.255.255:65535".parse().unwrap(),
+                    destination: "255.255.255.255:65535".parse().unwrap(),
+                },
+                56
+            )))
+        );
+    }
+
     #[test]
     fn garbage_is_refused() {
         for bad in [
