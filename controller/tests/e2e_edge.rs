@@ -76,7 +76,9 @@ async fn proxy_protocol_carries_the_client_on_both_families() -> anyhow::Result<
                     Some(source.ip().to_string()),
                     "{what}"
                 );
-                let forwarded = echo.header("forwarded").unwrap_or_default();
+                let forwarded = echo
+                    .header("forwarded")
+                    .ok_or_else(|| anyhow::anyhow!("{what}: no Forwarded header"))?;
                 assert!(
                     forwarded.starts_with(&forwarded_node(source)),
                     "{what}: {forwarded}"
@@ -110,6 +112,97 @@ async fn proxy_protocol_carries_the_client_on_both_families() -> anyhow::Result<
         }
     }
     Ok(())
+}
+
+/// Bytes from hex digits, ignoring spaces and newlines.
+fn hex(text: &str) -> Vec<u8> {
+    let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    digits
+        .chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+        .collect()
+}
+
+/// PROXY v2 headers written from proxy-protocol.txt (the same bytes as the parser's unit tests):
+/// the signature, version/command, family, length, addresses of [`sources`], then TLVs as load
+/// balancers send them. `None` for LOCAL (a health check: the socket's address stays the client).
+fn spec_headers() -> [(&'static str, Vec<u8>, Option<SocketAddr>); 3] {
+    const SIG: &str = "0d0a0d0a000d0a515549540a";
+    let [(v4, _), (v6, _)] = sources();
+    [
+        (
+            "AWS NLB: TCP4 + ALPN, AUTHORITY, AWS VPCE id, NOOP",
+            hex(&format!(
+                "{SIG} 21 11 003d  c0000221 c6336401 1267 01bb
+                 01 0002 6832
+                 02 0009 656467652e74657374
+                 ea 0017 01 767063652d3038643262663135666163353030316339
+                 04 0003 000000"
+            )),
+            Some(v4),
+        ),
+        (
+            "GCP: TCP6 + ALPN, PSC connection id, NOOP",
+            hex(&format!(
+                "{SIG} 21 21 003e
+                 20010db8000000000000000000000033 20010db8000000000000000000000001 1267 01bb
+                 01 0008 687474702f312e31
+                 e0 0008 0000000000002a17
+                 04 0001 00"
+            )),
+            Some(v6),
+        ),
+        ("LOCAL", hex(&format!("{SIG} 20 00 0000")), None),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_v2_as_load_balancers_send_it() -> anyhow::Result<()> {
+    let (_fleet, _dir, duet) = setup(&["--proxy-protocol"]).await?;
+    for family in Family::BOTH {
+        for (name, header, carried) in spec_headers() {
+            let what = format!("{family} listener, {name}");
+            // Plain HTTP: the request right after the header's last TLV byte.
+            let to = duet.http(family);
+            let mut tcp = client::connect_tcp(to).await?;
+            tcp.write_all(&header).await?;
+            let local = tcp.local_addr()?;
+            let client_ip = carried.unwrap_or(local).ip().to_string();
+            let mut conn = Conn::over(tcp, local, to, false).await?;
+            let reply = conn.get("edge.test", "/").await?;
+            client::expect_status(&reply, 200)?;
+            let echo = reply.echo()?;
+            assert_eq!(
+                echo.header("x-forwarded-for"),
+                Some(client_ip.clone()),
+                "{what}"
+            );
+            let forwarded = echo
+                .header("forwarded")
+                .ok_or_else(|| anyhow::anyhow!("{what}: no Forwarded header"))?;
+            assert!(
+                forwarded.starts_with(&forwarded_node(carried.unwrap_or(local))),
+                "{what}: {forwarded}"
+            );
+            // HTTPS: the TLS handshake starts right after the TLVs.
+            let to = duet.https(family);
+            let mut tcp = client::connect_tcp(to).await?;
+            tcp.write_all(&header).await?;
+            let local = tcp.local_addr()?;
+            let client_ip = carried.unwrap_or(local).ip().to_string();
+            let (stream, _) = tls::handshake_on(tcp, to, Some("edge.test"), &[], &[]).await?;
+            let mut conn = Conn::over(stream, local, to, true).await?;
+            let reply = conn.get("edge.test", "/").await?;
+            client::expect_status(&reply, 200)?;
+            let echo = reply.echo()?;
+            assert_eq!(
+                echo.header("x-forwarded-for"),
+                Some(client_ip),
+                "{what} over TLS"
+            );
+        }
+    }
+    duet_still_runs(duet)
 }
 
 /// Sends bytes and reads until the server closes; returns what came back.
@@ -177,7 +270,9 @@ async fn trusted_proxies_are_appended_to_and_others_replaced() -> anyhow::Result
                 ))?;
             let echo = conn.send(req).await?.echo()?;
             let xff = echo.header("x-forwarded-for").unwrap_or_default();
-            let forwarded = echo.header("forwarded").unwrap_or_default();
+            let forwarded = echo
+                .header("forwarded")
+                .ok_or_else(|| anyhow::anyhow!("{family}: no Forwarded header"))?;
             let proto = echo.header("x-forwarded-proto").unwrap_or_default();
             if family == trusted_family {
                 assert_eq!(xff, format!("203.0.113.9, {ip}"), "{family} trusted");
@@ -189,6 +284,14 @@ async fn trusted_proxies_are_appended_to_and_others_replaced() -> anyhow::Result
             } else {
                 assert_eq!(xff, ip, "{family} untrusted");
                 assert!(!forwarded.contains("203.0.113.9"), "{forwarded}");
+                assert_eq!(
+                    forwarded,
+                    format!(
+                        "{};host=edge.test;proto=http",
+                        forwarded_node(conn.local_addr())
+                    ),
+                    "{family} untrusted: duet's own element only"
+                );
                 assert_eq!(proto, "http", "{family} untrusted");
             }
             assert_eq!(echo.header("x-real-ip"), Some(ip));

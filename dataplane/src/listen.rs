@@ -431,7 +431,9 @@ mod tests {
                     Err(e) => panic!("{e}"),
                 }
             })
-            .expect("no port free on both wildcards: without IPV6_V6ONLY, [::] claims the IPv4 port");
+            .expect(
+                "no port free on both wildcards: without IPV6_V6ONLY, [::] claims the IPv4 port",
+            );
         let v6_socket = socket2::SockRef::from(&v6);
         assert!(
             v6_socket.only_v6().unwrap(),
