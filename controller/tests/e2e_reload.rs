@@ -192,13 +192,22 @@ async fn broken_files_leave_the_other_routes_serving() -> anyhow::Result<()> {
         until_status(&duet, host, 200).await?;
     }
     old_connections_work(&mut conns, "a.test", 200).await?;
+    // The broken file keeps its last good objects: b.test still serves, now (d.yaml, written
+    // after it, is live, so the broken b.yaml has been read), on both families.
+    for family in Family::BOTH {
+        let reply = client::get(duet.http(family), "b.test", "/").await?;
+        client::expect_status(&reply, 200)
+            .map_err(|e| e.context(format!("{family}: b.test after b.yaml broke")))?;
+    }
+    old_connections_work(&mut conns, "b.test", 200).await?;
 
-    // Fixing it brings its route back.
+    // Fixing it replaces those objects by the file's new ones.
     dir.write(
         "b.yaml",
-        &[Ingress::new("e2e", "b").host("b.test", "web").build()],
+        &[Ingress::new("e2e", "b").host("b2.test", "web").build()],
     )?;
-    until_status(&duet, "b.test", 200).await?;
+    until_status(&duet, "b2.test", 200).await?;
+    until_status(&duet, "b.test", 404).await?;
 
     duet.check_running()?;
     Ok(())
