@@ -86,7 +86,8 @@ impl DuetBuilder {
     }
 
     /// Makes the process get SIGKILL when the thread that started it ends or this process dies,
-    /// however it dies (through `setpriv --pdeathsig KILL`, when `/usr/bin/setpriv` exists). For
+    /// however it dies (through `setpriv --pdeathsig KILL`, when `/usr/bin/setpriv` exists; with
+    /// `CI` set, a missing setpriv fails the start instead). For
     /// long-lived owners such as the conformance runner: a test's `Duet` is killed on drop anyway.
     pub fn die_with_parent(mut self) -> DuetBuilder {
         self.die_with_parent = true;
@@ -126,7 +127,15 @@ impl DuetBuilder {
                 .open(log.path())
                 .map_err(|e| StartError::Other(e.into()))
         };
-        let mut cmd = if self.die_with_parent && Path::new(SETPRIV).exists() {
+        let has_setpriv = Path::new(SETPRIV).exists();
+        if self.die_with_parent && !has_setpriv && std::env::var_os("CI").is_some() {
+            // CI must test what it claims: no silent fallback to a duet that can outlive us.
+            return Err(StartError::Other(anyhow::anyhow!(
+                "{SETPRIV} is missing (apt-get install util-linux); CI is set, so this fails \
+                 instead of starting duet without a parent-death signal"
+            )));
+        }
+        let mut cmd = if self.die_with_parent && has_setpriv {
             let mut cmd = Command::new(SETPRIV);
             cmd.arg("--pdeathsig").arg("KILL").arg("--").arg(&self.bin);
             cmd
