@@ -96,8 +96,18 @@ fn same_family_if_possible(client: Family) -> impl Fn(&conformance::Pod) -> Fami
     }
 }
 
-/// 300 requests from each family over three keep-alive connections each.
+/// 600 requests from each family over three keep-alive connections each.
+///
+/// Round robin is exact: 200 per pod and family. For P2C the bounds come from the binomial
+/// distribution of uniform choice (what P2C does when the in-flight counts tie; its preference for
+/// the less loaded pod only narrows the spread): per family a pod gets Bin(600, 1/3), mean 200, sd
+/// 11.5, and falls outside 150..=250 with probability 1.23e-5, so the six per-family checks fail
+/// a correct balancer with probability at most 7.4e-5; overall a pod gets Bin(1200, 1/3), outside
+/// 330..=470 with probability 1.6e-5 (4.7e-5 for three pods). Together: once in about 8 300 runs
+/// (computed exactly with the binomial sums). A 40/40/20 picker's small pod gets Bin(600, 0.2),
+/// mean 120, and reaches 150 with probability 0.0017: it fails 998 runs in 1000.
 async fn balanced_run(args: &[&str]) -> anyhow::Result<()> {
+    let round_robin = args.contains(&"round-robin");
     let s = setup(
         &three_pods(),
         &[Ingress::new("e2e", "echo").host("lb.test", "echo")],
@@ -106,28 +116,30 @@ async fn balanced_run(args: &[&str]) -> anyhow::Result<()> {
     .await?;
     let mut all = Vec::new();
     for family in Family::BOTH {
-        let replies = client::load(s.duet.http(family), "lb.test", "/", 300, 3).await?;
+        let replies = client::load(s.duet.http(family), "lb.test", "/", 600, 3).await?;
         let got = echoes(&replies)?;
         check_families(&s.fleet, family, &got, same_family_if_possible(family));
-        // Per family each pod should get about 100 of 300; allow ±40%.
+        // Per family each pod gets a third of 600.
         let counts = per_pod(&got);
+        let per_family = if round_robin { 200..=200 } else { 150..=250 };
         for pod in ["dual", "v4only", "v6only"] {
             let n = counts.get(pod).copied().unwrap_or(0);
             assert!(
-                (60..=140).contains(&n),
-                "{family} clients: pod {pod} got {n} of 300: {counts:?}"
+                per_family.contains(&n),
+                "{family} clients: pod {pod} got {n} of 600: {counts:?}"
             );
         }
         all.extend(got);
     }
-    // Overall each pod gets a third of 600 = 200, within ±25% (150..=250): the dual-stack pod is
-    // weighted once, not once per family.
+    // Overall each pod gets a third of 1200: the dual-stack pod is weighted once, not once per
+    // family.
     let counts = per_pod(&all);
+    let overall = if round_robin { 400..=400 } else { 330..=470 };
     for pod in ["dual", "v4only", "v6only"] {
         let n = counts.get(pod).copied().unwrap_or(0);
         assert!(
-            (150..=250).contains(&n),
-            "pod {pod} got {n} of 600: {counts:?}"
+            overall.contains(&n),
+            "pod {pod} got {n} of 1200: {counts:?}"
         );
     }
     Ok(())
@@ -144,10 +156,12 @@ async fn round_robin_spreads_over_pods_and_keeps_the_client_family() -> anyhow::
 }
 
 /// Under RequireSameFamily each family's clients reach only the pods having that family, over it,
-/// and both such pods share the load.
+/// and both such pods share the load: 200 requests, Bin(200, 1/2) each (mean 100, sd 7.1), so a
+/// correct P2C is outside 70..=130 with probability 1.4e-5 per family, 2.8e-5 per run (once in
+/// 36 000, exact binomial sums); a 75/25 split fails almost always.
 async fn check_required(duet: &Duet, fleet: &Fleet, host: &str) -> anyhow::Result<()> {
     for family in Family::BOTH {
-        let replies = client::load(duet.http(family), host, "/", 100, 2).await?;
+        let replies = client::load(duet.http(family), host, "/", 200, 2).await?;
         let got = echoes(&replies)?;
         check_families(fleet, family, &got, |_| family);
         let counts = per_pod(&got);
@@ -160,11 +174,10 @@ async fn check_required(duet: &Duet, fleet: &Fleet, host: &str) -> anyhow::Resul
             "{family} clients reached {excluded}: {counts:?}"
         );
         for pod in allowed {
-            // About 50 each; at least 25.
             let n = counts.get(pod).copied().unwrap_or(0);
             assert!(
-                n >= 25,
-                "{family} clients: pod {pod} got {n} of 100: {counts:?}"
+                (70..=130).contains(&n),
+                "{family} clients: pod {pod} got {n} of 200: {counts:?}"
             );
         }
     }
@@ -212,40 +225,58 @@ async fn require_same_family_annotation_applies_to_its_ingress_only() -> anyhow:
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn closed_ipv6_port_falls_back_to_the_same_pods_ipv4_address() -> anyhow::Result<()> {
+fn other(family: Family) -> Family {
+    match family {
+        Family::V4 => Family::V6,
+        Family::V6 => Family::V4,
+    }
+}
+
+/// A dual-stack pod whose `closed` port refuses connections: 100 requests of `closed`-family
+/// clients, half on fresh connections, all served over the other family; the other family's
+/// clients are unaffected.
+async fn closed_port_falls_back_to_the_same_pods_other_address(
+    closed: Family,
+) -> anyhow::Result<()> {
     let s = setup(
-        &[PodSpec::dual("dual").with(Family::V6, Port::Closed)],
+        &[PodSpec::dual("dual").with(closed, Port::Closed)],
         &[Ingress::new("e2e", "echo").host("fallback.test", "echo")],
         &[],
     )
     .await?;
-    // 100 IPv6 clients' requests, half on fresh connections: not one may fail.
-    let mut got =
-        echoes(&client::load(s.duet.http(Family::V6), "fallback.test", "/", 50, 2).await?)?;
+    let open = other(closed);
+    let mut got = echoes(&client::load(s.duet.http(closed), "fallback.test", "/", 50, 2).await?)?;
     for i in 0..50 {
-        let reply = client::get(
-            s.duet.http(Family::V6),
-            "fallback.test",
-            &format!("/fresh/{i}"),
-        )
-        .await?;
+        let reply =
+            client::get(s.duet.http(closed), "fallback.test", &format!("/fresh/{i}")).await?;
         client::expect_status(&reply, 200)?;
         got.push(reply.echo()?);
     }
     assert_eq!(got.len(), 100);
-    check_families(&s.fleet, Family::V6, &got, |_| Family::V4);
-    // IPv4 clients are unaffected.
-    let got = echoes(&client::load(s.duet.http(Family::V4), "fallback.test", "/", 100, 2).await?)?;
-    check_families(&s.fleet, Family::V4, &got, |_| Family::V4);
+    check_families(&s.fleet, closed, &got, |_| open);
+    let got = echoes(&client::load(s.duet.http(open), "fallback.test", "/", 100, 2).await?)?;
+    check_families(&s.fleet, open, &got, |_| open);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn closed_ipv6_port_among_other_pods_loses_no_request() -> anyhow::Result<()> {
+async fn closed_ipv6_port_falls_back_to_the_same_pods_ipv4_address() -> anyhow::Result<()> {
+    closed_port_falls_back_to_the_same_pods_other_address(Family::V6).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_ipv4_port_falls_back_to_the_same_pods_ipv6_address() -> anyhow::Result<()> {
+    closed_port_falls_back_to_the_same_pods_other_address(Family::V4).await
+}
+
+/// The half-broken pod among an IPv4-only and an IPv6-only pod: 200 requests of `closed`-family
+/// clients, none lost; the pod stays a candidate through its other address and keeps its third:
+/// Bin(200, 1/3), mean 67, below 40 with probability 1.1e-5 (exact binomial sum). A fallback
+/// that drops the pod after its first failures does not reach 40.
+async fn closed_port_among_other_pods_loses_no_request(closed: Family) -> anyhow::Result<()> {
     let s = setup(
         &[
-            PodSpec::dual("dual").with(Family::V6, Port::Closed),
+            PodSpec::dual("dual").with(closed, Port::Closed),
             PodSpec::v4_only("v4only"),
             PodSpec::v6_only("v6only"),
         ],
@@ -253,30 +284,33 @@ async fn closed_ipv6_port_among_other_pods_loses_no_request() -> anyhow::Result<
         &[],
     )
     .await?;
-    let got = echoes(&client::load(s.duet.http(Family::V6), "fallback.test", "/", 100, 2).await?)?;
-    // The broken pod is served over IPv4, the others over the family they have.
-    check_families(&s.fleet, Family::V6, &got, |pod| {
-        if pod.name == "v4only" || pod.name == "dual" {
-            Family::V4
-        } else {
-            Family::V6
-        }
+    let open = other(closed);
+    let got = echoes(&client::load(s.duet.http(closed), "fallback.test", "/", 200, 2).await?)?;
+    // The broken pod is served over its open family, the others over the family they have.
+    check_families(&s.fleet, closed, &got, |pod| match pod.name.as_str() {
+        "dual" => open,
+        "v4only" => Family::V4,
+        _ => Family::V6,
     });
-    // The pod stays a candidate through its IPv4 address (about a third; at least 10).
     let counts = per_pod(&got);
     let dual = counts.get("dual").copied().unwrap_or(0);
     assert!(
-        dual >= 10,
-        "the pod with a closed IPv6 port got {dual} of 100: {counts:?}"
+        dual >= 40,
+        "the pod with a closed {closed} port got {dual} of 200: {counts:?}"
     );
-    let got = echoes(&client::load(s.duet.http(Family::V4), "fallback.test", "/", 100, 2).await?)?;
-    check_families(
-        &s.fleet,
-        Family::V4,
-        &got,
-        same_family_if_possible(Family::V4),
-    );
+    let got = echoes(&client::load(s.duet.http(open), "fallback.test", "/", 100, 2).await?)?;
+    check_families(&s.fleet, open, &got, same_family_if_possible(open));
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_ipv6_port_among_other_pods_loses_no_request() -> anyhow::Result<()> {
+    closed_port_among_other_pods_loses_no_request(Family::V6).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_ipv4_port_among_other_pods_loses_no_request() -> anyhow::Result<()> {
+    closed_port_among_other_pods_loses_no_request(Family::V4).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
