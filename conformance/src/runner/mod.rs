@@ -2,6 +2,7 @@
 //! and duet's own) with cucumber against a mini cluster, once per address family.
 
 pub mod cluster;
+pub mod expect;
 pub mod kube_api;
 pub mod parse;
 pub mod standin;
@@ -119,8 +120,11 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     } else {
         cli.features.clone()
     };
+    // Scenarios per profile: every known folder must hold its known scenarios.
+    let mut expected = 0;
     for f in &features {
         anyhow::ensure!(f.exists(), "no features at {}", f.display());
+        expected += expect::check(f)?;
     }
     let cluster = cluster::Cluster::start(&cluster::Options {
         kubeconfig: cli.kubeconfig.clone(),
@@ -202,11 +206,19 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         .iter()
         .filter(|o| o.result == Result_::Skipped)
         .count();
-    for profile in ["ipv4", "ipv6"] {
+    let mut miscounted = false;
+    for &family in profiles {
+        let profile = family.as_str();
         let mine: Vec<&Outcome> = outcomes.iter().filter(|o| o.profile == profile).collect();
-        if !mine.is_empty() {
-            let ok = mine.iter().filter(|o| o.result == Result_::Passed).count();
-            println!("profile {profile}: {ok} of {} scenarios passed", mine.len());
+        let ok = mine.iter().filter(|o| o.result == Result_::Passed).count();
+        println!("profile {profile}: {ok} of {} scenarios passed", mine.len());
+        // With --name only some run; otherwise every scenario of the features must have run.
+        if cli.name.is_none() && mine.len() != expected {
+            println!(
+                "profile {profile}: {} scenarios ran, {expected} expected",
+                mine.len()
+            );
+            miscounted = true;
         }
     }
     if let Some(path) = &cli.junit {
@@ -219,11 +231,13 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     } else {
         println!("{passed} passed, {failed} failed");
     }
-    Ok(if failed > 0 || any_failed || outcomes.is_empty() {
-        1
-    } else {
-        0
-    })
+    Ok(
+        if failed > 0 || skipped > 0 || miscounted || any_failed || outcomes.is_empty() {
+            1
+        } else {
+            0
+        },
+    )
 }
 
 /// The step of the scenarios that run alongside the others.
@@ -257,6 +271,9 @@ async fn run_features(
     let starts: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
     let before_starts = starts.clone();
     cucumber
+        // A step no pattern matches (a pattern that drifted from a feature line) skips the rest
+        // of its scenario: that is a failure, not a pass.
+        .fail_on_skipped()
         .max_concurrent_scenarios(1)
         .with_cli(cucumber::cli::Opts::<_, _, _, cucumber::cli::Empty>::default())
         .before(move |_, _, _, world| {

@@ -55,6 +55,17 @@ fn parse_all(path: &Path) -> Vec<parser::Result<gherkin::Feature>> {
         .collect()
 }
 
+/// How many scenarios a `.feature` file runs (outlines expanded, rules included).
+pub fn scenario_count(file: &Path) -> Result<usize, gherkin::ParseFileError> {
+    let feature = expand(gherkin::Feature::parse_path(file, GherkinEnv::default())?);
+    Ok(feature.scenarios.len()
+        + feature
+            .rules
+            .iter()
+            .map(|r| r.scenarios.len())
+            .sum::<usize>())
+}
+
 /// Expands every outline of a feature (also inside rules).
 pub fn expand(mut feature: gherkin::Feature) -> gherkin::Feature {
     feature.scenarios = feature
