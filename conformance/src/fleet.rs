@@ -1,7 +1,13 @@
-//! In-process echo pods of one Service on ephemeral loopback ports (`127.0.0.1:0`, `[::1]:0`), and
-//! the Service and per-family EndpointSlices that describe them.
+//! In-process echo pods of one Service on loopback, and the Service and per-family EndpointSlices
+//! that describe them, shaped as the EndpointSlice controller writes them: one slice per family
+//! and port mapping, up to 100 endpoints each. On IPv4 each pod has its own loopback address
+//! (`127.0.0.2`, `127.0.0.3`, ...; all of `127.0.0.0/8` is loopback) and the pods share one port,
+//! so every IPv4 endpoint lands in one slice; on IPv6 there is only `::1`, so pods listen on ports
+//! of their own and, as the controller does for differing ports, get a slice each.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::Context;
 use serde_json::Value;
@@ -12,6 +18,9 @@ use crate::manifests::{endpoint_slice, service, Endpoint};
 
 /// The Service port every fleet exposes: named `http`, number 8080.
 pub const SERVICE_PORT: (&str, u16) = ("http", 8080);
+
+/// The most endpoints the EndpointSlice controller puts in one slice (`--max-endpoints-per-slice`).
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 100;
 
 /// What a pod has on one family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,7 +132,79 @@ pub struct Fleet {
     listening: Vec<(String, Vec<SocketAddr>)>,
     server: Option<EchoServer>,
     options: EchoOptions,
+    /// Makes this fleet's slice names unique, as the controller's random suffix does.
+    slice_suffix: String,
     _closed: Vec<Socket>,
+}
+
+/// One pod's socket on one family: listening, or bound and refusing connections.
+enum Side {
+    Listening(std::net::TcpListener),
+    Closed(Socket),
+}
+
+impl Side {
+    fn bind(addr: SocketAddr, port: Port) -> std::io::Result<Option<Side>> {
+        Ok(match port {
+            Port::Absent => None,
+            Port::Listen => Some(Side::Listening(echo::bind(addr)?)),
+            Port::Closed => Some(Side::Closed(closed_socket(addr)?)),
+        })
+    }
+
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(match self {
+            Side::Listening(l) => l.local_addr()?,
+            Side::Closed(s) => s.local_addr()?.as_socket().context("no address")?,
+        })
+    }
+}
+
+/// The IPv4 loopback address of the `k`th pod of a fleet: `127.0.0.2` on.
+fn pod_v4(k: usize) -> IpAddr {
+    let n = k + 2;
+    IpAddr::V4(Ipv4Addr::new(127, 0, (n / 250) as u8, (n % 250) as u8))
+}
+
+/// Binds the IPv4 side of every pod: each on its own loopback address, all on one port (the
+/// first pod's ephemeral one). Another process may hold that port on a later address: then it
+/// starts over with a new port.
+fn bind_v4_sides(specs: &[PodSpec]) -> anyhow::Result<Vec<Option<Side>>> {
+    let mut last = None;
+    'attempt: for _ in 0..20 {
+        let mut port = 0;
+        let mut sides = Vec::with_capacity(specs.len());
+        for (k, spec) in specs.iter().enumerate() {
+            match Side::bind(SocketAddr::new(pod_v4(k), port), spec.v4) {
+                Ok(side) => {
+                    if let (0, Some(side)) = (port, &side) {
+                        port = side.local_addr()?.port();
+                    }
+                    sides.push(side);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    last = Some(e);
+                    continue 'attempt;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("binding pod {} on ipv4", spec.name))
+                }
+            }
+        }
+        return Ok(sides);
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("no port"), anyhow::Error::from))
+        .context("no IPv4 port free on every pod's loopback address")
+}
+
+/// A bound, never listening socket at `addr`: connections to it are refused.
+fn closed_socket(addr: SocketAddr) -> std::io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// A loopback port of `family` that refuses connections for as long as the socket lives.
@@ -200,7 +281,8 @@ impl Fleet {
         let mut pods = Vec::with_capacity(specs.len());
         let mut listeners = Vec::new();
         let mut closed = Vec::new();
-        for spec in specs {
+        let v4_sides = bind_v4_sides(specs)?;
+        for (spec, v4) in specs.iter().zip(v4_sides) {
             let mut pod = Pod {
                 name: spec.name.clone(),
                 uid: format!("uid-{namespace}-{service}-{}", spec.name),
@@ -209,19 +291,17 @@ impl Fleet {
                 ready: spec.ready,
             };
             let mut mine = Vec::new();
-            for family in Family::BOTH {
-                let addr = match spec.port(family) {
-                    Port::Absent => None,
-                    Port::Listen => {
-                        let listener = echo::bind(SocketAddr::new(family.loopback(), 0))
-                            .with_context(|| format!("binding pod {} on {family}", spec.name))?;
-                        let addr = listener.local_addr()?;
-                        mine.push(listener);
-                        Some(addr)
-                    }
-                    Port::Closed => {
-                        let (addr, socket) = closed_port(family)?;
-                        closed.push(socket);
+            let v6 = Side::bind(SocketAddr::new(Family::V6.loopback(), 0), spec.v6)
+                .with_context(|| format!("binding pod {} on ipv6", spec.name))?;
+            for (family, side) in [(Family::V4, v4), (Family::V6, v6)] {
+                let addr = match side {
+                    None => None,
+                    Some(side) => {
+                        let addr = side.local_addr()?;
+                        match side {
+                            Side::Listening(l) => mine.push(l),
+                            Side::Closed(s) => closed.push(s),
+                        }
                         Some(addr)
                     }
                 };
@@ -249,7 +329,9 @@ impl Fleet {
             })
             .collect();
         let server = EchoServer::serve(identity, listeners, options.clone())?;
+        static FLEETS: AtomicU32 = AtomicU32::new(0);
         Ok(Fleet {
+            slice_suffix: format!("{:x}", FLEETS.fetch_add(1, Ordering::Relaxed)),
             options,
             namespace: namespace.into(),
             service: service.into(),
@@ -300,28 +382,39 @@ impl Fleet {
         docs
     }
 
-    /// One EndpointSlice per pod and family (each pod listens on its own ports), named
-    /// `<service>-<pod>-<ipv4|ipv6>`, joined by `targetRef.uid`.
+    /// The EndpointSlices as the EndpointSlice controller writes them: per family, the pods'
+    /// endpoints (ready or not) grouped by port, up to [`MAX_ENDPOINTS_PER_SLICE`] a slice, in
+    /// pod order; named `<service>-<ipv4|ipv6>-<fleet>-<n>`, and joined across families by
+    /// `targetRef.uid`. On IPv4 that is one slice for up to 100 pods; on IPv6 one per pod.
     pub fn slices(&self) -> Vec<Value> {
         let mut docs = Vec::new();
-        for pod in &self.pods {
-            for family in Family::BOTH {
+        for family in Family::BOTH {
+            let mut by_port: BTreeMap<u16, Vec<Endpoint>> = BTreeMap::new();
+            for pod in &self.pods {
                 if let Some(addr) = pod.addr(family) {
-                    docs.push(endpoint_slice(
-                        &self.namespace,
-                        &self.service,
-                        &format!("{}-{}-{}", self.service, pod.name, family),
-                        family,
-                        SERVICE_PORT.0,
-                        addr.port(),
-                        &[Endpoint {
-                            pod: pod.name.clone(),
-                            uid: pod.uid.clone(),
-                            ip: addr.ip(),
-                            ready: pod.ready,
-                        }],
-                    ));
+                    by_port.entry(addr.port()).or_default().push(Endpoint {
+                        pod: pod.name.clone(),
+                        uid: pod.uid.clone(),
+                        ip: addr.ip(),
+                        ready: pod.ready,
+                    });
                 }
+            }
+            let chunks = by_port.iter().flat_map(|(port, endpoints)| {
+                endpoints
+                    .chunks(MAX_ENDPOINTS_PER_SLICE)
+                    .map(move |chunk| (*port, chunk))
+            });
+            for (n, (port, chunk)) in chunks.enumerate() {
+                docs.push(endpoint_slice(
+                    &self.namespace,
+                    &self.service,
+                    &format!("{}-{family}-{}-{n}", self.service, self.slice_suffix),
+                    family,
+                    SERVICE_PORT.0,
+                    port,
+                    chunk,
+                ));
             }
         }
         docs
@@ -346,6 +439,89 @@ impl Fleet {
         };
         let server = EchoServer::bind(identity, &self.listening, self.options.clone())?;
         self.server = Some(server);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoints(slice: &Value) -> Vec<(String, String)> {
+        slice["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["targetRef"]["name"].as_str().unwrap().to_owned(),
+                    e["addresses"][0].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    fn of_family<'a>(slices: &'a [Value], family: &str) -> Vec<&'a Value> {
+        slices
+            .iter()
+            .filter(|s| s["addressType"] == family)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn slices_are_shaped_as_the_controller_writes_them() -> anyhow::Result<()> {
+        let fleet = Fleet::start(
+            "ns",
+            "web",
+            &[
+                PodSpec::dual("a"),
+                PodSpec::v4_only("b"),
+                PodSpec::v6_only("c"),
+                PodSpec::dual("d").with(Family::V4, Port::Closed),
+            ],
+        )?;
+        let slices = fleet.slices();
+        // IPv4: one slice, every pod having IPv4 (the closed one too), one shared port.
+        let v4 = of_family(&slices, "IPv4");
+        assert_eq!(v4.len(), 1, "{v4:?}");
+        assert_eq!(
+            endpoints(v4[0]),
+            [("a", "127.0.0.2"), ("b", "127.0.0.3"), ("d", "127.0.0.5")]
+                .map(|(p, a)| (p.to_owned(), a.to_owned()))
+        );
+        let port = v4[0]["ports"][0]["port"].as_u64().unwrap() as u16;
+        assert_eq!(fleet.pod("a").v4.unwrap().port(), port);
+        // The pods answer at their slice addresses; the closed one refuses.
+        std::net::TcpStream::connect(fleet.pod("a").v4.unwrap())?;
+        std::net::TcpStream::connect(fleet.pod("b").v4.unwrap())?;
+        assert!(std::net::TcpStream::connect(fleet.pod("d").v4.unwrap()).is_err());
+        // IPv6: only ::1, one port per pod, so one slice per pod.
+        let v6 = of_family(&slices, "IPv6");
+        let mut pods: Vec<String> = v6.iter().flat_map(|s| endpoints(s)).map(|e| e.0).collect();
+        pods.sort();
+        assert_eq!(pods, ["a", "c", "d"]);
+        assert!(v6.iter().all(|s| endpoints(s).len() == 1));
+        // Names are unique across fleets of the same Service.
+        let other = Fleet::start("ns", "web", &[PodSpec::dual("e")])?;
+        let names = |slices: &[Value]| -> Vec<String> {
+            slices
+                .iter()
+                .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let mine = names(&slices);
+        assert!(names(&other.slices()).iter().all(|n| !mine.contains(n)));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_slice_holds_at_most_100_endpoints() -> anyhow::Result<()> {
+        let specs: Vec<PodSpec> = (0..130)
+            .map(|i| PodSpec::v4_only(&format!("p{i}")))
+            .collect();
+        let fleet = Fleet::start("ns", "big", &specs)?;
+        let sizes: Vec<usize> = fleet.slices().iter().map(|s| endpoints(s).len()).collect();
+        assert_eq!(sizes, [100, 30]);
         Ok(())
     }
 }
