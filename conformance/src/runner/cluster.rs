@@ -5,8 +5,8 @@
 //!
 //! - **Mini cluster** (default): the test API server, the stand-in deployment and endpoint
 //!   controllers of [`super::standin`] realising Deployments as loopback echo pods, the
-//!   IngressClass created by the runner, and the real `duet` in Kubernetes mode publishing its
-//!   loopback listener addresses as Ingress status.
+//!   IngressClass created by the runner, and the real `duet` in Kubernetes mode publishing the
+//!   addresses of a dual-stack LoadBalancer Service, [`PUBLISH_SERVICE`], as Ingress status.
 //! - **Real cluster** (`--kubeconfig`): the same requests against that cluster, whose own
 //!   controllers run the echo image; the controller under test and its IngressClass are already
 //!   there, and its status addresses are reached on `--http-port` / `--https-port`.
@@ -90,6 +90,39 @@ pub struct Cluster {
     mode: Mode,
 }
 
+/// The Service in front of duet in the mini cluster (namespace, name), which duet publishes
+/// (`--publish-service`).
+pub const PUBLISH_SERVICE: (&str, &str) = ("default", "duet");
+
+/// The publish Service as a dual-stack cluster shows it: `PreferDualStack` with a cluster IP of
+/// each family (the API server allocates those) and a load balancer address of each family in
+/// `status.loadBalancer.ingress` (the load balancer controller writes those; the runner stands
+/// in for it). The load balancer addresses are the loopbacks duet listens on, so that scenarios
+/// connect to what the status says ([`Cluster::listener`]).
+fn publish_service() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": PUBLISH_SERVICE.1, "namespace": PUBLISH_SERVICE.0},
+        "spec": {
+            "type": "LoadBalancer",
+            "ipFamilyPolicy": "PreferDualStack",
+            "ipFamilies": ["IPv4", "IPv6"],
+            "clusterIP": "10.96.0.80",
+            "clusterIPs": ["10.96.0.80", "fd00:10:96::80"],
+            "selector": {"app.kubernetes.io/name": "duet"},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+                {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"},
+            ],
+        },
+        "status": {"loadBalancer": {"ingress": [
+            {"ip": "127.0.0.1", "ipMode": "VIP"},
+            {"ip": "::1", "ipMode": "VIP"},
+        ]}},
+    })
+}
+
 impl Cluster {
     /// Connects to the cluster (starting the mini cluster unless `--kubeconfig` was given) and
     /// deletes namespaces an earlier run left behind.
@@ -133,10 +166,13 @@ impl Cluster {
                     CONTROLLER,
                 ))
                 .await?;
+                api.apply(publish_service())
+                    .map_err(|e| anyhow::anyhow!("creating the publish Service: {e:?}"))?;
+                let publish = format!("{}/{}", PUBLISH_SERVICE.0, PUBLISH_SERVICE.1);
                 let duet = DuetBuilder::kube(&opts.duet, api.kubeconfig())
                     .args([
-                        "--publish-status-address",
-                        "127.0.0.1,::1",
+                        "--publish-service",
+                        &publish,
                         "--ingress-class",
                         &opts.ingress_class,
                         "--election-namespace",
