@@ -165,6 +165,28 @@ pub struct ServeOptions {
     pub trusted_proxies: Arc<TrustedProxies>,
     /// Counters of accepted and open connections (`None`: not counted).
     pub connections: Option<ConnectionMetrics>,
+    /// Peers allowed to send a PROXY protocol header (`None`: any); connections from others are
+    /// closed unread.
+    pub proxy_protocol_from: Option<Arc<TrustedProxies>>,
+    /// Connections open at once, shared by the listeners holding the same limit (`None`:
+    /// unlimited); past it a new connection is closed at once and counted as refused.
+    pub max_connections: Option<ConnectionLimit>,
+}
+
+/// A number of connections open at once, shared by several listeners.
+#[derive(Clone, Debug)]
+pub struct ConnectionLimit(Arc<tokio::sync::Semaphore>);
+
+impl ConnectionLimit {
+    /// A limit of `n` connections.
+    pub fn new(n: usize) -> ConnectionLimit {
+        ConnectionLimit(Arc::new(tokio::sync::Semaphore::new(n)))
+    }
+
+    /// A place for one more connection, held until dropped; `None` at the limit.
+    fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.0.clone().try_acquire_owned().ok()
+    }
 }
 
 /// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
@@ -207,6 +229,18 @@ where
             },
             _ = stopped(&mut shutdown) => break,
         };
+        let permit = match options.max_connections.as_ref().map(ConnectionLimit::admit) {
+            Some(None) => {
+                if let Some(c) = &options.connections {
+                    c.refused(Family::of(&normalize_addr(peer)));
+                }
+                tracing::trace!(client.addr = %peer, "Connection limit reached; closing");
+                drop(stream);
+                continue;
+            }
+            Some(Some(permit)) => Some(permit),
+            None => None,
+        };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
         let mut info = ConnInfo::new(peer, local);
@@ -222,9 +256,15 @@ where
         };
         let proxy_protocol = options.proxy_protocol;
         let trusted = options.trusted_proxies.clone();
+        let proxy_from = options.proxy_protocol_from.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut stream = stream;
             if let Some(timeout) = proxy_protocol {
+                if proxy_from.is_some_and(|from| !from.trusts(info.peer.ip())) {
+                    tracing::trace!(client.addr = %info.peer, "Peer not allowed to send a PROXY protocol header; closing");
+                    return;
+                }
                 match proxy_protocol::read_header(&mut stream, timeout).await {
                     Ok(Header::Proxied {
                         source,
