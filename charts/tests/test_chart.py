@@ -210,7 +210,7 @@ def test_rendered_objects_match_the_kubernetes_schemas(kube_version):
     [
         ({"service": {"ipFamilyPolicy": "SingleStack"}}, "SingleStack needs exactly one"),
         ({"service": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6"]}}, "RequireDualStack needs both"),
-        ({"controller": {"terminationGracePeriodSeconds": 30}}, "must exceed preStopSleepSeconds + drainSeconds (30)"),
+        ({"controller": {"terminationGracePeriodSeconds": 37}}, "must exceed preStopSleepSeconds + shutdownDelaySeconds + drainSeconds + 2 s of access-log flush (37)"),
         ({"controller": {"kind": "DaemonSet"}, "autoscaling": {"enabled": True}}, "needs controller.kind Deployment"),
         ({"service": {"enabled": False}}, "publishService.enabled needs service.enabled"),
     ],
@@ -419,8 +419,10 @@ def test_prestop_and_grace_period_outlast_the_drain():
     c = container(objects)
     pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pre_stop >= 1
-    # duet drains for 25 s after SIGTERM (dataplane::ProxyConfig::drain_timeout).
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + 25
+    f = flags(c["args"])
+    assert f["--shutdown-delay"] == ["5s"] and f["--drain-timeout"] == ["25s"]
+    # After SIGTERM duet serves for the shutdown delay, drains, then flushes its access log (2 s).
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + 5 + 25 + 2
 
 
 def test_daemonset_with_host_network():
@@ -547,7 +549,7 @@ def test_every_flag_the_chart_passes_is_one_duet_knows():
     help_text = subprocess.run([duet_binary(), "serve", "--help"], capture_output=True, text=True, check=True).stdout
     known = set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
     passed = set()
-    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True, "defaultTLSSecret": "ns/name", "proxyProtocol": "all", "trustedProxies": ["192.0.2.0/24"]}}]:
+    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True, "defaultTLSSecret": "ns/name", "proxyProtocol": "all", "trustedProxies": ["192.0.2.0/24"], "proxyProtocolFrom": ["10.0.0.0/8", "fd00::/8"]}}]:
         passed |= set(flags(container(render(values))["args"]))
     assert {"--publish-service", "--publish-status-address", "--election-namespace", "--watch-namespace"} <= passed
     assert passed - known == set(), f"the chart passes flags duet does not have: {sorted(passed - known)}"

@@ -96,7 +96,7 @@ async fn setup() -> anyhow::Result<Setup> {
                 .build(),
             Ingress::new(NS, "huge-timeouts")
                 .annotation("duet.dev/backend-tls-skip-verify", "true")
-                .annotation("duet.dev/proxy-connect-timeout", "100000000000000h")
+                .annotation("duet.dev/proxy-connect-timeout", "18000000000000000000")
                 .annotation("duet.dev/proxy-read-timeout", "2h")
                 .host("huge.test", "secure")
                 .build(),
