@@ -611,6 +611,45 @@ mod tests {
         assert_eq!(c.proxy.keepalive_timeout, Duration::from_secs(75));
         assert_eq!(c.proxy.header_read_timeout, Duration::from_secs(60));
         assert_eq!(c.access_log, AccessLogFormat::Json);
+        assert_eq!(
+            c.debug_listen.addrs,
+            addrs(&["127.0.0.1:10253", "[::1]:10253"])
+        );
+        assert!(c.debug_listen.addrs.iter().all(|a| a.ip().is_loopback()));
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(c.proxy.drain_timeout, Duration::from_secs(25));
+        assert!(c.edge.proxy_protocol_from.0.is_empty());
+    }
+
+    #[test]
+    fn shutdown_limits_and_debug_flags() {
+        let c = serve(&[
+            "--shutdown-delay",
+            "0",
+            "--drain-timeout",
+            "1h",
+            "--max-connections",
+            "10",
+            "--debug-listen",
+            "127.0.0.1:1,[::1]:2",
+            "--proxy-protocol-from",
+            "10.0.0.0/8,fd00::/8",
+        ])
+        .unwrap();
+        assert_eq!(c.shutdown_delay, Duration::ZERO);
+        assert_eq!(c.proxy.drain_timeout, Duration::from_secs(3600));
+        assert_eq!(c.max_connections, 10);
+        assert_eq!(c.debug_listen.addrs.len(), 2);
+        assert!(!c.debug_listen.defaulted);
+        assert!(c
+            .edge
+            .proxy_protocol_from
+            .trusts("fd00::1".parse().unwrap()));
+        assert!(!c
+            .edge
+            .proxy_protocol_from
+            .trusts("127.0.0.1".parse().unwrap()));
     }
 
     #[test]
@@ -847,8 +886,20 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "5x", "-1s", "0", "1e999"] {
+        for bad in [
+            "",
+            "s",
+            "5x",
+            "-1s",
+            "0",
+            "1e999",
+            "3601",
+            "61m",
+            "2h",
+            "18000000000000000000",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
     }
 }

@@ -218,7 +218,10 @@ async fn proxy_protocol_is_accepted_only_from_allowed_peers_of_both_families() -
             let text = String::from_utf8_lossy(&answer);
             if family == allowed_family {
                 assert!(text.starts_with("HTTP/1.1 200"), "{family} allowed: {text}");
-                assert!(text.contains("2001:db8::33"), "{family}: carried client: {text}");
+                assert!(
+                    text.contains("2001:db8::33"),
+                    "{family}: carried client: {text}"
+                );
             } else {
                 assert!(answer.is_empty(), "{family} not allowed: {text}");
             }
@@ -229,6 +232,10 @@ async fn proxy_protocol_is_accepted_only_from_allowed_peers_of_both_families() -
     }
     // Without the flag any peer may, with a warning at start.
     let (_fleet, _dir, duet) = setup(&["--proxy-protocol=http"]).await?;
-    assert!(duet.logs().contains("accepted from any peer"), "{}", duet.logs());
+    assert!(
+        duet.logs().contains("accepted from any peer"),
+        "{}",
+        duet.logs()
+    );
     Ok(())
 }

@@ -420,7 +420,9 @@ async fn slow_http2_streams_hold_bounded_memory() -> anyhow::Result<()> {
         peak = peak.max(rss_kib(duet.pid())?);
     }
     let grown_mib = peak.saturating_sub(before) / 1024;
-    eprintln!("RSS before {before} KiB, with 2 x {STREAMS} slow streams {peak} KiB (+{grown_mib} MiB)");
+    eprintln!(
+        "RSS before {before} KiB, with 2 x {STREAMS} slow streams {peak} KiB (+{grown_mib} MiB)"
+    );
     // Measured: +33 MiB with duet's buffer limits, +229 MiB with hyper's defaults (400 KiB of
     // send buffer per stream, upstream read buffers growing to 400 KiB).
     assert!(

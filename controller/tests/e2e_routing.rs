@@ -448,7 +448,8 @@ fn objects(doc: &Value) -> Vec<&serde_json::Map<String, Value>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn probes_on_admin_and_debug_routes_on_the_debug_listener_on_both_families() -> anyhow::Result<()> {
+async fn probes_on_admin_and_debug_routes_on_the_debug_listener_on_both_families(
+) -> anyhow::Result<()> {
     let dir = ManifestDir::with_class()?;
     let fleet = Fleet::start(
         "e2e",

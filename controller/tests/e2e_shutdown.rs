@@ -30,7 +30,10 @@ async fn setup(args: &[&str]) -> anyhow::Result<(Fleet, ManifestDir, Duet)> {
 }
 
 /// A request the echo pod answers after `delay`, on a connection of its own, per family.
-async fn slow_requests(duet: &Duet, delay: Duration) -> anyhow::Result<Vec<JoinHandle<anyhow::Result<Reply>>>> {
+async fn slow_requests(
+    duet: &Duet,
+    delay: Duration,
+) -> anyhow::Result<Vec<JoinHandle<anyhow::Result<Reply>>>> {
     let mut tasks = Vec::new();
     for family in Family::BOTH {
         let mut conn = Conn::http1(duet.http(family)).await?;
@@ -55,7 +58,10 @@ fn sigterm(duet: &Duet) -> anyhow::Result<()> {
 async fn exited(duet: &mut Duet, within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     while duet.check_running().is_ok() {
-        anyhow::ensure!(Instant::now() < deadline, "duet still runs after {within:?}");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "duet still runs after {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
@@ -92,12 +98,16 @@ async fn sigterm_turns_readyz_503_keeps_serving_for_the_delay_then_drains() -> a
     // Then the listeners close.
     for family in Family::BOTH {
         let to = duet.http(family);
-        client::eventually("the listener closed", Duration::from_secs(10), || async move {
-            match client::connect_tcp(to).await {
-                Ok(_) => anyhow::bail!("{to} still accepts"),
-                Err(_) => Ok(()),
-            }
-        })
+        client::eventually(
+            "the listener closed",
+            Duration::from_secs(10),
+            || async move {
+                match client::connect_tcp(to).await {
+                    Ok(_) => anyhow::bail!("{to} still accepts"),
+                    Err(_) => Ok(()),
+                }
+            },
+        )
         .await?;
     }
     assert!(signalled.elapsed() >= delay, "closed before the delay");
@@ -121,10 +131,17 @@ async fn requests_outlasting_the_drain_timeout_are_cut() -> anyhow::Result<()> {
     sigterm(&duet)?;
     // Well before the 30 s the requests would take.
     exited(&mut duet, Duration::from_secs(15)).await?;
-    assert!(signalled.elapsed() >= Duration::from_secs(1), "exited before the drain timeout");
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(1),
+        "exited before the drain timeout"
+    );
     for task in in_flight {
         let reply = task.await?;
-        assert!(reply.is_err(), "cut request answered: {:?}", reply.map(|r| r.status));
+        assert!(
+            reply.is_err(),
+            "cut request answered: {:?}",
+            reply.map(|r| r.status)
+        );
     }
     assert!(duet.logs().contains("Drain timed out"), "{}", duet.logs());
     Ok(())

@@ -222,7 +222,9 @@ impl Queue {
     fn reserve(&self, n: usize) -> bool {
         self.bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
-                queued.checked_add(n).filter(|&total| total <= self.capacity)
+                queued
+                    .checked_add(n)
+                    .filter(|&total| total <= self.capacity)
             })
             .is_ok()
     }

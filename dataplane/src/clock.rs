@@ -27,7 +27,10 @@ mod tests {
     #[test]
     fn huge_durations_saturate() {
         let now = tokio::time::Instant::now();
-        assert_eq!(deadline(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+        assert_eq!(
+            deadline(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
         assert!(deadline(now, Duration::MAX) > now + Duration::from_secs(86_400 * 365));
         let now = std::time::Instant::now();
         assert!(std_deadline(now, Duration::MAX) > now);

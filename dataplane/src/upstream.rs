@@ -535,11 +535,12 @@ async fn connect_h2(
     match tls {
         None => handshake_h2(stream, addr).await,
         Some(tls) => {
-            let stream = tokio::time::timeout_at(deadline(started, timeout), tls.handshake(stream, true))
-                .await
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
-                })??;
+            let stream =
+                tokio::time::timeout_at(deadline(started, timeout), tls.handshake(stream, true))
+                    .await
+                    .map_err(|_| {
+                        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                    })??;
             handshake_h2(stream, addr).await
         }
     }
