@@ -326,6 +326,8 @@ def test_args_wire_listeners_class_and_publish_service():
     assert f["--https-listen"] == ["0.0.0.0:8443", "[::]:8443"]
     # The probes reach the admin port on the pod IP, both families.
     assert f["--admin-listen"] == ["0.0.0.0:10254", "[::]:10254"]
+    # /debug/routes (pod addresses, Secret names) stays on duet's loopback default.
+    assert "--debug-listen" not in f
     service = one(objects, "Service", FULLNAME)
     assert f["--publish-service"] == [f"{service['metadata']['namespace']}/{service['metadata']['name']}"]
     assert "--publish-status-address" not in f
@@ -530,7 +532,8 @@ def test_notes_render_for_every_variant():
         text = notes(values)
         assert "ingressClassName" in text
     assert "192.0.2.10, 2001:db8::10" in notes(VARIANTS["default-class-status-addresses"])
-    assert "kubectl -n ingress-duet port-forward daemonset/edge-duet 10254" in notes(VARIANTS["daemonset-hostnetwork"])
+    # /debug/routes is on duet's loopback debug listener, not on the admin port.
+    assert "kubectl -n ingress-duet port-forward daemonset/edge-duet 10253" in notes(VARIANTS["daemonset-hostnetwork"])
 
 
 # ---------------------------------------------------------------------------------------------
