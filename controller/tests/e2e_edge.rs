@@ -1,7 +1,8 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: what sits in front of duet. PROXY
 //! protocol v1 and v2 with IPv4 and IPv6 sources on HTTP and HTTPS listeners (the carried client
-//! becomes the client for headers and family choice; garbage closes the connection), and
-//! trusted proxies whose forwarding headers are appended to.
+//! becomes the client for headers and family choice; garbage closes the connection; peers outside
+//! `--proxy-protocol-from` are closed), and trusted proxies whose forwarding headers are appended
+//! to.
 
 use std::net::SocketAddr;
 use std::time::Duration;

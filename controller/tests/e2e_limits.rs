@@ -3,7 +3,8 @@
 //! 413 (1 MiB by default, per Ingress with `duet.dev/proxy-body-size`), and so do chunked bodies
 //! once they pass it. HTTP/2 connections advertise 128 concurrent streams and end with GOAWAY
 //! `ENHANCE_YOUR_CALM` under a rapid-reset flood (CVE-2023-44487), while the proxy goes on
-//! serving.
+//! serving. Connections past `--max-connections` are closed and counted; 128 HTTP/2 streams of a
+//! client that never reads hold bounded memory.
 
 use std::net::SocketAddr;
 

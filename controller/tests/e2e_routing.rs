@@ -1,6 +1,7 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: host and path routing as the upstream
 //! conformance features state it (host_rules, path_rules, default_backend), precedence across
-//! Ingresses, 404/502/503 with short bodies, and the admin endpoints.
+//! Ingresses, 404/502/503 with short bodies, and the admin endpoints (probes on the admin listener,
+//! `/debug/routes` only on the debug listener).
 
 use conformance::client::{self, Conn, Reply};
 use conformance::http::{self, Method};
