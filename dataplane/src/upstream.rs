@@ -730,6 +730,57 @@ mod tests {
         }
     }
 
+    /// Reads one HTTP/2 frame: (type, stream, payload).
+    async fn read_frame(tcp: &mut TcpStream) -> (u8, u32, Vec<u8>) {
+        use tokio::io::AsyncReadExt as _;
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).await.unwrap();
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.unwrap();
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        (head[3], stream, payload)
+    }
+
+    #[tokio::test]
+    async fn h2_upstream_connections_offer_bounded_windows() {
+        use tokio::io::AsyncReadExt as _;
+        for ip in ["127.0.0.1", "::1"] {
+            let listener =
+                tokio::net::TcpListener::bind((ip.parse::<std::net::IpAddr>().unwrap(), 0))
+                    .await
+                    .unwrap();
+            let addr = listener.local_addr().unwrap();
+            let connecting = tokio::spawn(connect_h2(addr, None, Duration::from_secs(5)));
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut preface = [0u8; 24];
+            tcp.read_exact(&mut preface).await.unwrap();
+            assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+            let (kind, _, settings) = read_frame(&mut tcp).await;
+            assert_eq!(kind, 0x4, "{ip}: SETTINGS first");
+            let stream_window = settings.chunks_exact(6).find_map(|e| {
+                (u16::from_be_bytes([e[0], e[1]]) == 0x4)
+                    .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+            });
+            assert_eq!(
+                stream_window,
+                Some(crate::limits::H2_UPSTREAM_STREAM_WINDOW),
+                "{ip}"
+            );
+            // The connection window grows from the protocol's 65,535 by one WINDOW_UPDATE.
+            let (kind, stream, increment) = read_frame(&mut tcp).await;
+            assert_eq!((kind, stream), (0x8, 0), "{ip}: connection WINDOW_UPDATE");
+            let increment =
+                u32::from_be_bytes([increment[0], increment[1], increment[2], increment[3]]);
+            assert_eq!(
+                65_535 + increment,
+                crate::limits::H2_UPSTREAM_CONNECTION_WINDOW,
+                "{ip}"
+            );
+            connecting.abort();
+        }
+    }
+
     #[test]
     fn settings_compare_by_name_trust_and_alpn() {
         let a = UpstreamTls::new("web.shop.svc", &UpstreamTrust::SkipVerify, false).unwrap();
