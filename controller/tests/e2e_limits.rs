@@ -200,6 +200,16 @@ async fn http2_streams_are_limited_and_a_rapid_reset_flood_ends_the_connection(
                 .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
         });
         assert_eq!(max_streams, Some(128), "{family}: SETTINGS {settings:?}");
+        // Request bodies a client may send ahead: 256 KiB per stream.
+        let stream_window = settings.chunks_exact(6).find_map(|e| {
+            (u16::from_be_bytes([e[0], e[1]]) == 0x4)
+                .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+        });
+        assert_eq!(
+            stream_window,
+            Some(256 * 1024),
+            "{family}: SETTINGS {settings:?}"
+        );
         tcp.write_all(&h2_frame(SETTINGS, 0x1, 0, &[])).await?;
 
         // Rapid reset: each stream opened and cancelled at once, many times over.
