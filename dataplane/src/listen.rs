@@ -173,6 +173,9 @@ pub struct ServeOptions {
     pub max_connections: Option<ConnectionLimit>,
 }
 
+/// At most one warning per listener this often while connections are refused.
+const LIMIT_WARNING_EVERY: Duration = Duration::from_secs(10);
+
 /// A number of connections open at once, shared by several listeners.
 #[derive(Clone, Debug)]
 pub struct ConnectionLimit(Arc<tokio::sync::Semaphore>);
@@ -216,6 +219,7 @@ where
     builder.http2().timer(TokioTimer::new());
     crate::limits::apply(&mut builder);
     let graceful = GracefulShutdown::new();
+    let mut warned: Option<tokio::time::Instant> = None;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -234,7 +238,10 @@ where
                 if let Some(c) = &options.connections {
                     c.refused(Family::of(&normalize_addr(peer)));
                 }
-                tracing::trace!(client.addr = %peer, "Connection limit reached; closing");
+                if warned.is_none_or(|at| at.elapsed() >= LIMIT_WARNING_EVERY) {
+                    warned = Some(tokio::time::Instant::now());
+                    tracing::warn!(listener = %local_default, "Connection limit (--max-connections) reached; closing new connections");
+                }
                 drop(stream);
                 continue;
             }
