@@ -298,7 +298,10 @@ async fn connections_past_the_limit_are_refused_and_counted() -> anyhow::Result<
         assert_eq!(refused(&duet, family).await?, before + 1.0, "{family}");
     }
     let logs = duet.logs();
-    assert!(logs.contains("Connection limit (--max-connections) reached"), "{logs}");
+    assert!(
+        logs.contains("Connection limit (--max-connections) reached"),
+        "{logs}"
+    );
     // A closed connection frees its place.
     for family in Family::BOTH {
         held.pop();

@@ -233,20 +233,9 @@ where
             },
             _ = stopped(&mut shutdown) => break,
         };
-        let permit = match options.max_connections.as_ref().map(ConnectionLimit::admit) {
-            Some(None) => {
-                if let Some(c) = &options.connections {
-                    c.refused(Family::of(&normalize_addr(peer)));
-                }
-                if warned.is_none_or(|at| at.elapsed() >= LIMIT_WARNING_EVERY) {
-                    warned = Some(tokio::time::Instant::now());
-                    tracing::warn!(listener = %local_default, "Connection limit (--max-connections) reached; closing new connections");
-                }
-                drop(stream);
-                continue;
-            }
-            Some(Some(permit)) => Some(permit),
-            None => None,
+        let Some(permit) = admit(&options, peer, local_default, &mut warned) else {
+            // Closed unread.
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
@@ -338,6 +327,31 @@ where
         }
     }
     Ok(())
+}
+
+/// Whether a new connection is served: with its place under `--max-connections` (held until
+/// dropped; `None` when unlimited), or not at all (`None`) when the limit is reached, which is
+/// counted and, at most every [`LIMIT_WARNING_EVERY`], logged.
+fn admit(
+    options: &ServeOptions,
+    peer: SocketAddr,
+    listener: SocketAddr,
+    warned: &mut Option<tokio::time::Instant>,
+) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+    let Some(limit) = &options.max_connections else {
+        return Some(None);
+    };
+    if let Some(permit) = limit.admit() {
+        return Some(Some(permit));
+    }
+    if let Some(c) = &options.connections {
+        c.refused(Family::of(&normalize_addr(peer)));
+    }
+    if warned.is_none_or(|at| at.elapsed() >= LIMIT_WARNING_EVERY) {
+        *warned = Some(tokio::time::Instant::now());
+        tracing::warn!(%listener, "Connection limit (--max-connections) reached; closing new connections");
+    }
+    None
 }
 
 /// An accepted connection, plain or TLS.
