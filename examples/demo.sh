@@ -46,7 +46,7 @@ cat <<'MSG'
 
   curl -4 -s -H 'Host: demo.local' http://127.0.0.1:8080/       # IPv4 client
   curl -6 -s -H 'Host: demo.local' 'http://[::1]:8080/'          # IPv6 client
-  curl -s http://127.0.0.1:10254/debug/routes                    # the live table
+  curl -s http://127.0.0.1:10253/debug/routes                    # the live table
 
 Each answer is the echo JSON: "pod" says which pod served it, "family" and "local" the address
 family and address it was reached over. Repeat a curl a few times: the three pods share the

@@ -16,8 +16,14 @@ use prometheus_client::registry::Registry;
 fn runtime(access_log: bool) -> Arc<Runtime> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let log = access_log
-        .then(|| AccessLog::spawn(std::io::sink(), 1 << 20, metrics.clone()).expect("log thread"));
+    let log = access_log.then(|| {
+        AccessLog::spawn(
+            std::io::sink(),
+            dataplane::access_log::QUEUE_BYTES,
+            metrics.clone(),
+        )
+        .expect("log thread")
+    });
     let runtime = Runtime::with_telemetry(
         ProxyConfig::default(),
         Telemetry::new(registry, metrics, log),

@@ -210,7 +210,7 @@ def test_rendered_objects_match_the_kubernetes_schemas(kube_version):
     [
         ({"service": {"ipFamilyPolicy": "SingleStack"}}, "SingleStack needs exactly one"),
         ({"service": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6"]}}, "RequireDualStack needs both"),
-        ({"controller": {"terminationGracePeriodSeconds": 30}}, "must exceed preStopSleepSeconds + drainSeconds (30)"),
+        ({"controller": {"terminationGracePeriodSeconds": 37}}, "must exceed preStopSleepSeconds + shutdownDelaySeconds + drainSeconds + 2 s of access-log flush (37)"),
         ({"controller": {"kind": "DaemonSet"}, "autoscaling": {"enabled": True}}, "needs controller.kind Deployment"),
         ({"service": {"enabled": False}}, "publishService.enabled needs service.enabled"),
     ],
@@ -326,6 +326,8 @@ def test_args_wire_listeners_class_and_publish_service():
     assert f["--https-listen"] == ["0.0.0.0:8443", "[::]:8443"]
     # The probes reach the admin port on the pod IP, both families.
     assert f["--admin-listen"] == ["0.0.0.0:10254", "[::]:10254"]
+    # /debug/routes (pod addresses, Secret names) stays on duet's loopback default.
+    assert "--debug-listen" not in f
     service = one(objects, "Service", FULLNAME)
     assert f["--publish-service"] == [f"{service['metadata']['namespace']}/{service['metadata']['name']}"]
     assert "--publish-status-address" not in f
@@ -419,8 +421,10 @@ def test_prestop_and_grace_period_outlast_the_drain():
     c = container(objects)
     pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pre_stop >= 1
-    # duet drains for 25 s after SIGTERM (dataplane::ProxyConfig::drain_timeout).
-    assert pod["terminationGracePeriodSeconds"] > pre_stop + 25
+    f = flags(c["args"])
+    assert f["--shutdown-delay"] == ["5s"] and f["--drain-timeout"] == ["25s"]
+    # After SIGTERM duet serves for the shutdown delay, drains, then flushes its access log (2 s).
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + 5 + 25 + 2
 
 
 def test_daemonset_with_host_network():
@@ -528,7 +532,8 @@ def test_notes_render_for_every_variant():
         text = notes(values)
         assert "ingressClassName" in text
     assert "192.0.2.10, 2001:db8::10" in notes(VARIANTS["default-class-status-addresses"])
-    assert "kubectl -n ingress-duet port-forward daemonset/edge-duet 10254" in notes(VARIANTS["daemonset-hostnetwork"])
+    # /debug/routes is on duet's loopback debug listener, not on the admin port.
+    assert "kubectl -n ingress-duet port-forward daemonset/edge-duet 10253" in notes(VARIANTS["daemonset-hostnetwork"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,7 +552,7 @@ def test_every_flag_the_chart_passes_is_one_duet_knows():
     help_text = subprocess.run([duet_binary(), "serve", "--help"], capture_output=True, text=True, check=True).stdout
     known = set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
     passed = set()
-    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True, "defaultTLSSecret": "ns/name", "proxyProtocol": "all", "trustedProxies": ["192.0.2.0/24"]}}]:
+    for values in [*VARIANTS.values(), {"controller": {"watchIngressWithoutClass": True, "defaultTLSSecret": "ns/name", "proxyProtocol": "all", "trustedProxies": ["192.0.2.0/24"], "proxyProtocolFrom": ["10.0.0.0/8", "fd00::/8"]}}]:
         passed |= set(flags(container(render(values))["args"]))
     assert {"--publish-service", "--publish-status-address", "--election-namespace", "--watch-namespace"} <= passed
     assert passed - known == set(), f"the chart passes flags duet does not have: {sorted(passed - known)}"

@@ -151,6 +151,7 @@ impl DuetBuilder {
             ("--http-listen", ports.http),
             ("--https-listen", ports.https),
             ("--admin-listen", ports.admin),
+            ("--debug-listen", ports.debug),
         ] {
             for addr in addrs {
                 cmd.arg(flag).arg(addr.to_string());
@@ -167,6 +168,7 @@ impl DuetBuilder {
         let http = ports.http;
         let https = ports.https;
         let admin = ports.admin;
+        let debug = ports.debug;
         drop(ports);
         let child = cmd
             .spawn()
@@ -177,6 +179,7 @@ impl DuetBuilder {
             http,
             https,
             admin,
+            debug,
             log,
         };
         match duet.wait_ready(self.until_ready).await {
@@ -205,6 +208,7 @@ struct FreePorts {
     http: [SocketAddr; 2],
     https: [SocketAddr; 2],
     admin: [SocketAddr; 2],
+    debug: [SocketAddr; 2],
     _held: Vec<TcpListener>,
 }
 
@@ -224,10 +228,12 @@ impl FreePorts {
         let http = pair()?;
         let https = pair()?;
         let admin = pair()?;
+        let debug = pair()?;
         Ok(FreePorts {
             http,
             https,
             admin,
+            debug,
             _held: held,
         })
     }
@@ -240,6 +246,7 @@ pub struct Duet {
     http: [SocketAddr; 2],
     https: [SocketAddr; 2],
     admin: [SocketAddr; 2],
+    debug: [SocketAddr; 2],
     log: tempfile::NamedTempFile,
 }
 
@@ -264,6 +271,11 @@ impl Duet {
     /// The admin listener of a family.
     pub fn admin(&self, family: Family) -> SocketAddr {
         self.admin[index(family)]
+    }
+
+    /// The `/debug/routes` listener of a family.
+    pub fn debug(&self, family: Family) -> SocketAddr {
+        self.debug[index(family)]
     }
 
     /// The process id.
@@ -340,9 +352,14 @@ impl Duet {
         client::get(self.admin(family), "localhost", path).await
     }
 
-    /// `/debug/routes` as JSON.
+    /// `GET path` on the debug listener of a family.
+    pub async fn debug_get(&self, family: Family, path: &str) -> anyhow::Result<Reply> {
+        client::get(self.debug(family), "localhost", path).await
+    }
+
+    /// `/debug/routes` as JSON (from the debug listener).
     pub async fn debug_routes(&self) -> anyhow::Result<Value> {
-        let reply = self.admin_get(Family::V4, "/debug/routes").await?;
+        let reply = self.debug_get(Family::V4, "/debug/routes").await?;
         client::expect_status(&reply, 200)?;
         serde_json::from_slice(&reply.body).context("/debug/routes is not JSON")
     }

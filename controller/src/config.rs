@@ -62,9 +62,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_values = ["0.0.0.0:8443", "[::]:8443"])]
     pub https_listen: Vec<SocketAddr>,
 
-    /// Address of the admin endpoints (/healthz, /readyz, /debug/routes); repeatable.
+    /// Address of the admin endpoints the kubelet and Prometheus reach (/healthz, /readyz,
+    /// /metrics); repeatable.
     #[arg(long, value_name = "ADDR", default_values = ["127.0.0.1:10254", "[::1]:10254"])]
     pub admin_listen: Vec<SocketAddr>,
+
+    /// Address of /debug/routes (pod addresses, Secret names), comma-separated or repeated;
+    /// loopback only by default.
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', default_values = ["127.0.0.1:10253", "[::1]:10253"])]
+    pub debug_listen: Vec<SocketAddr>,
 
     /// The ingress class duet serves.
     #[arg(long, value_name = "NAME", default_value = "duet")]
@@ -130,6 +136,27 @@ pub struct ServeArgs {
     )]
     pub proxy_protocol: Option<String>,
 
+    /// Peers (CIDRs of either family, comma-separated or repeated) allowed to send a PROXY
+    /// protocol header; a connection from anyone else to a PROXY protocol listener is closed.
+    /// Default: any peer (with a warning at start).
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
+    pub proxy_protocol_from: Vec<Cidr>,
+
+    /// Client connections open at once over all proxy listeners; past it new connections are
+    /// closed at once and counted (duet_connections_refused_total).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    pub max_connections: usize,
+
+    /// Time between /readyz turning 503 on SIGTERM and the proxy listeners closing; requests
+    /// are still served meanwhile.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_or_zero)]
+    pub shutdown_delay: Duration,
+
+    /// Time in-flight requests and tunnels get to finish once the listeners closed; what is
+    /// still open after it is closed.
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
     /// Access log on stdout: json (one JSON object per request) or off.
     #[arg(long, value_name = "FORMAT", default_value = "json", value_parser = parse_access_log)]
     pub access_log: AccessLogFormat,
@@ -140,14 +167,40 @@ pub struct ServeArgs {
     pub max_body_size: u64,
 }
 
+/// Default of `--max-connections`: sized for the chart's 512 MiB memory limit (see the README,
+/// Limits and timeouts).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// Largest `--max-connections`.
+pub const MAX_MAX_CONNECTIONS: usize = 1_000_000;
+
+/// Largest duration a flag or annotation may give.
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+
+/// Largest `--max-body-size` and `duet.dev/proxy-body-size`: 64 GiB.
+pub const MAX_BODY_SIZE: u64 = 64 << 30;
+
+fn parse_max_connections(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_MAX_CONNECTIONS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of connections from 1 to {MAX_MAX_CONNECTIONS}"
+        )),
+    }
+}
+
 fn parse_access_log(s: &str) -> Result<AccessLogFormat, String> {
     s.parse()
         .map_err(|e: dataplane::table::UnknownName| e.to_string())
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    dataplane::limits::parse_size(s)
-        .ok_or_else(|| format!("{s:?} is not a size (examples: 512, 8k, 10m, 0 for unlimited)"))
+    let size = dataplane::limits::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size (examples: 512, 8k, 10m, 0 for unlimited)"))?;
+    if size > MAX_BODY_SIZE {
+        return Err(format!("{s:?} is more than the maximum, 64g"));
+    }
+    Ok(size)
 }
 
 fn parse_cidr(s: &str) -> Result<Cidr, String> {
@@ -175,8 +228,17 @@ fn parse_lb(s: &str) -> Result<LbPolicy, String> {
 }
 
 /// Parses a duration: a number of seconds (`5`, `0.5`) or a number with a unit `ms`, `s`, `m`
-/// or `h` (`500ms`, `5s`, `1m`). Must be positive.
+/// or `h` (`500ms`, `5s`, `1m`). Must be positive and at most [`MAX_DURATION`] (1 h).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let duration = parse_duration_or_zero(s)?;
+    if duration.is_zero() {
+        return Err(format!("{:?} must be more than zero", s.trim()));
+    }
+    Ok(duration)
+}
+
+/// [`parse_duration`], also accepting zero.
+pub fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let bad = || format!("{s:?} is not a duration (examples: 5, 5s, 500ms, 2m)");
     let split = s
@@ -191,8 +253,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => value * 3600.0,
         _ => return Err(bad()),
     };
-    if seconds <= 0.0 {
-        return Err(format!("{s:?} must be more than zero"));
+    if seconds < 0.0 {
+        return Err(format!("{s:?} must not be negative"));
+    }
+    if seconds > MAX_DURATION.as_secs_f64() {
+        return Err(format!("{s:?} is more than the maximum, 1h"));
     }
     Duration::try_from_secs_f64(seconds).map_err(|_| bad())
 }
@@ -216,8 +281,10 @@ pub struct Config {
     pub http_listen: Listen,
     /// HTTPS listeners.
     pub https_listen: Listen,
-    /// Admin listeners.
+    /// Admin listeners (probes and metrics).
     pub admin_listen: Listen,
+    /// `/debug/routes` listeners.
+    pub debug_listen: Listen,
     /// Translation settings (class, family policy, balancing).
     pub translate: translate::Config,
     /// Proxy timeouts.
@@ -228,6 +295,10 @@ pub struct Config {
     pub access_log: AccessLogFormat,
     /// Edge settings of the proxy listeners: trusted proxies and PROXY protocol.
     pub edge: Edge,
+    /// `--max-connections`.
+    pub max_connections: usize,
+    /// `--shutdown-delay`.
+    pub shutdown_delay: Duration,
 }
 
 /// How the proxy listeners treat what is in front of them.
@@ -239,6 +310,8 @@ pub struct Edge {
     pub proxy_protocol_http: bool,
     /// PROXY protocol on the HTTPS listeners.
     pub proxy_protocol_https: bool,
+    /// `--proxy-protocol-from`; empty: any peer.
+    pub proxy_protocol_from: TrustedProxies,
 }
 
 /// Why `duet` does not start.
@@ -331,6 +404,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         response_timeout: args.upstream_timeout,
         keepalive_timeout: args.keepalive_timeout,
         header_read_timeout: args.header_read_timeout,
+        drain_timeout: args.drain_timeout,
         ..ProxyConfig::default()
     };
     Ok(Config {
@@ -346,6 +420,10 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         admin_listen: Listen {
             addrs: args.admin_listen,
             defaulted: defaulted(matches, "admin_listen"),
+        },
+        debug_listen: Listen {
+            addrs: args.debug_listen,
+            defaulted: defaulted(matches, "debug_listen"),
         },
         translate: translate::Config {
             class: ClassConfig {
@@ -365,8 +443,11 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             trusted_proxies: TrustedProxies(args.trusted_proxies),
             proxy_protocol_http: matches!(args.proxy_protocol.as_deref(), Some("all" | "http")),
             proxy_protocol_https: matches!(args.proxy_protocol.as_deref(), Some("all" | "https")),
+            proxy_protocol_from: TrustedProxies(args.proxy_protocol_from),
         },
         access_log: args.access_log,
+        max_connections: args.max_connections,
+        shutdown_delay: args.shutdown_delay,
     })
 }
 
@@ -530,6 +611,45 @@ mod tests {
         assert_eq!(c.proxy.keepalive_timeout, Duration::from_secs(75));
         assert_eq!(c.proxy.header_read_timeout, Duration::from_secs(60));
         assert_eq!(c.access_log, AccessLogFormat::Json);
+        assert_eq!(
+            c.debug_listen.addrs,
+            addrs(&["127.0.0.1:10253", "[::1]:10253"])
+        );
+        assert!(c.debug_listen.addrs.iter().all(|a| a.ip().is_loopback()));
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(c.proxy.drain_timeout, Duration::from_secs(25));
+        assert!(c.edge.proxy_protocol_from.0.is_empty());
+    }
+
+    #[test]
+    fn shutdown_limits_and_debug_flags() {
+        let c = serve(&[
+            "--shutdown-delay",
+            "0",
+            "--drain-timeout",
+            "1h",
+            "--max-connections",
+            "10",
+            "--debug-listen",
+            "127.0.0.1:1,[::1]:2",
+            "--proxy-protocol-from",
+            "10.0.0.0/8,fd00::/8",
+        ])
+        .unwrap();
+        assert_eq!(c.shutdown_delay, Duration::ZERO);
+        assert_eq!(c.proxy.drain_timeout, Duration::from_secs(3600));
+        assert_eq!(c.max_connections, 10);
+        assert_eq!(c.debug_listen.addrs.len(), 2);
+        assert!(!c.debug_listen.defaulted);
+        assert!(c
+            .edge
+            .proxy_protocol_from
+            .trusts("fd00::1".parse().unwrap()));
+        assert!(!c
+            .edge
+            .proxy_protocol_from
+            .trusts("127.0.0.1".parse().unwrap()));
     }
 
     #[test]
@@ -766,8 +886,20 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "s", "5x", "-1s", "0", "1e999"] {
+        for bad in [
+            "",
+            "s",
+            "5x",
+            "-1s",
+            "0",
+            "1e999",
+            "3601",
+            "61m",
+            "2h",
+            "18000000000000000000",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
     }
 }

@@ -105,6 +105,25 @@ fn bind_all(
     Ok(bound)
 }
 
+/// Binds the `/debug/routes` listeners. A default address that cannot be bound (the port is taken
+/// on a host-network node) is skipped with a warning: the proxy does not need it.
+fn bind_debug(listen: &Listen) -> anyhow::Result<Vec<(SocketAddr, std::net::TcpListener)>> {
+    let mut bound = Vec::new();
+    for &addr in &listen.addrs {
+        match listen::bind(addr) {
+            Ok(listener) => bound.push((listener.local_addr().unwrap_or(addr), listener)),
+            Err(error) if listen.defaulted => {
+                tracing::warn!(listener = %addr, %error, "Skipping a default debug listener");
+            }
+            Err(error) => return Err(error).context("debug listener"),
+        }
+    }
+    if let Some((addr, _)) = bound.iter().find(|(a, _)| !a.ip().is_loopback()) {
+        tracing::warn!(listener = %addr, "/debug/routes (pod addresses, Secret names) is served beyond loopback");
+    }
+    Ok(bound)
+}
+
 fn list(bound: &[(SocketAddr, std::net::TcpListener)]) -> String {
     bound
         .iter()
@@ -125,6 +144,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let http = bind_all("HTTP", &config.http_listen)?;
     let admin = bind_all("admin", &config.admin_listen)?;
     let https = bind_all("HTTPS", &config.https_listen)?;
+    let debug_bound = bind_debug(&config.debug_listen)?;
 
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
@@ -148,7 +168,19 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         proxy_protocol: None,
         trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
         connections: None,
+        proxy_protocol_from: None,
+        max_connections: None,
     };
+    let edge = &config.edge;
+    let proxy_protocol_from = if edge.proxy_protocol_from.0.is_empty() {
+        if edge.proxy_protocol_http || edge.proxy_protocol_https {
+            tracing::warn!("PROXY protocol headers are accepted from any peer; set --proxy-protocol-from to the load balancers' addresses");
+        }
+        None
+    } else {
+        Some(Arc::new(edge.proxy_protocol_from.clone()))
+    };
+    let limit = listen::ConnectionLimit::new(config.max_connections);
     let pp_timeout = config.proxy.proxy_protocol_timeout;
     let http_options = ServeOptions {
         proxy_protocol: config.edge.proxy_protocol_http.then_some(pp_timeout),
@@ -183,7 +215,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let (admin_stop, admin_stopped) = watch::channel(false);
     // Registered before "Listening" is logged: a SIGTERM right after it drains, never kills.
     let mut signals = Signals::new()?;
-    tracing::info!(http = %list(&http), https = %list(&https), admin = %list(&admin), "Listening");
+    tracing::info!(http = %list(&http), https = %list(&https), admin = %list(&admin), debug = %list(&debug_bound), "Listening");
 
     // One task per accept loop on the worker threads; `serve` spawns every connection.
     let plain = http.into_iter().map(|l| (l, http_options.clone()));
@@ -193,6 +225,8 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         let handler = move |req, conn| proxy.clone().handle(req, conn);
         let options = ServeOptions {
             connections: Some(metrics.listener(addr)),
+            proxy_protocol_from: proxy_protocol_from.clone(),
+            max_connections: Some(limit.clone()),
             ..options.clone()
         };
         let task = tokio::spawn(listen::serve(
@@ -203,11 +237,22 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         ));
         async move { report(addr, task.await) }
     });
-    let admins = admin.into_iter().map(|(addr, listener)| {
+    let probes = admin.into_iter().map(|(addr, listener)| {
+        let runtime = runtime.clone();
+        let handler = move |req, conn| dataplane::admin::handle(runtime.clone(), req, conn);
+        let task = tokio::spawn(listen::serve(
+            listener,
+            options.clone(),
+            handler,
+            admin_stopped.clone(),
+        ));
+        async move { report(addr, task.await) }
+    });
+    let debugs = debug_bound.into_iter().map(|(addr, listener)| {
         let runtime = runtime.clone();
         let extra = extra.clone();
         let handler = move |req, conn| {
-            dataplane::admin::handle(runtime.clone(), Some(extra.clone()), req, conn)
+            dataplane::admin::debug(runtime.clone(), Some(extra.clone()), req, conn)
         };
         let task = tokio::spawn(listen::serve(
             listener,
@@ -217,19 +262,30 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         ));
         async move { report(addr, task.await) }
     });
+    let admins = async move { tokio::join!(join_all(probes), join_all(debugs)) };
     let proxies = async move {
         join_all(proxies).await;
         // The admin endpoints stay up (answering /readyz 503) until the proxies have drained.
         let _ = admin_stop.send(true);
     };
-    let listeners = async move { tokio::join!(proxies, join_all(admins)) };
+    let listeners = async move { tokio::join!(proxies, admins) };
     tokio::pin!(listeners);
 
     tokio::select! {
         _ = &mut listeners => anyhow::bail!("every listener stopped"),
-        signal = signals.next() => tracing::info!(signal, "Draining"),
+        signal = signals.next() => tracing::info!(signal, delay = ?config.shutdown_delay, "Not ready; closing the listeners after the shutdown delay"),
     }
     runtime.start_draining();
+    // Load balancers and endpoints controllers see /readyz fail and stop sending new
+    // connections while the listeners still serve.
+    tokio::select! {
+        () = tokio::time::sleep(config.shutdown_delay) => {}
+        second = signals.next() => {
+            tracing::warn!(signal = second, "Second signal; exiting without waiting");
+            return Ok(());
+        }
+    }
+    tracing::info!(timeout = ?config.proxy.drain_timeout, "Draining");
     let _ = proxy_stop.send(true);
     if let Some(cluster) = cluster {
         // Hand leadership over now rather than after the Lease expires.

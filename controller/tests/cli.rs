@@ -75,6 +75,32 @@ fn bad_flags_and_values_exit_64_with_one_line() {
 }
 
 #[test]
+fn out_of_range_durations_sizes_and_limits_exit_64_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for (flag, value, says) in [
+        ("--connect-timeout", "2h", "maximum, 1h"),
+        ("--upstream-timeout", "100000000000000h", "maximum, 1h"),
+        ("--keepalive-timeout", "3601", "maximum, 1h"),
+        ("--header-read-timeout", "61m", "maximum, 1h"),
+        ("--drain-timeout", "0", "more than zero"),
+        ("--shutdown-delay", "2h", "maximum, 1h"),
+        ("--election-lease-duration", "2h", "maximum, 1h"),
+        ("--max-body-size", "65g", "maximum, 64g"),
+        ("--max-connections", "0", "from 1 to"),
+        ("--max-connections", "1000001", "from 1 to"),
+        ("--proxy-protocol-from", "10.0.0.0/33", ""),
+        ("--debug-listen", "localhost:1", ""),
+    ] {
+        let line = usage_error(&["serve", "--manifests", d, flag, value]);
+        assert!(
+            line.contains(&format!("'{flag}'")) && line.contains(says),
+            "{flag} {value}: {line}"
+        );
+    }
+}
+
+#[test]
 fn kubernetes_mode_without_any_config_exits_64_with_one_line() {
     let home = tempfile::tempdir().unwrap();
     let out = Command::new(DUET)

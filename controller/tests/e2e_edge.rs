@@ -1,7 +1,8 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: what sits in front of duet. PROXY
 //! protocol v1 and v2 with IPv4 and IPv6 sources on HTTP and HTTPS listeners (the carried client
-//! becomes the client for headers and family choice; garbage closes the connection), and
-//! trusted proxies whose forwarding headers are appended to.
+//! becomes the client for headers and family choice; garbage closes the connection; peers outside
+//! `--proxy-protocol-from` are closed), and trusted proxies whose forwarding headers are appended
+//! to.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -297,5 +298,48 @@ async fn trusted_proxies_are_appended_to_and_others_replaced() -> anyhow::Result
             assert_eq!(echo.header("x-real-ip"), Some(ip));
         }
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_is_accepted_only_from_allowed_peers_of_both_families() -> anyhow::Result<()>
+{
+    // 127.0.0.1 may send PROXY headers and ::1 may not; then the other way round.
+    for (allowed, allowed_family) in [("127.0.0.1/32", Family::V4), ("::1/128", Family::V6)] {
+        let (_fleet, _dir, duet) = setup(&[
+            "--proxy-protocol=http",
+            "--proxy-protocol-from",
+            &format!("192.0.2.0/24,{allowed}"),
+        ])
+        .await?;
+        let (source, destination) = sources()[1];
+        for family in Family::BOTH {
+            let mut request = encode_v2(source, destination);
+            request.extend_from_slice(
+                b"GET / HTTP/1.1\r\nHost: edge.test\r\nConnection: close\r\n\r\n",
+            );
+            let answer = send_and_drain(duet.http(family), &request).await?;
+            let text = String::from_utf8_lossy(&answer);
+            if family == allowed_family {
+                assert!(text.starts_with("HTTP/1.1 200"), "{family} allowed: {text}");
+                assert!(
+                    text.contains("2001:db8::33"),
+                    "{family}: carried client: {text}"
+                );
+            } else {
+                assert!(answer.is_empty(), "{family} not allowed: {text}");
+            }
+        }
+        let logs = duet.logs();
+        assert!(!logs.contains("accepted from any peer"), "{logs}");
+        duet_still_runs(duet)?;
+    }
+    // Without the flag any peer may, with a warning at start.
+    let (_fleet, _dir, duet) = setup(&["--proxy-protocol=http"]).await?;
+    assert!(
+        duet.logs().contains("accepted from any peer"),
+        "{}",
+        duet.logs()
+    );
     Ok(())
 }

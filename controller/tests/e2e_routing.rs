@@ -1,6 +1,7 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: host and path routing as the upstream
 //! conformance features state it (host_rules, path_rules, default_backend), precedence across
-//! Ingresses, 404/502/503 with short bodies, and the admin endpoints.
+//! Ingresses, 404/502/503 with short bodies, and the admin endpoints (probes on the admin listener,
+//! `/debug/routes` only on the debug listener).
 
 use conformance::client::{self, Conn, Reply};
 use conformance::http::{self, Method};
@@ -448,7 +449,8 @@ fn objects(doc: &Value) -> Vec<&serde_json::Map<String, Value>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_endpoints_answer_on_both_families_and_list_targets() -> anyhow::Result<()> {
+async fn probes_on_admin_and_debug_routes_on_the_debug_listener_on_both_families(
+) -> anyhow::Result<()> {
     let dir = ManifestDir::with_class()?;
     let fleet = Fleet::start(
         "e2e",
@@ -472,7 +474,12 @@ async fn admin_endpoints_answer_on_both_families_and_list_targets() -> anyhow::R
             let reply = duet.admin_get(family, path).await?;
             assert_eq!(reply.status, 200, "{family} {path}: {}", reply.text());
         }
-        let reply = duet.admin_get(family, "/debug/routes").await?;
+        // The admin listener (reached by the kubelet and Prometheus, often on a wildcard
+        // address) does not show pod addresses and Secret names; the debug listener does.
+        let hidden = duet.admin_get(family, "/debug/routes").await?;
+        assert_eq!(hidden.status, 404, "{family}: {}", hidden.text());
+        assert_eq!(duet.debug_get(family, "/metrics").await?.status, 404);
+        let reply = duet.debug_get(family, "/debug/routes").await?;
         assert_eq!(reply.status, 200);
         assert!(reply
             .header("content-type")

@@ -94,6 +94,12 @@ async fn setup() -> anyhow::Result<Setup> {
                 .annotation("duet.dev/backend-tls-skip-verify", "true")
                 .host("skip.test", "secure")
                 .build(),
+            Ingress::new(NS, "huge-timeouts")
+                .annotation("duet.dev/backend-tls-skip-verify", "true")
+                .annotation("duet.dev/proxy-connect-timeout", "18000000000000000000")
+                .annotation("duet.dev/proxy-read-timeout", "2h")
+                .host("huge.test", "secure")
+                .build(),
             Ingress::new(NS, "secure-h2")
                 .annotation("duet.dev/backend-ca-secret", "upstream-ca")
                 .annotation("duet.dev/backend-tls-server-name", "grpc.internal")
@@ -215,6 +221,25 @@ async fn h2c_upstream_falls_back_to_the_pods_other_family() -> anyhow::Result<()
             );
             assert_eq!(echo.proto, "HTTP/2.0");
         }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn out_of_range_timeout_annotations_fall_back_with_a_diagnostic() -> anyhow::Result<()> {
+    let s = setup().await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(s.duet.http(family)).await?;
+        let echo = echo_of(&conn.get("huge.test", "/").await?, "huge.test")?;
+        assert_eq!(echo.family, family);
+    }
+    let routes = s.duet.debug_routes().await?.to_string();
+    for annotation in ["proxy-connect-timeout", "proxy-read-timeout"] {
+        let reported = format!("duet.dev/{annotation}: ");
+        assert!(
+            routes.contains(&reported) && routes.contains("maximum, 1h"),
+            "{annotation}: {routes}"
+        );
     }
     Ok(())
 }

@@ -364,10 +364,23 @@ fn timeout_annotations_set_per_ingress_and_bad_ones_fall_back() {
     // Still served, with the globals.
     assert_eq!(timeouts("bad.test"), UpstreamTimeouts::default());
     assert_eq!(timeouts("plain.test"), UpstreamTimeouts::default());
-    let bad: Vec<_> = diagnostics
+    // Out of range (over 1 h, over 64 GiB): the globals too, never a value that overflows a
+    // deadline.
+    assert_eq!(timeouts("huge.test"), UpstreamTimeouts::default());
+    let huge = snapshot.routes.find("huge.test", "/").expect("routed");
+    assert_eq!(huge.action.max_body_bytes, Config::default().max_body_bytes);
+    let (huge, bad): (Vec<_>, Vec<_>) = diagnostics
         .iter()
         .map(|d| (d.reason, d.object.to_string(), d.message.clone()))
-        .collect();
+        .partition(|(_, object, _)| object == "Ingress default/huge");
+    assert_eq!(huge.len(), 3, "{huge:?}");
+    for (reason, _, message) in &huge {
+        assert_eq!(*reason, Reason::InvalidAnnotation);
+        assert!(
+            message.contains("maximum") || message.contains("at most 64g"),
+            "{message}"
+        );
+    }
     assert_eq!(bad.len(), 2, "{bad:?}");
     for (reason, object, _) in &bad {
         assert_eq!(*reason, Reason::InvalidAnnotation);

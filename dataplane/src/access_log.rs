@@ -1,12 +1,14 @@
-//! The access log: one JSON line per request, written by a dedicated thread from a bounded queue,
-//! so a request never waits for a terminal or a pipe. When the queue is full the line is dropped
-//! and counted (`duet_access_log_dropped_total`).
+//! The access log: one JSON line per request, written by a dedicated thread from a queue bounded in
+//! bytes, so a request never waits for a terminal or a pipe and long hosts or targets cannot make
+//! the queue large. When the queue is full the line is dropped and counted
+//! (`duet_access_log_dropped_total`).
 
 use std::fmt;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::str::FromStr;
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -16,8 +18,9 @@ use serde::Serialize;
 use crate::metrics::Metrics;
 use crate::table::{normalize_addr, Family, UnknownName};
 
-/// Lines queued for the writer before new ones are dropped.
-pub const QUEUE_LINES: usize = 16 * 1024;
+/// Bytes of entries queued for the writer before new ones are dropped: 8 MiB (about 20,000
+/// entries of a typical request; an entry counts its host, target and SNI).
+pub const QUEUE_BYTES: usize = 8 << 20;
 
 /// How long the writer lets lines gather after waking, so that a busy proxy wakes it once per
 /// batch rather than once per request.
@@ -171,6 +174,22 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// About what the entry holds in memory while queued: itself, its host, target and SNI.
+    pub fn queued_bytes(&self) -> usize {
+        let uri = &self.uri;
+        std::mem::size_of::<Entry>()
+            + self.host.as_ref().map_or(0, HeaderValue::len)
+            + uri.path_and_query().map_or(0, |p| p.as_str().len())
+            + uri.authority().map_or(0, |a| a.as_str().len())
+            + self
+                .tls
+                .as_ref()
+                .and_then(|t| t.sni.as_ref())
+                .map_or(0, |s| s.len())
+    }
+}
+
 /// `2026-11-29T20:34:47.123Z`: UTC, milliseconds.
 pub fn rfc3339(time: SystemTime) -> String {
     let at = jiff::Timestamp::try_from(time).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
@@ -178,15 +197,41 @@ pub fn rfc3339(time: SystemTime) -> String {
 }
 
 enum Msg {
-    Line(Box<Entry>),
+    /// An entry and the bytes it counts in the queue.
+    Line(Box<Entry>, usize),
     Flush(SyncSender<()>),
 }
 
 /// The sending side of the access log; cheap to clone.
 #[derive(Clone)]
 pub struct AccessLog {
-    tx: SyncSender<Msg>,
+    tx: Sender<Msg>,
+    queue: Arc<Queue>,
     metrics: Arc<Metrics>,
+}
+
+/// The bytes of queued entries, shared by the senders and the writer.
+#[derive(Debug)]
+struct Queue {
+    bytes: AtomicUsize,
+    capacity: usize,
+}
+
+impl Queue {
+    /// Counts `n` more bytes in, unless that passes the capacity.
+    fn reserve(&self, n: usize) -> bool {
+        self.bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                queued
+                    .checked_add(n)
+                    .filter(|&total| total <= self.capacity)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: usize) {
+        self.bytes.fetch_sub(n, Ordering::AcqRel);
+    }
 }
 
 impl fmt::Debug for AccessLog {
@@ -196,70 +241,68 @@ impl fmt::Debug for AccessLog {
 }
 
 impl AccessLog {
-    /// Starts the writer thread over `out` with a queue of `capacity` lines.
+    /// Starts the writer thread over `out` with a queue of `capacity` bytes of entries (as
+    /// [`Entry::queued_bytes`] counts them).
     pub fn spawn<W: Write + Send + 'static>(
         out: W,
         capacity: usize,
         metrics: Arc<Metrics>,
     ) -> io::Result<AccessLog> {
-        let (tx, rx) = mpsc::sync_channel(capacity);
+        let (tx, rx) = mpsc::channel();
+        let queue = Arc::new(Queue {
+            bytes: AtomicUsize::new(0),
+            capacity,
+        });
+        let writer = queue.clone();
         std::thread::Builder::new()
             .name("duet-access-log".into())
-            .spawn(move || write_loop(rx, out))?;
-        Ok(AccessLog { tx, metrics })
+            .spawn(move || write_loop(rx, out, &writer))?;
+        Ok(AccessLog { tx, queue, metrics })
     }
 
     /// The access log on stdout.
     pub fn stdout(metrics: Arc<Metrics>) -> io::Result<AccessLog> {
-        AccessLog::spawn(io::stdout(), QUEUE_LINES, metrics)
+        AccessLog::spawn(io::stdout(), QUEUE_BYTES, metrics)
     }
 
     /// Queues a line; never blocks. A full queue drops the line and counts it.
     pub fn log(&self, entry: Box<Entry>) {
-        match self.tx.try_send(Msg::Line(entry)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.metrics.access_log_dropped();
-            }
+        let size = entry.queued_bytes();
+        if !self.queue.reserve(size) {
+            self.metrics.access_log_dropped();
+            return;
+        }
+        if self.tx.send(Msg::Line(entry, size)).is_err() {
+            self.queue.release(size);
+            self.metrics.access_log_dropped();
         }
     }
 
     /// Waits (at most `timeout`) until every line queued so far is written and flushed.
     pub fn flush(&self, timeout: Duration) -> bool {
         let (ack, done) = mpsc::sync_channel(1);
-        let deadline = std::time::Instant::now() + timeout;
-        let mut msg = Msg::Flush(ack);
-        loop {
-            match self.tx.try_send(msg) {
-                Ok(()) => break,
-                Err(TrySendError::Full(back)) if std::time::Instant::now() < deadline => {
-                    msg = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(_) => return false,
-            }
-        }
-        done.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
-            .is_ok()
+        self.tx.send(Msg::Flush(ack)).is_ok() && done.recv_timeout(timeout).is_ok()
     }
 }
 
-fn write_loop<W: Write>(rx: Receiver<Msg>, out: W) {
+fn write_loop<W: Write>(rx: Receiver<Msg>, out: W, queue: &Queue) {
     let mut out = io::BufWriter::with_capacity(64 * 1024, out);
     let mut buf = Vec::with_capacity(512);
     let mut acks = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
-        if matches!(next, Some(Msg::Line(_))) {
+        if matches!(next, Some(Msg::Line(..))) {
             std::thread::sleep(BATCH_DELAY);
         }
         while let Some(msg) = next.take().or_else(|| rx.try_recv().ok()) {
             match msg {
-                Msg::Line(entry) => {
+                Msg::Line(entry, size) => {
                     buf.clear();
                     if entry.write_json(&mut buf).is_ok() && out.write_all(&buf).is_err() {
                         // stdout is gone (closed pipe): nothing sensible to do but drop lines.
                     }
+                    drop(entry);
+                    queue.release(size);
                 }
                 Msg::Flush(ack) => acks.push(ack),
             }
@@ -348,6 +391,41 @@ mod tests {
         assert_eq!(v["sni"], "demo.test");
     }
 
+    /// A writer that blocks until `gate` says go (or is dropped).
+    struct Gated(Mutex<mpsc::Receiver<()>>);
+
+    impl Write for Gated {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            let _ = self.0.lock().unwrap().recv();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_bytes_not_lines() {
+        let (gate, wait) = mpsc::channel();
+        let metrics = Metrics::unregistered();
+        let capacity = 256 * 1024;
+        let log = AccessLog::spawn(Gated(Mutex::new(wait)), capacity, metrics).unwrap();
+        // Entries with 16 KiB targets while the writer is stuck: 16 fit in 256 KiB (and the
+        // writer takes a few into its 64 KiB buffer before it blocks).
+        let long = format!("/{}", "a".repeat(16 * 1024));
+        for _ in 0..1000 {
+            let mut e = entry("[2001:db8::1]:1", None);
+            e.uri = long.parse().unwrap();
+            log.log(Box::new(e));
+        }
+        let dropped = log.metrics.dropped_lines() as usize;
+        assert!((1000 - 24..1000).contains(&dropped), "dropped {dropped}");
+        assert!(log.queue.bytes.load(Ordering::Acquire) <= capacity);
+        drop(gate);
+        assert!(log.flush(Duration::from_secs(5)));
+        assert_eq!(log.queue.bytes.load(Ordering::Acquire), 0);
+    }
+
     #[test]
     fn dates() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
@@ -361,7 +439,8 @@ mod tests {
     fn writer_thread_writes_and_full_queue_drops() {
         let out = Shared::default();
         let metrics = Metrics::unregistered();
-        let log = AccessLog::spawn(out.clone(), 4, metrics).unwrap();
+        let one = entry("127.0.0.1:1", None).queued_bytes();
+        let log = AccessLog::spawn(out.clone(), 4 * one, metrics).unwrap();
         for _ in 0..3 {
             log.log(Box::new(entry("127.0.0.1:1", Some("[::1]:2"))));
         }

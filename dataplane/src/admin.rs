@@ -1,5 +1,6 @@
-//! Admin endpoints: `/healthz`, `/readyz`, `/metrics` (Prometheus) and `/debug/routes` (the live
-//! table as JSON).
+//! Admin endpoints: `/healthz`, `/readyz` and `/metrics` (Prometheus) on the admin listener, where
+//! the kubelet and Prometheus reach them; `/debug/routes` (the live table as JSON: pod addresses,
+//! Secret names) only on the debug listener, loopback by default.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,10 +17,9 @@ use crate::runtime::Runtime;
 /// Extra JSON that the controller adds to `/debug/routes` (diagnostics, warnings).
 pub type DebugExtra = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
-/// Answers one admin request.
+/// Answers one request on the admin listener: probes and metrics.
 pub async fn handle(
     runtime: Arc<Runtime>,
-    extra: Option<DebugExtra>,
     req: Request<Incoming>,
     _conn: Arc<ConnInfo>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -31,6 +31,21 @@ pub async fn handle(
         "/readyz" if runtime.is_ready() => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         "/metrics" => metrics(&runtime, &req),
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    })
+}
+
+/// Answers one request on the debug listener: `/debug/routes`.
+pub async fn debug(
+    runtime: Arc<Runtime>,
+    extra: Option<DebugExtra>,
+    req: Request<Incoming>,
+    _conn: Arc<ConnInfo>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
+    }
+    Ok(match req.uri().path() {
         "/debug/routes" => {
             let live = runtime.load_full();
             let mut doc = serde_json::json!({

@@ -26,6 +26,8 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use crate::clock::deadline;
+
 /// The two client-side connection timeouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
@@ -107,12 +109,12 @@ impl Activity {
             return None;
         }
         if !s.served.load(Ordering::SeqCst) {
-            return Some(s.start + t.header_read);
+            return Some(deadline(s.start, t.header_read));
         }
-        let at = |ms: u64| s.start + Duration::from_millis(ms);
+        let at = |ms: u64| deadline(s.start, Duration::from_millis(ms));
         Some(match s.head_since.load(Ordering::SeqCst) {
-            0 => at(s.idle_since.load(Ordering::SeqCst)) + t.keepalive,
-            head => at(head - 1) + t.header_read,
+            0 => deadline(at(s.idle_since.load(Ordering::SeqCst)), t.keepalive),
+            head => deadline(at(head - 1), t.header_read),
         })
     }
 
@@ -126,9 +128,9 @@ impl Activity {
         loop {
             let now = Instant::now();
             let wake = match self.deadline(t) {
-                Some(deadline) if now >= deadline => return,
-                Some(deadline) => deadline.min(now + check),
-                None => now + check,
+                Some(at) if now >= at => return,
+                Some(at) => at.min(deadline(now, check)),
+                None => deadline(now, check),
             };
             sleep.as_mut().reset(wake);
             sleep.as_mut().await;

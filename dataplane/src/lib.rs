@@ -5,6 +5,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod balance;
+pub mod clock;
 pub mod forwarded;
 pub mod idle;
 pub mod limits;

@@ -30,6 +30,32 @@ pub const H2_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// connection is closed.
 pub const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 256;
 
+/// Response bytes queued per HTTP/2 stream beyond what the peer's flow-control window lets
+/// through (hyper's default is 1 MiB): 128 streams of a client that does not read hold at most
+/// 128 x 32 KiB = 4 MiB. Also bounds request bodies queued towards an HTTP/2 upstream.
+pub const H2_MAX_SEND_BUF: usize = 32 * 1024;
+
+/// The receive window duet offers a client per HTTP/2 stream (request bodies not yet taken by
+/// the upstream): 256 KiB.
+pub const H2_STREAM_WINDOW: u32 = 256 * 1024;
+
+/// The receive window duet offers a client per HTTP/2 connection: 1 MiB.
+pub const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+/// The receive window duet offers an HTTP/2 upstream per stream (response bytes not yet taken by
+/// the client): 128 KiB (hyper's default is 2 MiB).
+pub const H2_UPSTREAM_STREAM_WINDOW: u32 = 128 * 1024;
+
+/// The receive window duet offers an HTTP/2 upstream per connection, shared by every stream to
+/// that address: 4 MiB (hyper's default is 5 MiB).
+pub const H2_UPSTREAM_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+
+/// Largest read buffer of an HTTP/1.1 upstream connection (hyper's default grows to 400 KiB):
+/// 32 KiB, which bounds an upstream's response head too, like a client's (nginx
+/// `proxy_buffer_size`: 4 or 8 KiB). A response body waiting for a slow client holds at most this
+/// much per upstream connection.
+pub const UPSTREAM_H1_BUF: usize = 32 * 1024;
+
 /// Applies the head-size and HTTP/2 limits to a listener's connection builder.
 pub fn apply(builder: &mut auto::Builder<TokioExecutor>) {
     builder.http1().max_buf_size(MAX_HEADER_BYTES);
@@ -38,7 +64,10 @@ pub fn apply(builder: &mut auto::Builder<TokioExecutor>) {
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
         .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
-        .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS);
+        .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS)
+        .max_send_buf_size(H2_MAX_SEND_BUF)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW);
 }
 
 /// Parses a size as nginx writes it: bytes, or a number with `k`, `m` or `g` (powers of 1024,

@@ -165,6 +165,31 @@ pub struct ServeOptions {
     pub trusted_proxies: Arc<TrustedProxies>,
     /// Counters of accepted and open connections (`None`: not counted).
     pub connections: Option<ConnectionMetrics>,
+    /// Peers allowed to send a PROXY protocol header (`None`: any); connections from others are
+    /// closed unread.
+    pub proxy_protocol_from: Option<Arc<TrustedProxies>>,
+    /// Connections open at once, shared by the listeners holding the same limit (`None`:
+    /// unlimited); past it a new connection is closed at once and counted as refused.
+    pub max_connections: Option<ConnectionLimit>,
+}
+
+/// At most one warning per listener this often while connections are refused.
+const LIMIT_WARNING_EVERY: Duration = Duration::from_secs(10);
+
+/// A number of connections open at once, shared by several listeners.
+#[derive(Clone, Debug)]
+pub struct ConnectionLimit(Arc<tokio::sync::Semaphore>);
+
+impl ConnectionLimit {
+    /// A limit of `n` connections.
+    pub fn new(n: usize) -> ConnectionLimit {
+        ConnectionLimit(Arc::new(tokio::sync::Semaphore::new(n)))
+    }
+
+    /// A place for one more connection, held until dropped; `None` at the limit.
+    fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.0.clone().try_acquire_owned().ok()
+    }
 }
 
 /// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
@@ -194,6 +219,7 @@ where
     builder.http2().timer(TokioTimer::new());
     crate::limits::apply(&mut builder);
     let graceful = GracefulShutdown::new();
+    let mut warned: Option<tokio::time::Instant> = None;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -206,6 +232,10 @@ where
                 }
             },
             _ = stopped(&mut shutdown) => break,
+        };
+        let Some(permit) = admit(&options, peer, local_default, &mut warned) else {
+            // Closed unread.
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
@@ -222,9 +252,15 @@ where
         };
         let proxy_protocol = options.proxy_protocol;
         let trusted = options.trusted_proxies.clone();
+        let proxy_from = options.proxy_protocol_from.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut stream = stream;
             if let Some(timeout) = proxy_protocol {
+                if proxy_from.is_some_and(|from| !from.trusts(info.peer.ip())) {
+                    tracing::trace!(client.addr = %info.peer, "Peer not allowed to send a PROXY protocol header; closing");
+                    return;
+                }
                 match proxy_protocol::read_header(&mut stream, timeout).await {
                     Ok(Header::Proxied {
                         source,
@@ -291,6 +327,31 @@ where
         }
     }
     Ok(())
+}
+
+/// Whether a new connection is served: with its place under `--max-connections` (held until
+/// dropped; `None` when unlimited), or not at all (`None`) when the limit is reached, which is
+/// counted and, at most every [`LIMIT_WARNING_EVERY`], logged.
+fn admit(
+    options: &ServeOptions,
+    peer: SocketAddr,
+    listener: SocketAddr,
+    warned: &mut Option<tokio::time::Instant>,
+) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+    let Some(limit) = &options.max_connections else {
+        return Some(None);
+    };
+    if let Some(permit) = limit.admit() {
+        return Some(Some(permit));
+    }
+    if let Some(c) = &options.connections {
+        c.refused(Family::of(&normalize_addr(peer)));
+    }
+    if warned.is_none_or(|at| at.elapsed() >= LIMIT_WARNING_EVERY) {
+        *warned = Some(tokio::time::Instant::now());
+        tracing::warn!(%listener, "Connection limit (--max-connections) reached; closing new connections");
+    }
+    None
 }
 
 /// An accepted connection, plain or TLS.

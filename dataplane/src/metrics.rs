@@ -151,6 +151,7 @@ pub struct Metrics {
     backend_targets: Series<TargetLabels, Gauge>,
     connections_active: Series<ListenerLabels, Gauge>,
     connections_total: Series<ListenerLabels, Counter>,
+    connections_refused: Series<ListenerLabels, Counter>,
     snapshot_version: Gauge,
     snapshot_applied: Gauge<f64, AtomicU64>,
     tls_expiry: Series<SecretLabels, Gauge>,
@@ -170,6 +171,7 @@ impl Metrics {
             backend_targets: Series::default(),
             connections_active: Series::default(),
             connections_total: Series::default(),
+            connections_refused: Series::default(),
             snapshot_version: Gauge::default(),
             snapshot_applied: Gauge::default(),
             tls_expiry: Series::default(),
@@ -223,6 +225,11 @@ impl Metrics {
             m.connections_total.clone(),
         );
         registry.register(
+            "duet_connections_refused",
+            "Client connections closed right after accept because --max-connections were open, by listener address and client address family",
+            m.connections_refused.clone(),
+        );
+        registry.register(
             "duet_snapshot_version",
             "Version of the live routing snapshot",
             m.snapshot_version.clone(),
@@ -262,6 +269,7 @@ impl Metrics {
         ConnectionMetrics {
             active: FAMILIES.map(|f| self.connections_active.get_or_create_owned(&labels(f))),
             total: FAMILIES.map(|f| self.connections_total.get_or_create_owned(&labels(f))),
+            refused: FAMILIES.map(|f| self.connections_refused.get_or_create_owned(&labels(f))),
         }
     }
 
@@ -442,6 +450,7 @@ fn split_backend_id(id: &BackendId) -> (&str, &str) {
 pub struct ConnectionMetrics {
     active: [Gauge; 2],
     total: [Counter; 2],
+    refused: [Counter; 2],
 }
 
 impl ConnectionMetrics {
@@ -451,6 +460,11 @@ impl ConnectionMetrics {
         self.total[i].inc();
         self.active[i].inc();
         OpenConnection(self.active[i].clone())
+    }
+
+    /// Counts a connection refused by the connection limit.
+    pub fn refused(&self, family: Family) {
+        self.refused[slot(family)].inc();
     }
 }
 

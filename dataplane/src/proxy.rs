@@ -601,6 +601,7 @@ async fn connect(
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     let _ = stream.set_nodelay(true);
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(crate::limits::UPSTREAM_H1_BUF)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(io::Error::other)?;

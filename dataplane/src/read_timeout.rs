@@ -61,7 +61,9 @@ where
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                 match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => {
-                        timer.as_mut().reset(Instant::now() + timeout);
+                        timer
+                            .as_mut()
+                            .reset(crate::clock::deadline(Instant::now(), timeout));
                         Poll::Ready(Some(Err(Box::new(BodyStalled(timeout)))))
                     }
                     Poll::Pending => Poll::Pending,

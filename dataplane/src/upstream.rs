@@ -24,6 +24,7 @@ use serde::{Serialize, Serializer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use crate::clock::deadline;
 use crate::proxy::{ProxyError, Replay, SendError, UpstreamBody};
 
 /// What an upstream certificate is verified against.
@@ -315,7 +316,7 @@ pub(crate) async fn connect_h1_tls(
 ) -> io::Result<http1::SendRequest<UpstreamBody>> {
     let started = tokio::time::Instant::now();
     let stream = tcp(addr, timeout).await?;
-    let stream = tokio::time::timeout_at(started + timeout, tls.handshake(stream, false))
+    let stream = tokio::time::timeout_at(deadline(started, timeout), tls.handshake(stream, false))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
     handshake_h1(stream, addr).await
@@ -329,6 +330,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, connection) = http1::Builder::new()
+        .max_buf_size(crate::limits::UPSTREAM_H1_BUF)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(io::Error::other)?;
@@ -392,29 +394,39 @@ impl H2Pool {
         timeout: Duration,
     ) -> io::Result<http2::SendRequest<UpstreamBody>> {
         let key = (addr, tls.map_or(0, UpstreamTls::key));
+        let tls = tls.cloned();
+        self.connect_with(key, move || {
+            async move { connect_h2(addr, tls.as_ref(), timeout).await }.boxed()
+        })
+        .await
+    }
+
+    /// Joins the attempt in progress for `key`, or starts one with `make`. However the wait ends
+    /// (connected, failed, cancelled, or the attempt panicked), the attempt is no longer offered
+    /// to later requests: the next one tries again.
+    async fn connect_with<F>(
+        &self,
+        key: (SocketAddr, u64),
+        make: F,
+    ) -> io::Result<http2::SendRequest<UpstreamBody>>
+    where
+        F: FnOnce() -> BoxFuture<'static, io::Result<http2::SendRequest<UpstreamBody>>>,
+    {
         let attempt = {
             let mut connecting = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
             connecting
                 .entry(key)
-                .or_insert_with(|| {
-                    let tls = tls.cloned();
-                    async move {
-                        connect_h2(addr, tls.as_ref(), timeout)
-                            .await
-                            .map_err(Arc::new)
-                    }
-                    .boxed()
-                    .shared()
-                })
+                .or_insert_with(|| make().map(|r| r.map_err(Arc::new)).boxed().shared())
                 .clone()
         };
-        let result = attempt.clone().await;
+        let _forget = ForgetAttempt {
+            pool: self,
+            key,
+            attempt: attempt.clone(),
+        };
+        let result = attempt.await;
         if let Ok(sender) = &result {
             self.put(key, sender.clone());
-        }
-        let mut connecting = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
-        if connecting.get(&key).is_some_and(|c| c.ptr_eq(&attempt)) {
-            connecting.remove(&key);
         }
         result.map_err(|e| io::Error::new(e.kind(), e.to_string()))
     }
@@ -489,6 +501,30 @@ impl H2Pool {
     }
 }
 
+/// Removes a connection attempt from the pool's table when its waiter is done with it, even by
+/// unwinding or cancellation, so no failed or panicked attempt stays behind.
+struct ForgetAttempt<'a> {
+    pool: &'a H2Pool,
+    key: (SocketAddr, u64),
+    attempt: Connecting,
+}
+
+impl Drop for ForgetAttempt<'_> {
+    fn drop(&mut self) {
+        let mut connecting = self
+            .pool
+            .connecting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if connecting
+            .get(&self.key)
+            .is_some_and(|c| c.ptr_eq(&self.attempt))
+        {
+            connecting.remove(&self.key);
+        }
+    }
+}
+
 async fn connect_h2(
     addr: SocketAddr,
     tls: Option<&UpstreamTls>,
@@ -499,11 +535,12 @@ async fn connect_h2(
     match tls {
         None => handshake_h2(stream, addr).await,
         Some(tls) => {
-            let stream = tokio::time::timeout_at(started + timeout, tls.handshake(stream, true))
-                .await
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
-                })??;
+            let stream =
+                tokio::time::timeout_at(deadline(started, timeout), tls.handshake(stream, true))
+                    .await
+                    .map_err(|_| {
+                        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                    })??;
             handshake_h2(stream, addr).await
         }
     }
@@ -518,6 +555,9 @@ where
 {
     let (sender, connection) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
+        .initial_stream_window_size(crate::limits::H2_UPSTREAM_STREAM_WINDOW)
+        .initial_connection_window_size(crate::limits::H2_UPSTREAM_CONNECTION_WINDOW)
+        .max_send_buf_size(crate::limits::H2_MAX_SEND_BUF)
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10))
         .handshake(TokioIo::new(stream))
@@ -647,6 +687,97 @@ mod tests {
                 .await
                 .expect("the connection closes once its last stream is done")
                 .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicked_h2_connect_leaves_nothing_behind() {
+        for ip in ["127.0.0.1", "::1"] {
+            let (addr, go, _closed) = slow_server(ip.parse().unwrap()).await;
+            let pool = Arc::new(H2Pool::default());
+            let p = pool.clone();
+            let panicked = tokio::spawn(async move {
+                p.connect_with((addr, 0), || async { panic!("connect panicked") }.boxed())
+                    .await
+            })
+            .await;
+            assert!(panicked.is_err_and(|e| e.is_panic()), "{ip}");
+            let failed = pool
+                .connect_with((addr, 0), || {
+                    async { Err(io::Error::other("connect failed")) }.boxed()
+                })
+                .await;
+            assert!(failed.is_err(), "{ip}");
+            // The next request connects afresh and is answered.
+            let request = Request::builder()
+                .uri("/")
+                .header(header::HOST, "h2.test")
+                .body(UpstreamBody::Right(http_body_util::Empty::new()))
+                .unwrap();
+            let second = Duration::from_secs(5);
+            let sent = tokio::spawn(async move {
+                pool.send(addr, None, request, second, second)
+                    .await
+                    .map(|(res, fresh)| (res.status(), fresh))
+                    .map_err(|_| "send failed")
+            })
+            .await;
+            go.notify_one();
+            assert!(
+                matches!(sent, Ok(Ok((http::StatusCode::OK, true)))),
+                "{ip}: {sent:?}"
+            );
+        }
+    }
+
+    /// Reads one HTTP/2 frame: (type, stream, payload).
+    async fn read_frame(tcp: &mut TcpStream) -> (u8, u32, Vec<u8>) {
+        use tokio::io::AsyncReadExt as _;
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).await.unwrap();
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.unwrap();
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        (head[3], stream, payload)
+    }
+
+    #[tokio::test]
+    async fn h2_upstream_connections_offer_bounded_windows() {
+        use tokio::io::AsyncReadExt as _;
+        for ip in ["127.0.0.1", "::1"] {
+            let listener =
+                tokio::net::TcpListener::bind((ip.parse::<std::net::IpAddr>().unwrap(), 0))
+                    .await
+                    .unwrap();
+            let addr = listener.local_addr().unwrap();
+            let connecting = tokio::spawn(connect_h2(addr, None, Duration::from_secs(5)));
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut preface = [0u8; 24];
+            tcp.read_exact(&mut preface).await.unwrap();
+            assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+            let (kind, _, settings) = read_frame(&mut tcp).await;
+            assert_eq!(kind, 0x4, "{ip}: SETTINGS first");
+            let stream_window = settings.chunks_exact(6).find_map(|e| {
+                (u16::from_be_bytes([e[0], e[1]]) == 0x4)
+                    .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+            });
+            assert_eq!(
+                stream_window,
+                Some(crate::limits::H2_UPSTREAM_STREAM_WINDOW),
+                "{ip}"
+            );
+            // The connection window grows from the protocol's 65,535 by one WINDOW_UPDATE.
+            let (kind, stream, increment) = read_frame(&mut tcp).await;
+            assert_eq!((kind, stream), (0x8, 0), "{ip}: connection WINDOW_UPDATE");
+            let increment =
+                u32::from_be_bytes([increment[0], increment[1], increment[2], increment[3]]);
+            assert_eq!(
+                65_535 + increment,
+                crate::limits::H2_UPSTREAM_CONNECTION_WINDOW,
+                "{ip}"
+            );
+            connecting.abort();
         }
     }
 

@@ -86,9 +86,10 @@ app.kubernetes.io/part-of: duet
 {{- fail "service.ipFamilyPolicy RequireDualStack needs both IPv4 and IPv6 in service.ipFamilies" }}
 {{- end }}
 {{- $c := .Values.controller }}
-{{- $needed := add $c.preStopSleepSeconds $c.drainSeconds }}
+{{- /* duet flushes its access log for at most 2 s after draining. */}}
+{{- $needed := add $c.preStopSleepSeconds $c.shutdownDelaySeconds $c.drainSeconds 2 }}
 {{- if le (int $c.terminationGracePeriodSeconds) (int $needed) }}
-{{- fail (printf "controller.terminationGracePeriodSeconds (%v) must exceed preStopSleepSeconds + drainSeconds (%v), or the kubelet kills duet mid-drain" $c.terminationGracePeriodSeconds $needed) }}
+{{- fail (printf "controller.terminationGracePeriodSeconds (%v) must exceed preStopSleepSeconds + shutdownDelaySeconds + drainSeconds + 2 s of access-log flush (%v), or the kubelet kills duet mid-drain" $c.terminationGracePeriodSeconds $needed) }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (eq $c.kind "DaemonSet") }}
 {{- fail "autoscaling.enabled needs controller.kind Deployment" }}
@@ -132,6 +133,11 @@ app.kubernetes.io/part-of: duet
 {{- with .Values.controller.trustedProxies }}
 - "--trusted-proxies={{ join "," . }}"
 {{- end }}
+{{- with .Values.controller.proxyProtocolFrom }}
+- "--proxy-protocol-from={{ join "," . }}"
+{{- end }}
+- "--shutdown-delay={{ .Values.controller.shutdownDelaySeconds }}s"
+- "--drain-timeout={{ .Values.controller.drainSeconds }}s"
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}

@@ -370,7 +370,10 @@ impl Builder<'_> {
             .annotations
             .as_ref()
             .and_then(|a| a.get(BODY_SIZE_ANNOTATION));
-        match value.map(|v| (v, dataplane::limits::parse_size(v))) {
+        let bounded = |v: &str| {
+            dataplane::limits::parse_size(v).filter(|&n| n <= crate::config::MAX_BODY_SIZE)
+        };
+        match value.map(|v| (v, bounded(v))) {
             None => global,
             Some((_, Some(size))) => size,
             Some((v, None)) => {
@@ -378,7 +381,7 @@ impl Builder<'_> {
                     key.clone(),
                     Reason::InvalidAnnotation,
                     format!(
-                        "{BODY_SIZE_ANNOTATION}: {v:?} is not a size like 512, 8k or 10m; using {global} bytes"
+                        "{BODY_SIZE_ANNOTATION}: {v:?} is not a size like 512, 8k or 10m of at most 64g; using {global} bytes"
                     ),
                 ));
                 global
