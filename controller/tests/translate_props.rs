@@ -390,7 +390,7 @@ proptest! {
         let slices = make_slices(&pods, seed);
         let order = permutation(slices.len(), seed.rotate_left(7));
         let refs: Vec<&EndpointSlice> = order.iter().map(|&i| &slices[i]).collect();
-        let (targets, diagnostics) = translate::join_targets(&refs, "http");
+        let (targets, diagnostics) = translate::join_targets(&refs, "http", false);
         prop_assert!(diagnostics.is_empty(), "{:?}", diagnostics);
         prop_assert_eq!(targets, expected(&pods));
     }
@@ -448,7 +448,7 @@ fn unnamed_service_port_matches_unnamed_slice_ports_only() {
         8081,
         vec![pod_endpoint("fd00::1", "p1")],
     );
-    let (targets, diagnostics) = translate::join_targets(&[&unnamed, &named], "");
+    let (targets, diagnostics) = translate::join_targets(&[&unnamed, &named], "", false);
     assert_eq!(targets.len(), 1);
     assert_eq!(targets[0].v4, Some("10.0.0.1:8080".parse().unwrap()));
     assert_eq!(targets[0].v6, None, "the IPv6 slice has no unnamed port");
@@ -479,7 +479,7 @@ fn fqdn_and_wrong_family_addresses_are_diagnosed_and_skipped() {
             pod_endpoint("10.0.0.3", "p3"),
         ],
     );
-    let (targets, diagnostics) = translate::join_targets(&[&fqdn, &mixed], "");
+    let (targets, diagnostics) = translate::join_targets(&[&fqdn, &mixed], "", false);
     let ids: Vec<String> = targets.iter().map(|t| t.id.to_string()).collect();
     assert_eq!(ids, ["p3"]);
     let reasons: Vec<_> = diagnostics.iter().map(|d| d.reason).collect();

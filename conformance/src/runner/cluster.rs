@@ -135,6 +135,8 @@ impl Cluster {
                 .await?;
                 let duet = DuetBuilder::kube(&opts.duet, api.kubeconfig())
                     .args([
+                        // The mini cluster's pods listen on 127.0.0.1 and ::1 (test-only flag).
+                        "--allow-loopback-endpoints",
                         "--publish-status-address",
                         "127.0.0.1,::1",
                         "--ingress-class",
