@@ -85,9 +85,9 @@ async fn leader_steps_down_when_the_api_hangs(api_family: Family) -> anyhow::Res
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     println!(
-        "API on {api_family}: stepped down {:?} after the API hung, {:?} before the lease could expire",
-        stalled.elapsed(),
-        expires.duration_since(stepped_down)
+        "API on {api_family}: stepped down {:.2} s after the API hung, {:.2} s before the lease could expire",
+        stalled.elapsed().as_secs_f64(),
+        expires.duration_since(stepped_down).as_secs_f64()
     );
     assert!(
         stepped_down < expires,
