@@ -515,7 +515,10 @@ spec: {ports: [{port: 80}]}
             live.borrow().iter().cloned().collect::<Vec<_>>(),
             [NsName::new("default", "web")]
         );
-        assert!(diag.has_changed().unwrap(), "the missing Service is reported");
+        assert!(
+            diag.has_changed().unwrap(),
+            "the missing Service is reported"
+        );
         let first = diag.borrow_and_update().clone();
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].reason, Reason::MissingService);

@@ -167,8 +167,7 @@ impl Writer {
             // into one series keeping the first note, and this writer already reports each
             // problem once.
             let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-            match tokio::time::timeout(WRITE_TIMEOUT, recorder.publish(&event, &reference)).await
-            {
+            match tokio::time::timeout(WRITE_TIMEOUT, recorder.publish(&event, &reference)).await {
                 Ok(Ok(())) => {
                     tracing::debug!(object = %diagnostic.object, reason = %diagnostic.reason, "Event recorded");
                     published.insert(diagnostic.clone());
@@ -250,10 +249,7 @@ mod tests {
     fn retries_back_off_to_thirty_seconds_and_reset() {
         let mut b = RetryBackoff::default();
         let delays: Vec<u64> = (0..8).map(|_| b.next_delay().as_millis() as u64).collect();
-        assert_eq!(
-            delays,
-            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]
-        );
+        assert_eq!(delays, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
         b.reset();
         assert_eq!(b.next_delay(), RetryBackoff::MIN);
     }

@@ -69,7 +69,10 @@ async fn refused(duet: &Duet) -> anyhow::Result<BTreeSet<String>> {
                 .strip_prefix("address ")
                 .and_then(|m| m.split(' ').next())
                 .unwrap_or(message);
-            format!("{} {address}", d["object"]["name"].as_str().unwrap_or_default())
+            format!(
+                "{} {address}",
+                d["object"]["name"].as_str().unwrap_or_default()
+            )
         })
         .collect())
 }

@@ -61,11 +61,15 @@ async fn failed_event_writes_are_retried(api_family: Family) -> anyhow::Result<(
         refused_from.elapsed() < refusing,
         "the machine is too slow for this test: the refusal ended before the change"
     );
-    client::eventually("the current problem is written once the API takes Events", 3 * LIVE, || async {
-        let notes = missing_service_notes(&api);
-        anyhow::ensure!(!notes.is_empty(), "no Event yet");
-        Ok(())
-    })
+    client::eventually(
+        "the current problem is written once the API takes Events",
+        3 * LIVE,
+        || async {
+            let notes = missing_service_notes(&api);
+            anyhow::ensure!(!notes.is_empty(), "no Event yet");
+            Ok(())
+        },
+    )
     .await?;
     // Give a stray retry the chance to show.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -73,7 +77,10 @@ async fn failed_event_writes_are_retried(api_family: Family) -> anyhow::Result<(
     assert_eq!(notes.len(), 1, "one Event: {notes:?}");
     assert!(notes[0].contains("kube/absent"), "{notes:?}");
     let refused = refused_event_writes(&api);
-    assert!(refused >= 2, "retried with back-off: {refused} refused writes");
+    assert!(
+        refused >= 2,
+        "retried with back-off: {refused} refused writes"
+    );
     assert!(
         refused < 20,
         "back-off, not a busy loop: {refused} refused writes in {refusing:?}"

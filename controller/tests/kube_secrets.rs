@@ -61,7 +61,11 @@ fn secret_requests(api: &ApiServer) -> Vec<String> {
         .iter()
         .filter(|r| r.path.ends_with("/secrets") || r.path.contains("/secrets/"))
         .map(|r| {
-            let verb = if r.is_watch() { "WATCH" } else { r.method.as_str() };
+            let verb = if r.is_watch() {
+                "WATCH"
+            } else {
+                r.method.as_str()
+            };
             format!("{verb} {} {}", r.path, field_selector(r))
         })
         .collect()
@@ -89,13 +93,19 @@ async fn only_tls_and_named_ca_secrets_are_read(api_family: Family) -> anyhow::R
         ..EchoOptions::default()
     };
     let fleet = Fleet::start_with("kube", "secure", &[PodSpec::dual("a")], options)?;
-    apply(&api, &fleet.manifests_with_app_protocol("kubernetes.io/wss"))?;
+    apply(
+        &api,
+        &fleet.manifests_with_app_protocol("kubernetes.io/wss"),
+    )?;
     // A password nobody names, and the CA Secret, holding the wrong CA for now.
     let mut password = tls::ca_secret("kube", "db-password", "hunter2");
     password["data"] = serde_json::json!({"password": tls::base64(b"hunter2")});
     apply(
         &api,
-        &[password, tls::ca_secret("kube", "upstream-ca", &wrong.cert_pem)],
+        &[
+            password,
+            tls::ca_secret("kube", "upstream-ca", &wrong.cert_pem),
+        ],
     )?;
     // The Ingress routes to the TLS Service but names no CA Secret yet.
     let ingress = |ca: Option<&str>| {
