@@ -3,8 +3,9 @@
 //! request it makes to the API server selects `type=kubernetes.io/tls` or one `metadata.name`,
 //! so an `Opaque` Secret no Ingress names is never listed, watched or cached. A named CA Secret
 //! is read when an Ingress starts naming it, its updates apply live (the TLS upstream answers
-//! 502 with the wrong CA, 200 with the right one, to clients of both families), and its watch
-//! stops when no Ingress names it any more. The API server runs on 127.0.0.1 and [::1].
+//! 502 with the wrong CA, 200 with the right one, to clients of both families), a duet that starts
+//! is ready only once it has read the named Secrets, and the watch stops when no Ingress names
+//! it any more. The API server runs on 127.0.0.1 and [::1].
 
 mod kube_support;
 
@@ -133,6 +134,20 @@ async fn only_tls_and_named_ca_secrets_are_read(api_family: Family) -> anyhow::R
         &[tls::ca_secret("kube", "upstream-ca", &right.cert_pem)],
     )?;
     until(&duet, "secure.test", 200, "the right CA after the update").await?;
+    // A duet started now waits for the named Secret before it is ready, even when reading it
+    // fails for a while (the TLS watch, cluster-wide, is served): its first answers use it.
+    api.fail_matching(
+        500,
+        Duration::from_secs(2),
+        "GET",
+        "/namespaces/kube/secrets",
+    );
+    let second = kube_support::duet(&api, &[]).await?;
+    for family in Family::BOTH {
+        let reply = client::get(second.http(family), "secure.test", "/").await?;
+        client::expect_status(&reply, 200)?;
+    }
+    drop(second);
 
     // No longer named: its watch stops, and the route has no CA again.
     apply(&api, &[ingress(None)])?;
