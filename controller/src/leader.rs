@@ -109,20 +109,19 @@ pub fn spawn(api: Api<Lease>, config: ElectionConfig) -> Elector {
         let mut observed = Observed::default();
         // When the last successful renewal started, while leading.
         let mut renewed_at: Option<Instant> = None;
-        'elect: loop {
+        loop {
             let started = Instant::now();
-            let step_down_at = renewed_at.map(|at| at + config.renew_deadline());
-            let outcome = {
-                let mut attempt = std::pin::pin!(attempt(&api, &config, &mut observed, started));
-                loop {
-                    tokio::select! {
-                        outcome = &mut attempt => break outcome,
-                        () = sleep_until(step_down_at), if renewed_at.is_some() => {
-                            step_down(&leading_tx, &config, &mut renewed_at);
-                        }
-                        _ = released.changed() => break 'elect,
-                    }
-                }
+            let attempt = attempt(&api, &config, &mut observed, started);
+            let Some(outcome) = guarded(
+                attempt,
+                &leading_tx,
+                &config,
+                &mut renewed_at,
+                &mut released,
+            )
+            .await
+            else {
+                break;
             };
             match outcome {
                 Ok(true) => renewed_at = Some(started),
@@ -137,17 +136,12 @@ pub fn spawn(api: Api<Lease>, config: ElectionConfig) -> Elector {
                 renewed_at = None;
             }
             set_leading(&leading_tx, &config, renewed_at.is_some());
-            let step_down_at = renewed_at.map(|at| at + config.renew_deadline());
-            let next = tokio::time::sleep(config.retry_period());
-            let mut next = std::pin::pin!(next);
-            loop {
-                tokio::select! {
-                    () = &mut next => break,
-                    () = sleep_until(step_down_at), if renewed_at.is_some() => {
-                        step_down(&leading_tx, &config, &mut renewed_at);
-                    }
-                    _ = released.changed() => break 'elect,
-                }
+            let pause = tokio::time::sleep(config.retry_period());
+            if guarded(pause, &leading_tx, &config, &mut renewed_at, &mut released)
+                .await
+                .is_none()
+            {
+                break;
             }
         }
         if *leading_tx.borrow() {
@@ -162,6 +156,29 @@ pub fn spawn(api: Api<Lease>, config: ElectionConfig) -> Elector {
         leading,
         release,
         task,
+    }
+}
+
+/// Runs `work` (an attempt, or the pause between attempts) while the step-down timer runs: when
+/// the renew deadline passes first, this replica steps down at once and `work` goes on. `None`
+/// when the elector is released meanwhile.
+async fn guarded<T>(
+    work: impl std::future::Future<Output = T>,
+    leading: &watch::Sender<bool>,
+    config: &ElectionConfig,
+    renewed_at: &mut Option<Instant>,
+    released: &mut watch::Receiver<bool>,
+) -> Option<T> {
+    let mut work = std::pin::pin!(work);
+    loop {
+        let step_down_at = renewed_at.map(|at| at + config.renew_deadline());
+        tokio::select! {
+            out = &mut work => return Some(out),
+            () = sleep_until(step_down_at), if step_down_at.is_some() => {
+                step_down(leading, config, renewed_at);
+            }
+            _ = released.changed() => return None,
+        }
     }
 }
 
