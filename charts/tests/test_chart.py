@@ -59,11 +59,12 @@ CLUSTER_RULES = {
     *{("networking.k8s.io", "ingresses/status", v, None) for v in ("update", "patch")},
     *{("events.k8s.io", "events", v, None) for v in ("create", "patch")},
 }
-# ...and in the release namespace (leader election on the Lease "duet-leader").
+# ...and in the release namespace (leader election on the release's own Lease, --election-id).
+LEASE = f"{FULLNAME}-leader"
 LEASE_RULES = {
     ("coordination.k8s.io", "leases", "create", None),
-    ("coordination.k8s.io", "leases", "get", "duet-leader"),
-    ("coordination.k8s.io", "leases", "update", "duet-leader"),
+    ("coordination.k8s.io", "leases", "get", LEASE),
+    ("coordination.k8s.io", "leases", "update", LEASE),
 }
 
 # The metric families of issue 6 (what the dashboard may query).
@@ -213,8 +214,13 @@ def test_rendered_objects_match_the_kubernetes_schemas(kube_version):
         ({"controller": {"terminationGracePeriodSeconds": 37}}, "must exceed preStopSleepSeconds + shutdownDelaySeconds + drainSeconds + 2 s of access-log flush (37)"),
         ({"controller": {"kind": "DaemonSet"}, "autoscaling": {"enabled": True}}, "needs controller.kind Deployment"),
         ({"service": {"enabled": False}}, "publishService.enabled needs service.enabled"),
+        ({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}, "autoscaling.minReplicas (5) must not exceed autoscaling.maxReplicas (3)"),
+        (
+            {"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": 0, "targetMemoryUtilizationPercentage": 0}},
+            "autoscaling.enabled needs a metric",
+        ),
     ],
-    ids=["single-stack-two-families", "require-dual-one-family", "grace-too-short", "hpa-daemonset", "publish-without-service"],
+    ids=["single-stack-two-families", "require-dual-one-family", "grace-too-short", "hpa-daemonset", "publish-without-service", "hpa-min-above-max", "hpa-without-metric"],
 )
 def test_bad_combinations_fail_the_render_with_a_reason(values, message):
     with pytest.raises(helm.HelmError) as error:
@@ -332,6 +338,7 @@ def test_args_wire_listeners_class_and_publish_service():
     assert f["--publish-service"] == [f"{service['metadata']['namespace']}/{service['metadata']['name']}"]
     assert "--publish-status-address" not in f
     assert f["--election-namespace"] == [NAMESPACE]
+    assert f["--election-id"] == [LEASE]
     ingress_class = one(objects, "IngressClass")
     assert f["--ingress-class"] == [ingress_class["metadata"]["name"]] == ["duet"]
     assert f["--controller-name"] == [ingress_class["spec"]["controller"]] == ["duet.dev/ingress-controller"]
@@ -436,7 +443,9 @@ def test_daemonset_with_host_network():
     assert pod["hostNetwork"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert "topologySpreadConstraints" not in pod
-    assert one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    # A DaemonSet has no scale subresource: no PodDisruptionBudget for it.
+    assert not [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    assert one(render(), "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
 
 
 def test_hpa_replaces_replicas():
@@ -446,6 +455,18 @@ def test_hpa_replaces_replicas():
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 10)
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "cpu, memory, names",
+    [(70, 0, ["cpu"]), (0, 80, ["memory"]), (60, 80, ["cpu", "memory"])],
+    ids=["cpu", "memory", "both"],
+)
+def test_hpa_renders_every_metric_asked_for(cpu, memory, names):
+    autoscaling = {"enabled": True, "minReplicas": 3, "maxReplicas": 3, "targetCPUUtilizationPercentage": cpu, "targetMemoryUtilizationPercentage": memory}
+    hpa = one(render({"autoscaling": autoscaling}), "HorizontalPodAutoscaler")
+    assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == names
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 3)
 
 
 def test_ingress_class_and_default_class_flag():
@@ -534,6 +555,37 @@ def test_notes_render_for_every_variant():
     assert "192.0.2.10, 2001:db8::10" in notes(VARIANTS["default-class-status-addresses"])
     # /debug/routes is on duet's loopback debug listener, not on the admin port.
     assert "kubectl -n ingress-duet port-forward daemonset/edge-duet 10253" in notes(VARIANTS["daemonset-hostnetwork"])
+
+
+@pytest.mark.parametrize(
+    "service_type, shown, hidden",
+    [
+        ("LoadBalancer", "{range .status.loadBalancer.ingress[*]}{.ip}{.hostname}", ".nodePort"),
+        ("NodePort", "{.spec.ports[*].nodePort}", "{range .status.loadBalancer"),
+        ("ClusterIP", "{.spec.clusterIPs[*]}", "{range .status.loadBalancer"),
+    ],
+)
+def test_notes_show_the_addresses_of_the_service_type(service_type, shown, hidden):
+    text = notes({"service": {"type": service_type}})
+    assert f"The {service_type} Service" in text
+    assert shown in text, text
+    assert hidden not in text, text
+    # A load balancer named by host name (e.g. AWS) shows its host name, not an empty line.
+    if service_type == "LoadBalancer":
+        assert "{.hostname}" in text
+
+
+def test_notes_warn_when_the_default_tls_secret_is_not_watched():
+    outside = {"controller": {"watchNamespaces": ["team-a", "team-b"], "defaultTLSSecret": "certs/wildcard"}}
+    text = notes(outside)
+    assert "WARNING: controller.defaultTLSSecret certs/wildcard is in namespace certs, which duet does not watch" in text, text
+    assert "team-a, team-b" in text
+    for fine in (
+        {"controller": {"watchNamespaces": ["team-a", "certs"], "defaultTLSSecret": "certs/wildcard"}},
+        {"controller": {"defaultTLSSecret": "certs/wildcard"}},
+        {"controller": {"watchNamespaces": ["team-a"]}},
+    ):
+        assert "WARNING" not in notes(fine), fine
 
 
 # ---------------------------------------------------------------------------------------------

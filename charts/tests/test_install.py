@@ -299,7 +299,10 @@ def test_duet_serves_the_chart_ingress_class_from_the_api_server(apiserver, tmp_
             http_port, admin_port, https_port = free_port_both(), free_port("127.0.0.1"), free_port("127.0.0.1")
             args = chart_args + [f"--http-listen=127.0.0.1:{http_port}", f"--http-listen=[::1]:{http_port}",
                                  f"--admin-listen=127.0.0.1:{admin_port}", f"--https-listen=127.0.0.1:{https_port}",
-                                 f"--kubeconfig={apiserver.kubeconfig}"]
+                                 f"--kubeconfig={apiserver.kubeconfig}",
+                                 # The test's pods listen on loopback, which Kubernetes mode refuses
+                                 # without this test-only flag.
+                                 "--allow-loopback-endpoints"]
             log = open(tmp_path / "duet.log", "w")
             duet = subprocess.Popen([binary("duet", "controller"), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
             if wait_ready(admin_port, duet):

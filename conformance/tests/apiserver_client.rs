@@ -27,6 +27,7 @@ both_families!(
     lease_create_and_replace_conflict,
     events_in_both_apis,
     rate_limits_and_unavailability_are_retried,
+    matching_failures_and_stalls,
     namespace_delete_takes_its_objects,
     discovery_and_dynamic_objects,
 );
@@ -680,6 +681,33 @@ async fn rate_limits_and_unavailability_are_retried(family: Family) -> anyhow::R
         .context("after a 300 ms window of 503")?;
     api.heal();
     namespaces.get("default").await?;
+    Ok(())
+}
+
+async fn matching_failures_and_stalls(family: Family) -> anyhow::Result<()> {
+    let api = ApiServer::start(family.loopback())?;
+    let client = client(&api).await?;
+    let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+    // Only ConfigMap creates fail (500: kube's client does not retry it); reads are served.
+    api.fail_matching(500, Duration::from_secs(60), "POST", "/configmaps");
+    let refused = maps
+        .create(&PostParams::default(), &config_map("default", "a", &[]))
+        .await;
+    ensure!(
+        refused.as_ref().err().and_then(code) == Some(500),
+        "{refused:?}"
+    );
+    maps.list(&ListParams::default()).await?;
+    api.heal();
+    maps.create(&PostParams::default(), &config_map("default", "a", &[]))
+        .await?;
+    // A stalled server holds requests unanswered until the stall ends.
+    api.stall_for(Duration::from_millis(600));
+    let started = std::time::Instant::now();
+    let timed_out = tokio::time::timeout(Duration::from_millis(200), maps.get("a")).await;
+    ensure!(timed_out.is_err(), "answered during the stall");
+    maps.get("a").await?;
+    ensure!(started.elapsed() >= Duration::from_millis(550));
     Ok(())
 }
 

@@ -54,6 +54,8 @@ async fn kubeconfig_mode_runs_the_upstream_features_against_a_cluster() -> anyho
     api.create(ingress_class("conformance", CONTROLLER))?;
     let (http, https) = (port_on_both_families(), port_on_both_families());
     let mut args = vec![
+        // The stand-in pods listen on 127.0.0.1 and ::1 (test-only flag).
+        "--allow-loopback-endpoints".to_owned(),
         "--publish-status-address".to_owned(),
         "127.0.0.1,::1".to_owned(),
         "--ingress-class".to_owned(),

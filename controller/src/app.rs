@@ -98,7 +98,7 @@ pub struct App {
 #[derive(Debug, Default)]
 struct Observers {
     live: Option<watch::Sender<Arc<BTreeSet<NsName>>>>,
-    diagnostics: Option<mpsc::UnboundedSender<Vec<Diagnostic>>>,
+    diagnostics: Option<watch::Sender<Arc<Vec<Diagnostic>>>>,
 }
 
 impl App {
@@ -122,11 +122,11 @@ impl App {
 
     /// After every publish, sends our Ingresses whose routes are now live (applied in the
     /// runtime) to `live`, and the whole current set of diagnostics to `diagnostics` whenever it
-    /// changed (a problem appeared or was resolved).
+    /// changed (a problem appeared or was resolved); the channel holds the latest set only.
     pub fn observe(
         &mut self,
         live: watch::Sender<Arc<BTreeSet<NsName>>>,
-        diagnostics: mpsc::UnboundedSender<Vec<Diagnostic>>,
+        diagnostics: watch::Sender<Arc<Vec<Diagnostic>>>,
     ) {
         self.observers = Observers {
             live: Some(live),
@@ -255,7 +255,7 @@ impl App {
         if let Some(tx) = &self.observers.diagnostics {
             let resolved = self.reported.iter().any(|d| !all.contains(d));
             if !new.is_empty() || resolved {
-                let _ = tx.send(all.clone());
+                tx.send_replace(Arc::new(all.clone()));
             }
         }
         for d in &new {
@@ -502,7 +502,7 @@ spec: {ports: [{port: 80}]}
     fn observers_hear_live_ingresses_after_apply_and_each_new_diagnostic_once() {
         let (mut app, runtime) = app();
         let (live_tx, live) = watch::channel(Arc::new(BTreeSet::new()));
-        let (diag_tx, mut diag) = mpsc::unbounded_channel();
+        let (diag_tx, mut diag) = watch::channel(Arc::new(Vec::new()));
         app.observe(live_tx, diag_tx);
         let without_b: Vec<Change> = changes(BASE)
             .into_iter()
@@ -515,13 +515,17 @@ spec: {ports: [{port: 80}]}
             live.borrow().iter().cloned().collect::<Vec<_>>(),
             [NsName::new("default", "web")]
         );
-        let first = diag.try_recv().expect("the missing Service is reported");
+        assert!(
+            diag.has_changed().unwrap(),
+            "the missing Service is reported"
+        );
+        let first = diag.borrow_and_update().clone();
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].reason, Reason::MissingService);
         // A rebuild with the same problem reports nothing new.
         app.ingest(changes(&slice("a", "10.0.0.1")));
         app.publish();
-        assert!(diag.try_recv().is_err());
+        assert!(!diag.has_changed().unwrap());
         // The Ingress stops being ours: it leaves the live set.
         let other = BASE.replace("ingressClassName: duet", "ingressClassName: nginx");
         app.ingest(changes(&other));

@@ -91,7 +91,7 @@ impl Cluster {
             .unwrap_or_else(|| self.namespace.clone());
         let election = ElectionConfig {
             namespace: election_namespace,
-            name: leader::LEASE_NAME.to_owned(),
+            name: config.election_id.clone(),
             identity: leader::identity(),
             lease_duration: config.lease_duration,
         };
@@ -109,7 +109,7 @@ impl Cluster {
         );
 
         let (live_tx, live) = watch::channel(Arc::new(BTreeSet::new()));
-        let (diagnostics_tx, diagnostics_rx) = mpsc::unbounded_channel();
+        let (diagnostics_tx, diagnostics_rx) = watch::channel(Arc::new(Vec::new()));
         app.observe(live_tx, diagnostics_tx);
         let status = status::spawn(StatusInputs {
             client: self.client.clone(),

@@ -165,6 +165,11 @@ pub struct ServeArgs {
     /// Ingress: annotation duet.dev/proxy-body-size).
     #[arg(long, value_name = "SIZE", default_value = "1m", value_parser = parse_size)]
     pub max_body_size: u64,
+
+    /// Proxy to EndpointSlice addresses on loopback (127.0.0.0/8, ::1) in Kubernetes mode.
+    /// For tests whose pods run on the test machine only; --manifests mode always allows them.
+    #[arg(long)]
+    pub allow_loopback_endpoints: bool,
 }
 
 /// Default of `--max-connections`: sized for the chart's 512 MiB memory limit (see the README,
@@ -436,6 +441,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             lb: args.lb,
             default_tls_secret: args.default_tls_secret,
             max_body_bytes: args.max_body_size,
+            allow_loopback_endpoints: from_files || args.allow_loopback_endpoints,
         },
         proxy,
         kube: kube_config(args.kube)?,
@@ -475,7 +481,7 @@ pub struct KubeArgs {
     #[arg(long, value_name = "A,B", value_delimiter = ',')]
     pub publish_status_address: Vec<String>,
 
-    /// Namespace of the leader-election Lease duet-leader (default: POD_NAMESPACE, then the
+    /// Namespace of the leader-election Lease (default: POD_NAMESPACE, then the
     /// kubeconfig's or pod's namespace).
     #[arg(long, value_name = "NS")]
     pub election_namespace: Option<String>,
@@ -483,6 +489,10 @@ pub struct KubeArgs {
     /// How long a leader's Lease lasts without renewal; renewed every third of it.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
     pub election_lease_duration: Duration,
+
+    /// Name of the leader-election Lease; controllers sharing a namespace need distinct names.
+    #[arg(long, value_name = "NAME", default_value = crate::leader::LEASE_NAME)]
+    pub election_id: String,
 }
 
 /// Kubernetes mode settings, validated.
@@ -496,6 +506,8 @@ pub struct KubeConfig {
     pub election_namespace: Option<String>,
     /// How long a leader's Lease lasts without renewal.
     pub lease_duration: Duration,
+    /// The Lease's name (`--election-id`).
+    pub election_id: String,
 }
 
 fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
@@ -535,6 +547,12 @@ fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
             "invalid value '{ns}' for '--election-namespace': not a namespace name"
         )));
     }
+    if !is_dns_subdomain(&args.election_id) {
+        return Err(ConfigError::Usage(format!(
+            "invalid value '{}' for '--election-id': not a Lease name (lowercase letters, digits, '-' and '.', at most 253)",
+            args.election_id
+        )));
+    }
     Ok(KubeConfig {
         settings: KubeSettings {
             kubeconfig: args.kubeconfig,
@@ -543,6 +561,7 @@ fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
         publish,
         election_namespace: args.election_namespace,
         lease_duration: args.election_lease_duration,
+        election_id: args.election_id,
     })
 }
 
@@ -559,7 +578,22 @@ fn is_address(s: &str) -> bool {
             }))
 }
 
-/// Whether `s` is a DNS-1123 label (a namespace or Service name).
+/// Whether `s` is a DNS-1123 subdomain (the name of most objects, e.g. a Lease): dot-separated
+/// labels, at most 253.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// Whether `s` is a DNS label (a namespace or Service name): lowercase letters, digits and `-`,
+/// at most 63, not starting or ending with `-`.
 pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
@@ -853,7 +887,10 @@ mod tests {
             ])
         );
         assert_eq!(c.kube.lease_duration, Duration::from_secs(15));
+        assert_eq!(c.kube.election_id, "duet-leader");
         assert!(serve(&[]).unwrap().translate.class.class_by_flag_name);
+        let c = serve(&["--election-id", "edge-duet.leader"]).unwrap();
+        assert_eq!(c.kube.election_id, "edge-duet.leader");
 
         for (args, flag) in [
             (&["--publish-service", "edge"][..], "--publish-service"),
@@ -863,6 +900,9 @@ mod tests {
                 "--publish-status-address",
             ),
             (&["--election-namespace", "A"][..], "--election-namespace"),
+            (&["--election-id", "Duet"][..], "--election-id"),
+            (&["--election-id", ""][..], "--election-id"),
+            (&["--election-id", "a..b"][..], "--election-id"),
             (&["--watch-namespace", ""][..], "--watch-namespace"),
             (
                 &[

@@ -6,8 +6,11 @@
 //! read `resourceVersion`, so a concurrent writer gets 409 Conflict and loses); another replica
 //! takes it over only once the holder has not renewed for a whole `lease_duration` **as observed
 //! on its own clock** (the Lease's `resourceVersion` did not change), never by comparing
-//! timestamps written by other machines. A holder that cannot renew for two thirds of
-//! `lease_duration` steps down by itself, before anyone can take over. On shutdown the leader releases the Lease (empty holder), so another replica
+//! timestamps written by other machines. Every request is bounded by the retry period (a hung
+//! API server cannot hold an attempt), and a holder whose renewal has not succeeded within two
+//! thirds of `lease_duration` (the renew deadline, measured from the start of its last successful
+//! renewal) steps down on its own timer, even while a request is still in flight, before anyone
+//! can take over. On shutdown the leader releases the Lease (empty holder), so another replica
 //! takes over at its next attempt instead of waiting for expiry.
 
 use std::time::Duration;
@@ -19,7 +22,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// The Lease's name.
+/// The Lease's name unless `--election-id` names another.
 pub const LEASE_NAME: &str = "duet-leader";
 
 /// Where and how to elect.
@@ -93,50 +96,57 @@ struct Observed {
 }
 
 /// Starts electing; the returned elector says whether this replica leads.
+///
+/// Every API request is bounded by the retry period ([`bounded`]). While leading, a timer runs
+/// out `renew_deadline` after the start of the last successful renewal: this replica steps down
+/// then, whether or not the attempt in flight has answered, so it has stopped acting as leader
+/// before another replica (which waits a whole lease duration from when it saw that renewal) can
+/// take over.
 pub fn spawn(api: Api<Lease>, config: ElectionConfig) -> Elector {
     let (leading_tx, leading) = watch::channel(false);
     let (release, mut released) = watch::channel(false);
     let task = tokio::spawn(async move {
         let mut observed = Observed::default();
+        // When the last successful renewal started, while leading.
         let mut renewed_at: Option<Instant> = None;
         loop {
-            let now = Instant::now();
-            let leads = match attempt(&api, &config, &mut observed, now).await {
-                Ok(leads) => {
-                    if leads {
-                        renewed_at = Some(now);
-                    }
-                    leads
-                }
+            let started = Instant::now();
+            let attempt = attempt(&api, &config, &mut observed, started);
+            let Some(outcome) = guarded(
+                attempt,
+                &leading_tx,
+                &config,
+                &mut renewed_at,
+                &mut released,
+            )
+            .await
+            else {
+                break;
+            };
+            match outcome {
+                Ok(true) => renewed_at = Some(started),
+                Ok(false) => renewed_at = None,
                 Err(error) => {
                     tracing::warn!(lease = %config.name, %error, "Lease update failed");
-                    // Still leading until the renew deadline, well before the Lease can
-                    // expire for the others.
-                    *leading_tx.borrow()
-                        && renewed_at.is_some_and(|at| now - at < config.renew_deadline())
+                    // Still leading until the renew deadline, well before the Lease can expire
+                    // for the others.
                 }
-            };
-            leading_tx.send_if_modified(|was| {
-                if *was != leads {
-                    if leads {
-                        tracing::info!(lease = %config.name, identity = %config.identity, "Leading");
-                    } else {
-                        tracing::info!(lease = %config.name, identity = %config.identity, "No longer leading");
-                    }
-                    *was = leads;
-                    true
-                } else {
-                    false
-                }
-            });
-            tokio::select! {
-                () = tokio::time::sleep(config.retry_period()) => {}
-                _ = released.changed() => break,
+            }
+            if renewed_at.is_some_and(|at| Instant::now() >= at + config.renew_deadline()) {
+                renewed_at = None;
+            }
+            set_leading(&leading_tx, &config, renewed_at.is_some());
+            let pause = tokio::time::sleep(config.retry_period());
+            if guarded(pause, &leading_tx, &config, &mut renewed_at, &mut released)
+                .await
+                .is_none()
+            {
+                break;
             }
         }
         if *leading_tx.borrow() {
             leading_tx.send_replace(false);
-            match release_lease(&api, &config).await {
+            match bounded(&config, release_lease(&api, &config)).await {
                 Ok(()) => tracing::info!(lease = %config.name, "Lease released"),
                 Err(error) => tracing::warn!(lease = %config.name, %error, "Lease release failed"),
             }
@@ -146,6 +156,89 @@ pub fn spawn(api: Api<Lease>, config: ElectionConfig) -> Elector {
         leading,
         release,
         task,
+    }
+}
+
+/// Runs `work` (an attempt, or the pause between attempts) while the step-down timer runs: when
+/// the renew deadline passes first, this replica steps down at once and `work` goes on. `None`
+/// when the elector is released meanwhile.
+async fn guarded<T>(
+    work: impl std::future::Future<Output = T>,
+    leading: &watch::Sender<bool>,
+    config: &ElectionConfig,
+    renewed_at: &mut Option<Instant>,
+    released: &mut watch::Receiver<bool>,
+) -> Option<T> {
+    let mut work = std::pin::pin!(work);
+    loop {
+        let step_down_at = renewed_at.map(|at| at + config.renew_deadline());
+        tokio::select! {
+            out = &mut work => return Some(out),
+            () = sleep_until(step_down_at), if step_down_at.is_some() => {
+                step_down(leading, config, renewed_at);
+            }
+            _ = released.changed() => return None,
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The renew deadline passed without a successful renewal: stop acting as leader now.
+fn step_down(
+    leading: &watch::Sender<bool>,
+    config: &ElectionConfig,
+    renewed_at: &mut Option<Instant>,
+) {
+    tracing::warn!(
+        lease = %config.name,
+        deadline = ?config.renew_deadline(),
+        "Lease not renewed within the renew deadline; stepping down"
+    );
+    *renewed_at = None;
+    set_leading(leading, config, false);
+}
+
+fn set_leading(leading: &watch::Sender<bool>, config: &ElectionConfig, leads: bool) {
+    leading.send_if_modified(|was| {
+        if *was == leads {
+            return false;
+        }
+        if leads {
+            tracing::info!(lease = %config.name, identity = %config.identity, "Leading");
+        } else {
+            tracing::info!(lease = %config.name, identity = %config.identity, "No longer leading");
+        }
+        *was = leads;
+        true
+    });
+}
+
+/// Why an election request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    /// The API answered with an error, or could not be reached.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// No answer within the retry period.
+    #[error("no answer from the API within {0:?}")]
+    Timeout(Duration),
+}
+
+/// One API request, given at most the retry period.
+async fn bounded<T>(
+    config: &ElectionConfig,
+    request: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, ElectionError> {
+    let limit = config.retry_period();
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ElectionError::Timeout(limit)),
     }
 }
 
@@ -167,8 +260,8 @@ async fn attempt(
     config: &ElectionConfig,
     observed: &mut Observed,
     now: Instant,
-) -> Result<bool, kube::Error> {
-    let Some(mut lease) = api.get_opt(&config.name).await? else {
+) -> Result<bool, ElectionError> {
+    let Some(mut lease) = bounded(config, api.get_opt(&config.name)).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(config.name.clone()),
@@ -184,9 +277,9 @@ async fn attempt(
                 ..Default::default()
             }),
         };
-        return match api.create(&PostParams::default(), &lease).await {
+        return match bounded(config, api.create(&PostParams::default(), &lease)).await {
             Ok(_) => Ok(true),
-            Err(e) if is_conflict(&e) => Ok(false),
+            Err(ElectionError::Api(e)) if is_conflict(&e) => Ok(false),
             Err(e) => Err(e),
         };
     };
@@ -218,15 +311,17 @@ async fn attempt(
     }
     spec.lease_duration_seconds = Some(lease_seconds(config));
     spec.renew_time = Some(micro_now());
-    match api
-        .replace(&config.name, &PostParams::default(), &lease)
-        .await
+    match bounded(
+        config,
+        api.replace(&config.name, &PostParams::default(), &lease),
+    )
+    .await
     {
         Ok(written) => {
             observed.version = written.metadata.resource_version.map(|v| (v, now));
             Ok(true)
         }
-        Err(e) if is_conflict(&e) => Ok(false),
+        Err(ElectionError::Api(e)) if is_conflict(&e) => Ok(false),
         Err(e) => Err(e),
     }
 }

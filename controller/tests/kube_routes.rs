@@ -116,6 +116,7 @@ async fn readyz_is_503_until_every_watch_has_listed() -> anyhow::Result<()> {
     )?;
     api.fail_for(503, Duration::from_secs(60));
     let duet = conformance::DuetBuilder::kube(DUET, api.kubeconfig())
+        .args([LOOPBACK_PODS])
         .without_waiting_for_ready()
         .start()
         .await?;

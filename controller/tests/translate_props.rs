@@ -390,7 +390,7 @@ proptest! {
         let slices = make_slices(&pods, seed);
         let order = permutation(slices.len(), seed.rotate_left(7));
         let refs: Vec<&EndpointSlice> = order.iter().map(|&i| &slices[i]).collect();
-        let (targets, diagnostics) = translate::join_targets(&refs, "http");
+        let (targets, diagnostics) = translate::join_targets(&refs, "http", false);
         prop_assert!(diagnostics.is_empty(), "{:?}", diagnostics);
         prop_assert_eq!(targets, expected(&pods));
     }
@@ -448,7 +448,7 @@ fn unnamed_service_port_matches_unnamed_slice_ports_only() {
         8081,
         vec![pod_endpoint("fd00::1", "p1")],
     );
-    let (targets, diagnostics) = translate::join_targets(&[&unnamed, &named], "");
+    let (targets, diagnostics) = translate::join_targets(&[&unnamed, &named], "", false);
     assert_eq!(targets.len(), 1);
     assert_eq!(targets[0].v4, Some("10.0.0.1:8080".parse().unwrap()));
     assert_eq!(targets[0].v6, None, "the IPv6 slice has no unnamed port");
@@ -479,7 +479,7 @@ fn fqdn_and_wrong_family_addresses_are_diagnosed_and_skipped() {
             pod_endpoint("10.0.0.3", "p3"),
         ],
     );
-    let (targets, diagnostics) = translate::join_targets(&[&fqdn, &mixed], "");
+    let (targets, diagnostics) = translate::join_targets(&[&fqdn, &mixed], "", false);
     let ids: Vec<String> = targets.iter().map(|t| t.id.to_string()).collect();
     assert_eq!(ids, ["p3"]);
     let reasons: Vec<_> = diagnostics.iter().map(|d| d.reason).collect();
@@ -490,4 +490,73 @@ fn fqdn_and_wrong_family_addresses_are_diagnosed_and_skipped() {
             translate::Reason::InvalidEndpoint
         ]
     );
+}
+
+#[test]
+fn forbidden_endpoint_addresses_are_dropped_over_both_families() {
+    let v4 = slice(
+        "v4",
+        "IPv4",
+        None,
+        80,
+        vec![
+            pod_endpoint("169.254.169.254", "metadata"),
+            pod_endpoint("127.0.0.1", "lo4"),
+            pod_endpoint("10.0.0.1", "p1"),
+        ],
+    );
+    let v6 = slice(
+        "v6",
+        "IPv6",
+        None,
+        80,
+        vec![
+            pod_endpoint("fe80::1", "linklocal"),
+            pod_endpoint("::ffff:127.0.0.1", "mapped"),
+            pod_endpoint("::1", "lo6"),
+            pod_endpoint("ff02::1", "multicast"),
+            pod_endpoint("fd00::1", "p1"),
+        ],
+    );
+    let ids =
+        |targets: &[Target]| -> Vec<String> { targets.iter().map(|t| t.id.to_string()).collect() };
+    // Kubernetes mode: only the pod's routable addresses serve.
+    let (targets, diagnostics) = translate::join_targets(&[&v4, &v6], "", false);
+    assert_eq!(ids(&targets), ["p1"]);
+    assert_eq!(targets[0].v4, Some("10.0.0.1:80".parse().unwrap()));
+    assert_eq!(targets[0].v6, Some("[fd00::1]:80".parse().unwrap()));
+    // An IPv4-mapped address in an IPv6 slice is not of the slice's family: refused as invalid.
+    let invalid: Vec<&translate::Diagnostic> = diagnostics
+        .iter()
+        .filter(|d| d.reason == translate::Reason::InvalidEndpoint)
+        .collect();
+    assert_eq!(invalid.len(), 1, "{diagnostics:#?}");
+    assert!(invalid[0].message.contains("::ffff:127.0.0.1"));
+    let dropped: Vec<String> = diagnostics
+        .iter()
+        .filter(|d| d.reason == translate::Reason::ForbiddenEndpointAddress)
+        .map(|d| format!("{} {}", d.object.name, d.message))
+        .collect();
+    assert_eq!(dropped.len(), 5, "{dropped:#?}");
+    for (slice, address, class) in [
+        ("v4", "169.254.169.254", "link-local"),
+        ("v4", "127.0.0.1", "loopback"),
+        ("v6", "fe80::1", "link-local"),
+        ("v6", "::1", "loopback"),
+        ("v6", "ff02::1", "multicast"),
+    ] {
+        let want = format!("{slice} address {address} is {class};");
+        assert!(
+            dropped.iter().any(|d| d.starts_with(&want)),
+            "{want}: {dropped:#?}"
+        );
+    }
+    // Loopback allowed (--manifests mode, or the test-only flag): link-local and multicast are not.
+    let (targets, diagnostics) = translate::join_targets(&[&v4, &v6], "", true);
+    assert_eq!(ids(&targets), ["lo4", "lo6", "p1"]);
+    let forbidden = diagnostics
+        .iter()
+        .filter(|d| d.reason == translate::Reason::ForbiddenEndpointAddress)
+        .count();
+    assert_eq!(forbidden, 3, "{diagnostics:#?}");
 }

@@ -70,6 +70,20 @@ app.kubernetes.io/part-of: duet
   verbs: ["create", "patch"]
 {{- end }}
 
+{{/* The leader-election Lease: one per release, so two releases in a namespace do not share it. */}}
+{{- define "duet.leaseName" -}}
+{{ include "duet.fullname" . }}-leader
+{{- end }}
+
+{{/* The namespace of controller.defaultTLSSecret when duet does not watch it, else empty. */}}
+{{- define "duet.unwatchedTLSSecretNamespace" -}}
+{{- $c := .Values.controller }}
+{{- if and $c.defaultTLSSecret $c.watchNamespaces }}
+{{- $ns := first (splitList "/" $c.defaultTLSSecret) }}
+{{- if not (has $ns $c.watchNamespaces) }}{{ $ns }}{{ end }}
+{{- end }}
+{{- end }}
+
 {{/* Whether the metrics Service is rendered. */}}
 {{- define "duet.metricsService" -}}
 {{- if or .Values.metrics.service.enabled .Values.metrics.serviceMonitor.enabled }}true{{ end }}
@@ -91,8 +105,17 @@ app.kubernetes.io/part-of: duet
 {{- if le (int $c.terminationGracePeriodSeconds) (int $needed) }}
 {{- fail (printf "controller.terminationGracePeriodSeconds (%v) must exceed preStopSleepSeconds + shutdownDelaySeconds + drainSeconds + 2 s of access-log flush (%v), or the kubelet kills duet mid-drain" $c.terminationGracePeriodSeconds $needed) }}
 {{- end }}
-{{- if and .Values.autoscaling.enabled (eq $c.kind "DaemonSet") }}
+{{- $a := .Values.autoscaling }}
+{{- if $a.enabled }}
+{{- if eq $c.kind "DaemonSet" }}
 {{- fail "autoscaling.enabled needs controller.kind Deployment" }}
+{{- end }}
+{{- if gt (int $a.minReplicas) (int $a.maxReplicas) }}
+{{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" $a.minReplicas $a.maxReplicas) }}
+{{- end }}
+{{- if not (or $a.targetCPUUtilizationPercentage $a.targetMemoryUtilizationPercentage) }}
+{{- fail "autoscaling.enabled needs a metric: set autoscaling.targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage above 0" }}
+{{- end }}
 {{- end }}
 {{- if and .Values.controller.publishService.enabled (not .Values.service.enabled) (not .Values.controller.publishStatusAddresses) }}
 {{- fail "controller.publishService.enabled needs service.enabled (or set controller.publishStatusAddresses, or turn publishService off)" }}
@@ -118,6 +141,7 @@ app.kubernetes.io/part-of: duet
 - "--watch-namespace={{ . }}"
 {{- end }}
 - "--election-namespace={{ .Release.Namespace }}"
+- "--election-id={{ include "duet.leaseName" . }}"
 {{- if .Values.controller.publishStatusAddresses }}
 - "--publish-status-address={{ join "," .Values.controller.publishStatusAddresses }}"
 {{- else if .Values.controller.publishService.enabled }}

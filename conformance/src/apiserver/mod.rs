@@ -72,7 +72,9 @@
 //! | [`ApiServer::reset_watches`] | `POST /_test/reset-watches` | every open watch connection is cut mid-body |
 //! | [`ApiServer::expire_history`] | `POST /_test/expire[?drop=true]` | the next watch from an older RV gets the 410 ERROR event |
 //! | [`ApiServer::fail_next`] / [`ApiServer::fail_for`] | `POST /_test/fail?status=429&count=N` or `&ms=D` (`&retryAfter=S`) | requests answered with that status |
-//! | [`ApiServer::heal`] | `POST /_test/heal` | stop failing |
+//! | [`ApiServer::fail_matching`] | `POST /_test/fail?status=503&ms=D&method=POST&path=/events` | only matching requests fail |
+//! | [`ApiServer::stall_for`] | `POST /_test/stall?ms=D` | requests are held, unanswered, for D (a slow API server) |
+//! | [`ApiServer::heal`] | `POST /_test/heal` | stop failing (and stalling) |
 //! | [`ApiServer::stop`] / [`ApiServer::restart`] | `POST /_test/outage?ms=D` | listener and connections gone, then back on the same port |
 //! | [`ApiServer::requests`] | `GET /_test/requests` | what was asked and answered |
 //! | [`ApiServer::apply_manifests`] | `POST /_test/apply` (YAML documents or JSON) | objects created or replaced, namespaces too |
@@ -191,6 +193,7 @@ impl ApiServer {
             addr,
             outage: outage_tx,
             resets: tokio::sync::watch::channel(0).0,
+            stall: Mutex::new(None),
         });
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
@@ -349,6 +352,8 @@ impl ApiServer {
             remaining: Some(count),
             until: None,
             retry_after: None,
+            method: None,
+            path: None,
         }));
     }
 
@@ -359,12 +364,35 @@ impl ApiServer {
             remaining: None,
             until: Some(Instant::now() + duration),
             retry_after: None,
+            method: None,
+            path: None,
         }));
     }
 
-    /// Stops failing requests.
+    /// Answers requests with `method` whose path contains `path` with `status` for `duration`;
+    /// other requests are served.
+    pub fn fail_matching(&self, status: u16, duration: Duration, method: &str, path: &str) {
+        self.set_fail(Some(FailRule {
+            status,
+            remaining: None,
+            until: Some(Instant::now() + duration),
+            retry_after: None,
+            method: method.parse().ok(),
+            path: Some(path.to_owned()),
+        }));
+    }
+
+    /// Holds every request (control endpoints excepted) unanswered for `duration`, then serves
+    /// it: a slow or hung API server whose connections stay open.
+    pub fn stall_for(&self, duration: Duration) {
+        *self.shared.stall.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Instant::now() + duration);
+    }
+
+    /// Stops failing and stalling requests.
     pub fn heal(&self) {
         self.set_fail(None);
+        *self.shared.stall.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     fn set_fail(&self, rule: Option<FailRule>) {

@@ -29,6 +29,17 @@ pub(crate) struct FailRule {
     pub remaining: Option<u32>,
     pub until: Option<Instant>,
     pub retry_after: Option<u32>,
+    /// Only requests with this method (any when `None`).
+    pub method: Option<Method>,
+    /// Only requests whose path contains this (any when `None`).
+    pub path: Option<String>,
+}
+
+impl FailRule {
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method.as_ref().is_none_or(|m| m == method)
+            && self.path.as_deref().is_none_or(|p| path.contains(p))
+    }
 }
 
 /// State shared by the listener, every connection and the test handle.
@@ -43,6 +54,8 @@ pub(crate) struct Shared {
     pub outage: tokio::sync::mpsc::UnboundedSender<Duration>,
     /// Bumped to cut every open watch connection abruptly.
     pub resets: tokio::sync::watch::Sender<u64>,
+    /// Until when requests are held before they are served (a slow API server).
+    pub stall: Mutex<Option<Instant>>,
 }
 
 const MAX_RECORDS: usize = 10_000;
@@ -53,11 +66,22 @@ impl Shared {
     }
 
     /// The injected failure this request gets, if any (consuming one of a counted rule).
-    fn injected(&self) -> Option<FailRule> {
+    /// Waits while the server is stalled.
+    async fn stalled(&self) {
+        let until = *self.stall.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(until) = until {
+            tokio::time::sleep_until(until.into()).await;
+        }
+    }
+
+    fn injected(&self, method: &Method, path: &str) -> Option<FailRule> {
         let mut fail = self.fail.lock().unwrap_or_else(|e| e.into_inner());
         let rule = fail.as_mut()?;
         if rule.until.is_some_and(|u| Instant::now() >= u) || rule.remaining == Some(0) {
             *fail = None;
+            return None;
+        }
+        if !rule.matches(method, path) {
             return None;
         }
         if let Some(n) = rule.remaining.as_mut() {
@@ -119,7 +143,10 @@ pub(crate) async fn handle(
             Err(_) => Bytes::new(),
         };
         control_endpoint(&shared, &method, control, &query, &body)
-    } else if let Some(rule) = shared.injected() {
+    } else if let Some(rule) = {
+        shared.stalled().await;
+        shared.injected(&method, &path)
+    } {
         let reason = match rule.status {
             429 => "TooManyRequests",
             503 => "ServiceUnavailable",
@@ -950,16 +977,32 @@ fn control_endpoint(
                 return bad("give count=N or ms=DURATION".into());
             }
             let retry_after = q.get("retryAfter").and_then(|r| r.parse().ok());
+            let method = match q.get("method").map(|m| m.parse::<Method>()) {
+                None => None,
+                Some(Ok(m)) => Some(m),
+                Some(Err(_)) => return bad("method must be an HTTP method".into()),
+            };
             *shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(FailRule {
                 status,
                 remaining,
                 until,
                 retry_after,
+                method,
+                path: q.get("path").map(str::to_owned),
             });
             ok()
         }
+        (Method::POST, "stall") => match q.get("ms").and_then(|m| m.parse().ok()) {
+            Some(ms) => {
+                *shared.stall.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Instant::now() + Duration::from_millis(ms));
+                ok()
+            }
+            None => bad("give ms=DURATION".into()),
+        },
         (Method::POST, "heal") => {
             *shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *shared.stall.lock().unwrap_or_else(|e| e.into_inner()) = None;
             ok()
         }
         (Method::POST, "outage") => match q.get("ms").and_then(|m| m.parse().ok()) {

@@ -171,6 +171,8 @@ impl Cluster {
                 let publish = format!("{}/{}", PUBLISH_SERVICE.0, PUBLISH_SERVICE.1);
                 let duet = DuetBuilder::kube(&opts.duet, api.kubeconfig())
                     .args([
+                        // The mini cluster's pods listen on 127.0.0.1 and ::1 (test-only flag).
+                        "--allow-loopback-endpoints",
                         "--publish-service",
                         &publish,
                         "--ingress-class",

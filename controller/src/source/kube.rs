@@ -4,8 +4,8 @@
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, `v1` Service, `discovery.k8s.io/v1`
 //! EndpointSlice (only those labelled `kubernetes.io/service-name`) and `v1` Secret (only
-//! `type=kubernetes.io/tls` and `type=Opaque`, by field selectors: TLS certificates, and the CA
-//! bundles of TLS upstreams). `managedFields` and the
+//! `type=kubernetes.io/tls` ones, and by name the CA Secrets Ingresses name: see
+//! [`secrets`](super::secrets)). `managedFields` and the
 //! `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped before an object is
 //! cached.
 //!
@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::NamespaceResourceScope;
@@ -182,7 +182,6 @@ watched!(
     IngressClass => IngressClass,
     Service => Service,
     EndpointSlice => EndpointSlice,
-    Secret => Secret,
 );
 
 /// The reflector stores of the running source, for readers outside the control loop (the
@@ -218,7 +217,7 @@ impl Stores {
 
 /// Counts down the kinds still to list; the last one sends [`SourceEvent::Synced`].
 #[derive(Debug)]
-struct SyncCountdown(AtomicUsize);
+pub(super) struct SyncCountdown(pub(super) AtomicUsize);
 
 /// Starts the watchers; returns their Ingress stores. Changes and [`SourceEvent::Synced`] go to
 /// `tx`; the tasks end when `tx` closes.
@@ -262,23 +261,15 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         countdown.clone(),
         None,
     );
-    spawn_kind(
-        namespaced::<Secret>(&client, &namespaces),
-        vec![
-            base.clone().fields("type=kubernetes.io/tls"),
-            base.fields("type=Opaque"),
-        ],
-        tx,
-        countdown,
-        None,
-    );
-    Stores {
+    let stores = Stores {
         ingresses,
         ingress_changes: changed_rx,
-    }
+    };
+    super::secrets::spawn(client, &namespaces, stores.clone(), tx, countdown);
+    stores
 }
 
-fn namespaced<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
+pub(super) fn namespaced<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
 {

@@ -5,6 +5,7 @@
 
 pub mod files;
 pub mod kube;
+pub mod secrets;
 
 use crate::index::Change;
 

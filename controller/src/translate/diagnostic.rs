@@ -48,11 +48,14 @@ pub enum Reason {
     InvalidBackendTls,
     /// Upstream certificates are not verified (`duet.dev/backend-tls-skip-verify: "true"`).
     InsecureBackendTls,
+    /// An endpoint address duet never proxies to (loopback outside `--manifests` mode,
+    /// unspecified, link-local, multicast or broadcast); the endpoint is dropped.
+    ForbiddenEndpointAddress,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::MissingService,
         Reason::UnknownServicePort,
         Reason::MissingSecret,
@@ -70,6 +73,7 @@ impl Reason {
         Reason::UnsupportedAppProtocol,
         Reason::InvalidBackendTls,
         Reason::InsecureBackendTls,
+        Reason::ForbiddenEndpointAddress,
     ];
 
     /// The reason's name.
@@ -92,6 +96,7 @@ impl Reason {
             Reason::UnsupportedAppProtocol => "UnsupportedAppProtocol",
             Reason::InvalidBackendTls => "InvalidBackendTls",
             Reason::InsecureBackendTls => "InsecureBackendTls",
+            Reason::ForbiddenEndpointAddress => "ForbiddenEndpointAddress",
         }
     }
 }

@@ -1,5 +1,12 @@
 //! The backend phase: EndpointSlices -> one [`Target`] per pod, joined across the IPv4 and IPv6
 //! slices of a Service, and one [`Backend`] per used Service port.
+//!
+//! Addresses duet never proxies to are dropped with a `ForbiddenEndpointAddress` diagnostic:
+//! unspecified (`0.0.0.0/8`, `::`), link-local (`169.254.0.0/16`, so the cloud metadata address
+//! `169.254.169.254`, and `fe80::/10`), multicast (`224.0.0.0/4`, `ff00::/8`) and broadcast
+//! always, loopback (`127.0.0.0/8`, `::1`) unless [`Config::allow_loopback_endpoints`] (set in
+//! `--manifests` mode). Whoever can write an EndpointSlice must not make duet reach the node's
+//! own services or the metadata server (the class of CVE-2021-25740).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -36,7 +43,8 @@ pub fn build_backends(
             .get(&spec.service)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (targets, mut found) = join_targets(of_service, &spec.port_name);
+        let (targets, mut found) =
+            join_targets(of_service, &spec.port_name, config.allow_loopback_endpoints);
         diagnostics.append(&mut found);
         let backend = Backend {
             id: id.clone(),
@@ -73,9 +81,13 @@ struct Joined {
 /// - only ready (unset = ready) and not terminating endpoints serve;
 /// - targets are sorted by id.
 ///
-/// Slices of address type `FQDN`, addresses that do not parse and slices lacking the port are
-/// skipped with a diagnostic.
-pub fn join_targets(slices: &[&EndpointSlice], port_name: &str) -> (Vec<Target>, Vec<Diagnostic>) {
+/// Slices of address type `FQDN`, addresses that do not parse, [`forbidden`] addresses (loopback
+/// only unless `allow_loopback`) and slices lacking the port are skipped with a diagnostic.
+pub fn join_targets(
+    slices: &[&EndpointSlice],
+    port_name: &str,
+    allow_loopback: bool,
+) -> (Vec<Target>, Vec<Diagnostic>) {
     let mut sorted: Vec<&EndpointSlice> = slices.to_vec();
     sorted.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -140,6 +152,14 @@ pub fn join_targets(slices: &[&EndpointSlice], port_name: &str) -> (Vec<Target>,
                     continue;
                 }
             };
+            if let Some(class) = forbidden(ip, allow_loopback) {
+                diagnostics.push(Diagnostic::new(
+                    key.clone(),
+                    Reason::ForbiddenEndpointAddress,
+                    format!("address {ip} is {class}; duet does not proxy to it, endpoint dropped"),
+                ));
+                continue;
+            }
             let addr = SocketAddr::new(ip, port);
             let id = endpoint
                 .target_ref
@@ -180,4 +200,76 @@ pub fn join_targets(slices: &[&EndpointSlice], port_name: &str) -> (Vec<Target>,
         })
         .collect();
     (targets, diagnostics)
+}
+
+/// Why duet refuses to proxy to `ip` (already canonical: IPv4-mapped addresses are IPv4), or
+/// `None` when it may.
+pub fn forbidden(ip: IpAddr, allow_loopback: bool) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [first, ..] = v4.octets();
+            if first == 0 {
+                Some("unspecified")
+            } else if v4.is_loopback() {
+                (!allow_loopback).then_some("loopback")
+            } else if v4.is_link_local() {
+                Some("link-local")
+            } else if v4.is_multicast() {
+                Some("multicast")
+            } else if v4.is_broadcast() {
+                Some("broadcast")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_loopback() {
+                (!allow_loopback).then_some("loopback")
+            } else if v6.segments()[0] & 0xffc0 == 0xfe80 {
+                Some("link-local")
+            } else if v6.is_multicast() {
+                Some("multicast")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forbidden;
+
+    #[test]
+    fn forbidden_classes_over_both_families() {
+        let cases = [
+            ("127.0.0.1", Some("loopback")),
+            ("127.9.9.9", Some("loopback")),
+            ("::1", Some("loopback")),
+            ("0.0.0.0", Some("unspecified")),
+            ("0.1.2.3", Some("unspecified")),
+            ("::", Some("unspecified")),
+            ("169.254.169.254", Some("link-local")),
+            ("169.254.0.1", Some("link-local")),
+            ("fe80::1", Some("link-local")),
+            ("febf::1", Some("link-local")),
+            ("224.0.0.1", Some("multicast")),
+            ("239.255.255.250", Some("multicast")),
+            ("ff02::1", Some("multicast")),
+            ("255.255.255.255", Some("broadcast")),
+            ("10.0.0.1", None),
+            ("192.0.2.1", None),
+            ("fd00::1", None),
+            ("2001:db8::1", None),
+            ("fec0::1", None),
+        ];
+        for (ip, want) in cases {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(forbidden(ip, false), want, "{ip}");
+            let allowed = if want == Some("loopback") { None } else { want };
+            assert_eq!(forbidden(ip, true), allowed, "{ip} with loopback allowed");
+        }
+    }
 }

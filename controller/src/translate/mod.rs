@@ -29,7 +29,7 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 
 pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
-pub use endpoints::{build_backends, join_targets};
+pub use endpoints::{build_backends, forbidden, join_targets};
 pub use routes::{plan_routes, BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
 pub use timeouts::{CONNECT_TIMEOUT_ANNOTATION, READ_TIMEOUT_ANNOTATION};
 pub use upstream::{
@@ -54,6 +54,9 @@ pub struct Config {
     /// `--max-body-size` in bytes (0: unlimited) for Ingresses without
     /// `duet.dev/proxy-body-size`.
     pub max_body_bytes: u64,
+    /// Proxy to loopback endpoint addresses (`127.0.0.0/8`, `::1`): true in `--manifests` mode,
+    /// false in Kubernetes mode unless `--allow-loopback-endpoints` (a test-only escape hatch).
+    pub allow_loopback_endpoints: bool,
 }
 
 /// The objects to translate, in any order (translation sorts what it needs).

@@ -33,9 +33,15 @@ pub fn apply(api: &ApiServer, objects: &[Value]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `duet serve --kubeconfig` against `api`, with extra flags; waits for /readyz.
+/// The test-only flag every Kubernetes-mode test passes: the test pods (`Fleet`) listen on
+/// 127.0.0.1 and ::1, which Kubernetes mode refuses to proxy to without it.
+pub const LOOPBACK_PODS: &str = "--allow-loopback-endpoints";
+
+/// `duet serve --kubeconfig` against `api` with [`LOOPBACK_PODS`] and extra flags; waits for
+/// /readyz.
 pub async fn duet(api: &ApiServer, args: &[&str]) -> anyhow::Result<Duet> {
     DuetBuilder::kube(DUET, api.kubeconfig())
+        .args([LOOPBACK_PODS])
         .args(args.iter().copied())
         .start()
         .await

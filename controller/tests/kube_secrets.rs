@@ -1,0 +1,189 @@
+//! Kubernetes mode end to end: duet reads `kubernetes.io/tls` Secrets and, by name, the CA
+//! Secrets Ingresses name (`duet.dev/backend-ca-secret`), and no other Secret: every Secret
+//! request it makes to the API server selects `type=kubernetes.io/tls` or one `metadata.name`,
+//! so an `Opaque` Secret no Ingress names is never listed, watched or cached. A named CA Secret
+//! is read when an Ingress starts naming it, its updates apply live (the TLS upstream answers
+//! 502 with the wrong CA, 200 with the right one, to clients of both families), a duet that starts
+//! is ready only once it has read the named Secrets, and the watch stops when no Ingress names
+//! it any more. The API server runs on 127.0.0.1 and [::1].
+
+mod kube_support;
+
+use std::time::Duration;
+
+use conformance::apiserver::{ApiServer, RequestRecord};
+use conformance::client;
+use conformance::echo::EchoOptions;
+use conformance::tls::{self, TestCa};
+use conformance::{Duet, Family, Fleet, Ingress, PodSpec};
+use kube_support::*;
+
+/// `%XX` escapes decoded (field selectors arrive percent-encoded).
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The field selector of a request, decoded.
+fn field_selector(request: &RequestRecord) -> String {
+    request
+        .query
+        .split('&')
+        .find_map(|p| p.strip_prefix("fieldSelector="))
+        .map(decode)
+        .unwrap_or_default()
+}
+
+/// Every Secret request duet made, as `WATCH|LIST selector`.
+fn secret_requests(api: &ApiServer) -> Vec<String> {
+    api.requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/secrets") || r.path.contains("/secrets/"))
+        .map(|r| {
+            let verb = if r.is_watch() {
+                "WATCH"
+            } else {
+                r.method.as_str()
+            };
+            format!("{verb} {} {}", r.path, field_selector(r))
+        })
+        .collect()
+}
+
+/// Waits until `host` answers `status` to clients of both families.
+async fn until(duet: &Duet, host: &str, status: u16, why: &str) -> anyhow::Result<()> {
+    for family in Family::BOTH {
+        client::eventually(&format!("{why} ({family} client)"), LIVE, || async {
+            let reply = client::get(duet.http(family), host, "/").await?;
+            client::expect_status(&reply, status)
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+async fn only_tls_and_named_ca_secrets_are_read(api_family: Family) -> anyhow::Result<()> {
+    let api = api(api_family)?;
+    let right = TestCa::new("right CA");
+    let wrong = TestCa::new("wrong CA");
+    let cert = right.issue(&["secure.kube.svc"]);
+    let options = EchoOptions {
+        tls: Some(tls::server_config(&cert, &["http/1.1"])),
+        ..EchoOptions::default()
+    };
+    let fleet = Fleet::start_with("kube", "secure", &[PodSpec::dual("a")], options)?;
+    apply(
+        &api,
+        &fleet.manifests_with_app_protocol("kubernetes.io/wss"),
+    )?;
+    // A password nobody names, and the CA Secret, holding the wrong CA for now.
+    let mut password = tls::ca_secret("kube", "db-password", "hunter2");
+    password["data"] = serde_json::json!({"password": tls::base64(b"hunter2")});
+    apply(
+        &api,
+        &[
+            password,
+            tls::ca_secret("kube", "upstream-ca", &wrong.cert_pem),
+        ],
+    )?;
+    // The Ingress routes to the TLS Service but names no CA Secret yet.
+    let ingress = |ca: Option<&str>| {
+        let mut ingress = Ingress::new("kube", "secure");
+        if let Some(ca) = ca {
+            ingress = ingress.annotation("duet.dev/backend-ca-secret", ca);
+        }
+        ingress.host("secure.test", "secure").build()
+    };
+    apply(&api, &[ingress(None)])?;
+    let duet = duet(&api, &[]).await?;
+    // Without a CA, the pod's certificate is checked against the system roots: refused.
+    until(&duet, "secure.test", 502, "no CA Secret named").await?;
+
+    // Named: the watch of that Secret starts; its (wrong) CA is used.
+    apply(&api, &[ingress(Some("upstream-ca"))])?;
+    assert!(
+        api.wait_for_watches(Some("secrets"), 2, LIVE).await,
+        "a watch for the named Secret"
+    );
+    until(&duet, "secure.test", 502, "the wrong CA").await?;
+    // Updated to the right CA: applied live.
+    apply(
+        &api,
+        &[tls::ca_secret("kube", "upstream-ca", &right.cert_pem)],
+    )?;
+    until(&duet, "secure.test", 200, "the right CA after the update").await?;
+    // A duet started now waits for the named Secret before it is ready, even when reading it
+    // fails for a while (the TLS watch, cluster-wide, is served): its first answers use it.
+    api.fail_matching(
+        500,
+        Duration::from_secs(2),
+        "GET",
+        "/namespaces/kube/secrets",
+    );
+    let second = kube_support::duet(&api, &[]).await?;
+    for family in Family::BOTH {
+        let reply = client::get(second.http(family), "secure.test", "/").await?;
+        client::expect_status(&reply, 200)?;
+    }
+    drop(second);
+
+    // No longer named: its watch stops, and the route has no CA again.
+    apply(&api, &[ingress(None)])?;
+    until(&duet, "secure.test", 502, "the CA Secret no longer named").await?;
+    client::eventually("the named watch stopped", LIVE, || async {
+        let open = api.open_watches(Some("secrets"));
+        anyhow::ensure!(open == 1, "{open} Secret watches open");
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Every Secret request selected TLS Secrets or the one named Secret: the password was never
+    // listed or watched.
+    let requests = secret_requests(&api);
+    let named = "metadata.name=upstream-ca,type!=kubernetes.io/tls";
+    for request in &requests {
+        assert!(
+            request.ends_with(" type=kubernetes.io/tls") || request.ends_with(&format!(" {named}")),
+            "a Secret request that may return other Secrets: {request}\nall: {requests:#?}"
+        );
+        assert!(!request.contains("/secrets/"), "a read by name: {request}");
+    }
+    assert!(
+        requests.iter().any(|r| r.ends_with(named)),
+        "the named Secret was read: {requests:#?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_tls_and_named_ca_secrets_are_read_api_on_ipv4() -> anyhow::Result<()> {
+    only_tls_and_named_ca_secrets_are_read(Family::V4).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_tls_and_named_ca_secrets_are_read_api_on_ipv6() -> anyhow::Result<()> {
+    only_tls_and_named_ca_secrets_are_read(Family::V6).await
+}
