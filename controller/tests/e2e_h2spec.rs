@@ -115,8 +115,13 @@ async fn h2spec_passes_on_both_listeners_and_families() -> anyhow::Result<()> {
             };
             let junit = tempfile::NamedTempFile::new()?;
             let mut cmd = Command::new(&h2spec);
+            // h2spec joins host and port with a colon: an IPv6 host goes in brackets.
+            let host = match to {
+                std::net::SocketAddr::V4(a) => a.ip().to_string(),
+                std::net::SocketAddr::V6(a) => format!("[{}]", a.ip()),
+            };
             cmd.arg("-h")
-                .arg(to.ip().to_string())
+                .arg(host)
                 .arg("-p")
                 .arg(to.port().to_string())
                 .arg("-o")
