@@ -296,6 +296,13 @@ async fn h1_corpus(family: Family) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An HTTP/2 case: its name, the header fields of stream 1 and its DATA frames.
+type H2Case = (
+    &'static str,
+    Vec<(&'static [u8], &'static [u8])>,
+    Vec<&'static [u8]>,
+);
+
 async fn h2_downgrade(family: Family) -> anyhow::Result<()> {
     let s = setup().await?;
     let to = s.duet.http(family);
@@ -318,7 +325,7 @@ async fn h2_downgrade(family: Family) -> anyhow::Result<()> {
         .expect("forwarded");
     assert_eq!(req.body, b"hello");
     assert_eq!(req.values("content-length"), ["5"]);
-    let cases: Vec<(&str, Vec<(&[u8], &[u8])>, Vec<&[u8]>)> = vec![
+    let cases: Vec<H2Case> = vec![
         (
             "content-length below the body",
             with(&[(b"content-length", b"5")]),
