@@ -156,19 +156,61 @@ fn lenient_request_end(bytes: &[u8]) -> Option<usize> {
 
 /// The length of a strict chunked body (CRLF everywhere, no trailers) at the start of `body`.
 fn chunked_end(body: &[u8]) -> Option<usize> {
+    match chunked_scan(body) {
+        Chunked::Complete(n) => Some(n),
+        Chunked::Partial | Chunked::Bad => None,
+    }
+}
+
+/// How far a strict chunked body goes.
+enum Chunked {
+    /// Complete, this many bytes long.
+    Complete(usize),
+    /// Well-formed so far, cut short.
+    Partial,
+    /// Not strict chunked framing.
+    Bad,
+}
+
+fn chunked_scan(body: &[u8]) -> Chunked {
     let mut at = 0;
     loop {
-        let line_end = find(&body[at..], b"\r\n")? + at;
-        let size_text = std::str::from_utf8(&body[at..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text, 16).ok()?;
+        let Some(line_end) = find(&body[at..], b"\r\n").map(|i| i + at) else {
+            let rest = &body[at..];
+            let partial = rest.len() < 16
+                && rest
+                    .iter()
+                    .enumerate()
+                    .all(|(i, b)| b.is_ascii_hexdigit() || (*b == b'\r' && i + 1 == rest.len()));
+            return if partial {
+                Chunked::Partial
+            } else {
+                Chunked::Bad
+            };
+        };
+        let size = std::str::from_utf8(&body[at..line_end])
+            .ok()
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|t| usize::from_str_radix(t, 16).ok());
+        let Some(size) = size else {
+            return Chunked::Bad;
+        };
         at = line_end + 2;
-        if size == 0 {
-            return (body.get(at..at + 2)? == b"\r\n").then_some(at + 2);
+        if body.len() < at + size + 2 {
+            let tail = &body[(at + size).min(body.len())..];
+            return if b"\r\n".starts_with(tail) {
+                Chunked::Partial
+            } else {
+                Chunked::Bad
+            };
         }
-        if body.len() < at + size + 2 || &body[at + size..at + size + 2] != b"\r\n" {
-            return None;
+        if &body[at + size..at + size + 2] != b"\r\n" {
+            return Chunked::Bad;
         }
         at += size + 2;
+        if size == 0 {
+            return Chunked::Complete(at);
+        }
     }
 }
 
@@ -200,11 +242,31 @@ impl Request {
     }
 }
 
+/// What a connection's bytes are, checked strictly.
+#[derive(Clone, Debug)]
+pub enum Framed {
+    /// Exactly one well-framed request.
+    One(Request),
+    /// A well-formed head and a body cut short of its framing (an aborted request).
+    Truncated,
+}
+
+/// Checks that `bytes` are exactly one well-framed HTTP/1.1 request ([`one_request`]), or a
+/// strictly well-formed prefix of one whose body stops short.
+pub fn framed(bytes: &[u8]) -> anyhow::Result<Framed> {
+    Ok(parse(bytes)?.map_or(Framed::Truncated, Framed::One))
+}
+
 /// Checks that `bytes` are exactly one well-framed HTTP/1.1 request: CRLF line ends only, no
 /// obs-fold, exactly one Host, at most one Content-Length (digits only) and not with
 /// Transfer-Encoding, Transfer-Encoding only `chunked` once, the body exactly as framed and no
 /// byte after it.
 pub fn one_request(bytes: &[u8]) -> anyhow::Result<Request> {
+    parse(bytes)?.context("body shorter than its framing")
+}
+
+/// The request, `None` when its body stops short of its framing; an error for anything else.
+fn parse(bytes: &[u8]) -> anyhow::Result<Option<Request>> {
     let head_end = find(bytes, b"\r\n\r\n").context("no end of head")? + 4;
     let head = &bytes[..head_end];
     for (i, b) in head.iter().enumerate() {
@@ -250,17 +312,20 @@ pub fn one_request(bytes: &[u8]) -> anyhow::Result<Request> {
         ([], []) => 0,
         ([], [len]) if !len.is_empty() && len.bytes().all(|b| b.is_ascii_digit()) => {
             let len: usize = len.parse()?;
-            req.body = rest
-                .get(..len)
-                .context("body shorter than Content-Length")?
-                .to_vec();
+            let Some(body) = rest.get(..len) else {
+                return Ok(None);
+            };
+            req.body = body.to_vec();
             len
         }
-        (["chunked"], []) => {
-            let end = chunked_end(rest).context("bad chunked body")?;
-            req.body = dechunk(&rest[..end]);
-            end
-        }
+        (["chunked"], []) => match chunked_scan(rest) {
+            Chunked::Complete(end) => {
+                req.body = dechunk(&rest[..end]);
+                end
+            }
+            Chunked::Partial => return Ok(None),
+            Chunked::Bad => bail!("bad chunked body"),
+        },
         _ => bail!("framing headers TE {te:?} CL {cl:?}"),
     };
     if rest.len() != body_len {
@@ -270,7 +335,7 @@ pub fn one_request(bytes: &[u8]) -> anyhow::Result<Request> {
             String::from_utf8_lossy(&rest[body_len.min(rest.len())..])
         );
     }
-    Ok(req)
+    Ok(Some(req))
 }
 
 fn dechunk(mut body: &[u8]) -> Vec<u8> {
@@ -443,6 +508,14 @@ mod tests {
             assert!(one_request(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
         assert_eq!(lenient_request_end(chunked), Some(chunked.len()));
+        let cut = b"POST /a HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel";
+        assert!(matches!(framed(cut), Ok(Framed::Truncated)));
+        let cut = b"POST /a HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\nhel";
+        assert!(matches!(framed(cut), Ok(Framed::Truncated)));
+        let smuggled = b"POST /a HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /x HTTP/1.1\r\n";
+        assert!(framed(smuggled).is_err());
+        let bad = b"POST /a HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n3\nabc";
+        assert!(framed(bad).is_err());
         assert_eq!(
             statuses(b"HTTP/1.1 400 Bad\r\n\r\nHTTP/1.1 200 OK\r\n"),
             [400, 200]

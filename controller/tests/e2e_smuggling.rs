@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use conformance::client::{self, Conn};
 use conformance::fleet::static_service;
-use conformance::raw::{self, H2Outcome, RawUpstream};
+use conformance::raw::{self, Framed, H2Outcome, RawUpstream};
 use conformance::{
     Duet, DuetBuilder, Family, Fleet, Ingress, ManifestDir, PathType, PodSpec, PortRef,
 };
@@ -92,49 +92,24 @@ async fn setup() -> anyhow::Result<Setup> {
     })
 }
 
-/// What reached the raw upstream for one case: nothing, or exactly one well-framed request (an
-/// incomplete one is allowed only on a connection duet closed, i.e. an aborted request). Returns
-/// the request when there was one.
+/// What reached the raw upstream for one case: nothing, or exactly one well-framed request, or
+/// a well-formed request whose body stops short (an aborted request; `settled` has seen its
+/// connection closed). Returns the request when there was a complete one.
 async fn upstream_saw(raw: &RawUpstream, what: &str) -> anyhow::Result<Option<raw::Request>> {
     let conns = raw.settled().await?;
     raw.clear();
     let used: Vec<_> = conns.into_iter().filter(|c| !c.bytes.is_empty()).collect();
     match used.as_slice() {
         [] => Ok(None),
-        [one] => match raw::one_request(&one.bytes) {
-            Ok(req) => Ok(Some(req)),
-            Err(e) if !complete_head_and_more(&one.bytes) => {
-                // Headers only, body cut short: aborted; the connection closed with it.
-                assert!(
-                    one.closed,
-                    "{what}: incomplete request on an open connection"
-                );
-                let _ = e;
-                Ok(None)
-            }
+        [one] => match raw::framed(&one.bytes) {
+            Ok(Framed::One(req)) => Ok(Some(req)),
+            Ok(Framed::Truncated) => Ok(None),
             Err(e) => panic!(
                 "{what}: not one well-framed request: {e:#}\n{}",
                 String::from_utf8_lossy(&one.bytes)
             ),
         },
         many => panic!("{what}: {} upstream connections: {many:?}", many.len()),
-    }
-}
-
-/// Whether the bytes hold a full head and at least the body its Content-Length declares (so a
-/// failed check is a framing fault, not an abort).
-fn complete_head_and_more(bytes: &[u8]) -> bool {
-    let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
-    let declared = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse::<usize>().ok());
-    match declared {
-        Some(len) => bytes.len() >= end + 4 + len,
-        None => !head.contains("transfer-encoding"),
     }
 }
 
