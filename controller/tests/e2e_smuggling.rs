@@ -372,6 +372,21 @@ async fn h2_downgrade(family: Family) -> anyhow::Result<()> {
             assert_ne!(outcome, H2Outcome::Response, "{what}: answered");
         }
     }
+    // Refused, or forwarded with one framing (the checker allows one Content-Length only).
+    for (name, fields) in [
+        (
+            "content-length twice",
+            with(&[(b"content-length", b"5"), (b"content-length", b"5")]),
+        ),
+        ("content-length 05", with(&[(b"content-length", b"05")])),
+    ] {
+        let what = format!("{family} h2 {name}");
+        raw::h2_request(to, &fields, &[b"hello"]).await?;
+        if let Some(req) = upstream_saw(&s.raw, &what).await? {
+            assert_eq!(req.values("content-length"), ["5"], "{what}");
+            assert_eq!(req.body, b"hello", "{what}");
+        }
+    }
     Ok(())
 }
 
