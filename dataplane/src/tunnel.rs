@@ -185,8 +185,8 @@ mod tests {
             b_peer.read_exact(&mut got).await.unwrap();
         }
         assert!(!relay.is_finished());
-        tokio::time::sleep(Duration::from_secs(11)).await;
-        assert_eq!(relay.await.unwrap(), TunnelEnd::Idle);
+        let ended = tokio::time::timeout(Duration::from_secs(11), relay).await;
+        assert_eq!(ended.expect("ended when idle").unwrap(), TunnelEnd::Idle);
     }
 
     #[tokio::test(start_paused = true)]
