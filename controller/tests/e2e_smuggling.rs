@@ -11,6 +11,7 @@ use std::time::Duration;
 use conformance::client::{self, Conn};
 use conformance::fleet::static_service;
 use conformance::raw::{self, Framed, H2Outcome, RawUpstream};
+use conformance::tls;
 use conformance::{
     Duet, DuetBuilder, Family, Fleet, Ingress, ManifestDir, PathType, PodSpec, PortRef,
 };
@@ -77,10 +78,18 @@ async fn setup() -> anyhow::Result<Setup> {
             "echo",
             http(),
         );
+    let cert = tls::cert(&["redir.test"]);
+    dir.write("secret.yaml", &[tls::secret(NS, "redir-cert", &cert)])?;
+    let redirected = Ingress::new(NS, "redir")
+        .host("redir.test", "echo")
+        .tls(&["redir.test"], "redir-cert");
     let ws = Ingress::new(NS, "ws")
         .annotation("duet.dev/proxy-read-timeout", "1s")
         .host("ws.test", "echo");
-    dir.write("ingress.yaml", &[main.build(), ws.build()])?;
+    dir.write(
+        "ingress.yaml",
+        &[main.build(), ws.build(), redirected.build()],
+    )?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
     Ok(Setup {
         raw,
@@ -268,6 +277,11 @@ async fn h1_corpus(family: Family) -> anyhow::Result<()> {
     assert_eq!(req.target, "/a?b");
     assert_eq!(req.values("host"), ["SMUGGLE.test"]);
     assert_eq!(req.values("x-forwarded-host"), ["SMUGGLE.test"]);
+    let forwarded = req.values("forwarded").join(",");
+    assert!(
+        forwarded.ends_with(";host=SMUGGLE.test;proto=http"),
+        "{forwarded}"
+    );
     Ok(())
 }
 
@@ -576,7 +590,38 @@ async fn responses_with_te_lose_content_length(family: Family) -> anyhow::Result
     Ok(())
 }
 
+/// The HTTPS redirect names the validated host and the normalised path.
+async fn redirects_use_the_validated_host_and_path(family: Family) -> anyhow::Result<()> {
+    let s = setup().await?;
+    let to = s.duet.http(family);
+    let port = s.duet.https(family).port();
+    let mut conn = Conn::http1(to).await?;
+    let reply = conn.get("redir.test", "/a/../b//c?q=/../").await?;
+    assert_eq!(reply.status, 308, "{family}: {}", reply.text());
+    assert_eq!(
+        reply.header("location"),
+        Some(format!("https://redir.test:{port}/b/c?q=/../").as_str()),
+        "{family}"
+    );
+    for host in [
+        "redir.test/evil?",
+        "redir.test@evil.test",
+        "evil.test/redir.test",
+    ] {
+        let mut conn = Conn::http1(to).await?;
+        let reply = conn.get(host, "/").await?;
+        assert_eq!(
+            reply.status,
+            400,
+            "{family} {host}: {:?}",
+            reply.header("location")
+        );
+    }
+    Ok(())
+}
+
 conformance::both_families!(
+    redirects_use_the_validated_host_and_path,
     h1_corpus,
     h2_downgrade,
     host_cannot_inject_a_path,

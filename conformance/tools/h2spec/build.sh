@@ -14,6 +14,6 @@ if ! command -v go >/dev/null 2>&1; then
   exit 127
 fi
 mkdir -p "$(dirname "$out")"
-(cd "$here" && go build -mod=mod -o "$out.tmp" github.com/summerwind/h2spec/cmd/h2spec)
+(cd "$here" && go build -mod=readonly -o "$out.tmp" github.com/summerwind/h2spec/cmd/h2spec)
 mv "$out.tmp" "$out"
 echo "$out"
