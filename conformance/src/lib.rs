@@ -25,6 +25,7 @@ pub mod duet;
 pub mod echo;
 pub mod fleet;
 pub mod manifests;
+pub mod raw;
 pub mod runner;
 pub mod tls;
 

@@ -160,6 +160,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     proxy_config.https_listen = https.iter().map(|(addr, _)| *addr).collect();
     let runtime = Runtime::with_telemetry(proxy_config, telemetry);
     let proxy = Proxy::new(runtime.clone());
+    let tunnels = proxy.tunnels().clone();
     let options = ServeOptions {
         header_read_timeout: config.proxy.header_read_timeout,
         keepalive_timeout: config.proxy.keepalive_timeout,
@@ -291,8 +292,18 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         // Hand leadership over now rather than after the Lease expires.
         cluster.shutdown().await;
     }
+    // WebSocket tunnels get the same drain as requests, then are closed.
+    let drained = async {
+        let (_, closed) = tokio::join!(&mut listeners, tunnels.drain(config.proxy.drain_timeout));
+        if closed > 0 {
+            tracing::info!(
+                tunnels = closed,
+                "Closed WebSocket tunnels at the end of the drain"
+            );
+        }
+    };
     tokio::select! {
-        _ = &mut listeners => tracing::info!("Stopped"),
+        () = drained => tracing::info!("Stopped"),
         second = signals.next() => {
             tracing::warn!(signal = second, "Second signal; exiting without waiting");
         }

@@ -276,13 +276,15 @@ where
             info.trusted = trusted.trusts(info.peer.ip());
             // Counted by the client's family, after a PROXY protocol header replaced it.
             let _open = connections.as_ref().map(|c| c.open(info.family));
-            let (io, info) = match tls {
-                None => (Stream::Plain(stream), info),
+            let (io, info, alpn_h2) = match tls {
+                None => (Stream::Plain(stream), info, false),
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
-                            let info = info.with_tls(true).with_tls_session(tls.get_ref().1);
-                            (Stream::Tls(Box::new(tls)), info)
+                            let session = tls.get_ref().1;
+                            let alpn_h2 = session.alpn_protocol() == Some(b"h2");
+                            let info = info.with_tls(true).with_tls_session(session);
+                            (Stream::Tls(Box::new(tls)), info, alpn_h2)
                         }
                         Ok(Err(error)) => {
                             tracing::trace!(%error, client.addr = %info.peer, "TLS handshake failed");
@@ -308,9 +310,19 @@ where
                     Ok::<_, std::convert::Infallible>(response.map(|body| busy.body(body)))
                 }
             });
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            // ALPN `h2` promised HTTP/2 (RFC 7301): no sniffing for HTTP/1.1 there, so bytes that
+            // are not the preface close the connection. Elsewhere HTTP/1.1 (with upgrades) or
+            // HTTP/2 prior knowledge, by the first bytes.
+            let served: Served = if alpn_h2 {
+                let h2 = builder.clone().http2_only();
+                let conn = h2.serve_connection(TokioIo::new(io), service).into_owned();
+                Box::pin(watcher.watch(conn))
+            } else {
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+                Box::pin(watcher.watch(conn.into_owned()))
+            };
             tokio::select! {
-                ended = watcher.watch(conn.into_owned()) => if let Err(error) = ended {
+                ended = served => if let Err(error) = ended {
                     tracing::trace!(error = %error, "Connection ended with an error");
                 },
                 () = watchdog.expired(timeouts) => {
@@ -353,6 +365,10 @@ fn admit(
     }
     None
 }
+
+/// A connection being served, until it ends.
+type Served =
+    Pin<Box<dyn Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send>>;
 
 /// An accepted connection, plain or TLS.
 enum Stream {

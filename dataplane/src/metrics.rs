@@ -156,6 +156,40 @@ pub struct Metrics {
     snapshot_applied: Gauge<f64, AtomicU64>,
     tls_expiry: Series<SecretLabels, Gauge>,
     access_log_dropped: Counter,
+    tunnels_active: Series<ClientFamilyLabels, Gauge>,
+    tunnels_total: Series<ClientFamilyLabels, Counter>,
+    tunnels_closed: Series<TunnelEndLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClientFamilyLabels {
+    client_family: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TunnelEndLabels {
+    reason: &'static str,
+}
+
+/// How a WebSocket tunnel ended (the `reason` of `duet_tunnels_closed_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TunnelEnd {
+    /// The client or the upstream closed it.
+    Closed,
+    /// No byte either way for the idle timeout.
+    Idle,
+    /// Closed at the end of the drain on shutdown.
+    Drain,
+}
+
+impl TunnelEnd {
+    fn label(self) -> &'static str {
+        match self {
+            TunnelEnd::Closed => "closed",
+            TunnelEnd::Idle => "idle",
+            TunnelEnd::Drain => "drain",
+        }
+    }
 }
 
 impl Metrics {
@@ -176,7 +210,15 @@ impl Metrics {
             snapshot_applied: Gauge::default(),
             tls_expiry: Series::default(),
             access_log_dropped: Counter::default(),
+            tunnels_active: Series::default(),
+            tunnels_total: Series::default(),
+            tunnels_closed: Series::default(),
         };
+        for end in [TunnelEnd::Closed, TunnelEnd::Idle, TunnelEnd::Drain] {
+            let _ = m.tunnels_closed.get_or_create(&TunnelEndLabels {
+                reason: end.label(),
+            });
+        }
         registry.register(
             "duet_requests",
             "Requests answered, by route (namespace, Ingress, Service, host entry of the table; empty when no route matched), method, status code, client address family and upstream address family (none when answered without an upstream)",
@@ -251,12 +293,52 @@ impl Metrics {
             "Access-log lines dropped because the log writer could not keep up",
             m.access_log_dropped.clone(),
         );
+        registry.register(
+            "duet_tunnels_active",
+            "Open WebSocket tunnels, by client address family",
+            m.tunnels_active.clone(),
+        );
+        registry.register(
+            "duet_tunnels",
+            "WebSocket tunnels opened (101 relayed), by client address family",
+            m.tunnels_total.clone(),
+        );
+        registry.register(
+            "duet_tunnels_closed",
+            "WebSocket tunnels ended, by reason: closed (by a side), idle (idle timeout), drain (shutdown)",
+            m.tunnels_closed.clone(),
+        );
         Arc::new(m)
     }
 
     /// Families registered nowhere (for tests and tools that expose no metrics).
     pub fn unregistered() -> Arc<Metrics> {
         Metrics::register(&mut Registry::default())
+    }
+
+    /// Counts a tunnel as opened and open.
+    pub fn tunnel_opened(&self, family: Family) {
+        let labels = ClientFamilyLabels {
+            client_family: family.as_str(),
+        };
+        self.tunnels_total.get_or_create(&labels).inc();
+        self.tunnels_active.get_or_create(&labels).inc();
+    }
+
+    /// Counts a tunnel as no longer open.
+    pub fn tunnel_left(&self, family: Family) {
+        let labels = ClientFamilyLabels {
+            client_family: family.as_str(),
+        };
+        self.tunnels_active.get_or_create(&labels).dec();
+    }
+
+    /// Counts how a tunnel ended.
+    pub fn tunnel_closed(&self, end: TunnelEnd) {
+        let labels = TunnelEndLabels {
+            reason: end.label(),
+        };
+        self.tunnels_closed.get_or_create(&labels).inc();
     }
 
     /// The connection handles of one listener.

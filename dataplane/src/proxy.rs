@@ -21,12 +21,15 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::balance::InFlight;
+use crate::host::{HostError, ValidHost};
 use crate::limits::{self, Limited};
 use crate::listen::ConnInfo;
 use crate::observe::Exchange;
+use crate::path::EncodedTraversal;
 use crate::read_timeout::ReadTimeout;
 use crate::runtime::Runtime;
 use crate::table::BackendId;
+use crate::tunnel::Tunnels;
 use crate::upstream::{H2Pool, UpstreamTls};
 
 /// Why the proxy answered by itself; each variant knows its side and status.
@@ -57,6 +60,15 @@ pub enum ProxyError {
     /// The upstream connection failed while the request was in flight (502).
     #[error("upstream failed")]
     Upstream(#[source] hyper::Error),
+    /// The request's host is missing, repeated, contradictory or not a host (400).
+    #[error("bad host: {0}")]
+    Host(#[from] HostError),
+    /// The path climbs through percent-encoded dots or slashes (400).
+    #[error("bad path: {0}")]
+    Path(#[from] EncodedTraversal),
+    /// The upstream switched protocols (101) without a WebSocket upgrade asked for (502).
+    #[error("upstream switched protocols unasked")]
+    UnaskedUpgrade,
 }
 
 impl ProxyError {
@@ -74,7 +86,10 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::NoTarget(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Connect { .. } | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Connect { .. } | ProxyError::Upstream(_) | ProxyError::UnaskedUpgrade => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::Host(_) | ProxyError::Path(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
@@ -88,6 +103,9 @@ impl ProxyError {
             ProxyError::Upstream(_) => "502 upstream connection failed\n",
             ProxyError::Timeout => "504 upstream timed out\n",
             ProxyError::BodyTooLarge => "413 request body too large\n",
+            ProxyError::Host(_) => "400 invalid host\n",
+            ProxyError::Path(_) => "400 invalid path\n",
+            ProxyError::UnaskedUpgrade => "502 upstream switched protocols unasked\n",
         }
     }
 
@@ -237,7 +255,11 @@ pub struct Proxy {
     runtime: Arc<Runtime>,
     pool: Arc<Pool>,
     h2: Arc<H2Pool>,
+    tunnels: Arc<Tunnels>,
 }
+
+/// The settings of an `Upgrade: h2c` request (RFC 7540 §3.2.1), never forwarded.
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
 const HOP_BY_HOP_NAMES: usize = 7;
@@ -272,7 +294,18 @@ impl Proxy {
                 }
             }
         });
-        Arc::new(Proxy { runtime, pool, h2 })
+        let tunnels = Arc::new(Tunnels::new(runtime.telemetry().metrics().clone()));
+        Arc::new(Proxy {
+            runtime,
+            pool,
+            h2,
+            tunnels,
+        })
+    }
+
+    /// The open WebSocket tunnels (drained on shutdown).
+    pub fn tunnels(&self) -> &Arc<Tunnels> {
+        &self.tunnels
     }
 
     /// Handles one client request; every response carries `Server: duet`.
@@ -303,16 +336,17 @@ impl Proxy {
         exchange: &mut Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let live = self.runtime.load_full();
-        let host = request_host(&req).unwrap_or_default();
+        let host = crate::host::request_host(&req)?;
+        let target = origin_form(req.uri())?;
         let matched = live
             .snapshot
             .routes
-            .find(&host, req.uri().path())
+            .find(host.as_str(), target.path())
             .ok_or(ProxyError::NoRoute)?;
         let action = matched.action;
         exchange.matched(&live, action);
         if action.redirect_https && !conn.tls {
-            return Ok(self.redirect(&req, &host, conn));
+            return Ok(self.redirect(&target, &host, conn));
         }
         if body_too_large(req.headers(), action.max_body_bytes) {
             return Err(ProxyError::BodyTooLarge);
@@ -334,9 +368,11 @@ impl Proxy {
         }
         let h2 = protocol.is_h2();
         let trailers = h2 && crate::upstream::wants_trailers(req.headers());
-        let upgrade = is_upgrade(req.headers());
+        let upgrade = is_websocket_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-        prepare_request(&mut req, &host, conn, upgrade);
+        let length = req.body().size_hint().exact();
+        prepare_request(&mut req, &host, target, conn, upgrade);
+        declare_length(req.headers_mut(), length);
         if trailers {
             crate::upstream::keep_trailers(&mut req);
         }
@@ -369,6 +405,9 @@ impl Proxy {
                                 state.record_success(family);
                             }
                             exchange.upstream_done(family, addr, preferred);
+                            if res.status() == StatusCode::SWITCHING_PROTOCOLS {
+                                return Err(ProxyError::UnaskedUpgrade);
+                            }
                             strip_hop_by_hop(res.headers_mut(), false);
                             return Ok(res.map(|body| ProxyBody {
                                 inner: Either::Left(ReadTimeout::new(body, read_timeout)),
@@ -437,11 +476,14 @@ impl Proxy {
                     Ok((mut res, pool_return)) => {
                         exchange.upstream_done(family, addr, preferred);
                         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
+                        if switching && !is_websocket_accept(res.headers()) {
+                            return Err(ProxyError::UnaskedUpgrade);
+                        }
                         strip_hop_by_hop(res.headers_mut(), switching);
-                        if switching {
-                            if let Some(client) = client_upgrade {
-                                tunnel(client, hyper::upgrade::on(&mut res));
-                            }
+                        if let (true, Some(client)) = (switching, client_upgrade) {
+                            let upstream = hyper::upgrade::on(&mut res);
+                            self.tunnels
+                                .spawn(client, upstream, read_timeout, conn.family);
                         }
                         return Ok(res.map(|body| ProxyBody {
                             inner: Either::Left(ReadTimeout::new(body, read_timeout)),
@@ -477,10 +519,10 @@ impl Proxy {
     }
 
     /// The 308 to HTTPS of a plain-HTTP request for a TLS host.
-    fn redirect<B>(&self, req: &Request<B>, host: &str, conn: &ConnInfo) -> Response<ProxyBody> {
+    fn redirect(&self, target: &Uri, host: &ValidHost, conn: &ConnInfo) -> Response<ProxyBody> {
         let port = self.runtime.config.https_port(conn.family);
-        let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-        let location = crate::tls::redirect_location(host, port, path);
+        let path = target.path_and_query().map_or("/", |pq| pq.as_str());
+        let location = crate::tls::redirect_location(host.as_str(), port, path);
         let mut res = Response::new(ProxyBody::full(Bytes::new()));
         *res.status_mut() = StatusCode::PERMANENT_REDIRECT;
         if let Ok(v) = HeaderValue::from_str(&location) {
@@ -613,31 +655,36 @@ async fn connect(
     Ok(sender)
 }
 
-fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    tokio::spawn(async move {
-        match tokio::try_join!(client, upstream) {
-            Ok((client, upstream)) => {
-                let mut client = TokioIo::new(client);
-                let mut upstream = TokioIo::new(upstream);
-                if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await
-                {
-                    tracing::trace!(%error, "Tunnel ended");
-                }
-            }
-            Err(error) => tracing::trace!(%error, "Upgrade failed"),
-        }
-    });
+/// The request target in origin form with its path normalised ([`crate::path`]) and its query
+/// as received.
+fn origin_form(uri: &Uri) -> Result<Uri, EncodedTraversal> {
+    let path = crate::path::normalize(uri.path())?;
+    let unchanged = matches!(path, std::borrow::Cow::Borrowed(_));
+    if unchanged && uri.scheme().is_none() && uri.authority().is_none() {
+        return Ok(uri.clone());
+    }
+    let target = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.into_owned(),
+    };
+    // Built from the parts of a parsed URI, so it parses again.
+    Ok(Uri::try_from(target).unwrap_or_else(|_| Uri::from_static("/")))
 }
 
-/// The request's host: the URI authority (HTTP/2, absolute-form) or the Host header.
-fn request_host<B>(req: &Request<B>) -> Option<String> {
-    if let Some(authority) = req.uri().authority() {
-        return Some(authority.as_str().to_owned());
+/// Sends exactly one framing upstream: a client's `Content-Length` is replaced by the one length
+/// of its body when known (hyper has checked it), and dropped otherwise (then the body goes
+/// chunked).
+fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
+    if headers.contains_key(header::CONTENT_LENGTH) {
+        match length {
+            Some(len) => {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            }
+            None => {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+        }
     }
-    req.headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// Whether the declared `Content-Length` exceeds `max` (0: no limit).
@@ -650,8 +697,16 @@ fn body_too_large(headers: &HeaderMap, max: u64) -> bool {
             .is_some_and(|len| len > max)
 }
 
-fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
+/// Whether a request asks for a WebSocket upgrade: `Connection: upgrade` and exactly one
+/// `Upgrade: websocket`. Other upgrades (`h2c`, unknown tokens) are not tunnelled: their
+/// `Upgrade`, `Connection` and `HTTP2-Settings` are removed and the request goes on as a plain one.
+fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
+    let mut upgrades = headers.get_all(header::UPGRADE).iter();
+    let websocket = upgrades
+        .next()
+        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"));
+    websocket
+        && upgrades.next().is_none()
         && headers
             .get_all(header::CONNECTION)
             .iter()
@@ -660,9 +715,22 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// Whether a 101 answers the WebSocket upgrade asked for (`Upgrade: websocket`).
+fn is_websocket_accept(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"))
+}
+
 /// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
 /// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
 fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
+    // §6.3); the body is re-framed on the way out, so the stale length must not survive.
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    headers.remove(&HTTP2_SETTINGS);
     // One pass over the (few) names present instead of a hashed removal per hop-by-hop name:
     // most requests carry none of them, most responses only `Connection: keep-alive`.
     let mut present = [false; HOP_BY_HOP_NAMES];
@@ -706,24 +774,26 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Turns a client request into the upstream request: origin-form URI, HTTP/1.1, Host kept,
-/// hop-by-hop headers removed, forwarding headers set from the real peer.
-fn prepare_request<B>(req: &mut Request<B>, host: &str, conn: &ConnInfo, upgrade: bool) {
-    let path_and_query = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-    if req.uri().authority().is_some() || req.uri().scheme().is_some() {
-        if let Ok(uri) = Uri::try_from(path_and_query) {
-            *req.uri_mut() = uri;
-        }
-    }
+/// Turns a client request into the upstream request: the normalised origin-form target, HTTP/1.1,
+/// Host set to the validated host (and nothing else), hop-by-hop headers removed, forwarding
+/// headers set from the real peer.
+fn prepare_request<B>(
+    req: &mut Request<B>,
+    host: &ValidHost,
+    target: Uri,
+    conn: &ConnInfo,
+    upgrade: bool,
+) {
+    *req.uri_mut() = target;
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
     strip_hop_by_hop(headers, upgrade);
-    if !headers.contains_key(header::HOST) {
-        if let Ok(v) = HeaderValue::from_str(host) {
-            headers.insert(header::HOST, v);
-        }
+    if host.is_empty() {
+        headers.remove(header::HOST);
+    } else {
+        headers.insert(header::HOST, host.header_value().clone());
     }
-    crate::forwarded::set_headers(headers, host, conn);
+    crate::forwarded::set_headers(headers, host.as_str(), conn);
 }
 
 #[cfg(test)]
@@ -751,10 +821,66 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert!(is_upgrade(&h));
+        assert!(is_websocket_upgrade(&h));
         strip_hop_by_hop(&mut h, true);
         assert_eq!(h[header::CONNECTION], "upgrade");
         assert_eq!(h[header::UPGRADE], "websocket");
+    }
+
+    #[test]
+    fn only_websocket_upgrades_are_upgrades() {
+        for (upgrade, connection, want) in [
+            ("websocket", "Upgrade", true),
+            ("WebSocket", "keep-alive, upgrade", true),
+            ("h2c", "Upgrade, HTTP2-Settings", false),
+            ("websocket, h2c", "upgrade", false),
+            ("foo", "upgrade", false),
+            ("websocket", "keep-alive", false),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::UPGRADE, HeaderValue::from_static(upgrade));
+            h.insert(header::CONNECTION, HeaderValue::from_static(connection));
+            h.insert(
+                "http2-settings",
+                HeaderValue::from_static("AAMAAABkAAQAAP__"),
+            );
+            assert_eq!(is_websocket_upgrade(&h), want, "{upgrade} / {connection}");
+            strip_hop_by_hop(&mut h, want);
+            assert!(!h.contains_key("http2-settings"));
+            assert_eq!(h.contains_key(header::UPGRADE), want);
+        }
+    }
+
+    #[test]
+    fn transfer_encoding_drops_content_length() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = HeaderMap::new();
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        declare_length(&mut h, Some(5));
+        assert_eq!(h.get_all(header::CONTENT_LENGTH).iter().count(), 1);
+        declare_length(&mut h, None);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn targets_are_normalised_origin_form() {
+        for (given, want) in [
+            ("http://a.test//x/./y/../z?q=/../", "/x/z?q=/../"),
+            ("/a/b?c", "/a/b?c"),
+            ("/a//b", "/a/b"),
+        ] {
+            let uri: Uri = given.parse().unwrap();
+            assert_eq!(origin_form(&uri).unwrap(), want, "{given}");
+        }
+        assert!(origin_form(&"/x/%2e%2e/y".parse().unwrap()).is_err());
     }
 
     #[test]
@@ -770,7 +896,9 @@ mod tests {
                 .header("x-forwarded-for", "6.6.6.6")
                 .body(())
                 .unwrap();
-            prepare_request(&mut req, "example.com", &conn, false);
+            let host = crate::host::request_host(&req).unwrap();
+            let target = origin_form(req.uri()).unwrap();
+            prepare_request(&mut req, &host, target, &conn, false);
             let h = req.headers();
             assert_eq!(h["x-forwarded-for"], ip);
             assert_eq!(h["x-real-ip"], ip);
@@ -798,8 +926,9 @@ mod tests {
             .uri("http://demo.local/x/y?z")
             .body(())
             .unwrap();
-        let host = request_host(&req).unwrap();
-        prepare_request(&mut req, &host, &conn, false);
+        let host = crate::host::request_host(&req).unwrap();
+        let target = origin_form(req.uri()).unwrap();
+        prepare_request(&mut req, &host, target, &conn, false);
         assert_eq!(req.uri(), "/x/y?z");
         assert_eq!(req.version(), Version::HTTP_11);
         assert_eq!(req.headers()[header::HOST], "demo.local");

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -590,10 +591,18 @@ fn to_h2_request(request: &mut Request<UpstreamBody>, tls: bool) {
     headers.remove(header::CONNECTION);
     headers.remove(header::UPGRADE);
     let host = headers.get(header::HOST).cloned();
-    if let Some(host) = host.as_ref().and_then(|h| h.to_str().ok()) {
-        let path = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
-        let scheme = if tls { "https" } else { "http" };
-        if let Ok(uri) = Uri::try_from(format!("{scheme}://{host}{path}")) {
+    // The Host was validated ([`crate::host`]): it cannot hold a path, query or userinfo. The URI is
+    // built from parts so `:path` is the request's path and query, never text from a header.
+    let authority = host.and_then(|h| Authority::try_from(h.as_bytes()).ok());
+    if let Some(authority) = authority {
+        let path = request.uri().path_and_query().cloned();
+        let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
+        let uri = Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query(path.unwrap_or_else(|| PathAndQuery::from_static("/")))
+            .build();
+        if let Ok(uri) = uri {
             *request.uri_mut() = uri;
             request.headers_mut().remove(header::HOST);
         }

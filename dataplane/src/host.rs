@@ -1,0 +1,229 @@
+//! The request's host, validated once: a DNS name or an IP literal (IPv6 bracketed) with an
+//! optional port, from the one Host header, the HTTP/2 `:authority` or the absolute-form target,
+//! which must agree (RFC 9112 §3.2, RFC 9113 §8.3.1). Routing, the upstream Host and
+//! `:authority`, redirects and forwarding headers use only this value.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use http::header::{self, HeaderValue};
+use http::{Request, Version};
+
+/// Why a request's host was refused (400).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// More than one Host header.
+    #[error("more than one Host header")]
+    Duplicate,
+    /// An HTTP/1.1 or HTTP/2 request without any host.
+    #[error("no Host header")]
+    Missing,
+    /// The Host header names another host than the absolute-form target or `:authority`.
+    #[error("Host header disagrees with the request target")]
+    Mismatch,
+    /// Not a DNS name or IP literal with an optional port (or userinfo, or not ASCII).
+    #[error("invalid host")]
+    Invalid,
+}
+
+/// A host that passed [`request_host`]: safe in a header, a URI authority and a `Forwarded`
+/// element, and unable to carry a path, query, userinfo or whitespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidHost(HeaderValue);
+
+impl ValidHost {
+    /// The host as received, with its port if it had one.
+    pub fn as_str(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+
+    /// The header value (for Host and `X-Forwarded-Host`).
+    pub fn header_value(&self) -> &HeaderValue {
+        &self.0
+    }
+
+    /// No host (HTTP/1.0 without Host): routed to the host-less rules.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The request's host. The URI authority (HTTP/2 `:authority`, HTTP/1.1 absolute-form) wins; a
+/// Host header beside it must name the same host (ASCII case-insensitively). HTTP/1.0 may omit
+/// both (then the host is empty).
+pub fn request_host<B>(req: &Request<B>) -> Result<ValidHost, HostError> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let header = hosts.next();
+    if hosts.next().is_some() {
+        return Err(HostError::Duplicate);
+    }
+    let authority = req.uri().authority().map(|a| a.as_str());
+    let chosen = match (authority, header) {
+        (Some(a), Some(h)) => {
+            if !h.as_bytes().eq_ignore_ascii_case(a.as_bytes()) {
+                return Err(HostError::Mismatch);
+            }
+            a.as_bytes()
+        }
+        (Some(a), None) => a.as_bytes(),
+        (None, Some(h)) => h.as_bytes(),
+        (None, None) if req.version() <= Version::HTTP_10 => {
+            return Ok(ValidHost(HeaderValue::from_static("")))
+        }
+        (None, None) => return Err(HostError::Missing),
+    };
+    if !is_valid_host(chosen) {
+        return Err(HostError::Invalid);
+    }
+    HeaderValue::from_bytes(chosen)
+        .map(ValidHost)
+        .map_err(|_| HostError::Invalid)
+}
+
+/// `host [":" port]`: a DNS name (letters, digits, `-` and `_`, dot-separated labels of 1 to 63
+/// bytes, 253 in all, one trailing dot allowed), an IPv4 address, or `[IPv6]`; the port 1 to 5
+/// digits up to 65535.
+pub fn is_valid_host(host: &[u8]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let (name, port) = split_port(host);
+    if let Some(port) = port {
+        let digits =
+            !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+        if !digits || port.parse::<u32>().map_or(true, |p| p > 65535) {
+            return false;
+        }
+    }
+    if let Some(inner) = name.strip_prefix('[') {
+        return inner
+            .strip_suffix(']')
+            .is_some_and(|ip| ip.parse::<Ipv6Addr>().is_ok());
+    }
+    name.parse::<Ipv4Addr>().is_ok() || is_dns_name(name)
+}
+
+/// Splits `host:port` (`[v6]:port`); the port is `None` without a colon after the host.
+fn split_port(host: &str) -> (&str, Option<&str>) {
+    if host.starts_with('[') {
+        return match host.find(']') {
+            Some(end) => match &host[end + 1..] {
+                "" => (host, None),
+                rest => match rest.strip_prefix(':') {
+                    Some(port) => (&host[..=end], Some(port)),
+                    // `[::1]x`: keep it whole so it fails as a name.
+                    None => (host, None),
+                },
+            },
+            None => (host, None),
+        };
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (host, None),
+    }
+}
+
+fn is_dns_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_literals_of_both_families_pass() {
+        for good in [
+            "example.com",
+            "EXAMPLE.com.",
+            "a-b_c.example:8080",
+            "192.0.2.1",
+            "192.0.2.1:443",
+            "[::1]",
+            "[2001:db8::1]:8443",
+            "[::ffff:192.0.2.1]:80",
+            "localhost:65535",
+        ] {
+            assert!(is_valid_host(good.as_bytes()), "{good}");
+        }
+    }
+
+    #[test]
+    fn anything_else_fails() {
+        let long_label = format!("{}.com", "a".repeat(64));
+        let long_name = format!("{}com", "abcdefghi.".repeat(26));
+        for bad in [
+            "",
+            "x/admin?",
+            "x?y",
+            "x#y",
+            "user@example.com",
+            "exa mple.com",
+            "example.com:",
+            "example.com:65536",
+            "example.com:123456",
+            "example.com:8o",
+            "a..b",
+            ".example.com",
+            "example.com..",
+            "2001:db8::1",
+            "[2001:db8::1",
+            "[2001:db8::1]x",
+            "[2001:db8::zz]:80",
+            "[192.0.2.1]",
+            "exa%6dple.com",
+            "ex\\ample.com",
+            "münchen.de",
+            long_label.as_str(),
+            long_name.as_str(),
+        ] {
+            assert!(!is_valid_host(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    fn req(version: Version, uri: &str, hosts: &[&str]) -> Request<()> {
+        let mut b = Request::builder().version(version).uri(uri);
+        for h in hosts {
+            b = b.header(header::HOST, *h);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn one_host_and_agreement() {
+        let v11 = Version::HTTP_11;
+        let host = |r: &Request<()>| request_host(r).map(|h| h.as_str().to_owned());
+        assert_eq!(host(&req(v11, "/", &["a.test"])), Ok("a.test".into()));
+        assert_eq!(
+            host(&req(v11, "/", &["a.test", "a.test"])),
+            Err(HostError::Duplicate)
+        );
+        assert_eq!(host(&req(v11, "/", &[])), Err(HostError::Missing));
+        assert_eq!(host(&req(Version::HTTP_10, "/", &[])), Ok(String::new()));
+        assert_eq!(
+            host(&req(v11, "http://api.test/public", &["x/admin?"])),
+            Err(HostError::Mismatch)
+        );
+        assert_eq!(
+            host(&req(v11, "http://API.test:80/p", &["api.TEST:80"])),
+            Ok("API.test:80".into())
+        );
+        assert_eq!(
+            host(&req(Version::HTTP_2, "http://[::1]:8080/p", &[])),
+            Ok("[::1]:8080".into())
+        );
+        assert_eq!(host(&req(v11, "/", &["x/admin?"])), Err(HostError::Invalid));
+        assert_eq!(
+            host(&req(v11, "http://u@api.test/", &[])),
+            Err(HostError::Invalid)
+        );
+    }
+}
