@@ -77,6 +77,23 @@ async fn refused(duet: &Duet) -> anyhow::Result<BTreeSet<String>> {
         .collect())
 }
 
+/// Every endpoint address of the EndpointSlices among `manifests`, as `slice address`.
+fn slice_endpoints(manifests: &[Value]) -> Vec<String> {
+    manifests
+        .iter()
+        .filter(|m| m["kind"] == "EndpointSlice")
+        .flat_map(|slice| {
+            let name = slice["metadata"]["name"].as_str().unwrap_or_default();
+            slice["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|e| e["addresses"].as_array().into_iter().flatten())
+                .map(move |a| format!("{name} {}", a.as_str().unwrap_or_default()))
+        })
+        .collect()
+}
+
 async fn until_refused(duet: &Duet, want: &[&str]) -> anyhow::Result<()> {
     let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
     client::eventually("the refused endpoints are listed", LIVE, || async {
@@ -114,8 +131,15 @@ async fn forbidden_addresses_are_not_proxied_to(api_family: Family) -> anyhow::R
         .args(["--election-namespace", "default"])
         .start()
         .await?;
+    // Every endpoint of the fleet's slices (its loopback pod, both families) is refused too.
+    let loopback = slice_endpoints(&pods.manifests());
+    assert_eq!(
+        loopback.len(),
+        2,
+        "one loopback pod of each family: {loopback:?}"
+    );
     let mut want: Vec<&str> = ALWAYS.to_vec();
-    want.extend(["web-only-ipv4 127.0.0.1", "web-only-ipv6 ::1"]);
+    want.extend(loopback.iter().map(String::as_str));
     until_refused(&strict, &want).await?;
     until_status(&strict, "web.test", 503).await?;
     until_status(&strict, "meta.test", 503).await?;
