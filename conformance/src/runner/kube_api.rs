@@ -76,7 +76,14 @@ impl KubeApi {
         })
     }
 
-    async fn send(
+    /// The underlying client (for requests that are not JSON, such as `/readyz`).
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// One request with a JSON body (empty for none), answered with JSON: for paths the
+    /// kind table does not cover (subresources such as `pods/NAME/status` or `binding`).
+    pub async fn send(
         &self,
         method: Method,
         path: &str,
