@@ -2,8 +2,8 @@
 //! the Node [`NODE_NAME`] (pod CIDRs of the cluster's families), binds every unscheduled Pod to it
 //! (there is no kube-scheduler), and runs each Pod as an in-process echo server (the echo
 //! contract of `conformance::echo`, identity from the container's `SERVICE_NAME` and
-//! `INGRESS_NAME`) on addresses of its own, taken from the pod CIDRs and added to the `pods`
-//! interface, listening on every TCP container port. It reports `podIPs`, `phase: Running` and
+//! `INGRESS_NAME`) on addresses of its own, taken from the pod CIDRs and added to the namespace's
+//! loopback interface, listening on every TCP container port. It reports `podIPs`, `phase: Running` and
 //! `Ready=True` through the Pod status API, and when a Pod is deleted it stops the server, removes
 //! the addresses and finalizes the deletion (grace period 0).
 //!
@@ -27,7 +27,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::oneshot;
 
 use super::netns::{enter_path, ip};
-use super::{Stack, NODE_IP_V4, NODE_IP_V6, NODE_NAME, POD_CIDR_V4, POD_CIDR_V6};
+use super::{Stack, NODE_IP_V4, NODE_IP_V6, NODE_NAME, POD_CIDR_V4, POD_CIDR_V6, POD_INTERFACE};
 use crate::echo::{EchoOptions, EchoServer, Family, Identity};
 use crate::fleet::Port;
 use crate::runner::kube_api::KubeApi;
@@ -129,17 +129,24 @@ fn now() -> String {
 
 fn ip_addr(verb: &str, addr: IpAddr) -> anyhow::Result<()> {
     match addr {
-        IpAddr::V4(v4) => ip(&["addr", verb, &format!("{v4}/32"), "dev", "pods"]),
+        IpAddr::V4(v4) => ip(&["addr", verb, &format!("{v4}/32"), "dev", POD_INTERFACE]),
         IpAddr::V6(v6) if verb == "add" => ip(&[
             "-6",
             "addr",
             "add",
             &format!("{v6}/128"),
             "dev",
-            "pods",
+            POD_INTERFACE,
             "nodad",
         ]),
-        IpAddr::V6(v6) => ip(&["-6", "addr", verb, &format!("{v6}/128"), "dev", "pods"]),
+        IpAddr::V6(v6) => ip(&[
+            "-6",
+            "addr",
+            verb,
+            &format!("{v6}/128"),
+            "dev",
+            POD_INTERFACE,
+        ]),
     }
 }
 

@@ -421,22 +421,30 @@ impl Cluster {
     }
 }
 
-/// Loopback up, and the `pods` dummy interface holding the node's addresses (the kubelet adds
-/// each pod's addresses to it).
+/// The interface holding the node's and the pods' addresses: the namespace's loopback (every
+/// address on it is local to the namespace, and it needs no `dummy` kernel module, which some
+/// kernels lack).
+pub const POD_INTERFACE: &str = "lo";
+
+/// Loopback up with the node's addresses (the kubelet adds each pod's).
 fn setup_network(stack: Stack) -> anyhow::Result<()> {
     netns::ip(&["link", "set", "lo", "up"])?;
-    netns::ip(&["link", "add", "pods", "type", "dummy"])?;
-    netns::ip(&["link", "set", "pods", "up"])?;
     for family in stack.families() {
         match family {
-            Family::V4 => netns::ip(&["addr", "add", &format!("{NODE_IP_V4}/32"), "dev", "pods"])?,
+            Family::V4 => netns::ip(&[
+                "addr",
+                "add",
+                &format!("{NODE_IP_V4}/32"),
+                "dev",
+                POD_INTERFACE,
+            ])?,
             Family::V6 => netns::ip(&[
                 "-6",
                 "addr",
                 "add",
                 &format!("{NODE_IP_V6}/128"),
                 "dev",
-                "pods",
+                POD_INTERFACE,
                 "nodad",
             ])?,
         }

@@ -13,6 +13,8 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
     ("v1", "Namespace", "namespaces", false),
     ("v1", "Service", "services", true),
     ("v1", "Secret", "secrets", true),
+    ("v1", "Pod", "pods", true),
+    ("v1", "Node", "nodes", false),
     ("apps/v1", "Deployment", "deployments", true),
     (
         "discovery.k8s.io/v1",
