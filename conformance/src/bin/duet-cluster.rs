@@ -159,7 +159,7 @@ fn down(dir: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while proc_dir.exists() {
+    while running(&proc_dir) {
         if Instant::now() > deadline {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             bail!(
@@ -171,6 +171,16 @@ fn down(dir: &Path) -> anyhow::Result<()> {
     }
     println!("stopped");
     Ok(())
+}
+
+/// Whether the process of `/proc/PID` runs (exists and is not a zombie waiting for its parent).
+fn running(proc_dir: &Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| {
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        !matches!(state, Some('Z') | Some('X'))
+    })
 }
 
 fn exec(dir: &Path, command: &[String]) -> anyhow::Result<()> {
