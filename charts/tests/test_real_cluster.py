@@ -143,15 +143,21 @@ def family(ip: str) -> str:
     return "IPv4" if ipaddress.ip_address(ip).version == 4 else "IPv6"
 
 
-def test_default_values_install_into_the_real_api_server(cluster):
-    assert cluster.control_plane.startswith("kube-apiserver v1.37.")
+@pytest.fixture(scope="module")
+def installed(cluster):
+    """The chart's default values rendered by Helm and created object by object."""
     objects = [o for o in render() if o["kind"] in KINDS]
     assert {o["kind"] for o in objects} >= {"Service", "Deployment", "IngressClass", "ClusterRole"}
     cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     for obj in objects:
         obj.pop("__template", None)
         cluster.create(obj)
+    return cluster
 
+
+def test_default_values_install_into_the_real_api_server(installed):
+    cluster = installed
+    assert cluster.control_plane.startswith("kube-apiserver v1.37.")
     status, service = cluster.request("GET", f"/api/v1/namespaces/{NAMESPACE}/services/{FULLNAME}")
     assert status == 200
     spec = service["spec"]
@@ -161,3 +167,94 @@ def test_default_values_install_into_the_real_api_server(cluster):
     assert spec["clusterIP"] == spec["clusterIPs"][0]
     status, deployment = cluster.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{FULLNAME}")
     assert status == 200 and deployment["spec"]["replicas"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The real duet, started with the installed Deployment's arguments and its ServiceAccount's
+# token (so the real RBAC authorizer enforces the chart's rules), inside the cluster's namespace.
+
+APP = "app"
+
+
+def app_objects() -> list[dict]:
+    meta = {"name": "web", "namespace": APP}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
+            "replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{
+                "name": "echo", "image": "duet.dev/echo", "ports": [{"name": "http", "containerPort": 8080}],
+                "env": [{"name": "SERVICE_NAME", "value": "web"}]}]}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
+            "ipFamilyPolicy": "PreferDualStack", "selector": {"app": "web"},
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "ours", "namespace": APP},
+         "spec": {"ingressClassName": "duet", "rules": [{"host": "ours.test", "http": {"paths": [
+             {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}},
+    ]
+
+
+KINDS["Ingress"] = ("/apis/networking.k8s.io/v1", "ingresses", True)
+
+
+def service_account_kubeconfig(cluster: RealCluster, path: Path):
+    """A kubeconfig with a token of the chart's ServiceAccount (TokenRequest API)."""
+    status, answer = cluster.request(
+        "POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{FULLNAME}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
+    assert status == 201, answer
+    config = yaml.safe_load((cluster.dir / "kubeconfig").read_text())
+    config["users"][0]["user"] = {"token": answer["status"]["token"]}
+    path.write_text(yaml.safe_dump(config))
+
+
+def http_get(url: str, host: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:
+        return 0, str(error)
+
+
+def test_duet_from_the_installed_deployment_serves_every_family_of_the_cluster(installed, tmp_path):
+    cluster = installed
+    for obj in app_objects():
+        cluster.create(obj)
+    kubeconfig = tmp_path / "duet.kubeconfig"
+    service_account_kubeconfig(cluster, kubeconfig)
+    status, deployment = cluster.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{FULLNAME}")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # The namespace is the test's own: fixed loopback ports cannot be taken by anyone else.
+    args = [a for a in container["args"] if not a.startswith(("--http-listen", "--https-listen", "--admin-listen"))]
+    args += ["--http-listen=127.0.0.1:18080", "--http-listen=[::1]:18080", "--admin-listen=127.0.0.1:18254",
+             "--https-listen=127.0.0.1:18443", f"--kubeconfig={kubeconfig}"]
+    env = {"PATH": "/usr/bin:/bin", "DUET_LOG": "info", "POD_NAME": f"{FULLNAME}-0", "POD_NAMESPACE": NAMESPACE}
+    netns = (cluster.dir / "netns").read_text().strip()
+    log = open(tmp_path / "duet.log", "w")
+    duet = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "nsenter", f"--net={netns}", "--",
+                             binary("duet", "controller"), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+    urls = {"IPv4": "http://127.0.0.1:18080/", "IPv6": "http://[::1]:18080/"}
+    try:
+        deadline = time.monotonic() + 60
+        seen = {}
+        while time.monotonic() < deadline and len(seen) < len(cluster.families):
+            assert duet.poll() is None, f"duet exited: {(tmp_path / 'duet.log').read_text()[-3000:]}"
+            for fam in cluster.families:
+                status, body = cluster.inside.submit(http_get, urls[fam], "ours.test").result()
+                if status == 200:
+                    seen[fam] = json.loads(body)
+            time.sleep(0.2)
+        assert sorted(seen) == sorted(cluster.families), (seen, (tmp_path / "duet.log").read_text()[-3000:])
+        for fam, echo in seen.items():
+            assert echo["service"] == "web" and echo["pod"].startswith("web-"), echo
+            # PreferSameFamily: the pod is reached over the client's family, at its pod address.
+            assert echo["family"] == fam.lower(), echo
+            assert ipaddress.ip_address(echo["local"].rsplit(":", 1)[0].strip("[]")) in ipaddress.ip_network(
+                "10.244.0.0/16" if fam == "IPv4" else "fd00:10:244::/64"), echo
+    finally:
+        duet.terminate()
+        duet.wait(timeout=40)
+        log.close()
