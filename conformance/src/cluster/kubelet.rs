@@ -1,8 +1,8 @@
 //! The stand-in kubelet: the one piece of the cluster that is not Kubernetes' own. It registers
 //! the Node [`NODE_NAME`] (pod CIDRs of the cluster's families), binds every unscheduled Pod to it
 //! (there is no kube-scheduler), and runs each Pod as an in-process echo server (the echo
-//! contract of `conformance::echo`, identity from the container's `SERVICE_NAME` and
-//! `INGRESS_NAME`) on addresses of its own, taken from the pod CIDRs and added to the namespace's
+//! contract of `conformance::echo`, identity from the container's `SERVICE_NAME`,
+//! `INGRESS_NAME` and a literal `POD_NAME`, else the pod's name) on addresses of its own, taken from the pod CIDRs and added to the namespace's
 //! loopback interface, listening on every TCP container port. It reports `podIPs`, `phase: Running` and
 //! `Ready=True` through the Pod status API, and when a Pod is deleted it stops the server, removes
 //! the addresses and finalizes the deletion (grace period 0).
@@ -521,7 +521,12 @@ fn start_servers(
             }
         }
     }
-    let name = str_at(pod, "/metadata/name").to_owned();
+    // The echo server names itself by `POD_NAME` (upstream sets it from `metadata.name`, which
+    // is what a `fieldRef` gives here too); a literal value wins, as in a real container.
+    let mut name = env_value(pod, "POD_NAME");
+    if name.is_empty() {
+        name = str_at(pod, "/metadata/name").to_owned();
+    }
     running._server = Some(EchoServer::bind(
         plan.identity,
         &[(name, listen)],
