@@ -295,7 +295,9 @@ def test_service_is_a_dual_stack_load_balancer_onto_8080_and_8443():
 @pytest.mark.parametrize(
     "service, policy, families",
     [
-        ({"ipFamilyPolicy": "RequireDualStack"}, "RequireDualStack", ["IPv4", "IPv6"]),
+        # No families listed: the cluster's (both, its primary first), left to the API server.
+        ({"ipFamilyPolicy": "RequireDualStack"}, "RequireDualStack", None),
+        ({"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6", "IPv4"]}, "RequireDualStack", ["IPv6", "IPv4"]),
         ({"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6", "IPv4"]}, "PreferDualStack", ["IPv6", "IPv4"]),
         ({"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4"]}, "SingleStack", ["IPv4"]),
         ({"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv6"]}, "SingleStack", ["IPv6"]),
@@ -304,7 +306,7 @@ def test_service_is_a_dual_stack_load_balancer_onto_8080_and_8443():
 def test_service_family_settings(service, policy, families):
     spec = one(render({"service": service}), "Service", FULLNAME)["spec"]
     assert spec["ipFamilyPolicy"] == policy
-    assert spec["ipFamilies"] == families
+    assert spec.get("ipFamilies") == families
 
 
 def test_external_traffic_policy_local_and_load_balancer_options():
