@@ -335,7 +335,7 @@ async fn ipv6_cluster_deployment_is_served_on_ipv6() {
 }
 
 /// The pod-shape annotation: on a dual-stack cluster an IPv6-only pod gets one IPv6 address and
-/// appears only in the IPv6 slice.
+/// appears only in the IPv6 slice. A pod with a bad annotation is refused with a reason, not run.
 #[tokio::test]
 async fn pod_shape_annotation_gives_a_pod_one_family() {
     async fn run() -> anyhow::Result<()> {
@@ -355,7 +355,29 @@ async fn pod_shape_annotation_gives_a_pod_one_family() {
             })
         })
         .await?;
-        every_pod_answers(&pods, "six").await
+        every_pod_answers(&pods, "six").await?;
+
+        api.create(deployment("bad", 1, Some(r#"{"ipv4": "sideways"}"#)))
+            .await?;
+        let refused = wait_for("the bad pod refused", || async {
+            let pods = api.list("v1", "Pod", Some(NS), "app=bad").await?;
+            let ready = pods.first().and_then(|p| {
+                p["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == "Ready")
+                    .cloned()
+            });
+            Ok(match ready {
+                Some(c) if c["reason"] == "DuetKubeletRefused" => Ok(c),
+                other => Err(format!("{other:?}")),
+            })
+        })
+        .await?;
+        ensure!(refused["status"] == "False", "{refused}");
+        let message = refused["message"].as_str().unwrap_or_default();
+        ensure!(message.contains("sideways"), "{message}");
+        Ok(())
     }
     run().await.unwrap();
 }

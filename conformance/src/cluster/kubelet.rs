@@ -2,15 +2,17 @@
 //! the Node [`NODE_NAME`] (pod CIDRs of the cluster's families), binds every unscheduled Pod to it
 //! (there is no kube-scheduler), and runs each Pod as an in-process echo server (the echo
 //! contract of `conformance::echo`, identity from the container's `SERVICE_NAME`,
-//! `INGRESS_NAME` and a literal `POD_NAME`, else the pod's name) on addresses of its own, taken from the pod CIDRs and added to the namespace's
-//! loopback interface, listening on every TCP container port. It reports `podIPs`, `phase: Running` and
-//! `Ready=True` through the Pod status API, and when a Pod is deleted it stops the server, removes
+//! `INGRESS_NAME` and a literal `POD_NAME`, else the pod's name) on addresses of its own, taken
+//! from the pod CIDRs and added to the namespace's loopback interface, listening on every TCP
+//! container port. It reports `podIPs`, `phase: Running` and `Ready=True` through the Pod status
+//! API, and when a Pod is deleted it stops the server, removes
 //! the addresses and finalizes the deletion (grace period 0).
 //!
 //! A Pod may ask for its families with the annotation [`POD_SHAPE_ANNOTATION`]:
 //! `{"ipv4": "listen", "ipv6": "absent"}` (words of [`crate::runner::standin::PodShape`]:
 //! `listen`, `closed`: an address whose ports refuse connections, `absent`: no address). A family
-//! the cluster does not have is absent.
+//! the cluster does not have is absent. A pod it cannot run (a bad annotation or port) stays
+//! `Pending` with `Ready=False`, reason `DuetKubeletRefused` and the error as message.
 //!
 //! It runs on a thread of its own inside the cluster's network namespace, polling the Pod list
 //! (a few Pods on one node: a list every 200 ms costs nothing and never misses a change).
