@@ -381,3 +381,97 @@ async fn pod_shape_annotation_gives_a_pod_one_family() {
     }
     run().await.unwrap();
 }
+
+/// The `duet` binary beside the test's own binaries (`cargo test --workspace` builds it).
+fn duet_bin() -> std::path::PathBuf {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_duet-cluster"));
+    let duet = exe.with_file_name("duet");
+    assert!(
+        duet.exists(),
+        "{} is missing: build it with `cargo build -p controller --bin duet`",
+        duet.display()
+    );
+    duet
+}
+
+/// Waits until duet answers `host` over `family` with a pod of `service`, reached over that
+/// family.
+async fn served(
+    duet: &conformance::Duet,
+    family: Family,
+    host: &str,
+    service: &str,
+) -> anyhow::Result<()> {
+    wait_for(&format!("{host} served over {family}"), || async {
+        Ok(
+            match conformance::client::get(duet.http(family), host, "/").await {
+                Ok(reply) if reply.status == 200 => {
+                    let echo = reply.echo()?;
+                    ensure!(echo.service == service, "{echo:?}");
+                    ensure!(
+                        echo.family == family,
+                        "pod reached over {}: {echo:?}",
+                        echo.family
+                    );
+                    Ok(())
+                }
+                Ok(reply) => Err(format!("status {}", reply.status)),
+                Err(e) => Err(format!("{e:#}")),
+            },
+        )
+    })
+    .await
+}
+
+/// duet in Kubernetes mode against the real API server keeps serving while kube-apiserver is
+/// killed, and after it is back it picks up an Ingress created since (its watches resumed).
+#[tokio::test]
+async fn duet_keeps_serving_across_an_api_server_restart() {
+    async fn run() -> anyhow::Result<()> {
+        let _one = ONE_AT_A_TIME.lock().await;
+        let (mut cluster, api) = start(Stack::Dual).await?;
+        api.create(conformance::manifests::ingress_class(
+            "duet",
+            conformance::manifests::CONTROLLER,
+        ))
+        .await?;
+        for app in ["one", "two"] {
+            api.create(deployment(app, 1, None)).await?;
+            api.create(service(app)).await?;
+        }
+        let ingress = |name: &str| {
+            conformance::Ingress::new(NS, name)
+                .class(Some("duet"))
+                .host(&format!("{name}.test"), name)
+                .build()
+        };
+        api.create(ingress("one")).await?;
+        let duet = conformance::DuetBuilder::kube(duet_bin(), cluster.kubeconfig())
+            .args(["--ingress-class", "duet", "--election-namespace", "default"])
+            .die_with_parent()
+            .start()
+            .await?;
+        for family in Family::BOTH {
+            served(&duet, family, "one.test", "one").await?;
+        }
+        // Down for 3 s: duet serves from what it has.
+        let restart = cluster.restart_apiserver(Duration::from_secs(3));
+        let during = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for family in Family::BOTH {
+                let reply = conformance::client::get(duet.http(family), "one.test", "/").await?;
+                conformance::client::expect_status(&reply, 200)?;
+            }
+            anyhow::Ok(())
+        };
+        let (restarted, served_during) = tokio::join!(restart, during);
+        restarted?;
+        served_during.context("while kube-apiserver was down")?;
+        api.create(ingress("two")).await?;
+        for family in Family::BOTH {
+            served(&duet, family, "two.test", "two").await?;
+        }
+        cluster.check_running()
+    }
+    run().await.unwrap();
+}

@@ -17,7 +17,6 @@ pub mod kubelet;
 pub mod netns;
 mod pki;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -136,6 +135,8 @@ pub struct Cluster {
     dir: PathBuf,
     kubeconfig: PathBuf,
     control_plane: String,
+    /// The API server's program and arguments, to start it again.
+    apiserver: (PathBuf, Vec<String>),
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -216,15 +217,13 @@ impl Cluster {
             dir,
             kubeconfig,
             control_plane: String::new(),
+            apiserver: (bin.join("kube-apiserver"), Vec::new()),
             _temp: temp,
         };
         cluster.spawn("etcd", &bin.join("etcd"), &cluster.etcd_args())?;
-        let apiserver_args = cluster.apiserver_args(&pki);
-        cluster.spawn(
-            "kube-apiserver",
-            &bin.join("kube-apiserver"),
-            &apiserver_args,
-        )?;
+        cluster.apiserver.1 = cluster.apiserver_args(&pki);
+        let (program, args) = cluster.apiserver.clone();
+        cluster.spawn("kube-apiserver", &program, &args)?;
         let api = KubeApi::from_kubeconfig(&cluster.kubeconfig).await?;
         let apiserver_version = cluster.wait_ready(&api).await?;
         let kcm_args = cluster.controller_manager_args();
@@ -291,6 +290,26 @@ impl Cluster {
         Ok(())
     }
 
+    /// Kills kube-apiserver (SIGKILL), waits `down_for`, starts it again with the same
+    /// arguments and waits until it is ready. Clients see refused connections meanwhile, then
+    /// the same objects and resource versions (etcd keeps running).
+    pub async fn restart_apiserver(&mut self, down_for: Duration) -> anyhow::Result<()> {
+        let i = self
+            .processes
+            .iter()
+            .position(|(name, _)| *name == "kube-apiserver")
+            .context("no kube-apiserver runs")?;
+        let (_, mut child) = self.processes.remove(i);
+        child.kill()?;
+        child.wait()?;
+        tokio::time::sleep(down_for).await;
+        let (program, args) = self.apiserver.clone();
+        self.spawn("kube-apiserver", &program, &args)?;
+        let api = self.api().await?;
+        self.wait_ready(&api).await?;
+        Ok(())
+    }
+
     fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> anyhow::Result<()> {
         if !program.exists() {
             bail!(
@@ -298,7 +317,11 @@ impl Cluster {
                 program.display()
             );
         }
-        let log = File::create(self.dir.join("logs").join(format!("{name}.log")))?;
+        // Appended: a restarted process keeps the log of its first run.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("logs").join(format!("{name}.log")))?;
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let child = command(&program.to_string_lossy(), &args)?
             .stdin(Stdio::null())
