@@ -21,6 +21,7 @@
 
 pub mod apiserver;
 pub mod client;
+pub mod cluster;
 pub mod duet;
 pub mod echo;
 pub mod fleet;

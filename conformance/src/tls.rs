@@ -84,6 +84,30 @@ impl TestCa {
             der: cert.der().to_vec(),
         }
     }
+
+    /// A client certificate (`extendedKeyUsage: clientAuth`) for the user `common_name` in the
+    /// groups `organizations`, as Kubernetes reads them (CN = user, O = group), signed by this CA.
+    pub fn issue_client(&self, common_name: &str, organizations: &[&str]) -> TestCert {
+        let key = rcgen::KeyPair::generate().expect("key generation");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("no names");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        for org in organizations {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::OrganizationName, *org);
+        }
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("signed certificate");
+        TestCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().to_vec(),
+        }
+    }
 }
 
 /// A rustls server configuration serving `cert` with ALPN `alpn` (e.g. `["h2", "http/1.1"]`).

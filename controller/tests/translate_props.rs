@@ -460,6 +460,29 @@ fn unnamed_service_port_matches_unnamed_slice_ports_only() {
     assert_eq!(diagnostics[0].object.to_string(), "EndpointSlice default/b");
 }
 
+/// What kube-controller-manager writes for a family without endpoints (seen on the real control
+/// plane: a dual-stack Service whose pods have only IPv6): `endpoints: []` and `ports: null`.
+/// Nothing to route and no configuration problem.
+#[test]
+fn an_empty_slice_without_ports_is_no_problem() {
+    for endpoints in [None, Some(Vec::new())] {
+        let mut empty = slice("e", "IPv4", Some("http"), 8080, Vec::new());
+        empty.endpoints = endpoints;
+        empty.ports = None;
+        let six = slice(
+            "s",
+            "IPv6",
+            Some("http"),
+            8080,
+            vec![pod_endpoint("fd00::1", "p1")],
+        );
+        let (targets, diagnostics) = translate::join_targets(&[&empty, &six], "http");
+        assert_eq!(diagnostics, vec![], "no diagnostic for an empty slice");
+        assert_eq!(targets.len(), 1);
+        assert_eq!(targets[0].v6, Some("[fd00::1]:8080".parse().unwrap()));
+    }
+}
+
 #[test]
 fn fqdn_and_wrong_family_addresses_are_diagnosed_and_skipped() {
     let fqdn = slice(

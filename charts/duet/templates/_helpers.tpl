@@ -93,11 +93,11 @@ app.kubernetes.io/part-of: duet
 {{- define "duet.validate" -}}
 {{- $svc := .Values.service }}
 {{- $n := len $svc.ipFamilies }}
-{{- if and (eq $svc.ipFamilyPolicy "SingleStack") (ne $n 1) }}
-{{- fail (printf "service.ipFamilyPolicy SingleStack needs exactly one entry in service.ipFamilies, got %d" $n) }}
+{{- if and (eq $svc.ipFamilyPolicy "SingleStack") (gt $n 1) }}
+{{- fail (printf "service.ipFamilyPolicy SingleStack takes at most one entry in service.ipFamilies, got %d" $n) }}
 {{- end }}
-{{- if and (eq $svc.ipFamilyPolicy "RequireDualStack") (ne $n 2) }}
-{{- fail "service.ipFamilyPolicy RequireDualStack needs both IPv4 and IPv6 in service.ipFamilies" }}
+{{- if and (eq $svc.ipFamilyPolicy "RequireDualStack") (eq $n 1) }}
+{{- fail "service.ipFamilyPolicy RequireDualStack needs both IPv4 and IPv6 in service.ipFamilies (or none: the cluster's order)" }}
 {{- end }}
 {{- $c := .Values.controller }}
 {{- /* duet flushes its access log for at most 2 s after draining. */}}

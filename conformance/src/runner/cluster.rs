@@ -7,6 +7,11 @@
 //!   controllers of [`super::standin`] realising Deployments as loopback echo pods, the
 //!   IngressClass created by the runner, and the real `duet` in Kubernetes mode publishing the
 //!   addresses of a dual-stack LoadBalancer Service, [`PUBLISH_SERVICE`], as Ingress status.
+//! - **Real control plane** (`--real-control-plane`): kube-apiserver, etcd and
+//!   kube-controller-manager built from their Go modules with the stand-in kubelet
+//!   ([`crate::cluster`]), in a network namespace the runner's thread joins; the real controllers
+//!   make the pods (each [`PodShape`] of duet's features a Deployment of its own), and duet runs
+//!   there as in the mini cluster.
 //! - **Real cluster** (`--kubeconfig`): the same requests against that cluster, whose own
 //!   controllers run the echo image; the controller under test and its IngressClass are already
 //!   there, and its status addresses are reached on `--http-port` / `--https-port`.
@@ -46,6 +51,8 @@ pub const ECHO_PORT: u16 = 3000;
 pub struct Options {
     /// `--kubeconfig`: a real cluster; `None` starts the mini cluster.
     pub kubeconfig: Option<PathBuf>,
+    /// `--real-control-plane`: start the real control plane instead of the mini cluster.
+    pub real_control_plane: bool,
     /// The `duet` binary (mini cluster only).
     pub duet: PathBuf,
     /// The IngressClass name Ingresses get by default.
@@ -70,6 +77,10 @@ enum Mode {
         api: Arc<ApiServer>,
         duet: Box<Duet>,
         _standin: StandIn,
+    },
+    Local {
+        duet: Box<Duet>,
+        _cluster: Box<crate::cluster::Cluster>,
     },
     Real {
         http_port: u16,
@@ -157,32 +168,40 @@ impl Cluster {
                 };
                 (kube, mode)
             }
+            None if opts.real_control_plane => {
+                let cluster =
+                    crate::cluster::Cluster::start(crate::cluster::Options::default()).await?;
+                println!("control plane: {}", cluster.control_plane());
+                let kube = cluster.api().await?;
+                create_publish_service(&kube).await?;
+                let duet = start_duet(opts, &kube, cluster.kubeconfig(), &[]).await?;
+                println!(
+                    "real control plane in {}: duet pid {} on {} and {}",
+                    cluster.netns_path().display(),
+                    duet.pid(),
+                    duet.http(Family::V4),
+                    duet.http(Family::V6)
+                );
+                let mode = Mode::Local {
+                    duet: Box::new(duet),
+                    _cluster: Box::new(cluster),
+                };
+                (kube, mode)
+            }
             None => {
                 let api = Arc::new(ApiServer::start(Family::V4.loopback())?);
                 let standin = StandIn::start(api.clone());
                 let kube = KubeApi::from_kubeconfig(api.kubeconfig()).await?;
-                kube.create(crate::manifests::ingress_class(
-                    &opts.ingress_class,
-                    CONTROLLER,
-                ))
-                .await?;
                 api.apply(publish_service())
                     .map_err(|e| anyhow::anyhow!("creating the publish Service: {e:?}"))?;
-                let publish = format!("{}/{}", PUBLISH_SERVICE.0, PUBLISH_SERVICE.1);
-                let duet = DuetBuilder::kube(&opts.duet, api.kubeconfig())
-                    .args([
-                        // The mini cluster's pods listen on 127.0.0.1 and ::1 (test-only flag).
-                        "--allow-loopback-endpoints",
-                        "--publish-service",
-                        &publish,
-                        "--ingress-class",
-                        &opts.ingress_class,
-                        "--election-namespace",
-                        "default",
-                    ])
-                    .die_with_parent()
-                    .start()
-                    .await?;
+                // The mini cluster's pods listen on 127.0.0.1 and ::1 (test-only flag).
+                let duet = start_duet(
+                    opts,
+                    &kube,
+                    api.kubeconfig(),
+                    &["--allow-loopback-endpoints"],
+                )
+                .await?;
                 println!(
                     "mini cluster: API server {}, duet pid {} on {} and {}",
                     api.addr(),
@@ -209,10 +228,19 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Kills the `duet` the runner started, if any (from any thread, at any time).
+    /// Kills the `duet` the runner started, if any (from any thread, at any time). The real
+    /// control plane's processes die with the runner's thread (parent-death signal).
     pub fn kill_children(&self) {
-        if let Mode::Mini { duet, .. } = &self.mode {
+        if let Some(duet) = self.duet() {
             duet.kill_now();
+        }
+    }
+
+    /// The `duet` the runner started, if any.
+    fn duet(&self) -> Option<&Duet> {
+        match &self.mode {
+            Mode::Mini { duet, .. } | Mode::Local { duet, .. } => Some(duet),
+            Mode::Real { .. } => None,
         }
     }
 
@@ -220,7 +248,7 @@ impl Cluster {
     pub fn mini_api(&self) -> Option<&ApiServer> {
         match &self.mode {
             Mode::Mini { api, .. } => Some(api),
-            Mode::Real { .. } => None,
+            Mode::Local { .. } | Mode::Real { .. } => None,
         }
     }
 
@@ -228,7 +256,7 @@ impl Cluster {
     pub fn listener(&self, ip: IpAddr, scheme: &str) -> SocketAddr {
         let https = scheme == "https";
         match &self.mode {
-            Mode::Mini { duet, .. } => {
+            Mode::Mini { duet, .. } | Mode::Local { duet, .. } => {
                 let family = Family::of(&SocketAddr::new(ip, 0));
                 if https {
                     duet.https(family)
@@ -274,8 +302,26 @@ impl Cluster {
             .context("namespace without a name")
     }
 
-    /// Deletes a namespace (its objects go with it; its pods stop), without waiting.
+    /// Deletes a namespace (its objects go with it; its pods stop), without waiting. Its
+    /// Ingresses go first, at once: a real cluster's namespace controller empties a namespace
+    /// over seconds, and an Ingress left meanwhile would still claim its hosts and paths (the
+    /// oldest Ingress wins a conflict) for the next scenario.
     pub async fn delete_namespace(&self, ns: &str) {
+        let ingresses = self
+            .kube
+            .list("networking.k8s.io/v1", "Ingress", Some(ns), "")
+            .await
+            .unwrap_or_default();
+        for ingress in ingresses {
+            let name = ingress["metadata"]["name"].as_str().unwrap_or_default();
+            if let Err(e) = self
+                .kube
+                .delete("networking.k8s.io/v1", "Ingress", Some(ns), name)
+                .await
+            {
+                eprintln!("cannot delete Ingress {ns}/{name}: {e:#}");
+            }
+        }
         if let Err(e) = self.kube.delete("v1", "Namespace", None, ns).await {
             eprintln!("cannot delete namespace {ns}: {e:#}");
         }
@@ -322,15 +368,20 @@ impl Cluster {
         service: &str,
         specs: &[PodSpec],
     ) -> anyhow::Result<()> {
-        ensure!(
-            self.mini_api().is_some(),
-            "a Service with pods of chosen families needs the mini cluster (run without --kubeconfig)"
-        );
-        let shapes: Vec<PodShape> = specs.iter().map(PodShape::of).collect();
         let families: Vec<Family> = Family::BOTH
             .into_iter()
             .filter(|f| specs.iter().any(|s| s.port(*f) != Port::Absent))
             .collect();
+        if let Mode::Local { .. } = self.mode {
+            return self
+                .service_with_shaped_pods(ns, service, specs, &families)
+                .await;
+        }
+        ensure!(
+            self.mini_api().is_some(),
+            "a Service with pods of chosen families needs the mini cluster or --real-control-plane (not --kubeconfig)"
+        );
+        let shapes: Vec<PodShape> = specs.iter().map(PodShape::of).collect();
         self.kube
             .create(self.deployment(
                 ns,
@@ -347,6 +398,59 @@ impl Cluster {
         self.wait_available(ns, service, service, specs.len())
             .await?;
         Ok(())
+    }
+
+    /// On the real control plane: a Deployment `<service>-<pod>` of one replica per pod, its
+    /// template asking the stand-in kubelet for the pod's families
+    /// ([`crate::cluster::POD_SHAPE_ANNOTATION`]) and naming the pod as the feature does
+    /// (`POD_NAME`), all selected by the Service.
+    async fn service_with_shaped_pods(
+        &self,
+        ns: &str,
+        service: &str,
+        specs: &[PodSpec],
+        families: &[Family],
+    ) -> anyhow::Result<()> {
+        ensure!(
+            specs.iter().all(|s| s.ready),
+            "the real control plane has no not-ready pods yet"
+        );
+        for spec in specs {
+            let shape = PodShape::of(spec);
+            let name = format!("{service}-{}", spec.name);
+            let mut d = self.deployment(ns, &name, "", service, 1, None);
+            let template = &mut d["spec"]["template"];
+            template["metadata"]["labels"] = json!({"app": service, "duet-pod": spec.name});
+            template["metadata"]["annotations"] = json!({crate::cluster::POD_SHAPE_ANNOTATION:
+                json!({"ipv4": shape.ipv4, "ipv6": shape.ipv6}).to_string()});
+            template["spec"]["containers"][0]["env"][0] =
+                json!({"name": "POD_NAME", "value": spec.name});
+            d["spec"]["selector"]["matchLabels"] = json!({"app": service, "duet-pod": spec.name});
+            self.kube.create(d).await?;
+        }
+        self.kube
+            .create(service_object(ns, service, service, Some(families)))
+            .await?;
+        let deadline = Instant::now() + self.ready_timeout;
+        let selector = format!("kubernetes.io/service-name={service}");
+        loop {
+            let slices = self
+                .kube
+                .list("discovery.k8s.io/v1", "EndpointSlice", Some(ns), &selector)
+                .await?;
+            let (pods, _) = ready_endpoints(&slices);
+            if pods.len() == specs.len() {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "Service {ns}/{service}: {} of {} pods ready after {:?}",
+                pods.len(),
+                specs.len(),
+                self.ready_timeout
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Scales Deployment `name` (of Service `service`) to `replicas` and waits until it is
@@ -370,7 +474,7 @@ impl Cluster {
             .await?;
         let addrs = self.wait_available(ns, name, service, replicas).await?;
         match &self.mode {
-            Mode::Mini { duet, .. } => wait_routed(duet, &addrs).await,
+            Mode::Mini { duet, .. } | Mode::Local { duet, .. } => wait_routed(duet, &addrs).await,
             Mode::Real { scale_settle, .. } => {
                 tokio::time::sleep(*scale_settle).await;
                 Ok(())
@@ -556,4 +660,57 @@ async fn wait_routed(duet: &Duet, addrs: &[SocketAddr]) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Creates the IngressClass and starts duet in Kubernetes mode against `kubeconfig`, publishing
+/// its loopback listeners as status.
+async fn start_duet(
+    opts: &Options,
+    kube: &KubeApi,
+    kubeconfig: &std::path::Path,
+    extra: &[&str],
+) -> anyhow::Result<Duet> {
+    kube.create(crate::manifests::ingress_class(
+        &opts.ingress_class,
+        CONTROLLER,
+    ))
+    .await?;
+    let publish = format!("{}/{}", PUBLISH_SERVICE.0, PUBLISH_SERVICE.1);
+    let mut args = vec![
+        "--publish-service",
+        &publish,
+        "--ingress-class",
+        &opts.ingress_class,
+        "--election-namespace",
+        "default",
+    ];
+    args.extend_from_slice(extra);
+    DuetBuilder::kube(&opts.duet, kubeconfig)
+        .args(args)
+        .die_with_parent()
+        .start()
+        .await
+}
+
+/// The publish Service on a real API server: created as [`publish_service`] without its cluster
+/// IPs (the API server allocates them from its ranges), then its load balancer status written
+/// through the status subresource, as a load balancer controller would.
+async fn create_publish_service(kube: &KubeApi) -> anyhow::Result<()> {
+    let mut service = publish_service();
+    let status = service["status"].take();
+    let spec = service["spec"]
+        .as_object_mut()
+        .expect("the Service has a spec");
+    spec.remove("clusterIP");
+    spec.remove("clusterIPs");
+    kube.create(service).await?;
+    kube.merge_patch(
+        "v1",
+        "Service",
+        Some(PUBLISH_SERVICE.0),
+        &format!("{}/status", PUBLISH_SERVICE.1),
+        &json!({ "status": status }),
+    )
+    .await?;
+    Ok(())
 }

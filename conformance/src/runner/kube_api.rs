@@ -13,6 +13,8 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
     ("v1", "Namespace", "namespaces", false),
     ("v1", "Service", "services", true),
     ("v1", "Secret", "secrets", true),
+    ("v1", "Pod", "pods", true),
+    ("v1", "Node", "nodes", false),
     ("apps/v1", "Deployment", "deployments", true),
     (
         "discovery.k8s.io/v1",
@@ -76,7 +78,14 @@ impl KubeApi {
         })
     }
 
-    async fn send(
+    /// The underlying client (for requests that are not JSON, such as `/readyz`).
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// One request with a JSON body (empty for none), answered with JSON: for paths the
+    /// kind table does not cover (subresources such as `pods/NAME/status` or `binding`).
+    pub async fn send(
         &self,
         method: Method,
         path: &str,

@@ -58,6 +58,11 @@ pub struct Cli {
     /// under test writes, instead of starting the mini cluster and duet.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
+    /// Run on the real control plane (kube-apiserver, etcd, kube-controller-manager built from
+    /// conformance/cluster, the stand-in kubelet) instead of the mini cluster; prints
+    /// `control plane: kube-apiserver vX, kube-controller-manager vX`. Needs root and Go.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    pub real_control_plane: bool,
     /// The IngressClass Ingresses name by default (with --kubeconfig it must exist).
     #[arg(long, value_name = "NAME", default_value = cluster::INGRESS_CLASS)]
     pub ingress_class: String,
@@ -128,6 +133,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     }
     let cluster = cluster::Cluster::start(&cluster::Options {
         kubeconfig: cli.kubeconfig.clone(),
+        real_control_plane: cli.real_control_plane,
         duet,
         ingress_class: cli.ingress_class.clone(),
         echo_image: cli.echo_image.clone(),

@@ -42,7 +42,8 @@ pub struct PodShape {
     pub ipv6: String,
 }
 
-fn port_of(word: &str) -> anyhow::Result<Port> {
+/// The [`Port`] of a word of [`PodShape`]: `listen`, `closed` or `absent`.
+pub fn port_of(word: &str) -> anyhow::Result<Port> {
     Ok(match word {
         "listen" => Port::Listen,
         "closed" => Port::Closed,

@@ -113,6 +113,11 @@ pub fn join_targets(
                 continue;
             }
         };
+        // The endpointslice controller keeps an empty slice per family, without ports, when no
+        // pod has an address of that family (or none is left): nothing to route, nothing wrong.
+        if slice.endpoints.as_ref().is_none_or(Vec::is_empty) {
+            continue;
+        }
         let port = slice.ports.iter().flatten().find(|p| {
             p.name.as_deref().unwrap_or_default() == port_name
                 && p.protocol.as_deref().unwrap_or("TCP") == "TCP"

@@ -1,0 +1,196 @@
+//! `duet-cluster`: a real Kubernetes control plane (etcd, kube-apiserver,
+//! kube-controller-manager, built by `conformance/cluster/build.sh`) with the stand-in kubelet, in
+//! a network namespace of its own (see `conformance::cluster`).
+//!
+//! ```text
+//! duet-cluster up --dir /tmp/c [--single-stack[=ipv4|ipv6]]   # foreground; Ctrl-C stops it
+//! duet-cluster exec --dir /tmp/c -- curl -sk https://127.0.0.1:6443/version
+//! duet-cluster down --dir /tmp/c
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use conformance::cluster::{Cluster, Options, Stack};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "duet-cluster",
+    version,
+    about = "A real Kubernetes control plane in a network namespace, for duet's tests"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Starts a cluster and runs until SIGINT/SIGTERM or `down`; prints `ready` when usable.
+    Up {
+        /// The cluster's folder: kubeconfig, certificates, etcd data, logs/, pid, netns.
+        #[arg(long)]
+        dir: PathBuf,
+        /// One family only (IPv4 unless `=ipv6`); the default is dual-stack, IPv4 primary.
+        #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "ipv4", require_equals = true)]
+        single_stack: Option<Stack>,
+        /// Where etcd, kube-apiserver and kube-controller-manager are (default: build.sh's).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
+    /// Stops the cluster started with the same `--dir` and waits until it is gone.
+    Down {
+        /// The cluster's folder.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Runs a command inside the cluster's network namespace (`nsenter --net`).
+    Exec {
+        /// The cluster's folder.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
+    },
+}
+
+fn main() {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => {
+            print!("{e}");
+            return;
+        }
+        Err(e) => {
+            let first = e.to_string();
+            let line = first.lines().next().unwrap_or("invalid arguments");
+            eprintln!("duet-cluster: {}", line.trim_start_matches("error: "));
+            std::process::exit(64);
+        }
+    };
+    let result = match args.command {
+        Cmd::Up {
+            dir,
+            single_stack,
+            bin_dir,
+        } => up(dir, single_stack.unwrap_or(Stack::Dual), bin_dir),
+        Cmd::Down { dir } => down(&dir),
+        Cmd::Exec { dir, command } => exec(&dir, &command),
+    };
+    if let Err(e) = result {
+        eprintln!("duet-cluster: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn up(dir: PathBuf, stack: Stack, bin_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    if let Ok(pid) = std::fs::read_to_string(dir.join("pid")) {
+        if Path::new(&format!("/proc/{}", pid.trim())).exists() {
+            bail!(
+                "a cluster (pid {}) already runs in {}",
+                pid.trim(),
+                dir.display()
+            );
+        }
+    }
+    for stale in ["ready", "netns"] {
+        let _ = std::fs::remove_file(dir.join(stale));
+    }
+    std::fs::write(dir.join("pid"), std::process::id().to_string())?;
+    // One thread: it joins the namespace, starts every process (their parent-death signal is
+    // tied to it) and opens every socket.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let options = Options {
+            stack,
+            bin_dir,
+            dir: Some(dir.clone()),
+        };
+        let cluster = Cluster::start(options).await?;
+        std::fs::write(
+            dir.join("netns"),
+            cluster.netns_path().display().to_string(),
+        )?;
+        println!("control plane: {}", cluster.control_plane());
+        println!("kubeconfig {}", cluster.kubeconfig().display());
+        println!(
+            "network namespace {} (nsenter --net={} ...)",
+            cluster.netns_path().display(),
+            cluster.netns_path().display()
+        );
+        std::fs::write(dir.join("ready"), cluster.control_plane())?;
+        println!("ready");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        drop(cluster);
+        anyhow::Ok(())
+    })?;
+    for file in ["ready", "netns", "pid"] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+    Ok(())
+}
+
+fn down(dir: &Path) -> anyhow::Result<()> {
+    let pid_file = dir.join("pid");
+    let Ok(text) = std::fs::read_to_string(&pid_file) else {
+        println!("no cluster runs in {}", dir.display());
+        return Ok(());
+    };
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{} does not hold a pid", pid_file.display()))?;
+    let pid = rustix::process::Pid::from_raw(pid).context("pid 0")?;
+    let proc_dir = PathBuf::from(format!("/proc/{}", pid.as_raw_nonzero()));
+    if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_err() {
+        println!("no cluster runs in {} (stale pid)", dir.display());
+        let _ = std::fs::remove_file(&pid_file);
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running(&proc_dir) {
+        if Instant::now() > deadline {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            bail!(
+                "duet-cluster (pid {}) did not stop within 30 s: killed",
+                pid.as_raw_nonzero()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("stopped");
+    Ok(())
+}
+
+/// Whether the process of `/proc/PID` runs (exists and is not a zombie waiting for its parent).
+fn running(proc_dir: &Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| {
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        !matches!(state, Some('Z') | Some('X'))
+    })
+}
+
+fn exec(dir: &Path, command: &[String]) -> anyhow::Result<()> {
+    let netns = std::fs::read_to_string(dir.join("netns"))
+        .with_context(|| format!("no running cluster in {} (no netns file)", dir.display()))?;
+    let status = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.trim()))
+        .arg("--")
+        .args(command)
+        .status()
+        .context("cannot run nsenter (util-linux)")?;
+    std::process::exit(status.code().unwrap_or(1));
+}

@@ -1,0 +1,497 @@
+//! A real Kubernetes control plane on one machine: etcd, kube-apiserver and
+//! kube-controller-manager built from their Go modules (`conformance/cluster/build.sh`), run in a
+//! network namespace of their own with a stand-in kubelet ([`kubelet`]) that runs pods as echo
+//! servers on real pod addresses of both families.
+//!
+//! Reachability: [`Cluster::start`] moves the calling thread into the namespace, so the API
+//! server (`https://127.0.0.1:6443`, or `[::1]` on an IPv6-only cluster), every pod address and
+//! every process the thread starts (the control plane, duet under test) share one network; a
+//! test drives it from a current-thread Tokio runtime. Another thread or process joins with
+//! [`netns::enter_path`] / `nsenter --net=PATH` on [`Cluster::netns_path`].
+//!
+//! Cleanup: every process runs under `setpriv --pdeathsig KILL`, so it dies with the thread that
+//! started it however that thread ends; dropping the [`Cluster`] kills them at once. The
+//! namespace has no name and disappears with its last member.
+
+pub mod kubelet;
+pub mod netns;
+mod pki;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use http::Method;
+
+use crate::echo::Family;
+use crate::runner::kube_api::KubeApi;
+pub use kubelet::POD_SHAPE_ANNOTATION;
+pub use netns::NetNs;
+
+/// The one node's name.
+pub const NODE_NAME: &str = "duet-node";
+/// The IPv4 pod CIDR (the node holds its first address).
+pub const POD_CIDR_V4: &str = "10.244.0.0/16";
+/// The IPv6 pod CIDR (the node holds its first address).
+pub const POD_CIDR_V6: &str = "fd00:10:244::/64";
+/// The node's IPv4 address (the API server advertises it).
+pub const NODE_IP_V4: &str = "10.244.0.1";
+/// The node's IPv6 address.
+pub const NODE_IP_V6: &str = "fd00:10:244::1";
+/// The IPv4 Service range.
+pub const SERVICE_CIDR_V4: &str = "10.96.0.0/16";
+/// The IPv6 Service range.
+pub const SERVICE_CIDR_V6: &str = "fd00:10:96::/112";
+
+/// `setpriv` (util-linux) gives every process a parent-death signal without `unsafe` code here.
+const SETPRIV: &str = "/usr/bin/setpriv";
+/// How long the control plane may take to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The families of a cluster's Service and pod networks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stack {
+    /// IPv4 and IPv6, IPv4 primary.
+    Dual,
+    /// IPv4 only.
+    Ipv4,
+    /// IPv6 only.
+    Ipv6,
+}
+
+impl Stack {
+    /// Its families, primary first.
+    pub fn families(self) -> &'static [Family] {
+        match self {
+            Stack::Dual => &Family::BOTH,
+            Stack::Ipv4 => &[Family::V4],
+            Stack::Ipv6 => &[Family::V6],
+        }
+    }
+
+    /// `--service-cluster-ip-range`.
+    fn service_range(self) -> String {
+        let ranges: Vec<&str> = self
+            .families()
+            .iter()
+            .map(|f| match f {
+                Family::V4 => SERVICE_CIDR_V4,
+                Family::V6 => SERVICE_CIDR_V6,
+            })
+            .collect();
+        ranges.join(",")
+    }
+
+    /// The node address the API server advertises (of the primary family).
+    fn advertise_address(self) -> &'static str {
+        match self.families()[0] {
+            Family::V4 => NODE_IP_V4,
+            Family::V6 => NODE_IP_V6,
+        }
+    }
+
+    /// The API server URL in the kubeconfig.
+    fn server_url(self) -> &'static str {
+        match self.families()[0] {
+            Family::V4 => "https://127.0.0.1:6443",
+            Family::V6 => "https://[::1]:6443",
+        }
+    }
+}
+
+/// How to start a cluster.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The network families.
+    pub stack: Stack,
+    /// Where etcd, kube-apiserver and kube-controller-manager are (default: what
+    /// `conformance/cluster/build.sh` builds or reuses).
+    pub bin_dir: Option<PathBuf>,
+    /// Where the certificates, kubeconfig, etcd data and logs go (default: a temporary folder
+    /// removed on drop).
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            stack: Stack::Dual,
+            bin_dir: None,
+            dir: None,
+        }
+    }
+}
+
+/// A running cluster; dropping it stops everything.
+#[derive(Debug)]
+pub struct Cluster {
+    // Field order is drop order: the kubelet, then the processes (newest first), then the
+    // namespace holder and the folder.
+    kubelet: Option<kubelet::Kubelet>,
+    processes: Vec<(&'static str, Child)>,
+    netns: NetNs,
+    stack: Stack,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    control_plane: String,
+    /// The API server's program and arguments, to start it again.
+    apiserver: (PathBuf, Vec<String>),
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        drop(self.kubelet.take());
+        for (_, child) in self.processes.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `setpriv --pdeathsig KILL -- PROGRAM ARGS`: the process gets SIGKILL when the thread that
+/// started it ends.
+pub fn command(program: &str, args: &[&str]) -> anyhow::Result<Command> {
+    if !Path::new(SETPRIV).exists() {
+        bail!(
+            "{SETPRIV} (util-linux) is missing: the cluster's processes need a parent-death signal"
+        );
+    }
+    let mut cmd = Command::new(SETPRIV);
+    cmd.args(["--pdeathsig", "KILL", "--", program]).args(args);
+    Ok(cmd)
+}
+
+/// Runs `conformance/cluster/build.sh` (which reuses an up-to-date build) and returns the folder
+/// holding the binaries. `DUET_CLUSTER_BIN` names a folder of prebuilt binaries instead.
+pub fn build_control_plane() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("DUET_CLUSTER_BIN").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.join("stamp").exists() {
+            return Ok(dir);
+        }
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = stdout.lines().last().unwrap_or_default().trim();
+    Ok(PathBuf::from(dir))
+}
+
+impl Cluster {
+    /// Starts a cluster and waits until it is usable: the API server ready, the controllers
+    /// running (the `default` ServiceAccount exists) and the node registered. Moves the calling
+    /// thread into the cluster's network namespace (see the module documentation).
+    pub async fn start(options: Options) -> anyhow::Result<Cluster> {
+        let bin = match &options.bin_dir {
+            Some(dir) => dir.clone(),
+            None => build_control_plane()?,
+        };
+        let (dir, temp) = match &options.dir {
+            Some(dir) => (dir.clone(), None),
+            None => {
+                let temp = tempfile::Builder::new().prefix("duet-cluster-").tempdir()?;
+                (temp.path().to_owned(), Some(temp))
+            }
+        };
+        std::fs::create_dir_all(dir.join("logs"))?;
+        let netns = NetNs::create()?;
+        netns.enter()?;
+        setup_network(options.stack)?;
+        let pki = pki::Pki::generate(&dir.join("pki"))?;
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, pki.kubeconfig(options.stack.server_url()))?;
+        let mut cluster = Cluster {
+            kubelet: None,
+            processes: Vec::new(),
+            netns,
+            stack: options.stack,
+            dir,
+            kubeconfig,
+            control_plane: String::new(),
+            apiserver: (bin.join("kube-apiserver"), Vec::new()),
+            _temp: temp,
+        };
+        cluster.spawn("etcd", &bin.join("etcd"), &cluster.etcd_args())?;
+        cluster.apiserver.1 = cluster.apiserver_args(&pki);
+        let (program, args) = cluster.apiserver.clone();
+        cluster.spawn("kube-apiserver", &program, &args)?;
+        let api = KubeApi::from_kubeconfig(&cluster.kubeconfig).await?;
+        let apiserver_version = cluster.wait_ready(&api).await?;
+        let kcm_args = cluster.controller_manager_args();
+        cluster.spawn(
+            "kube-controller-manager",
+            &bin.join("kube-controller-manager"),
+            &kcm_args,
+        )?;
+        cluster.kubelet = Some(kubelet::Kubelet::start(
+            cluster.netns.path(),
+            &cluster.kubeconfig,
+            cluster.stack,
+        )?);
+        cluster.wait_controllers(&api).await?;
+        let kcm_version = version_of(&bin.join("kube-controller-manager"))?;
+        cluster.control_plane =
+            format!("kube-apiserver {apiserver_version}, kube-controller-manager {kcm_version}");
+        Ok(cluster)
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The cluster's folder (certificates, kubeconfig, etcd data, `logs/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The network families.
+    pub fn stack(&self) -> Stack {
+        self.stack
+    }
+
+    /// `kube-apiserver v1.37.2, kube-controller-manager v1.37.2`: what runs, as it reports itself.
+    pub fn control_plane(&self) -> &str {
+        &self.control_plane
+    }
+
+    /// `/proc/PID/ns/net` of the cluster's network namespace.
+    pub fn netns_path(&self) -> &Path {
+        self.netns.path()
+    }
+
+    /// The pid of the process holding the namespace.
+    pub fn netns_pid(&self) -> u32 {
+        self.netns.pid()
+    }
+
+    /// An admin client.
+    pub async fn api(&self) -> anyhow::Result<KubeApi> {
+        KubeApi::from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Fails when a control-plane process has exited, with the end of its log.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        for (name, child) in &mut self.processes {
+            if let Some(status) = child.try_wait()? {
+                let log = tail(&self.dir.join("logs").join(format!("{name}.log")));
+                bail!("{name} exited ({status}):\n{log}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills kube-apiserver (SIGKILL), waits `down_for`, starts it again with the same
+    /// arguments and waits until it is ready. Clients see refused connections meanwhile, then
+    /// the same objects and resource versions (etcd keeps running).
+    pub async fn restart_apiserver(&mut self, down_for: Duration) -> anyhow::Result<()> {
+        let i = self
+            .processes
+            .iter()
+            .position(|(name, _)| *name == "kube-apiserver")
+            .context("no kube-apiserver runs")?;
+        let (_, mut child) = self.processes.remove(i);
+        child.kill()?;
+        child.wait()?;
+        tokio::time::sleep(down_for).await;
+        let (program, args) = self.apiserver.clone();
+        self.spawn("kube-apiserver", &program, &args)?;
+        let api = self.api().await?;
+        self.wait_ready(&api).await?;
+        Ok(())
+    }
+
+    fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> anyhow::Result<()> {
+        if !program.exists() {
+            bail!(
+                "{} is missing: run conformance/cluster/build.sh",
+                program.display()
+            );
+        }
+        // Appended: a restarted process keeps the log of its first run.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("logs").join(format!("{name}.log")))?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = command(&program.to_string_lossy(), &args)?
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        self.processes.push((name, child));
+        Ok(())
+    }
+
+    fn etcd_args(&self) -> Vec<String> {
+        let data = self.dir.join("etcd");
+        vec![
+            format!("--data-dir={}", data.display()),
+            "--name=duet".into(),
+            "--listen-client-urls=http://127.0.0.1:2379".into(),
+            "--advertise-client-urls=http://127.0.0.1:2379".into(),
+            "--listen-peer-urls=http://127.0.0.1:2380".into(),
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
+            "--initial-cluster=duet=http://127.0.0.1:2380".into(),
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ]
+    }
+
+    fn apiserver_args(&self, pki: &pki::Pki) -> Vec<String> {
+        let p = |path: &Path| path.display().to_string();
+        vec![
+            "--etcd-servers=http://127.0.0.1:2379".into(),
+            "--bind-address=::".into(),
+            "--secure-port=6443".into(),
+            format!("--advertise-address={}", self.stack.advertise_address()),
+            format!("--service-cluster-ip-range={}", self.stack.service_range()),
+            "--authorization-mode=Node,RBAC".into(),
+            format!("--client-ca-file={}", p(&pki.ca)),
+            format!("--tls-cert-file={}", p(&pki.serving.0)),
+            format!("--tls-private-key-file={}", p(&pki.serving.1)),
+            format!("--service-account-key-file={}", p(&pki.sa_pub)),
+            format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--cert-dir={}", p(&self.dir.join("pki"))),
+            "--profiling=false".into(),
+        ]
+    }
+
+    fn controller_manager_args(&self) -> Vec<String> {
+        vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            // Deployments become ReplicaSets become Pods; Services get EndpointSlices; deleted
+            // namespaces and owners take their objects along; namespaces get a `default`
+            // ServiceAccount, without which no Pod is admitted.
+            "--controllers=deployment-controller,replicaset-controller,endpointslice-controller,\
+             namespace-controller,garbage-collector-controller,serviceaccount-controller"
+                .into(),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--profiling=false".into(),
+        ]
+    }
+
+    /// Waits for `/readyz` and returns the API server's `gitVersion`.
+    async fn wait_ready(&mut self, api: &KubeApi) -> anyhow::Result<String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            self.check_running()?;
+            if let Ok(version) = api
+                .send(Method::GET, "/version", "application/json", Vec::new())
+                .await
+            {
+                let ready = api
+                    .client()
+                    .request_text(http::Request::get("/readyz").body(Vec::new())?)
+                    .await;
+                if ready.is_ok_and(|body| body.trim() == "ok") {
+                    return Ok(version["gitVersion"]
+                        .as_str()
+                        .unwrap_or("unknown")
+                        .to_owned());
+                }
+            }
+            if Instant::now() > deadline {
+                let log = tail(&self.dir.join("logs/kube-apiserver.log"));
+                bail!("kube-apiserver not ready within {START_TIMEOUT:?}:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for the controllers (the `default` ServiceAccount) and the node.
+    async fn wait_controllers(&mut self, api: &KubeApi) -> anyhow::Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            self.check_running()?;
+            let sa = api
+                .send(
+                    Method::GET,
+                    "/api/v1/namespaces/default/serviceaccounts/default",
+                    "application/json",
+                    Vec::new(),
+                )
+                .await;
+            let node = api.get("v1", "Node", None, NODE_NAME).await;
+            let node_ready = node.ok().flatten().is_some_and(|n| {
+                n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+            if sa.is_ok() && node_ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let log = tail(&self.dir.join("logs/kube-controller-manager.log"));
+                bail!("no default ServiceAccount or Ready node within {START_TIMEOUT:?}:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The interface holding the node's and the pods' addresses: the namespace's loopback (every
+/// address on it is local to the namespace, and it needs no `dummy` kernel module, which some
+/// kernels lack).
+pub const POD_INTERFACE: &str = "lo";
+
+/// Loopback up with the node's addresses (the kubelet adds each pod's).
+fn setup_network(stack: Stack) -> anyhow::Result<()> {
+    netns::ip(&["link", "set", "lo", "up"])?;
+    for family in stack.families() {
+        match family {
+            Family::V4 => netns::ip(&[
+                "addr",
+                "add",
+                &format!("{NODE_IP_V4}/32"),
+                "dev",
+                POD_INTERFACE,
+            ])?,
+            Family::V6 => netns::ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{NODE_IP_V6}/128"),
+                "dev",
+                POD_INTERFACE,
+                "nodad",
+            ])?,
+        }
+    }
+    Ok(())
+}
+
+/// `v1.37.2` from `PROGRAM --version` (`Kubernetes v1.37.2`).
+fn version_of(program: &Path) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("cannot run {} --version", program.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .split_whitespace()
+        .last()
+        .unwrap_or("unknown")
+        .to_owned())
+}
+
+/// The last 40 lines of a log.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
