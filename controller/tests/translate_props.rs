@@ -476,7 +476,7 @@ fn an_empty_slice_without_ports_is_no_problem() {
             8080,
             vec![pod_endpoint("fd00::1", "p1")],
         );
-        let (targets, diagnostics) = translate::join_targets(&[&empty, &six], "http");
+        let (targets, diagnostics) = translate::join_targets(&[&empty, &six], "http", false);
         assert_eq!(diagnostics, vec![], "no diagnostic for an empty slice");
         assert_eq!(targets.len(), 1);
         assert_eq!(targets[0].v6, Some("[fd00::1]:8080".parse().unwrap()));
