@@ -48,11 +48,17 @@ pub enum Reason {
     InvalidBackendTls,
     /// Upstream certificates are not verified (`duet.dev/backend-tls-skip-verify: "true"`).
     InsecureBackendTls,
+    /// An `nginx.ingress.kubernetes.io/` annotation duet does not apply (unsupported, unknown or
+    /// removed upstream); the Ingress is served without it.
+    IgnoredAnnotation,
+    /// A snippet annotation (raw nginx configuration): never interpreted; the Ingress is served
+    /// without it, or not at all under `--strict-annotations`.
+    SnippetAnnotation,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 19] = [
         Reason::MissingService,
         Reason::UnknownServicePort,
         Reason::MissingSecret,
@@ -70,6 +76,8 @@ impl Reason {
         Reason::UnsupportedAppProtocol,
         Reason::InvalidBackendTls,
         Reason::InsecureBackendTls,
+        Reason::IgnoredAnnotation,
+        Reason::SnippetAnnotation,
     ];
 
     /// The reason's name.
@@ -92,6 +100,8 @@ impl Reason {
             Reason::UnsupportedAppProtocol => "UnsupportedAppProtocol",
             Reason::InvalidBackendTls => "InvalidBackendTls",
             Reason::InsecureBackendTls => "InsecureBackendTls",
+            Reason::IgnoredAnnotation => "IgnoredAnnotation",
+            Reason::SnippetAnnotation => "SnippetAnnotation",
         }
     }
 }

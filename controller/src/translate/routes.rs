@@ -151,14 +151,30 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
     let mut hosts: BTreeMap<HostKey, Vec<PathRule>> = BTreeMap::new();
     let mut default_backend: Option<RouteAction> = None;
 
+    let mut annotation_reports = Vec::new();
     for (origin, ingress) in &ours {
         let key = ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name);
+        let Some(nginx) = super::nginx_compat(
+            &key,
+            ingress,
+            config,
+            &mut b.diagnostics,
+            &mut annotation_reports,
+        ) else {
+            continue;
+        };
         b.references
             .ingresses
             .insert(NsName::new(&*origin.namespace, &*origin.name));
         let policy = b.policy(&key, ingress, config.family_policy);
         let max_body_bytes = b.body_size(&key, ingress, config.max_body_bytes);
-        let timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
+        let max_body_bytes = nginx
+            .body_size
+            .filter(|_| !has(ingress, BODY_SIZE_ANNOTATION))
+            .unwrap_or(max_body_bytes);
+        let mut timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
+        timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
+        timeouts.read = timeouts.read.or(nginx.read_timeout);
         let Some(spec) = ingress.spec.as_ref() else {
             continue;
         };
@@ -174,7 +190,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             backend: id,
                             policy,
                             origin: origin.clone(),
-                            redirect_https: tls.redirects(""),
+                            redirect_https: nginx.redirects(tls.redirects("")),
                             max_body_bytes,
                             upstream_tls,
                             timeouts,
@@ -241,7 +257,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         backend: id,
                         policy,
                         origin: origin.clone(),
-                        redirect_https: tls.redirects(&host.display()),
+                        redirect_https: nginx.redirects(tls.redirects(&host.display())),
                         max_body_bytes,
                         upstream_tls,
                         timeouts,
@@ -316,7 +332,17 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         references: b.references,
         diagnostics,
         certs: Arc::new(certs.finish()),
+        annotations: annotation_reports,
     }
+}
+
+/// Whether an Ingress carries an annotation.
+fn has(ingress: &Ingress, name: &str) -> bool {
+    ingress
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(name))
 }
 
 fn tie_key(rule: &PathRule) -> (bool, &str) {
