@@ -216,7 +216,8 @@ fn print_summary(
         .iter()
         .map(|s| format!("{} {}", counts[s], s))
         .collect();
-    write!(out, "Summary: {checked} Ingresses checked")?;
+    let plural = if checked == 1 { "" } else { "es" };
+    write!(out, "Summary: {checked} Ingress{plural} checked")?;
     if let Some(class) = &args.ingress_class {
         write!(out, " ({skipped} of another class than {class} skipped)")?;
     }
