@@ -1,0 +1,262 @@
+//! End to end, over real sockets on 127.0.0.1 and [::1]: Ingresses written for ingress-nginx.
+//! `ssl-redirect` (on for TLS hosts, 308; `"false"` turns it off), `force-ssl-redirect` (also
+//! without TLS), `proxy-body-size` (nginx sizes, `0` unlimited, a `duet.dev/` annotation wins),
+//! `proxy-connect-timeout` and `proxy-read-timeout` (whole seconds) take effect; every
+//! `nginx.ingress.kubernetes.io/` key is reported in `/debug/routes` and `/metrics`; snippet
+//! annotations are never interpreted, and `--strict-annotations` refuses their Ingress whole.
+
+use std::time::{Duration, Instant};
+
+use conformance::bytes::Bytes;
+use conformance::client::{self, Conn};
+use conformance::fleet::{silent_port, static_service, unanswered_port};
+use conformance::http::Method;
+use conformance::http_body_util::Full;
+use conformance::tls;
+use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
+use serde_json::Value;
+
+const DUET: &str = env!("CARGO_BIN_EXE_duet");
+const N: &str = "nginx.ingress.kubernetes.io/";
+
+fn nginx(ingress: Ingress, pairs: &[(&str, &str)]) -> Ingress {
+    pairs
+        .iter()
+        .fold(ingress, |i, (k, v)| i.annotation(&format!("{N}{k}"), v))
+}
+
+async fn put(to: std::net::SocketAddr, host: &str, size: usize) -> anyhow::Result<u16> {
+    let mut conn = Conn::http1(to).await?;
+    let req =
+        client::request(Method::PUT, host, "/up").body(Full::new(Bytes::from(vec![b'b'; size])))?;
+    Ok(conn.send(req).await?.status.as_u16())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_annotations_take_effect_and_are_reported() -> anyhow::Result<()> {
+    let fleet = Fleet::start("ngx", "echo", &[PodSpec::dual("dual")])?;
+    let (silent4, _s4) = silent_port(Family::V4)?;
+    let (silent6, _s6) = silent_port(Family::V6)?;
+    let (hang4, _h4) = unanswered_port(Family::V4)?;
+    let (hang6, _h6) = unanswered_port(Family::V6)?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    dir.write(
+        "silent.yaml",
+        &static_service("ngx", "silent", silent4, silent6),
+    )?;
+    dir.write("hang.yaml", &static_service("ngx", "hang", hang4, hang6))?;
+    let cert = tls::cert(&["tls.test", "notls-redirect.test"]);
+    dir.write("secret.yaml", &[tls::secret("ngx", "cert", &cert)])?;
+    let ingresses = [
+        Ingress::new("ngx", "tls")
+            .host("tls.test", "echo")
+            .tls(&["tls.test"], "cert"),
+        nginx(Ingress::new("ngx", "optout"), &[("ssl-redirect", "false")])
+            .host("notls-redirect.test", "echo")
+            .tls(&["notls-redirect.test"], "cert"),
+        nginx(
+            Ingress::new("ngx", "force"),
+            &[("force-ssl-redirect", "true")],
+        )
+        .host("force.test", "echo"),
+        nginx(Ingress::new("ngx", "small"), &[("proxy-body-size", "4k")])
+            .host("small.test", "echo"),
+        nginx(
+            Ingress::new("ngx", "unlimited"),
+            &[("proxy-body-size", "0")],
+        )
+        .host("unlimited.test", "echo"),
+        nginx(
+            Ingress::new("ngx", "duet-wins"),
+            &[("proxy-body-size", "0")],
+        )
+        .annotation("duet.dev/proxy-body-size", "4k")
+        .host("duet-wins.test", "echo"),
+        nginx(Ingress::new("ngx", "read"), &[("proxy-read-timeout", "1")])
+            .host("read.test", "silent"),
+        nginx(
+            Ingress::new("ngx", "read-bad"),
+            &[("proxy-read-timeout", "1s")],
+        )
+        .host("read-bad.test", "echo"),
+        nginx(
+            Ingress::new("ngx", "connect"),
+            &[("proxy-connect-timeout", "1")],
+        )
+        .host("connect.test", "hang"),
+        nginx(
+            Ingress::new("ngx", "snippet"),
+            &[
+                ("configuration-snippet", "return 403;"),
+                ("use-regexp", "true"),
+            ],
+        )
+        .host("snippet.test", "echo"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path())
+        .args(["--upstream-timeout", "20s", "--connect-timeout", "20s"])
+        .start()
+        .await?;
+
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        let https_port = duet.https(family).port();
+        // ssl-redirect: on by default for TLS hosts, off with "false"; force-ssl-redirect
+        // redirects a host without TLS.
+        let reply = client::get(to, "tls.test", "/a?b=c").await?;
+        client::expect_status(&reply, 308)?;
+        let reply = client::get(to, "notls-redirect.test", "/").await?;
+        client::expect_status(&reply, 200)?;
+        let reply = client::get(to, "force.test", "/x/?y=1").await?;
+        client::expect_status(&reply, 308)?;
+        assert_eq!(
+            reply.header("location"),
+            Some(format!("https://force.test:{https_port}/x/?y=1").as_str()),
+            "{family}"
+        );
+        // proxy-body-size.
+        for (host, size, want) in [
+            ("small.test", 4096, 200),
+            ("small.test", 4097, 413),
+            ("unlimited.test", 3 << 20, 200),
+            ("duet-wins.test", 4097, 413),
+            ("snippet.test", 1 << 20, 200),
+            ("snippet.test", (1 << 20) + 1, 413),
+        ] {
+            assert_eq!(put(to, host, size).await?, want, "{family} {host} {size}");
+        }
+        // The snippet is not interpreted: served, not 403.
+        client::expect_status(&client::get(to, "snippet.test", "/").await?, 200)?;
+        // Timeouts in whole seconds: 1 s, not the flags' 20 s (5 s bounds a hang, not a speed).
+        for (host, status) in [("read.test", 504), ("connect.test", 502)] {
+            let start = Instant::now();
+            let reply = client::get(to, host, "/").await?;
+            let took = start.elapsed();
+            assert_eq!(reply.status, status, "{family} {host}: {}", reply.text());
+            assert!(
+                took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+                "{family} {host}: answered after {took:?}"
+            );
+        }
+        client::expect_status(&client::get(to, "read-bad.test", "/").await?, 200)?;
+    }
+
+    // The report in /debug/routes.
+    let routes = duet.debug_routes().await?;
+    let status = |ingress: &str, key: &str| -> Option<String> {
+        routes["annotations"]
+            .as_array()?
+            .iter()
+            .find(|r| r["ingress"]["name"] == ingress)?["annotations"]
+            .as_array()?
+            .iter()
+            .find(|f| f["key"] == format!("{N}{key}"))
+            .map(|f| f["status"].as_str().unwrap_or_default().to_owned())
+    };
+    for (ingress, key, want) in [
+        ("optout", "ssl-redirect", "honoured-with-difference"),
+        ("force", "force-ssl-redirect", "honoured-with-difference"),
+        ("small", "proxy-body-size", "honoured"),
+        ("duet-wins", "proxy-body-size", "honoured-with-difference"),
+        ("read", "proxy-read-timeout", "honoured"),
+        ("read-bad", "proxy-read-timeout", "invalid-value"),
+        ("connect", "proxy-connect-timeout", "honoured"),
+        ("snippet", "configuration-snippet", "ignored-unsupported"),
+        ("snippet", "use-regexp", "ignored-unknown"),
+    ] {
+        assert_eq!(
+            status(ingress, key).as_deref(),
+            Some(want),
+            "{ingress} {key}: {routes:#}"
+        );
+    }
+    assert!(status("tls", "ssl-redirect").is_none());
+    // One diagnostic (hence one Event in a cluster) per Ingress and problem.
+    let reasons = diagnostics_of(&routes, "snippet");
+    assert_eq!(
+        reasons,
+        ["IgnoredAnnotation", "SnippetAnnotation"],
+        "{routes:#}"
+    );
+    assert_eq!(diagnostics_of(&routes, "read-bad"), ["InvalidAnnotation"]);
+    assert!(diagnostics_of(&routes, "small").is_empty());
+
+    // The metric by status.
+    let metrics = duet.admin_get(Family::V6, "/metrics").await?.text();
+    for line in [
+        r#"duet_ingress_annotations{status="honoured"} 4"#,
+        r#"duet_ingress_annotations{status="honoured-with-difference"} 3"#,
+        r#"duet_ingress_annotations{status="ignored-unsupported"} 1"#,
+        r#"duet_ingress_annotations{status="ignored-unknown"} 1"#,
+        r#"duet_ingress_annotations{status="ignored-removed-upstream"} 0"#,
+        r#"duet_ingress_annotations{status="invalid-value"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+    Ok(())
+}
+
+/// The diagnostic reasons of one Ingress in `/debug/routes`, sorted.
+fn diagnostics_of(routes: &Value, ingress: &str) -> Vec<String> {
+    let mut reasons: Vec<String> = routes["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["object"]["name"] == ingress)
+        .map(|d| d["reason"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    reasons.sort();
+    reasons
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_annotations_refuse_snippet_ingresses_whole() -> anyhow::Result<()> {
+    let fleet = Fleet::start("strict", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let ingresses = [
+        nginx(
+            Ingress::new("strict", "snippet"),
+            &[("server-snippet", "return 200;")],
+        )
+        .host("snippet.test", "echo")
+        .host("shared.test", "echo"),
+        Ingress::new("strict", "plain").host("plain.test", "echo"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let lenient = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let strict = DuetBuilder::new(DUET, dir.path())
+        .args(["--strict-annotations"])
+        .start()
+        .await?;
+    for family in Family::BOTH {
+        for host in ["snippet.test", "shared.test", "plain.test"] {
+            let reply = client::get(lenient.http(family), host, "/").await?;
+            client::expect_status(&reply, 200)?;
+        }
+        for (host, want) in [
+            ("snippet.test", 404),
+            ("shared.test", 404),
+            ("plain.test", 200),
+        ] {
+            let reply = client::get(strict.http(family), host, "/").await?;
+            assert_eq!(reply.status, want, "{family} {host}");
+        }
+    }
+    let routes = strict.debug_routes().await?;
+    let refused = routes["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|d| {
+            d["reason"] == "SnippetAnnotation"
+                && d["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("refused whole (--strict-annotations)"))
+        });
+    assert!(refused, "{routes:#}");
+    assert!(!diagnostics_of(&lenient.debug_routes().await?, "snippet").is_empty());
+    Ok(())
+}
