@@ -39,7 +39,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve Ingress routes (from a folder of manifests with --manifests).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Prepare a move to duet (offline).
     #[command(subcommand)]
     Migrate(MigrateCommand),
@@ -350,7 +350,7 @@ where
             let sub = matches
                 .subcommand_matches("serve")
                 .ok_or_else(|| ConfigError::Usage("missing subcommand 'serve'".to_owned()))?;
-            Ok(Invocation::Serve(Box::new(from_args(args, sub)?)))
+            Ok(Invocation::Serve(Box::new(from_args(*args, sub)?)))
         }
         Command::Migrate(MigrateCommand::Check(check)) => Ok(Invocation::MigrateCheck(check)),
     }
