@@ -56,6 +56,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             max_body_bytes: 0,
             upstream_tls: None,
             timeouts: Default::default(),
+            protocol: None,
         },
     }
 }

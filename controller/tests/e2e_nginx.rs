@@ -1,7 +1,8 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: Ingresses written for ingress-nginx.
 //! `ssl-redirect` (on for TLS hosts, 308; `"false"` turns it off), `force-ssl-redirect` (also
 //! without TLS), `proxy-body-size` (nginx sizes, `0` unlimited, a `duet.dev/` annotation wins),
-//! `proxy-connect-timeout` and `proxy-read-timeout` (whole seconds) take effect; every
+//! `proxy-connect-timeout` and `proxy-read-timeout` (whole seconds) and `backend-protocol` (HTTPS,
+//! GRPC) take effect; every
 //! `nginx.ingress.kubernetes.io/` key is reported in `/debug/routes` and `/metrics`; snippet
 //! annotations are never interpreted, and `--strict-annotations` refuses their Ingress whole.
 
@@ -9,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use conformance::bytes::Bytes;
 use conformance::client::{self, Conn};
+use conformance::echo::EchoOptions;
 use conformance::fleet::{silent_port, static_service, unanswered_port};
 use conformance::http::Method;
 use conformance::http_body_util::Full;
-use conformance::tls;
+use conformance::tls::{self, TestCa};
 use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
 use serde_json::Value;
 
@@ -258,5 +260,73 @@ async fn strict_annotations_refuse_snippet_ingresses_whole() -> anyhow::Result<(
         });
     assert!(refused, "{routes:#}");
     assert!(!diagnostics_of(&lenient.debug_routes().await?, "snippet").is_empty());
+    Ok(())
+}
+
+/// `backend-protocol` picks the protocol to the pods over the Service port's (which has no
+/// `appProtocol` here): HTTPS to TLS pods, unverified as in ingress-nginx unless a CA Secret is
+/// given; GRPC as HTTP/2 cleartext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_protocol_selects_the_upstream_protocol() -> anyhow::Result<()> {
+    let ca = TestCa::new("a CA nobody trusts");
+    let other_ca = TestCa::new("another CA");
+    let cert = ca.issue(&["secure.bp.svc"]);
+    let options = EchoOptions {
+        tls: Some(tls::server_config(&cert, &["http/1.1"])),
+        ..EchoOptions::default()
+    };
+    let secure = Fleet::start_with("bp", "secure", &[PodSpec::dual("a")], options)?;
+    let plain = Fleet::start("bp", "plain", &[PodSpec::dual("b")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write(
+        "services.yaml",
+        &[secure.manifests(), plain.manifests()].concat(),
+    )?;
+    dir.write(
+        "ca.yaml",
+        &[tls::ca_secret("bp", "other-ca", &other_ca.cert_pem)],
+    )?;
+    let ingresses = [
+        nginx(
+            Ingress::new("bp", "https"),
+            &[("backend-protocol", "HTTPS")],
+        )
+        .host("https.test", "secure"),
+        nginx(
+            Ingress::new("bp", "verified"),
+            &[("backend-protocol", "https")],
+        )
+        .annotation("duet.dev/backend-ca-secret", "other-ca")
+        .host("verified.test", "secure"),
+        Ingress::new("bp", "no-annotation").host("no-annotation.test", "secure"),
+        nginx(Ingress::new("bp", "grpc"), &[("backend-protocol", "GRPC")])
+            .host("grpc.test", "plain"),
+        nginx(Ingress::new("bp", "fcgi"), &[("backend-protocol", "FCGI")])
+            .host("fcgi.test", "plain"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        let reply = client::get(to, "https.test", "/").await?;
+        client::expect_status(&reply, 200)?;
+        let echo = reply.echo()?;
+        assert_eq!((echo.proto.as_str(), echo.family), ("HTTP/1.1", family));
+        // A CA Secret turns verification on: this one did not sign the pod's certificate.
+        client::expect_status(&client::get(to, "verified.test", "/").await?, 502)?;
+        // Without the annotation the port is plain HTTP, which the TLS pod does not speak.
+        client::expect_status(&client::get(to, "no-annotation.test", "/").await?, 502)?;
+        let reply = client::get(to, "grpc.test", "/").await?;
+        client::expect_status(&reply, 200)?;
+        assert_eq!(reply.echo()?.proto, "HTTP/2.0", "{family}");
+        // An unsupported value leaves the Service's protocol: HTTP/1.1.
+        let reply = client::get(to, "fcgi.test", "/").await?;
+        client::expect_status(&reply, 200)?;
+        assert_eq!(reply.echo()?.proto, "HTTP/1.1", "{family}");
+    }
+    let routes = duet.debug_routes().await?;
+    let text = routes["annotations"].to_string();
+    assert!(text.contains(r#""key":"nginx.ingress.kubernetes.io/backend-protocol","status":"honoured-with-difference""#), "{text}");
+    assert!(text.contains("FCGI is not supported by duet"), "{text}");
     Ok(())
 }

@@ -63,7 +63,7 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
         (
             "argocd/argocd-server-ingress",
             &[
-                ("backend-protocol", "ignored-unsupported"),
+                ("backend-protocol", "honoured-with-difference"),
                 ("force-ssl-redirect", "honoured-with-difference"),
                 ("ssl-passthrough", "ignored-unsupported"),
             ],
@@ -160,7 +160,7 @@ fn the_corpus_reports_every_key_and_exits_1() {
     assert_eq!(
         summary,
         "Summary: 8 Ingresses checked (1 of another class than nginx skipped), 2 fully honoured; \
-         24 annotations: 2 honoured, 2 honoured-with-difference, 15 ignored-unsupported, \
+         24 annotations: 2 honoured, 3 honoured-with-difference, 14 ignored-unsupported, \
          3 ignored-unknown, 1 ignored-removed-upstream, 1 invalid-value"
     );
 }

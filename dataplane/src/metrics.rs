@@ -861,6 +861,7 @@ mod tests {
             max_body_bytes: 0,
             upstream_tls: None,
             timeouts: Default::default(),
+            protocol: None,
         }
     }
 

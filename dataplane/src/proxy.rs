@@ -323,7 +323,7 @@ impl Proxy {
             .get(&action.backend)
             .ok_or_else(|| ProxyError::NoTarget(action.backend.clone()))?;
 
-        let protocol = backend.backend.protocol;
+        let protocol = action.protocol.unwrap_or(backend.backend.protocol);
         exchange.upstream_protocol(protocol);
         let tls = action.upstream_tls.as_deref().filter(|_| protocol.is_tls());
         if let Some(reason) = tls.and_then(UpstreamTls::error) {

@@ -298,6 +298,10 @@ pub struct RouteAction {
     /// Upstream timeouts of the Ingress that declared the route, where it sets them.
     #[serde(skip_serializing_if = "UpstreamTimeouts::is_default")]
     pub timeouts: UpstreamTimeouts,
+    /// The protocol to the backend's targets when the Ingress sets it
+    /// (`nginx.ingress.kubernetes.io/backend-protocol`), in place of the backend's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<UpstreamProtocol>,
 }
 
 /// Upstream timeouts set per Ingress by annotation; `None` means the global flag's value.
@@ -762,6 +766,7 @@ mod tests {
                 max_body_bytes: 0,
                 upstream_tls: None,
                 timeouts: UpstreamTimeouts::default(),
+                protocol: None,
             },
         }
     }

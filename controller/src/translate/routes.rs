@@ -185,7 +185,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             if let Some(id) = b.resolve(&key, backend, "default backend") {
                 match &default_backend {
                     None => {
-                        let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id);
+                        let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id, nginx.backend_protocol);
                         default_backend = Some(RouteAction {
                             backend: id,
                             policy,
@@ -194,6 +194,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             max_body_bytes,
                             upstream_tls,
                             timeouts,
+                            protocol: nginx.backend_protocol,
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -250,7 +251,13 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                 let Some(id) = b.resolve(&key, &path.backend, &what) else {
                     continue;
                 };
-                let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id);
+                let upstream_tls = b.upstream_tls(
+                    &mut upstream_tls,
+                    &key,
+                    ingress,
+                    &id,
+                    nginx.backend_protocol,
+                );
                 hosts.entry(host.clone()).or_default().push(PathRule {
                     matcher,
                     action: RouteAction {
@@ -261,6 +268,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         max_body_bytes,
                         upstream_tls,
                         timeouts,
+                        protocol: nginx.backend_protocol,
                     },
                 });
             }
@@ -495,20 +503,26 @@ impl Builder<'_> {
         Some(id)
     }
 
-    /// The upstream TLS settings of a route of `ingress` to a resolved backend.
+    /// The upstream TLS settings of a route of `ingress` to a resolved backend, spoken in
+    /// `backend-protocol`'s protocol when the Ingress sets it (then unverified without a CA
+    /// Secret, as in ingress-nginx).
     fn upstream_tls(
         &mut self,
         builder: &mut UpstreamTlsBuilder<'_>,
         key: &ObjectKey,
         ingress: &Ingress,
         id: &BackendId,
+        nginx_protocol: Option<dataplane::table::UpstreamProtocol>,
     ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
         let spec = self.specs.get(id)?;
         builder.route(
             key,
             ingress,
             &spec.service,
-            spec.protocol,
+            (
+                nginx_protocol.unwrap_or(spec.protocol),
+                nginx_protocol.is_some(),
+            ),
             &mut self.diagnostics,
             &mut self.references,
         )

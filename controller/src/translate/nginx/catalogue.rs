@@ -52,7 +52,7 @@ const LOGS: &str = "not implemented yet: the access log is global (--access-log)
 pub const KEYS: [Key; 137] = [
     key("server-alias", Unsupported(NOT_YET)),
     key("allowlist-source-range", Unsupported(ACL)),
-    key("backend-protocol", Unsupported("not implemented yet: set the Service port's appProtocol (https, kubernetes.io/h2c, h2) instead")),
+    key("backend-protocol", Different("HTTPS and GRPCS send SNI SERVICE.NAMESPACE.svc (ingress-nginx sends none) and, as ingress-nginx, do not verify the certificate unless duet.dev/backend-ca-secret is set; GRPC and GRPCS speak HTTP/2 for every request, not only gRPC")),
     key("auth-realm", Unsupported(AUTH)),
     key("auth-secret", Unsupported(AUTH)),
     key("auth-secret-type", Unsupported(AUTH)),

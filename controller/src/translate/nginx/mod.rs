@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use dataplane::table::UpstreamProtocol;
 use serde::Serialize;
 
 pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED};
@@ -105,6 +106,9 @@ pub struct Settings {
     pub connect_timeout: Option<Duration>,
     /// `proxy-read-timeout`.
     pub read_timeout: Option<Duration>,
+    /// `backend-protocol`: the protocol to the pods, in place of the Service port's
+    /// `appProtocol`.
+    pub backend_protocol: Option<UpstreamProtocol>,
     /// The snippet annotations present (never interpreted).
     pub snippets: Vec<String>,
 }
@@ -283,6 +287,7 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
         "proxy-body-size" => settings.body_size = Some(parse_size(value)?),
         "proxy-connect-timeout" => settings.connect_timeout = Some(parse_seconds(value)?),
         "proxy-read-timeout" => settings.read_timeout = Some(parse_seconds(value)?),
+        "backend-protocol" => settings.backend_protocol = Some(parse_protocol(value)?),
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())
@@ -315,6 +320,27 @@ fn parse_seconds(value: &str) -> Result<Duration, String> {
             "{value:?} is not a whole number of seconds of at least 1 (ingress-nginx takes no unit); the default applies"
         )),
     }
+}
+
+/// `backend-protocol`, case-insensitive: `HTTP`, `HTTPS`, `GRPC` (HTTP/2 cleartext), `GRPCS`
+/// (HTTP/2 over TLS), and duet's `H2C`.
+fn parse_protocol(value: &str) -> Result<UpstreamProtocol, String> {
+    Ok(match value.trim().to_ascii_uppercase().as_str() {
+        "HTTP" => UpstreamProtocol::Http1,
+        "HTTPS" => UpstreamProtocol::Https,
+        "GRPC" | "H2C" => UpstreamProtocol::H2c,
+        "GRPCS" => UpstreamProtocol::H2,
+        other @ ("AUTO_HTTP" | "FCGI" | "AJP") => {
+            return Err(format!(
+                "{other} is not supported by duet; the Service port's appProtocol applies"
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "{value:?} is not HTTP, HTTPS, GRPC, GRPCS or H2C; the Service port's appProtocol applies"
+            ))
+        }
+    })
 }
 
 /// The diagnostics of an Ingress's findings: one per key duet does not honour.

@@ -64,6 +64,7 @@ fn every_honoured_key_has_a_parser() {
     let valid = |name: &str| match name {
         "proxy-body-size" => "8k",
         "proxy-connect-timeout" | "proxy-read-timeout" => "30",
+        "backend-protocol" => "GRPCS",
         _ => "true",
     };
     for key in KEYS
@@ -99,6 +100,30 @@ fn honoured_keys_set_their_settings() {
         nginx(&[("proxy-body-size", "0")]).settings.body_size,
         Some(0)
     );
+}
+
+#[test]
+fn backend_protocols_as_ingress_nginx_names_them() {
+    use dataplane::table::UpstreamProtocol as P;
+    for (value, want) in [
+        ("HTTP", P::Http1),
+        ("https", P::Https),
+        ("GRPC", P::H2c),
+        ("grpcs", P::H2),
+        ("H2C", P::H2c),
+    ] {
+        let read = nginx(&[("backend-protocol", value)]);
+        assert_eq!(read.settings.backend_protocol, Some(want), "{value}");
+    }
+    for value in ["FCGI", "AJP", "AUTO_HTTP", "HTTP2", ""] {
+        let read = nginx(&[("backend-protocol", value)]);
+        assert_eq!(
+            status_of(&read, "backend-protocol").0,
+            Status::InvalidValue,
+            "{value}"
+        );
+        assert_eq!(read.settings.backend_protocol, None);
+    }
 }
 
 #[test]
