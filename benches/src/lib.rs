@@ -57,6 +57,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             upstream_tls: None,
             timeouts: Default::default(),
             protocol: None,
+            redirect: None,
         },
     }
 }

@@ -330,3 +330,113 @@ async fn backend_protocol_selects_the_upstream_protocol() -> anyhow::Result<()> 
     assert!(text.contains("FCGI is not supported by duet"), "{text}");
     Ok(())
 }
+
+/// `permanent-redirect` (301, or its `-code`), `temporal-redirect` (302, or its `-code`; wins over
+/// permanent) answer every request of the Ingress without proxying and without appending the
+/// path; `app-root` answers `/` with 302 to the path on the request's scheme and Host (IPv6
+/// literal Hosts keep their brackets); they come before the HTTPS redirect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirect_annotations_answer_without_proxying() -> anyhow::Result<()> {
+    let fleet = Fleet::start("rd", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let cert = tls::cert(&["moved.test"]);
+    dir.write("secret.yaml", &[tls::secret("rd", "cert", &cert)])?;
+    let ingresses = [
+        nginx(
+            Ingress::new("rd", "moved"),
+            &[("permanent-redirect", "https://new.example.com/landing")],
+        )
+        .host("moved.test", "echo")
+        .tls(&["moved.test"], "cert"),
+        nginx(
+            Ingress::new("rd", "moved-308"),
+            &[
+                ("permanent-redirect", "https://[2001:db8::1]:8443/x?y=1"),
+                ("permanent-redirect-code", "308"),
+            ],
+        )
+        .host("moved-308.test", "echo"),
+        nginx(
+            Ingress::new("rd", "bad-code"),
+            &[
+                ("permanent-redirect", "https://new.example.com/"),
+                ("permanent-redirect-code", "400"),
+            ],
+        )
+        .host("bad-code.test", "echo"),
+        nginx(
+            Ingress::new("rd", "temporal"),
+            &[
+                ("permanent-redirect", "https://permanent.example/"),
+                ("temporal-redirect", "http://temporal.example/"),
+                ("temporal-redirect-code", "307"),
+            ],
+        )
+        .host("temporal.test", "echo"),
+        nginx(
+            Ingress::new("rd", "bad-url"),
+            &[("permanent-redirect", "/relative")],
+        )
+        .host("bad-url.test", "echo"),
+        nginx(Ingress::new("rd", "app"), &[("app-root", "/app/")])
+            .host("app.test", "echo")
+            .host("", "echo"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        for (host, path, code, location) in [
+            // Before the HTTPS redirect of its TLS host; the path is not appended.
+            (
+                "moved.test",
+                "/some/path?q=1",
+                301,
+                "https://new.example.com/landing",
+            ),
+            (
+                "moved-308.test",
+                "/",
+                308,
+                "https://[2001:db8::1]:8443/x?y=1",
+            ),
+            ("bad-code.test", "/", 301, "https://new.example.com/"),
+            ("temporal.test", "/a", 307, "http://temporal.example/"),
+            ("app.test:8080", "/", 302, "http://app.test:8080/app/"),
+        ] {
+            let reply = client::get(to, host, path).await?;
+            assert_eq!(reply.status, code, "{family} {host}{path}");
+            assert_eq!(
+                reply.header("location"),
+                Some(location),
+                "{family} {host}{path}"
+            );
+        }
+        // app-root redirects only `/`; an invalid URL leaves the Ingress proxied.
+        client::expect_status(&client::get(to, "app.test", "/app/").await?, 200)?;
+        client::expect_status(&client::get(to, "bad-url.test", "/").await?, 200)?;
+        // An IP-literal Host (the host-less rule) keeps its brackets.
+        let literal = match family {
+            Family::V4 => to.to_string(),
+            Family::V6 => format!("[::1]:{}", to.port()),
+        };
+        let reply = client::get(to, &literal, "/").await?;
+        assert_eq!(reply.status, 302, "{family}");
+        assert_eq!(
+            reply.header("location"),
+            Some(format!("http://{literal}/app/").as_str())
+        );
+    }
+    let text = duet.debug_routes().await?["annotations"].to_string();
+    for (key, status) in [
+        ("permanent-redirect", "honoured"),
+        ("permanent-redirect-code", "invalid-value"),
+        ("temporal-redirect-code", "honoured"),
+        ("app-root", "honoured"),
+    ] {
+        let want = format!(r#""key":"{N}{key}","status":"{status}""#);
+        assert!(text.contains(&want), "{want}: {text}");
+    }
+    Ok(())
+}

@@ -862,6 +862,7 @@ mod tests {
             upstream_tls: None,
             timeouts: Default::default(),
             protocol: None,
+            redirect: None,
         }
     }
 

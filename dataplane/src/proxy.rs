@@ -311,6 +311,13 @@ impl Proxy {
             .ok_or(ProxyError::NoRoute)?;
         let action = matched.action;
         exchange.matched(&live, action);
+        if let Some(res) = action
+            .redirect
+            .as_deref()
+            .and_then(|r| redirect(r, &req, conn))
+        {
+            return Ok(res);
+        }
         if action.redirect_https && !conn.tls {
             return Ok(self.redirect(&req, &host, conn));
         }
@@ -637,6 +644,27 @@ fn request_host<B>(req: &Request<B>) -> Option<String> {
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+}
+
+/// The answer of a route's redirect annotations to a request, if they redirect it.
+fn redirect<B>(
+    r: &crate::table::Redirect,
+    req: &Request<B>,
+    conn: &ConnInfo,
+) -> Option<Response<ProxyBody>> {
+    let scheme = if conn.tls { "https" } else { "http" };
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or_default();
+    let (code, location) = r.answer(req.uri().path(), scheme, host)?;
+    let mut res = Response::new(ProxyBody::full(Bytes::new()));
+    *res.status_mut() = StatusCode::from_u16(code).ok()?;
+    res.headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_str(&location).ok()?);
+    Some(res)
 }
 
 /// Whether the declared `Content-Length` exceeds `max` (0: no limit).

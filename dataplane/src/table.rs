@@ -302,6 +302,33 @@ pub struct RouteAction {
     /// (`nginx.ingress.kubernetes.io/backend-protocol`), in place of the backend's own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<UpstreamProtocol>,
+    /// Answers given instead of proxying (ingress-nginx's redirect annotations).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<Arc<Redirect>>,
+}
+
+/// Redirects a route answers with instead of proxying.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct Redirect {
+    /// Every request gets this status and `Location` (the request path is not appended).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub always: Option<(u16, Arc<str>)>,
+    /// A request for exactly `/` gets 302 to this path on the request's scheme and Host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_root: Option<Arc<str>>,
+}
+
+impl Redirect {
+    /// The status and `Location` for a request, if it is redirected; `scheme` and `host` are the
+    /// request's (the Host header as received, port and IPv6 brackets included).
+    pub fn answer(&self, path: &str, scheme: &str, host: &str) -> Option<(u16, String)> {
+        if let (Some(root), "/") = (&self.app_root, path) {
+            return Some((302, format!("{scheme}://{host}{root}")));
+        }
+        self.always
+            .as_ref()
+            .map(|(code, location)| (*code, location.to_string()))
+    }
 }
 
 /// Upstream timeouts set per Ingress by annotation; `None` means the global flag's value.
@@ -767,6 +794,7 @@ mod tests {
                 upstream_tls: None,
                 timeouts: UpstreamTimeouts::default(),
                 protocol: None,
+                redirect: None,
             },
         }
     }

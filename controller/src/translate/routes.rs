@@ -175,6 +175,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         let mut timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
         timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
         timeouts.read = timeouts.read.or(nginx.read_timeout);
+        let redirect = nginx.redirect();
         let Some(spec) = ingress.spec.as_ref() else {
             continue;
         };
@@ -195,6 +196,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             upstream_tls,
                             timeouts,
                             protocol: nginx.backend_protocol,
+                            redirect: redirect.clone(),
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -269,6 +271,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         upstream_tls,
                         timeouts,
                         protocol: nginx.backend_protocol,
+                        redirect: redirect.clone(),
                     },
                 });
             }

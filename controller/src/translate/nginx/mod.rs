@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use dataplane::table::UpstreamProtocol;
+use std::sync::Arc;
+
+use dataplane::table::{Redirect, UpstreamProtocol};
 use serde::Serialize;
 
 pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED};
@@ -109,11 +111,32 @@ pub struct Settings {
     /// `backend-protocol`: the protocol to the pods, in place of the Service port's
     /// `appProtocol`.
     pub backend_protocol: Option<UpstreamProtocol>,
+    /// `permanent-redirect` and its `-code` (301 unless given).
+    pub permanent_redirect: Option<(Option<u16>, String)>,
+    /// `temporal-redirect` and its `-code` (302 unless given); wins over `permanent-redirect`.
+    pub temporal_redirect: Option<(Option<u16>, String)>,
+    /// `app-root`: `/` redirects here with 302.
+    pub app_root: Option<String>,
     /// The snippet annotations present (never interpreted).
     pub snippets: Vec<String>,
 }
 
 impl Settings {
+    /// The route's redirects, if the annotations set any.
+    pub fn redirect(&self) -> Option<Arc<Redirect>> {
+        let url = |r: &Option<(Option<u16>, String)>, default: u16| {
+            r.as_ref()
+                .filter(|(_, url)| !url.is_empty())
+                .map(|(code, url)| (code.unwrap_or(default), Arc::<str>::from(url.as_str())))
+        };
+        let redirect = Redirect {
+            always: url(&self.temporal_redirect, 302)
+                .or_else(|| url(&self.permanent_redirect, 301)),
+            app_root: self.app_root.as_deref().map(Arc::from),
+        };
+        (redirect != Redirect::default()).then(|| Arc::new(redirect))
+    }
+
     /// Whether plain-HTTP requests of a rule redirect, given duet's own decision for its host.
     pub fn redirects(&self, tls_host_redirects: bool) -> bool {
         self.force_ssl_redirect || (tls_host_redirects && self.ssl_redirect != Some(false))
@@ -158,8 +181,38 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
             read.findings.push(finding);
         }
     }
+    codes_need_their_redirect(&mut read);
     read.findings.sort();
     read
+}
+
+/// A redirect code without its redirect has no effect (as in ingress-nginx): not honoured.
+fn codes_need_their_redirect(read: &mut Read) {
+    let without =
+        |r: &Option<(Option<u16>, String)>| r.as_ref().is_none_or(|(_, url)| url.is_empty());
+    let missing = [
+        (
+            "permanent-redirect-code",
+            "permanent-redirect",
+            without(&read.settings.permanent_redirect),
+        ),
+        (
+            "temporal-redirect-code",
+            "temporal-redirect",
+            without(&read.settings.temporal_redirect),
+        ),
+    ];
+    for (code, url, absent) in missing {
+        let key = format!("{PREFIX}{code}");
+        for f in read
+            .findings
+            .iter_mut()
+            .filter(|f| absent && f.key == key && f.status.is_honoured())
+        {
+            f.status = Status::IgnoredUnsupported;
+            f.detail = format!("no effect without a valid {url} (as in ingress-nginx)");
+        }
+    }
 }
 
 /// The support of a key or of the key an alias stands for.
@@ -288,6 +341,15 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
         "proxy-connect-timeout" => settings.connect_timeout = Some(parse_seconds(value)?),
         "proxy-read-timeout" => settings.read_timeout = Some(parse_seconds(value)?),
         "backend-protocol" => settings.backend_protocol = Some(parse_protocol(value)?),
+        "permanent-redirect" => redirect_of(&mut settings.permanent_redirect).1 = parse_url(value)?,
+        "temporal-redirect" => redirect_of(&mut settings.temporal_redirect).1 = parse_url(value)?,
+        "permanent-redirect-code" => {
+            redirect_of(&mut settings.permanent_redirect).0 = Some(parse_code(value, 308, 301)?);
+        }
+        "temporal-redirect-code" => {
+            redirect_of(&mut settings.temporal_redirect).0 = Some(parse_code(value, 307, 302)?);
+        }
+        "app-root" => settings.app_root = Some(parse_app_root(value)?),
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())
@@ -319,6 +381,48 @@ fn parse_seconds(value: &str) -> Result<Duration, String> {
         _ => Err(format!(
             "{value:?} is not a whole number of seconds of at least 1 (ingress-nginx takes no unit); the default applies"
         )),
+    }
+}
+
+/// The redirect a `*-redirect` or `*-redirect-code` key fills in.
+fn redirect_of(slot: &mut Option<(Option<u16>, String)>) -> &mut (Option<u16>, String) {
+    slot.get_or_insert_with(|| (None, String::new()))
+}
+
+/// An absolute `http://` or `https://` URL (IPv6 literals in brackets welcome), printable ASCII.
+fn parse_url(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    let rest = v
+        .strip_prefix("https://")
+        .or_else(|| v.strip_prefix("http://"))
+        .filter(|rest| !rest.is_empty() && !rest.starts_with('/'));
+    match rest {
+        Some(_) if v.bytes().all(|b| b.is_ascii_graphic()) => Ok(v.to_owned()),
+        _ => Err(format!(
+            "{value:?} is not an http:// or https:// URL; requests are proxied"
+        )),
+    }
+}
+
+/// A redirect status from 300 to `max`.
+fn parse_code(value: &str, max: u16, default: u16) -> Result<u16, String> {
+    match value.trim().parse::<u16>() {
+        Ok(code) if (300..=max).contains(&code) => Ok(code),
+        _ => Err(format!(
+            "{value:?} is not a redirect status from 300 to {max}; {default} applies"
+        )),
+    }
+}
+
+/// An absolute path (not a URL), printable ASCII.
+fn parse_app_root(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.starts_with('/') && !v.starts_with("//") && v.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(v.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not an absolute path like /app; / is not redirected"
+        ))
     }
 }
 

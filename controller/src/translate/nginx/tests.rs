@@ -65,13 +65,20 @@ fn every_honoured_key_has_a_parser() {
         "proxy-body-size" => "8k",
         "proxy-connect-timeout" | "proxy-read-timeout" => "30",
         "backend-protocol" => "GRPCS",
+        "permanent-redirect" | "temporal-redirect" => "https://example.com/",
+        "permanent-redirect-code" | "temporal-redirect-code" => "307",
+        "app-root" => "/app",
         _ => "true",
     };
     for key in KEYS
         .iter()
         .filter(|k| matches!(k.support, Support::Honoured | Support::Different(_)))
     {
-        let read = nginx(&[(key.name, valid(key.name))]);
+        let mut pairs = vec![(key.name, valid(key.name))];
+        if let Some(url) = key.name.strip_suffix("-code") {
+            pairs.push((url, valid(url)));
+        }
+        let read = nginx(&pairs);
         let (status, detail) = status_of(&read, key.name);
         assert!(status.is_honoured(), "{}: {status} {detail}", key.name);
     }
@@ -123,6 +130,65 @@ fn backend_protocols_as_ingress_nginx_names_them() {
             "{value}"
         );
         assert_eq!(read.settings.backend_protocol, None);
+    }
+}
+
+#[test]
+fn redirects_temporal_wins_codes_need_their_url() {
+    let read = nginx(&[
+        ("permanent-redirect", "https://new.example.com/x"),
+        ("permanent-redirect-code", "308"),
+        ("app-root", "/app"),
+    ]);
+    let r = read.settings.redirect().expect("a redirect");
+    assert_eq!(r.always, Some((308, "https://new.example.com/x".into())));
+    assert_eq!(r.app_root.as_deref(), Some("/app"));
+    let read = nginx(&[
+        ("permanent-redirect", "https://a.example/"),
+        ("temporal-redirect", "http://[2001:db8::1]:8080/b"),
+    ]);
+    let r = read.settings.redirect().expect("a redirect");
+    assert_eq!(r.always, Some((302, "http://[2001:db8::1]:8080/b".into())));
+    // A code alone does nothing; a bad code keeps the default.
+    let read = nginx(&[("temporal-redirect-code", "307")]);
+    assert_eq!(read.settings.redirect(), None);
+    assert_eq!(
+        status_of(&read, "temporal-redirect-code").0,
+        Status::IgnoredUnsupported
+    );
+    let read = nginx(&[
+        ("permanent-redirect", "https://a.example/"),
+        ("permanent-redirect-code", "309"),
+    ]);
+    assert_eq!(
+        status_of(&read, "permanent-redirect-code").0,
+        Status::InvalidValue
+    );
+    assert_eq!(
+        read.settings.redirect().unwrap().always,
+        Some((301, "https://a.example/".into()))
+    );
+    for bad in [
+        "/relative",
+        "ftp://x",
+        "https://",
+        "https://a b",
+        "https:///x",
+    ] {
+        let read = nginx(&[("permanent-redirect", bad)]);
+        assert_eq!(
+            status_of(&read, "permanent-redirect").0,
+            Status::InvalidValue,
+            "{bad}"
+        );
+        assert_eq!(read.settings.redirect(), None, "{bad}");
+    }
+    for bad in ["app", "https://x/app", "//x", "/a b"] {
+        assert_eq!(
+            status_of(&nginx(&[("app-root", bad)]), "app-root").0,
+            Status::InvalidValue,
+            "{bad}"
+        );
     }
 }
 
