@@ -58,6 +58,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             timeouts: Default::default(),
             protocol: None,
             redirect: None,
+            source_ranges: None,
         },
     }
 }

@@ -440,3 +440,75 @@ async fn redirect_annotations_answer_without_proxying() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `allowlist-source-range` (and its alias `whitelist-source-range`) and `denylist-source-range`
+/// with IPv4 and IPv6 ranges: a denied or not allowed client gets 403 (the deny list first), a
+/// list that does not parse fails closed with 503, for that Ingress only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_ranges_admit_by_family_and_fail_closed() -> anyhow::Result<()> {
+    let fleet = Fleet::start("acl", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let acl = |name: &str, pairs: &[(&str, &str)]| {
+        nginx(Ingress::new("acl", name), pairs)
+            .host(&format!("{name}.test"), "echo")
+            .build()
+    };
+    dir.write(
+        "ingress.yaml",
+        &[
+            acl("v4-only", &[("allowlist-source-range", "127.0.0.0/8")]),
+            acl("v6-only", &[("whitelist-source-range", "::1")]),
+            acl(
+                "both",
+                &[("allowlist-source-range", "127.0.0.1/32, ::1/128")],
+            ),
+            acl("deny-v6", &[("denylist-source-range", "::/0")]),
+            acl(
+                "deny-first",
+                &[
+                    ("allowlist-source-range", "0.0.0.0/0,::/0"),
+                    ("denylist-source-range", "127.0.0.1"),
+                ],
+            ),
+            acl(
+                "trailing-comma",
+                &[("allowlist-source-range", "127.0.0.0/8,")],
+            ),
+            acl("bad-deny", &[("denylist-source-range", "localhost")]),
+            acl("open", &[]),
+        ],
+    )?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        let v4 = family == Family::V4;
+        for (name, want) in [
+            ("v4-only", if v4 { 200 } else { 403 }),
+            ("v6-only", if v4 { 403 } else { 200 }),
+            ("both", 200),
+            ("deny-v6", if v4 { 200 } else { 403 }),
+            ("deny-first", if v4 { 403 } else { 200 }),
+            ("trailing-comma", 503),
+            ("bad-deny", 503),
+            ("open", 200),
+        ] {
+            let reply = client::get(to, &format!("{name}.test"), "/").await?;
+            assert_eq!(reply.status, want, "{family} {name}: {}", reply.text());
+            if want == 200 {
+                assert_eq!(reply.echo()?.family, family, "{family} {name}");
+            } else {
+                assert_eq!(reply.header("server"), Some("duet"), "{family} {name}");
+            }
+        }
+    }
+    let text = duet.debug_routes().await?["annotations"].to_string();
+    for (key, status) in [
+        ("whitelist-source-range", "honoured-with-difference"),
+        ("denylist-source-range", "invalid-value"),
+    ] {
+        let want = format!(r#""key":"{N}{key}","status":"{status}""#);
+        assert!(text.contains(&want), "{want}: {text}");
+    }
+    Ok(())
+}

@@ -95,7 +95,7 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
             "shop/cm-acme-http-solver-x7k2p",
             &[
                 ("ssl-redirect", "honoured-with-difference"),
-                ("whitelist-source-range", "ignored-unsupported"),
+                ("whitelist-source-range", "honoured-with-difference"),
             ],
         ),
         ("shop/web", &[("proxy-connect-timeout", "honoured")]),
@@ -159,8 +159,8 @@ fn the_corpus_reports_every_key_and_exits_1() {
     let summary = stdout.lines().last().unwrap_or_default();
     assert_eq!(
         summary,
-        "Summary: 8 Ingresses checked (1 of another class than nginx skipped), 2 fully honoured; \
-         24 annotations: 2 honoured, 3 honoured-with-difference, 14 ignored-unsupported, \
+        "Summary: 8 Ingresses checked (1 of another class than nginx skipped), 3 fully honoured; \
+         24 annotations: 2 honoured, 4 honoured-with-difference, 13 ignored-unsupported, \
          3 ignored-unknown, 1 ignored-removed-upstream, 1 invalid-value"
     );
 }

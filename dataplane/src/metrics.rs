@@ -863,6 +863,7 @@ mod tests {
             timeouts: Default::default(),
             protocol: None,
             redirect: None,
+            source_ranges: None,
         }
     }
 

@@ -51,6 +51,12 @@ pub enum ProxyError {
     /// response.
     #[error("request body too large")]
     BodyTooLarge,
+    /// The route's source ranges refuse the client's address (403).
+    #[error("client address not allowed")]
+    Forbidden,
+    /// The route's source ranges do not parse, so it admits nobody (503).
+    #[error("invalid source ranges")]
+    InvalidSourceRanges,
     /// The upstream did not send a response head in time (504).
     #[error("upstream timed out")]
     Timeout,
@@ -73,7 +79,10 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::NoTarget(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoTarget(_) | ProxyError::InvalidSourceRanges => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProxyError::Forbidden => StatusCode::FORBIDDEN,
             ProxyError::Connect { .. } | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -84,6 +93,8 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => "404 no route for this host and path\n",
             ProxyError::NoTarget(_) => "503 no ready upstream target\n",
+            ProxyError::Forbidden => "403 client address not allowed\n",
+            ProxyError::InvalidSourceRanges => "503 this route's source ranges are invalid\n",
             ProxyError::Connect { .. } => "502 cannot connect to upstream\n",
             ProxyError::Upstream(_) => "502 upstream connection failed\n",
             ProxyError::Timeout => "504 upstream timed out\n",
@@ -320,6 +331,15 @@ impl Proxy {
         }
         if action.redirect_https && !conn.tls {
             return Ok(self.redirect(&req, &host, conn));
+        }
+        // After the redirects, as nginx's access phase follows its rewrite phase.
+        if let Some(ranges) = action.source_ranges.as_deref() {
+            ranges
+                .admit(conn.peer.ip())
+                .map_err(|refusal| match refusal {
+                    crate::table::Refusal::Forbidden => ProxyError::Forbidden,
+                    crate::table::Refusal::Misconfigured => ProxyError::InvalidSourceRanges,
+                })?;
         }
         if body_too_large(req.headers(), action.max_body_bytes) {
             return Err(ProxyError::BodyTooLarge);

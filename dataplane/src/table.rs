@@ -305,6 +305,49 @@ pub struct RouteAction {
     /// Answers given instead of proxying (ingress-nginx's redirect annotations).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redirect: Option<Arc<Redirect>>,
+    /// The client addresses the route admits (ingress-nginx's source-range annotations).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Arc<SourceRanges>>,
+}
+
+/// Which client addresses a route admits: the peer (after PROXY protocol; IPv4-mapped IPv6
+/// counts as IPv4), never a forwarded header.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SourceRanges {
+    /// Refused (403), checked first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<crate::forwarded::Cidr>,
+    /// When set, only these are admitted; everyone else gets 403.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<crate::forwarded::Cidr>>,
+    /// A list did not parse: the route answers 503 to everyone (fail closed).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub invalid: bool,
+}
+
+/// Why [`SourceRanges`] refuse a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The client is denied, or not allowed (403).
+    Forbidden,
+    /// The lists are invalid: nobody is admitted (503).
+    Misconfigured,
+}
+
+impl SourceRanges {
+    /// Whether a client address is admitted.
+    pub fn admit(&self, client: std::net::IpAddr) -> Result<(), Refusal> {
+        if self.invalid {
+            return Err(Refusal::Misconfigured);
+        }
+        if self.deny.iter().any(|c| c.contains(client)) {
+            return Err(Refusal::Forbidden);
+        }
+        match &self.allow {
+            Some(allow) if !allow.iter().any(|c| c.contains(client)) => Err(Refusal::Forbidden),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Redirects a route answers with instead of proxying.
@@ -795,6 +838,7 @@ mod tests {
                 timeouts: UpstreamTimeouts::default(),
                 protocol: None,
                 redirect: None,
+                source_ranges: None,
             },
         }
     }

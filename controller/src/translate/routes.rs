@@ -176,6 +176,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
         timeouts.read = timeouts.read.or(nginx.read_timeout);
         let redirect = nginx.redirect();
+        let source_ranges = nginx.source_ranges();
         let Some(spec) = ingress.spec.as_ref() else {
             continue;
         };
@@ -197,6 +198,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             timeouts,
                             protocol: nginx.backend_protocol,
                             redirect: redirect.clone(),
+                            source_ranges: source_ranges.clone(),
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -272,6 +274,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         timeouts,
                         protocol: nginx.backend_protocol,
                         redirect: redirect.clone(),
+                        source_ranges: source_ranges.clone(),
                     },
                 });
             }

@@ -35,7 +35,7 @@ const NOT_YET: &str = "not implemented yet";
 const REWRITE: &str = "not implemented yet: paths match as Prefix, unrewritten";
 const REDIRECT: &str = "not implemented yet: requests are proxied, not redirected";
 const AUTH: &str = "not implemented yet: requests are proxied without authentication";
-const ACL: &str = "not implemented yet: every client is admitted";
+const ACL: &str = "the client is the connection's peer (after PROXY protocol; IPv4-mapped IPv6 peers match IPv4 ranges), never X-Forwarded-For, as ingress-nginx without use-forwarded-headers; a ConfigMap-wide list does not exist";
 const RATE: &str = "not implemented yet: requests are not rate limited";
 const CANARY: &str =
     "not implemented yet: a canary Ingress's rules compete with the main one's (ConflictingPath)";
@@ -51,7 +51,7 @@ const LOGS: &str = "not implemented yet: the access log is global (--access-log)
 /// Every key of ingress-nginx's final release, in its table's order (by group).
 pub const KEYS: [Key; 137] = [
     key("server-alias", Unsupported(NOT_YET)),
-    key("allowlist-source-range", Unsupported(ACL)),
+    key("allowlist-source-range", Different(ACL)),
     key("backend-protocol", Different("HTTPS and GRPCS send SNI SERVICE.NAMESPACE.svc (ingress-nginx sends none) and, as ingress-nginx, do not verify the certificate unless duet.dev/backend-ca-secret is set; GRPC and GRPCS speak HTTP/2 for every request, not only gRPC")),
     key("auth-realm", Unsupported(AUTH)),
     key("auth-secret", Unsupported(AUTH)),
@@ -83,7 +83,7 @@ pub const KEYS: [Key; 137] = [
     key("custom-http-errors", Unsupported(NOT_YET)),
     key("custom-headers", Unsupported(NOT_YET)),
     key("default-backend", Unsupported(NOT_YET)),
-    key("denylist-source-range", Unsupported(ACL)),
+    key("denylist-source-range", Different(ACL)),
     key("disable-proxy-intercept-errors", Unsupported(NOT_YET)),
     key("enable-global-auth", Unsupported(AUTH)),
     key("auth-always-set-cookie", Unsupported(AUTH)),

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use dataplane::table::{Redirect, UpstreamProtocol};
+use dataplane::forwarded::Cidr;
+use dataplane::table::{Redirect, SourceRanges, UpstreamProtocol};
 use serde::Serialize;
 
 pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED};
@@ -117,11 +118,27 @@ pub struct Settings {
     pub temporal_redirect: Option<(Option<u16>, String)>,
     /// `app-root`: `/` redirects here with 302.
     pub app_root: Option<String>,
+    /// `allowlist-source-range` (or its alias): only these clients are admitted.
+    pub allow_source: Option<Vec<Cidr>>,
+    /// `denylist-source-range`: these clients are refused.
+    pub deny_source: Option<Vec<Cidr>>,
+    /// A source-range list did not parse: the Ingress's routes answer 503 (fail closed).
+    pub source_ranges_invalid: bool,
     /// The snippet annotations present (never interpreted).
     pub snippets: Vec<String>,
 }
 
 impl Settings {
+    /// The route's source ranges, if the annotations set any.
+    pub fn source_ranges(&self) -> Option<Arc<SourceRanges>> {
+        let ranges = SourceRanges {
+            deny: self.deny_source.clone().unwrap_or_default(),
+            allow: self.allow_source.clone(),
+            invalid: self.source_ranges_invalid,
+        };
+        (ranges != SourceRanges::default()).then(|| Arc::new(ranges))
+    }
+
     /// The route's redirects, if the annotations set any.
     pub fn redirect(&self) -> Option<Arc<Redirect>> {
         let url = |r: &Option<(Option<u16>, String)>, default: u16| {
@@ -350,6 +367,15 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
             redirect_of(&mut settings.temporal_redirect).0 = Some(parse_code(value, 307, 302)?);
         }
         "app-root" => settings.app_root = Some(parse_app_root(value)?),
+        "allowlist-source-range" | "denylist-source-range" => {
+            let ranges =
+                parse_ranges(value).inspect_err(|_| settings.source_ranges_invalid = true)?;
+            if name == "allowlist-source-range" {
+                settings.allow_source = Some(ranges);
+            } else {
+                settings.deny_source = Some(ranges);
+            }
+        }
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())
@@ -382,6 +408,17 @@ fn parse_seconds(value: &str) -> Result<Duration, String> {
             "{value:?} is not a whole number of seconds of at least 1 (ingress-nginx takes no unit); the default applies"
         )),
     }
+}
+
+/// A comma-separated list of IPv4 and IPv6 CIDRs or addresses; any bad entry spoils the list.
+fn parse_ranges(value: &str) -> Result<Vec<Cidr>, String> {
+    value
+        .split(',')
+        .map(|entry| entry.trim().parse::<Cidr>())
+        .collect::<Result<Vec<Cidr>, _>>()
+        .map_err(|error| {
+            format!("{error}; the Ingress's routes answer 503 to everyone (fail closed, as ingress-nginx)")
+        })
 }
 
 /// The redirect a `*-redirect` or `*-redirect-code` key fills in.

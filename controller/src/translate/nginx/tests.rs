@@ -68,6 +68,7 @@ fn every_honoured_key_has_a_parser() {
         "permanent-redirect" | "temporal-redirect" => "https://example.com/",
         "permanent-redirect-code" | "temporal-redirect-code" => "307",
         "app-root" => "/app",
+        "allowlist-source-range" | "denylist-source-range" => "10.0.0.0/8, 2001:db8::/32",
         _ => "true",
     };
     for key in KEYS
@@ -188,6 +189,47 @@ fn redirects_temporal_wins_codes_need_their_url() {
             status_of(&nginx(&[("app-root", bad)]), "app-root").0,
             Status::InvalidValue,
             "{bad}"
+        );
+    }
+}
+
+#[test]
+fn source_ranges_parse_both_families_and_fail_closed() {
+    let read = nginx(&[
+        (
+            "allowlist-source-range",
+            " 192.0.2.0/24 ,2001:db8::/32, 198.51.100.7,::1",
+        ),
+        ("denylist-source-range", "192.0.2.128/25"),
+    ]);
+    let ranges = read.settings.source_ranges().expect("ranges");
+    assert_eq!(ranges.allow.as_ref().map(Vec::len), Some(4));
+    assert!(!ranges.invalid);
+    for (client, admitted) in [
+        ("192.0.2.1", true),
+        ("::ffff:192.0.2.1", true),
+        ("192.0.2.200", false),
+        ("2001:db8::5", true),
+        ("2001:db9::5", false),
+        ("198.51.100.7", true),
+        ("198.51.100.8", false),
+        ("::1", true),
+    ] {
+        assert_eq!(
+            ranges.admit(client.parse().unwrap()).is_ok(),
+            admitted,
+            "{client}"
+        );
+    }
+    for bad in ["10.0.0.0/8,", "10.0.0.0/33", "not-an-ip", "", "fe80::/129"] {
+        let read = nginx(&[("allowlist-source-range", bad)]);
+        let (status, detail) = status_of(&read, "allowlist-source-range");
+        assert_eq!(status, Status::InvalidValue, "{bad:?}");
+        assert!(detail.contains("503"), "{detail}");
+        let ranges = read.settings.source_ranges().expect("fails closed");
+        assert!(
+            ranges.invalid && ranges.admit("127.0.0.1".parse().unwrap()).is_err(),
+            "{bad:?}"
         );
     }
 }
@@ -324,7 +366,11 @@ fn snippets_are_never_honoured_and_listed() {
 fn aliases_apply_when_the_canonical_key_is_absent() {
     let read = nginx(&[("whitelist-source-range", "10.0.0.0/8")]);
     let (status, detail) = status_of(&read, "whitelist-source-range");
-    assert_eq!(status, Status::IgnoredUnsupported);
+    assert_eq!(status, Status::HonouredWithDifference);
+    assert_eq!(
+        read.settings.allow_source,
+        Some(vec!["10.0.0.0/8".parse().unwrap()])
+    );
     assert!(
         detail.starts_with("alias of allowlist-source-range"),
         "{detail}"
