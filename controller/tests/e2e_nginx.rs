@@ -512,3 +512,74 @@ async fn source_ranges_admit_by_family_and_fail_closed() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Behind a load balancer that terminates TLS: `X-Forwarded-Proto: https` from a trusted proxy
+/// (`--trusted-proxies`, both families) counts as HTTPS for `force-ssl-redirect` and the TLS
+/// hosts' redirect, so there is no redirect loop; from an untrusted peer it is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_https_from_trusted_proxies_is_not_redirected() -> anyhow::Result<()> {
+    let fleet = Fleet::start("lb", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let cert = tls::cert(&["tls.test"]);
+    dir.write("secret.yaml", &[tls::secret("lb", "cert", &cert)])?;
+    let ingresses = [
+        nginx(
+            Ingress::new("lb", "force"),
+            &[("force-ssl-redirect", "true"), ("app-root", "/app")],
+        )
+        .host("force.test", "echo"),
+        Ingress::new("lb", "tls")
+            .host("tls.test", "echo")
+            .tls(&["tls.test"], "cert"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let trusting = DuetBuilder::new(DUET, dir.path())
+        .args(["--trusted-proxies", "127.0.0.1,::1"])
+        .start()
+        .await?;
+    let untrusting = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let get = |to, host: &'static str, proto: Option<&'static str>| async move {
+        let mut req = client::request(Method::GET, host, "/x");
+        if let Some(proto) = proto {
+            req = req.header("x-forwarded-proto", proto);
+        }
+        let mut conn = Conn::http1(to).await?;
+        conn.send(req.body(Full::new(Bytes::new()))?).await
+    };
+    for family in Family::BOTH {
+        for host in ["force.test", "tls.test"] {
+            let to = trusting.http(family);
+            let reply = get(to, host, Some("https")).await?;
+            assert_eq!(reply.status, 200, "{family} {host}");
+            assert_eq!(
+                reply.echo()?.header("x-forwarded-proto").as_deref(),
+                Some("https")
+            );
+            assert_eq!(
+                get(to, host, Some("http")).await?.status,
+                308,
+                "{family} {host}"
+            );
+            assert_eq!(get(to, host, None).await?.status, 308, "{family} {host}");
+            let to = untrusting.http(family);
+            assert_eq!(
+                get(to, host, Some("https")).await?.status,
+                308,
+                "{family} {host} untrusted"
+            );
+        }
+        // app-root keeps the forwarded scheme.
+        let mut conn = Conn::http1(trusting.http(family)).await?;
+        let req =
+            client::request(Method::GET, "force.test", "/").header("x-forwarded-proto", "https");
+        let reply = conn.send(req.body(Full::new(Bytes::new()))?).await?;
+        assert_eq!(reply.status, 302, "{family}");
+        assert_eq!(
+            reply.header("location"),
+            Some("https://force.test/app"),
+            "{family}"
+        );
+    }
+    Ok(())
+}

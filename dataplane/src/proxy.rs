@@ -329,7 +329,8 @@ impl Proxy {
         {
             return Ok(res);
         }
-        if action.redirect_https && !conn.tls {
+        if action.redirect_https && crate::forwarded::request_scheme(req.headers(), conn) != "https"
+        {
             return Ok(self.redirect(&req, &host, conn));
         }
         // After the redirects, as nginx's access phase follows its rewrite phase.
@@ -672,7 +673,7 @@ fn redirect<B>(
     req: &Request<B>,
     conn: &ConnInfo,
 ) -> Option<Response<ProxyBody>> {
-    let scheme = if conn.tls { "https" } else { "http" };
+    let scheme = crate::forwarded::request_scheme(req.headers(), conn);
     let host = req
         .headers()
         .get(header::HOST)

@@ -156,7 +156,7 @@ pub const KEYS: [Key; 137] = [
     key("temporal-redirect", Honoured),
     key("temporal-redirect-code", Honoured),
     key("app-root", Honoured),
-    key("force-ssl-redirect", Different("the scheme is the connection's: behind a load balancer that terminates TLS every request is redirected (as ingress-nginx without use-forwarded-headers); the Location keeps a trailing slash")),
+    key("force-ssl-redirect", Different("the scheme is X-Forwarded-Proto from a --trusted-proxies peer, else the connection's (ingress-nginx's use-forwarded-headers); the Location keeps a trailing slash")),
     key("preserve-trailing-slash", Unsupported("duet's HTTPS redirect always keeps the path as sent")),
     key("rewrite-target", Unsupported(REWRITE)),
     key("ssl-redirect", Different("the Location keeps a trailing slash (ingress-nginx strips it unless preserve-trailing-slash) and /.well-known/acme-challenge/ of the same Ingress is redirected too")),
