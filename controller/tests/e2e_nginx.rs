@@ -131,7 +131,7 @@ async fn nginx_annotations_take_effect_and_are_reported() -> anyhow::Result<()> 
         }
         // The snippet is not interpreted: served, not 403.
         client::expect_status(&client::get(to, "snippet.test", "/").await?, 200)?;
-        // Timeouts in whole seconds: 1 s, not the flags' 20 s (5 s bounds a hang, not a speed).
+        // Timeouts in whole seconds: 1 s, not the flags' 20 s (10 s bounds a hang, not a speed).
         for (host, status) in [("read.test", 504), ("connect.test", 502)] {
             let start = Instant::now();
             let reply = client::get(to, host, "/").await?;

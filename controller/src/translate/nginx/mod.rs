@@ -194,7 +194,7 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
                 status,
                 detail,
             });
-        } else if let Some(finding) = prefix_typo(key) {
+        } else if let Some(finding) = prefix_typo(key).or_else(|| other_prefix(key)) {
             read.findings.push(finding);
         }
     }
@@ -309,6 +309,27 @@ fn prefix_typo(key: &str) -> Option<Finding> {
         key: key.to_owned(),
         status: Status::IgnoredUnknown,
         detail: format!("the prefix {domain}/ is not {PREFIX}; did you mean {PREFIX}{name}?"),
+    })
+}
+
+/// A key of NGINX Inc's controller (`nginx.org/`), or an ingress-nginx key under the pre-0.9
+/// prefix `ingress.kubernetes.io/`: neither was ever read by ingress-nginx's defaults.
+fn other_prefix(key: &str) -> Option<Finding> {
+    if key.starts_with("nginx.org/") {
+        return Some(Finding {
+            key: key.to_owned(),
+            status: Status::IgnoredUnknown,
+            detail:
+                "an annotation of NGINX Inc's controller (nginx.org/), never read by ingress-nginx"
+                    .to_owned(),
+        });
+    }
+    let name = key.strip_prefix("ingress.kubernetes.io/")?;
+    let known = catalogue::known_names().any(|k| k == name) || catalogue::removed(name).is_some();
+    known.then(|| Finding {
+        key: key.to_owned(),
+        status: Status::IgnoredRemovedUpstream,
+        detail: format!("the prefix of ingress-nginx before 0.9 (read since only with --annotations-prefix ingress.kubernetes.io); did you mean {PREFIX}{name}?"),
     })
 }
 

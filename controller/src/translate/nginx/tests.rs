@@ -312,6 +312,27 @@ fn prefix_typos_are_reported_other_prefixes_are_not() {
 }
 
 #[test]
+fn nginx_inc_keys_and_the_old_prefix_are_reported() {
+    let read = read(&annotations(&[
+        ("nginx.org/client-max-body-size", "10m"),
+        ("ingress.kubernetes.io/ssl-redirect", "false"),
+        ("ingress.kubernetes.io/backends", "{}"),
+    ]));
+    assert_eq!(read.findings.len(), 2, "{:?}", read.findings);
+    assert_eq!(
+        status_of(&read, "nginx.org/client-max-body-size").0,
+        Status::IgnoredUnknown
+    );
+    let (status, detail) = status_of(&read, "ingress.kubernetes.io/ssl-redirect");
+    assert_eq!(status, Status::IgnoredRemovedUpstream);
+    assert!(
+        detail.ends_with("did you mean nginx.ingress.kubernetes.io/ssl-redirect?"),
+        "{detail}"
+    );
+    assert_eq!(read.settings, Settings::default());
+}
+
+#[test]
 fn removed_and_configmap_keys_are_named_as_such() {
     let read = nginx(&[
         ("secure-backends", "true"),
