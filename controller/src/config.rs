@@ -57,7 +57,7 @@ pub enum MigrateCommand {
 #[derive(Clone, Debug, Args, PartialEq, Eq)]
 pub struct MigrateCheck {
     /// Only Ingresses of this class (spec.ingressClassName, else the kubernetes.io/ingress.class
-    /// annotation), as ingress-nginx started with --ingress-class decides; default: every Ingress.
+    /// annotation, as ingress-nginx decides it); default: every Ingress.
     #[arg(long, value_name = "NAME")]
     pub ingress_class: Option<String>,
 

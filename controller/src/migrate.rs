@@ -77,16 +77,22 @@ pub fn check(args: &MigrateCheck, out: &mut dyn Write) -> Result<bool, MigrateEr
     Ok(all.iter().all(|f| f.status.is_honoured()))
 }
 
-/// The class an Ingress names, as ingress-nginx reads it: the legacy annotation first, then
-/// `spec.ingressClassName`.
+/// The class an Ingress names, as ingress-nginx reads it (`GetIngressClass`):
+/// `spec.ingressClassName` first, then the legacy annotation.
 fn class_of(ingress: &Ingress) -> Option<&str> {
+    let annotation = || {
+        ingress
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(CLASS_ANNOTATION)
+            .map(String::as_str)
+    };
     ingress
-        .metadata
-        .annotations
+        .spec
         .as_ref()
-        .and_then(|a| a.get(CLASS_ANNOTATION))
-        .map(String::as_str)
-        .or_else(|| ingress.spec.as_ref()?.ingress_class_name.as_deref())
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .or_else(annotation)
 }
 
 /// Every file's text: standard input for `-`, the manifests under a folder (sorted), or a file.
