@@ -168,10 +168,8 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             .insert(NsName::new(&*origin.namespace, &*origin.name));
         let policy = b.policy(&key, ingress, config.family_policy);
         let max_body_bytes = b.body_size(&key, ingress, config.max_body_bytes);
-        let max_body_bytes = nginx
-            .body_size
-            .filter(|_| !has(ingress, BODY_SIZE_ANNOTATION))
-            .unwrap_or(max_body_bytes);
+        // `nginx` leaves a setting unset when the `duet.dev/` annotation for it is present.
+        let max_body_bytes = nginx.body_size.unwrap_or(max_body_bytes);
         let mut timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
         timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
         timeouts.read = timeouts.read.or(nginx.read_timeout);
@@ -348,15 +346,6 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         certs: Arc::new(certs.finish()),
         annotations: annotation_reports,
     }
-}
-
-/// Whether an Ingress carries an annotation.
-fn has(ingress: &Ingress, name: &str) -> bool {
-    ingress
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(name))
 }
 
 fn tie_key(rule: &PathRule) -> (bool, &str) {
