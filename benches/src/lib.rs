@@ -56,6 +56,9 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             max_body_bytes: 0,
             upstream_tls: None,
             timeouts: Default::default(),
+            protocol: None,
+            redirect: None,
+            source_ranges: None,
         },
     }
 }

@@ -48,6 +48,7 @@ VARIANTS = {
         "ingressClass": {"default": True},
         "controller": {"publishStatusAddresses": ["192.0.2.10", "2001:db8::10"]},
     },
+    "compat-ingress-nginx": {"compat": "ingress-nginx", "controller": {"strictAnnotations": True}},
 }
 
 # What duet calls on the API server (issue 3: watchers, status writer, events, leader Lease):
@@ -241,8 +242,10 @@ def test_bad_combinations_fail_the_render_with_a_reason(values, message):
         {"controller": {"defaultTLSSecret": "no-namespace"}},
         {"controller": {"proxyProtocol": "v2"}},
         {"controlers": {}},
+        {"compat": "traefik"},
+        {"controller": {"strictAnnotations": "yes"}},
     ],
-    ids=["family-name", "duplicate-family", "policy-name", "kind", "unbracketed-ipv6", "family-policy", "port-0", "tls-secret-without-namespace", "proxy-protocol-value", "typo"],
+    ids=["family-name", "duplicate-family", "policy-name", "kind", "unbracketed-ipv6", "family-policy", "port-0", "tls-secret-without-namespace", "proxy-protocol-value", "typo", "compat-name", "strict-annotations-type"],
 )
 def test_schema_rejects_bad_values(values):
     with helm.Chart.load(CHART) as chart:
@@ -479,6 +482,21 @@ def test_ingress_class_and_default_class_flag():
     default = one(render({"ingressClass": {"default": True}}), "IngressClass", "duet")
     assert default["metadata"]["annotations"] == {"ingressclass.kubernetes.io/is-default-class": "true"}
     assert not [o for o in render({"ingressClass": {"create": False}}) if o["kind"] == "IngressClass"]
+
+
+def test_compat_ingress_nginx_takes_over_the_nginx_class():
+    objects = render(VARIANTS["compat-ingress-nginx"])
+    ingress_class = one(objects, "IngressClass")
+    assert ingress_class["metadata"]["name"] == "nginx"
+    assert ingress_class["spec"] == {"controller": "k8s.io/ingress-nginx"}
+    f = flags(container(objects)["args"])
+    assert f["--ingress-class"] == ["nginx"]
+    assert f["--controller-name"] == ["k8s.io/ingress-nginx"]
+    assert "--strict-annotations" in f
+    assert "ingressClassName: nginx" in notes(VARIANTS["compat-ingress-nginx"])
+    # Without the preset: duet's own class, snippets served without them.
+    f = flags(container(render())["args"])
+    assert f["--ingress-class"] == ["duet"] and "--strict-annotations" not in f
 
 
 def test_rbac_is_exactly_what_duet_calls():

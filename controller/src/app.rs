@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::index::{Change, Impact, Index, NsName};
 use crate::metrics::ControllerMetrics;
 use crate::source::SourceEvent;
-use crate::translate::{self, Diagnostic, RoutePlan};
+use crate::translate::{self, AnnotationReport, Diagnostic, RoutePlan};
 
 /// How the loop runs.
 #[derive(Clone, Debug)]
@@ -57,7 +57,7 @@ pub struct Reported {
 
 /// The diagnostics of the live snapshot, shared with the admin endpoint.
 #[derive(Clone, Debug, Default)]
-pub struct Diagnostics(Arc<Mutex<Vec<Reported>>>);
+pub struct Diagnostics(Arc<Mutex<Vec<Reported>>>, Arc<Mutex<Vec<AnnotationReport>>>);
 
 impl Diagnostics {
     /// The diagnostics of the last published snapshot.
@@ -65,14 +65,25 @@ impl Diagnostics {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The ingress-nginx annotation reports of the last route build.
+    pub fn annotations(&self) -> Vec<AnnotationReport> {
+        self.1.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     fn set(&self, all: Vec<Reported>) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = all;
     }
 
-    /// The extra JSON for `/debug/routes`: `{"diagnostics": [...]}`.
+    fn set_annotations(&self, all: Vec<AnnotationReport>) {
+        *self.1.lock().unwrap_or_else(|e| e.into_inner()) = all;
+    }
+
+    /// The extra JSON for `/debug/routes`: `{"diagnostics": [...], "annotations": [...]}`.
     pub fn debug_extra(&self) -> DebugExtra {
         let this = self.clone();
-        Arc::new(move || serde_json::json!({ "diagnostics": this.current() }))
+        Arc::new(
+            move || serde_json::json!({ "diagnostics": this.current(), "annotations": this.annotations() }),
+        )
     }
 }
 
@@ -193,6 +204,10 @@ impl App {
                 if *old.certs == *plan.certs {
                     plan.certs = old.certs.clone();
                 }
+            }
+            self.diagnostics.set_annotations(plan.annotations.clone());
+            if let Some(metrics) = &self.metrics {
+                metrics.set_annotations(&plan.annotations);
             }
             self.plan = Some(plan);
         }
@@ -484,7 +499,10 @@ spec: {ports: [{port: 80}]}
         assert!(snapshot.routes.find("b.test", "/").is_some());
         assert!(app.diagnostics().current().is_empty());
         let extra = (app.diagnostics().debug_extra())();
-        assert_eq!(extra, serde_json::json!({ "diagnostics": [] }));
+        assert_eq!(
+            extra,
+            serde_json::json!({ "diagnostics": [], "annotations": [] })
+        );
 
         // Deleting the Ingress empties the table.
         app.ingest(vec![Change::Delete(ObjectKey::new(

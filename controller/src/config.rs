@@ -39,7 +39,42 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve Ingress routes (from a folder of manifests with --manifests).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Prepare a move to duet (offline).
+    #[command(subcommand)]
+    Migrate(MigrateCommand),
+}
+
+/// `duet migrate ...`.
+#[derive(Debug, Subcommand)]
+pub enum MigrateCommand {
+    /// Report, per Ingress and nginx.ingress.kubernetes.io/ annotation, what duet does with it.
+    /// Exit 0 when every annotation is honoured, 1 when one is not, 64 on unreadable input.
+    Check(MigrateCheck),
+}
+
+/// Flags of `duet migrate check`.
+#[derive(Clone, Debug, Args, PartialEq, Eq)]
+pub struct MigrateCheck {
+    /// Only Ingresses of this class (spec.ingressClassName, else the kubernetes.io/ingress.class
+    /// annotation, as ingress-nginx decides it); default: every Ingress.
+    #[arg(long, value_name = "NAME")]
+    pub ingress_class: Option<String>,
+
+    /// A manifest file, a folder of *.yaml/*.yml files (recursively), or - for standard input:
+    /// as `kubectl get ingress -A -o yaml` prints them (Lists, multi-document files, single
+    /// objects; kinds other than Ingress are skipped).
+    #[arg(value_name = "DIR|FILE|-")]
+    pub input: PathBuf,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Invocation {
+    /// `duet serve`.
+    Serve(Box<Config>),
+    /// `duet migrate check`.
+    MigrateCheck(MigrateCheck),
 }
 
 /// Flags of `duet serve`.
@@ -166,6 +201,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE", default_value = "1m", value_parser = parse_size)]
     pub max_body_size: u64,
 
+    /// Refuse whole the Ingresses that carry an ingress-nginx snippet annotation
+    /// (configuration-snippet, server-snippet, ...) instead of serving them without it.
+    #[arg(long)]
+    pub strict_annotations: bool,
     /// Proxy to EndpointSlice addresses on loopback (127.0.0.0/8, ::1) in Kubernetes mode.
     /// For tests whose pods run on the test machine only; --manifests mode always allows them.
     #[arg(long)]
@@ -364,7 +403,7 @@ fn one_line(error: &clap::Error) -> String {
 }
 
 /// Parses the command line (including the program name).
-pub fn parse<I, T>(args: I) -> Result<Config, ConfigError>
+pub fn parse_invocation<I, T>(args: I) -> Result<Invocation, ConfigError>
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
@@ -383,11 +422,27 @@ where
         .try_get_matches_from(args)
         .map_err(classify)?;
     let cli = Cli::from_arg_matches(&matches).map_err(classify)?;
-    let Command::Serve(args) = cli.command;
-    let sub = matches
-        .subcommand_matches("serve")
-        .ok_or_else(|| ConfigError::Usage("missing subcommand 'serve'".to_owned()))?;
-    from_args(args, sub)
+    match cli.command {
+        Command::Serve(args) => {
+            let sub = matches
+                .subcommand_matches("serve")
+                .ok_or_else(|| ConfigError::Usage("missing subcommand 'serve'".to_owned()))?;
+            Ok(Invocation::Serve(Box::new(from_args(*args, sub)?)))
+        }
+        Command::Migrate(MigrateCommand::Check(check)) => Ok(Invocation::MigrateCheck(check)),
+    }
+}
+
+/// Parses the command line of `duet serve` (including the program name).
+pub fn parse<I, T>(args: I) -> Result<Config, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match parse_invocation(args)? {
+        Invocation::Serve(config) => Ok(*config),
+        Invocation::MigrateCheck(_) => Err(ConfigError::Usage("expected 'duet serve'".to_owned())),
+    }
 }
 
 fn defaulted(matches: &ArgMatches, id: &str) -> bool {
@@ -442,6 +497,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             default_tls_secret: args.default_tls_secret,
             max_body_bytes: args.max_body_size,
             allow_loopback_endpoints: from_files || args.allow_loopback_endpoints,
+            strict_annotations: args.strict_annotations,
         },
         proxy,
         kube: kube_config(args.kube)?,

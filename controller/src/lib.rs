@@ -11,6 +11,7 @@ pub mod events;
 pub mod index;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod source;
 pub mod status;
 pub mod translate;

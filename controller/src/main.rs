@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use controller::app::{App, AppConfig};
 use controller::cluster;
-use controller::config::{self, Config, ConfigError, Listen, EXIT_USAGE};
+use controller::config::{self, Config, ConfigError, Invocation, Listen, MigrateCheck, EXIT_USAGE};
 use controller::metrics::ControllerMetrics;
 use controller::source::files;
 use dataplane::access_log::{AccessLog, AccessLogFormat};
@@ -25,8 +25,9 @@ use tokio::sync::{mpsc, watch};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let config = match config::parse(std::env::args_os()) {
-        Ok(config) => config,
+    let config = match config::parse_invocation(std::env::args_os()) {
+        Ok(Invocation::Serve(config)) => *config,
+        Ok(Invocation::MigrateCheck(check)) => return migrate_check(&check),
         Err(ConfigError::Info(info)) => {
             let _ = info.print();
             return ExitCode::SUCCESS;
@@ -77,6 +78,19 @@ fn main() -> ExitCode {
         Err(error) => {
             eprintln!("duet: {error:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `duet migrate check`: 0 when every annotation is honoured, 1 when one is not, 64 on bad input.
+fn migrate_check(check: &MigrateCheck) -> ExitCode {
+    let stdout = std::io::stdout();
+    match controller::migrate::check(check, &mut stdout.lock()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("duet: {error}");
+            ExitCode::from(EXIT_USAGE)
         }
     }
 }

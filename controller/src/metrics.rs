@@ -9,7 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::translate::{Diagnostic, Reason};
+use crate::translate::nginx::{self, Status};
+use crate::translate::{AnnotationReport, Diagnostic, Reason};
 
 /// Buckets of the snapshot build histogram, in seconds: 0.5 ms to 10 s.
 pub const BUILD_BUCKETS: [f64; 14] = [
@@ -21,11 +22,17 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: &'static str,
+}
+
 /// The controller's metric families.
 #[derive(Clone, Debug)]
 pub struct ControllerMetrics {
     build: Histogram,
     diagnostics: Family<ReasonLabels, Gauge>,
+    annotations: Family<StatusLabels, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -34,6 +41,7 @@ impl ControllerMetrics {
         let m = ControllerMetrics {
             build: Histogram::new(BUILD_BUCKETS),
             diagnostics: Family::default(),
+            annotations: Family::default(),
         };
         registry.register_with_unit(
             "duet_snapshot_build",
@@ -46,8 +54,26 @@ impl ControllerMetrics {
             "Configuration problems in the live snapshot (objects or parts of objects skipped), by reason",
             m.diagnostics.clone(),
         );
+        registry.register(
+            "duet_ingress_annotations",
+            "nginx.ingress.kubernetes.io/ annotations of the served Ingresses, by what duet does with them (honoured, honoured-with-difference, ignored-unsupported, ignored-unknown, ignored-removed-upstream, invalid-value)",
+            m.annotations.clone(),
+        );
         m.set_diagnostics(&[]);
+        m.set_annotations(&[]);
         m
+    }
+
+    /// Sets the annotation gauges from the current reports (every status, zero when absent).
+    pub fn set_annotations(&self, reports: &[AnnotationReport]) {
+        let counts = nginx::count_by_status(reports.iter().flat_map(|r| &r.annotations));
+        for status in Status::ALL {
+            self.annotations
+                .get_or_create(&StatusLabels {
+                    status: status.as_str(),
+                })
+                .set(counts[&status] as i64);
+        }
     }
 
     /// Records the build time of a published snapshot.

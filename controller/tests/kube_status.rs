@@ -389,6 +389,65 @@ async fn ingresses_not_served_fully_get_one_event_per_problem() -> anyhow::Resul
     Ok(())
 }
 
+/// ingress-nginx annotations duet does not apply get one Warning Event each, naming the key and
+/// its status; honoured ones get none, and the Ingress is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhonoured_nginx_annotations_get_one_event_each() -> anyhow::Result<()> {
+    let api = api(Family::V4)?;
+    election_namespace(&api)?;
+    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
+    apply(&api, &pods.manifests())?;
+    let duet = duet(&api, &["--election-namespace", "duet"]).await?;
+    let n = "nginx.ingress.kubernetes.io/";
+    apply(
+        &api,
+        &[Ingress::new("kube", "nginx")
+            .annotation(&format!("{n}proxy-body-size"), "8m")
+            .annotation(&format!("{n}proxy-read-timeout"), "60s")
+            .annotation(&format!("{n}rewrite-targt"), "/")
+            .annotation(&format!("{n}server-snippet"), "return 200;")
+            .host("nginx.test", "web")
+            .build()],
+    )?;
+    until_status(&duet, "nginx.test", 200).await?;
+    let events = || events_of(&api, "nginx");
+    client::eventually("three Events", LIVE, || async {
+        anyhow::ensure!(events().len() >= 3, "{} Events", events().len());
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut got: Vec<(String, String)> = events()
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], "Warning");
+            let note = e["note"].as_str().unwrap_or_default();
+            (
+                e["reason"].as_str().unwrap_or_default().to_owned(),
+                note.split(": ").take(2).collect::<Vec<_>>().join(": "),
+            )
+        })
+        .collect();
+    got.sort();
+    let want = [
+        (
+            "IgnoredAnnotation",
+            "nginx.ingress.kubernetes.io/rewrite-targt: ignored-unknown",
+        ),
+        (
+            "InvalidAnnotation",
+            "nginx.ingress.kubernetes.io/proxy-read-timeout: invalid-value",
+        ),
+        (
+            "SnippetAnnotation",
+            "nginx.ingress.kubernetes.io/server-snippet: ignored-unsupported",
+        ),
+    ]
+    .map(|(r, n)| (r.to_owned(), n.to_owned()));
+    assert_eq!(got, want);
+    Ok(())
+}
+
 /// A replica that takes over reports the problems that already existed: its own Event, naming
 /// itself as the reporting instance, for the problem the old leader reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,6 +43,12 @@ impl FromStr for Cidr {
     }
 }
 
+impl serde::Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.network, self.prefix)
@@ -88,6 +94,22 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// The scheme the client used: `X-Forwarded-Proto` (`http` or `https`) from a trusted peer,
+/// else the connection's. Decides the HTTPS redirects, as ingress-nginx's
+/// `use-forwarded-headers` does, so a TLS-terminating load balancer causes no redirect loop.
+pub fn request_scheme(headers: &HeaderMap, conn: &ConnInfo) -> &'static str {
+    let forwarded = conn
+        .trusted
+        .then(|| headers.get(&X_FORWARDED_PROTO)?.to_str().ok())
+        .flatten()
+        .map(|v| v.split(',').next().unwrap_or_default().trim());
+    match forwarded {
+        Some(v) if v.eq_ignore_ascii_case("https") => "https",
+        Some(v) if v.eq_ignore_ascii_case("http") => "http",
+        _ => conn.scheme(),
+    }
+}
 
 /// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `-Host`, `-Port` and `Forwarded`
 /// (RFC 7239) for the upstream. From a trusted peer (`conn.trusted`), the incoming

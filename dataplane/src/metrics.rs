@@ -957,6 +957,9 @@ mod tests {
             max_body_bytes: 0,
             upstream_tls: None,
             timeouts: Default::default(),
+            protocol: None,
+            redirect: None,
+            source_ranges: None,
         }
     }
 

@@ -54,6 +54,12 @@ pub enum ProxyError {
     /// response.
     #[error("request body too large")]
     BodyTooLarge,
+    /// The route's source ranges refuse the client's address (403).
+    #[error("client address not allowed")]
+    Forbidden,
+    /// The route's source ranges do not parse, so it admits nobody (503).
+    #[error("invalid source ranges")]
+    InvalidSourceRanges,
     /// The upstream did not send a response head in time (504).
     #[error("upstream timed out")]
     Timeout,
@@ -85,7 +91,10 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::NoTarget(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoTarget(_) | ProxyError::InvalidSourceRanges => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProxyError::Forbidden => StatusCode::FORBIDDEN,
             ProxyError::Connect { .. } | ProxyError::Upstream(_) | ProxyError::UnaskedUpgrade => {
                 StatusCode::BAD_GATEWAY
             }
@@ -99,6 +108,8 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => "404 no route for this host and path\n",
             ProxyError::NoTarget(_) => "503 no ready upstream target\n",
+            ProxyError::Forbidden => "403 client address not allowed\n",
+            ProxyError::InvalidSourceRanges => "503 this route's source ranges are invalid\n",
             ProxyError::Connect { .. } => "502 cannot connect to upstream\n",
             ProxyError::Upstream(_) => "502 upstream connection failed\n",
             ProxyError::Timeout => "504 upstream timed out\n",
@@ -345,8 +356,25 @@ impl Proxy {
             .ok_or(ProxyError::NoRoute)?;
         let action = matched.action;
         exchange.matched(&live, action);
-        if action.redirect_https && !conn.tls {
+        if let Some(res) = action
+            .redirect
+            .as_deref()
+            .and_then(|r| redirect(r, target.path(), &host, req.headers(), conn))
+        {
+            return Ok(res);
+        }
+        if action.redirect_https && crate::forwarded::request_scheme(req.headers(), conn) != "https"
+        {
             return Ok(self.redirect(&target, &host, conn));
+        }
+        // After the redirects, as nginx's access phase follows its rewrite phase.
+        if let Some(ranges) = action.source_ranges.as_deref() {
+            ranges
+                .admit(conn.peer.ip())
+                .map_err(|refusal| match refusal {
+                    crate::table::Refusal::Forbidden => ProxyError::Forbidden,
+                    crate::table::Refusal::Misconfigured => ProxyError::InvalidSourceRanges,
+                })?;
         }
         if body_too_large(req.headers(), action.max_body_bytes) {
             return Err(ProxyError::BodyTooLarge);
@@ -357,7 +385,7 @@ impl Proxy {
             .get(&action.backend)
             .ok_or_else(|| ProxyError::NoTarget(action.backend.clone()))?;
 
-        let protocol = backend.backend.protocol;
+        let protocol = action.protocol.unwrap_or(backend.backend.protocol);
         exchange.upstream_protocol(protocol);
         let tls = action.upstream_tls.as_deref().filter(|_| protocol.is_tls());
         if let Some(reason) = tls.and_then(UpstreamTls::error) {
@@ -685,6 +713,23 @@ fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
             }
         }
     }
+}
+
+/// The answer of a route's redirect annotations to a request, if they redirect it.
+fn redirect(
+    r: &crate::table::Redirect,
+    path: &str,
+    host: &ValidHost,
+    headers: &HeaderMap,
+    conn: &ConnInfo,
+) -> Option<Response<ProxyBody>> {
+    let scheme = crate::forwarded::request_scheme(headers, conn);
+    let (code, location) = r.answer(path, scheme, host.as_str())?;
+    let mut res = Response::new(ProxyBody::full(Bytes::new()));
+    *res.status_mut() = StatusCode::from_u16(code).ok()?;
+    res.headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_str(&location).ok()?);
+    Some(res)
 }
 
 /// Whether the declared `Content-Length` exceeds `max` (0: no limit).

@@ -298,6 +298,80 @@ pub struct RouteAction {
     /// Upstream timeouts of the Ingress that declared the route, where it sets them.
     #[serde(skip_serializing_if = "UpstreamTimeouts::is_default")]
     pub timeouts: UpstreamTimeouts,
+    /// The protocol to the backend's targets when the Ingress sets it
+    /// (`nginx.ingress.kubernetes.io/backend-protocol`), in place of the backend's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<UpstreamProtocol>,
+    /// Answers given instead of proxying (ingress-nginx's redirect annotations).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<Arc<Redirect>>,
+    /// The client addresses the route admits (ingress-nginx's source-range annotations).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Arc<SourceRanges>>,
+}
+
+/// Which client addresses a route admits: the peer (after PROXY protocol; IPv4-mapped IPv6
+/// counts as IPv4), never a forwarded header.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SourceRanges {
+    /// Refused (403), checked first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<crate::forwarded::Cidr>,
+    /// When set, only these are admitted; everyone else gets 403.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<crate::forwarded::Cidr>>,
+    /// A list did not parse: the route answers 503 to everyone (fail closed).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub invalid: bool,
+}
+
+/// Why [`SourceRanges`] refuse a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The client is denied, or not allowed (403).
+    Forbidden,
+    /// The lists are invalid: nobody is admitted (503).
+    Misconfigured,
+}
+
+impl SourceRanges {
+    /// Whether a client address is admitted.
+    pub fn admit(&self, client: std::net::IpAddr) -> Result<(), Refusal> {
+        if self.invalid {
+            return Err(Refusal::Misconfigured);
+        }
+        if self.deny.iter().any(|c| c.contains(client)) {
+            return Err(Refusal::Forbidden);
+        }
+        match &self.allow {
+            Some(allow) if !allow.iter().any(|c| c.contains(client)) => Err(Refusal::Forbidden),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Redirects a route answers with instead of proxying.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct Redirect {
+    /// Every request gets this status and `Location` (the request path is not appended).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub always: Option<(u16, Arc<str>)>,
+    /// A request for exactly `/` gets 302 to this path on the request's scheme and Host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_root: Option<Arc<str>>,
+}
+
+impl Redirect {
+    /// The status and `Location` for a request, if it is redirected; `scheme` and `host` are the
+    /// request's (the Host header as received, port and IPv6 brackets included).
+    pub fn answer(&self, path: &str, scheme: &str, host: &str) -> Option<(u16, String)> {
+        if let (Some(root), "/") = (&self.app_root, path) {
+            return Some((302, format!("{scheme}://{host}{root}")));
+        }
+        self.always
+            .as_ref()
+            .map(|(code, location)| (*code, location.to_string()))
+    }
 }
 
 /// Upstream timeouts set per Ingress by annotation; `None` means the global flag's value.
@@ -762,6 +836,9 @@ mod tests {
                 max_body_bytes: 0,
                 upstream_tls: None,
                 timeouts: UpstreamTimeouts::default(),
+                protocol: None,
+                redirect: None,
+                source_ranges: None,
             },
         }
     }

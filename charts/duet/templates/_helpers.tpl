@@ -130,8 +130,8 @@ app.kubernetes.io/part-of: duet
 - "--https-listen={{ . }}:{{ $.Values.controller.containerPorts.https }}"
 - "--admin-listen={{ . }}:{{ $.Values.controller.containerPorts.admin }}"
 {{- end }}
-- "--ingress-class={{ .Values.ingressClass.name }}"
-- "--controller-name={{ .Values.controller.controllerName }}"
+- "--ingress-class={{ include "duet.ingressClassName" . }}"
+- "--controller-name={{ include "duet.controllerName" . }}"
 - "--upstream-family={{ .Values.controller.upstreamFamily }}"
 - "--lb={{ .Values.controller.lb }}"
 {{- if .Values.controller.watchIngressWithoutClass }}
@@ -162,7 +162,20 @@ app.kubernetes.io/part-of: duet
 {{- end }}
 - "--shutdown-delay={{ .Values.controller.shutdownDelaySeconds }}s"
 - "--drain-timeout={{ .Values.controller.drainSeconds }}s"
+{{- if .Values.controller.strictAnnotations }}
+- "--strict-annotations"
+{{- end }}
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end }}
+
+{{/* The IngressClass name: `nginx` under `compat: ingress-nginx`, else ingressClass.name. */}}
+{{- define "duet.ingressClassName" -}}
+{{- if eq .Values.compat "ingress-nginx" }}nginx{{ else }}{{ .Values.ingressClass.name }}{{ end }}
+{{- end }}
+
+{{/* `--controller-name`: ingress-nginx's under `compat: ingress-nginx`. */}}
+{{- define "duet.controllerName" -}}
+{{- if eq .Values.compat "ingress-nginx" }}k8s.io/ingress-nginx{{ else }}{{ .Values.controller.controllerName }}{{ end }}
 {{- end }}

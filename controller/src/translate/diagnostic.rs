@@ -51,11 +51,17 @@ pub enum Reason {
     /// An endpoint address duet never proxies to (loopback outside `--manifests` mode,
     /// unspecified, link-local, multicast or broadcast); the endpoint is dropped.
     ForbiddenEndpointAddress,
+    /// An `nginx.ingress.kubernetes.io/` annotation duet does not apply (unsupported, unknown or
+    /// removed upstream); the Ingress is served without it.
+    IgnoredAnnotation,
+    /// A snippet annotation (raw nginx configuration): never interpreted; the Ingress is served
+    /// without it, or not at all under `--strict-annotations`.
+    SnippetAnnotation,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 20] = [
         Reason::MissingService,
         Reason::UnknownServicePort,
         Reason::MissingSecret,
@@ -74,6 +80,8 @@ impl Reason {
         Reason::InvalidBackendTls,
         Reason::InsecureBackendTls,
         Reason::ForbiddenEndpointAddress,
+        Reason::IgnoredAnnotation,
+        Reason::SnippetAnnotation,
     ];
 
     /// The reason's name.
@@ -97,6 +105,8 @@ impl Reason {
             Reason::InvalidBackendTls => "InvalidBackendTls",
             Reason::InsecureBackendTls => "InsecureBackendTls",
             Reason::ForbiddenEndpointAddress => "ForbiddenEndpointAddress",
+            Reason::IgnoredAnnotation => "IgnoredAnnotation",
+            Reason::SnippetAnnotation => "SnippetAnnotation",
         }
     }
 }

@@ -14,6 +14,7 @@
 mod certs;
 mod diagnostic;
 mod endpoints;
+pub mod nginx;
 mod routes;
 mod timeouts;
 mod upstream;
@@ -38,7 +39,7 @@ pub use upstream::{
 };
 
 use crate::class::ClassConfig;
-use crate::index::{NsName, References};
+use crate::index::{self, NsName, References};
 
 /// What translation needs from the command line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,6 +58,18 @@ pub struct Config {
     /// Proxy to loopback endpoint addresses (`127.0.0.0/8`, `::1`): true in `--manifests` mode,
     /// false in Kubernetes mode unless `--allow-loopback-endpoints` (a test-only escape hatch).
     pub allow_loopback_endpoints: bool,
+    /// `--strict-annotations`: refuse Ingresses carrying snippet annotations whole.
+    pub strict_annotations: bool,
+}
+
+/// The `nginx.ingress.kubernetes.io/` annotations of one of our Ingresses and what duet does with
+/// each.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct AnnotationReport {
+    /// The Ingress.
+    pub ingress: NsName,
+    /// One finding per annotation, sorted by key.
+    pub annotations: Vec<nginx::Finding>,
 }
 
 /// The objects to translate, in any order (translation sorts what it needs).
@@ -100,6 +113,8 @@ pub struct RoutePlan {
     pub diagnostics: Vec<Diagnostic>,
     /// Certificates by SNI from `spec.tls` and the default TLS Secret.
     pub certs: Arc<CertTable>,
+    /// The ingress-nginx annotations of our Ingresses (those having any), by Ingress.
+    pub annotations: Vec<AnnotationReport>,
 }
 
 /// Assembles a snapshot from a plan and its backends.
@@ -123,6 +138,43 @@ pub fn build(inputs: &Inputs<'_>, config: &Config) -> (Snapshot, Vec<Diagnostic>
     let (backends, backend_diagnostics) = build_backends(&plan, inputs, config, &HashMap::new());
     let diagnostics = merge_diagnostics(&plan.diagnostics, backend_diagnostics);
     (snapshot(&plan, backends, 0), diagnostics)
+}
+
+/// Reads an Ingress's ingress-nginx annotations: records its report and diagnostics, and returns
+/// the settings to apply; `None` when `--strict-annotations` refuses the Ingress for a snippet.
+fn nginx_compat(
+    key: &index::ObjectKey,
+    ingress: &Ingress,
+    config: &Config,
+    diagnostics: &mut Vec<Diagnostic>,
+    reports: &mut Vec<AnnotationReport>,
+) -> Option<nginx::Settings> {
+    let read = nginx::read(
+        ingress
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap_or(&BTreeMap::new()),
+    );
+    diagnostics.extend(nginx::diagnostics(key, &read.findings));
+    if !read.findings.is_empty() {
+        reports.push(AnnotationReport {
+            ingress: NsName::new(key.namespace.clone(), key.name.clone()),
+            annotations: read.findings,
+        });
+    }
+    if config.strict_annotations && !read.settings.snippets.is_empty() {
+        diagnostics.push(Diagnostic::new(
+            key.clone(),
+            Reason::SnippetAnnotation,
+            format!(
+                "refused whole (--strict-annotations): it carries {}; none of its routes are served",
+                read.settings.snippets.join(", ")
+            ),
+        ));
+        return None;
+    }
+    Some(read.settings)
 }
 
 /// Both phases' diagnostics, sorted, without duplicates.

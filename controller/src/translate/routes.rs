@@ -151,14 +151,30 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
     let mut hosts: BTreeMap<HostKey, Vec<PathRule>> = BTreeMap::new();
     let mut default_backend: Option<RouteAction> = None;
 
+    let mut annotation_reports = Vec::new();
     for (origin, ingress) in &ours {
         let key = ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name);
+        let Some(nginx) = super::nginx_compat(
+            &key,
+            ingress,
+            config,
+            &mut b.diagnostics,
+            &mut annotation_reports,
+        ) else {
+            continue;
+        };
         b.references
             .ingresses
             .insert(NsName::new(&*origin.namespace, &*origin.name));
         let policy = b.policy(&key, ingress, config.family_policy);
         let max_body_bytes = b.body_size(&key, ingress, config.max_body_bytes);
-        let timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
+        // `nginx` leaves a setting unset when the `duet.dev/` annotation for it is present.
+        let max_body_bytes = nginx.body_size.unwrap_or(max_body_bytes);
+        let mut timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
+        timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
+        timeouts.read = timeouts.read.or(nginx.read_timeout);
+        let redirect = nginx.redirect();
+        let source_ranges = nginx.source_ranges();
         let Some(spec) = ingress.spec.as_ref() else {
             continue;
         };
@@ -169,15 +185,18 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             if let Some(id) = b.resolve(&key, backend, "default backend") {
                 match &default_backend {
                     None => {
-                        let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id);
+                        let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id, nginx.backend_protocol);
                         default_backend = Some(RouteAction {
                             backend: id,
                             policy,
                             origin: origin.clone(),
-                            redirect_https: tls.redirects(""),
+                            redirect_https: nginx.redirects(tls.redirects("")),
                             max_body_bytes,
                             upstream_tls,
                             timeouts,
+                            protocol: nginx.backend_protocol,
+                            redirect: redirect.clone(),
+                            source_ranges: source_ranges.clone(),
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -234,17 +253,26 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                 let Some(id) = b.resolve(&key, &path.backend, &what) else {
                     continue;
                 };
-                let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id);
+                let upstream_tls = b.upstream_tls(
+                    &mut upstream_tls,
+                    &key,
+                    ingress,
+                    &id,
+                    nginx.backend_protocol,
+                );
                 hosts.entry(host.clone()).or_default().push(PathRule {
                     matcher,
                     action: RouteAction {
                         backend: id,
                         policy,
                         origin: origin.clone(),
-                        redirect_https: tls.redirects(&host.display()),
+                        redirect_https: nginx.redirects(tls.redirects(&host.display())),
                         max_body_bytes,
                         upstream_tls,
                         timeouts,
+                        protocol: nginx.backend_protocol,
+                        redirect: redirect.clone(),
+                        source_ranges: source_ranges.clone(),
                     },
                 });
             }
@@ -316,6 +344,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         references: b.references,
         diagnostics,
         certs: Arc::new(certs.finish()),
+        annotations: annotation_reports,
     }
 }
 
@@ -472,20 +501,26 @@ impl Builder<'_> {
         Some(id)
     }
 
-    /// The upstream TLS settings of a route of `ingress` to a resolved backend.
+    /// The upstream TLS settings of a route of `ingress` to a resolved backend, spoken in
+    /// `backend-protocol`'s protocol when the Ingress sets it (then unverified without a CA
+    /// Secret, as in ingress-nginx).
     fn upstream_tls(
         &mut self,
         builder: &mut UpstreamTlsBuilder<'_>,
         key: &ObjectKey,
         ingress: &Ingress,
         id: &BackendId,
+        nginx_protocol: Option<dataplane::table::UpstreamProtocol>,
     ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
         let spec = self.specs.get(id)?;
         builder.route(
             key,
             ingress,
             &spec.service,
-            spec.protocol,
+            (
+                nginx_protocol.unwrap_or(spec.protocol),
+                nginx_protocol.is_some(),
+            ),
             &mut self.diagnostics,
             &mut self.references,
         )

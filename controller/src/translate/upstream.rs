@@ -67,13 +67,16 @@ impl<'a> UpstreamTlsBuilder<'a> {
     }
 
     /// The TLS settings of a route of `ingress` to `service`, `None` for plain protocols. Built
-    /// once per Ingress, Service and ALPN; problems become diagnostics of the Ingress.
+    /// once per Ingress, Service and ALPN; problems become diagnostics of the Ingress. With
+    /// `unverified_default` (the protocol comes from ingress-nginx's `backend-protocol`, whose
+    /// `proxy-ssl-verify` defaults to off), certificates are not verified unless a CA Secret is
+    /// given.
     pub(crate) fn route(
         &mut self,
         key: &ObjectKey,
         ingress: &Ingress,
         service: &NsName,
-        protocol: UpstreamProtocol,
+        (protocol, unverified_default): (UpstreamProtocol, bool),
         diagnostics: &mut Vec<Diagnostic>,
         references: &mut References,
     ) -> Option<Arc<UpstreamTls>> {
@@ -132,6 +135,7 @@ impl<'a> UpstreamTlsBuilder<'a> {
             Ok(UpstreamTrust::SkipVerify)
         } else {
             match ca {
+                None if unverified_default => Ok(UpstreamTrust::SkipVerify),
                 None => Ok(UpstreamTrust::SystemRoots),
                 Some(name) => self.ca_trust(key, name, diagnostics, references),
             }

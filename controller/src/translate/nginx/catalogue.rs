@@ -1,0 +1,264 @@
+//! The catalogue of every `nginx.ingress.kubernetes.io/` key ingress-nginx defines (its final
+//! release's `annotations-risk.md`: 137 keys and 2 aliases), the keys it removed or never had
+//! that still sit in manifests, and what duet does with each today.
+
+/// What duet does with a key that ingress-nginx defines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Support {
+    /// Applied with ingress-nginx's semantics.
+    Honoured,
+    /// Applied, with the difference given.
+    Different(&'static str),
+    /// Not applied; the note says what to do instead, or that it is not done yet.
+    Unsupported(&'static str),
+    /// Raw nginx configuration: never interpreted (served without it, or refused whole under
+    /// `--strict-annotations`).
+    Snippet,
+}
+
+/// One key ingress-nginx defines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    /// The name after the prefix.
+    pub name: &'static str,
+    /// What duet does with it.
+    pub support: Support,
+}
+
+const fn key(name: &'static str, support: Support) -> Key {
+    Key { name, support }
+}
+
+use Support::{Different, Honoured, Snippet, Unsupported};
+
+const NOT_YET: &str = "not implemented yet";
+const REWRITE: &str = "not implemented yet: paths match as Prefix, unrewritten";
+const REDIRECT: &str = "not implemented yet: requests are proxied, not redirected";
+const AUTH: &str = "not implemented yet: requests are proxied without authentication";
+const ACL: &str = "the client is the connection's peer (after PROXY protocol; IPv4-mapped IPv6 peers match IPv4 ranges), never X-Forwarded-For, as ingress-nginx without use-forwarded-headers; a ConfigMap-wide list does not exist";
+const RATE: &str = "not implemented yet: requests are not rate limited";
+const CANARY: &str =
+    "not implemented yet: a canary Ingress's rules compete with the main one's (ConflictingPath)";
+const AFFINITY: &str = "not implemented yet: requests are balanced per request (--lb)";
+const CORS: &str = "not implemented yet: no CORS headers are added, preflights are proxied";
+const CLIENT_TLS: &str = "not implemented yet: client certificates are not requested";
+const PROXY_TLS: &str = "not implemented yet: see duet.dev/backend-ca-secret, duet.dev/backend-tls-server-name, duet.dev/backend-tls-skip-verify";
+const BUFFERING: &str = "not implemented yet: duet streams request and response bodies";
+const HASH: &str = "not implemented yet: balanced by --lb";
+const NO_EQUIVALENT: &str = "no duet equivalent";
+const LOGS: &str = "not implemented yet: the access log is global (--access-log)";
+
+/// Every key of ingress-nginx's final release, in its table's order (by group).
+pub const KEYS: [Key; 137] = [
+    key("server-alias", Unsupported(NOT_YET)),
+    key("allowlist-source-range", Different(ACL)),
+    key("backend-protocol", Different("HTTPS and GRPCS send SNI SERVICE.NAMESPACE.svc (ingress-nginx sends none) and, as ingress-nginx, do not verify the certificate unless duet.dev/backend-ca-secret is set; GRPC and GRPCS speak HTTP/2 for every request, not only gRPC")),
+    key("auth-realm", Unsupported(AUTH)),
+    key("auth-secret", Unsupported(AUTH)),
+    key("auth-secret-type", Unsupported(AUTH)),
+    key("auth-type", Unsupported(AUTH)),
+    key("canary", Unsupported(CANARY)),
+    key("canary-by-cookie", Unsupported(CANARY)),
+    key("canary-by-header", Unsupported(CANARY)),
+    key("canary-by-header-pattern", Unsupported(CANARY)),
+    key("canary-by-header-value", Unsupported(CANARY)),
+    key("canary-weight", Unsupported(CANARY)),
+    key("canary-weight-total", Unsupported(CANARY)),
+    key("auth-tls-error-page", Unsupported(CLIENT_TLS)),
+    key("auth-tls-match-cn", Unsupported(CLIENT_TLS)),
+    key("auth-tls-pass-certificate-to-upstream", Unsupported(CLIENT_TLS)),
+    key("auth-tls-secret", Unsupported(CLIENT_TLS)),
+    key("auth-tls-verify-client", Unsupported(CLIENT_TLS)),
+    key("auth-tls-verify-depth", Unsupported(CLIENT_TLS)),
+    key("client-body-buffer-size", Unsupported(BUFFERING)),
+    key("configuration-snippet", Snippet),
+    key("connection-proxy-header", Unsupported(NOT_YET)),
+    key("cors-allow-credentials", Unsupported(CORS)),
+    key("cors-allow-headers", Unsupported(CORS)),
+    key("cors-allow-methods", Unsupported(CORS)),
+    key("cors-allow-origin", Unsupported(CORS)),
+    key("cors-expose-headers", Unsupported(CORS)),
+    key("cors-max-age", Unsupported(CORS)),
+    key("enable-cors", Unsupported(CORS)),
+    key("custom-http-errors", Unsupported(NOT_YET)),
+    key("custom-headers", Unsupported(NOT_YET)),
+    key("default-backend", Unsupported(NOT_YET)),
+    key("denylist-source-range", Different(ACL)),
+    key("disable-proxy-intercept-errors", Unsupported(NOT_YET)),
+    key("enable-global-auth", Unsupported(AUTH)),
+    key("auth-always-set-cookie", Unsupported(AUTH)),
+    key("auth-cache-duration", Unsupported(AUTH)),
+    key("auth-cache-key", Unsupported(AUTH)),
+    key("auth-keepalive", Unsupported(AUTH)),
+    key("auth-keepalive-requests", Unsupported(AUTH)),
+    key("auth-keepalive-share-vars", Unsupported(AUTH)),
+    key("auth-keepalive-timeout", Unsupported(AUTH)),
+    key("auth-method", Unsupported(AUTH)),
+    key("auth-proxy-set-headers", Unsupported(AUTH)),
+    key("auth-request-redirect", Unsupported(AUTH)),
+    key("auth-response-headers", Unsupported(AUTH)),
+    key("auth-signin", Unsupported(AUTH)),
+    key("auth-signin-redirect-param", Unsupported(AUTH)),
+    key("auth-snippet", Snippet),
+    key("auth-url", Unsupported(AUTH)),
+    key("fastcgi-index", Unsupported(NO_EQUIVALENT)),
+    key("fastcgi-params-configmap", Unsupported(NO_EQUIVALENT)),
+    key("http2-push-preload", Unsupported(NO_EQUIVALENT)),
+    key("load-balance", Unsupported("not implemented yet: every backend is balanced by --lb (p2c or round-robin)")),
+    key("enable-access-log", Unsupported(LOGS)),
+    key("enable-rewrite-log", Unsupported(NO_EQUIVALENT)),
+    key("mirror-host", Unsupported(NOT_YET)),
+    key("mirror-request-body", Unsupported(NOT_YET)),
+    key("mirror-target", Unsupported(NOT_YET)),
+    key("enable-modsecurity", Unsupported(NO_EQUIVALENT)),
+    key("enable-owasp-core-rules", Unsupported(NO_EQUIVALENT)),
+    key("modsecurity-snippet", Snippet),
+    key("modsecurity-transaction-id", Unsupported(NO_EQUIVALENT)),
+    key("enable-opentelemetry", Unsupported(NO_EQUIVALENT)),
+    key("opentelemetry-operation-name", Unsupported(NO_EQUIVALENT)),
+    key("opentelemetry-trust-incoming-span", Unsupported(NO_EQUIVALENT)),
+    key("proxy-body-size", Honoured),
+    key("proxy-buffer-size", Unsupported("not implemented yet: upstream response heads may be up to 32 KiB")),
+    key("proxy-buffering", Unsupported(BUFFERING)),
+    key("proxy-buffers-number", Unsupported(BUFFERING)),
+    key("proxy-busy-buffers-size", Unsupported(BUFFERING)),
+    key("proxy-connect-timeout", Honoured),
+    key("proxy-cookie-domain", Unsupported(NOT_YET)),
+    key("proxy-cookie-path", Unsupported(NOT_YET)),
+    key("proxy-http-version", Unsupported("not implemented yet: HTTP/1.1, or HTTP/2 by the Service port's appProtocol")),
+    key("proxy-max-temp-file-size", Unsupported(BUFFERING)),
+    key("proxy-next-upstream", Unsupported("not implemented yet: duet retries connect failures only (other family, then up to three pods)")),
+    key("proxy-next-upstream-timeout", Unsupported(NOT_YET)),
+    key("proxy-next-upstream-tries", Unsupported(NOT_YET)),
+    key("proxy-read-timeout", Honoured),
+    key("proxy-redirect-from", Unsupported(NOT_YET)),
+    key("proxy-redirect-to", Unsupported(NOT_YET)),
+    key("proxy-request-buffering", Unsupported(BUFFERING)),
+    key("proxy-send-timeout", Unsupported("not implemented yet: duet has no upstream send timeout")),
+    key("proxy-ssl-ciphers", Unsupported(PROXY_TLS)),
+    key("proxy-ssl-name", Unsupported(PROXY_TLS)),
+    key("proxy-ssl-protocols", Unsupported(PROXY_TLS)),
+    key("proxy-ssl-secret", Unsupported(PROXY_TLS)),
+    key("proxy-ssl-server-name", Unsupported(PROXY_TLS)),
+    key("proxy-ssl-verify", Unsupported(PROXY_TLS)),
+    key("proxy-ssl-verify-depth", Unsupported(PROXY_TLS)),
+    key("limit-allowlist", Unsupported(RATE)),
+    key("limit-burst-multiplier", Unsupported(RATE)),
+    key("limit-connections", Unsupported(RATE)),
+    key("limit-rate", Unsupported(RATE)),
+    key("limit-rate-after", Unsupported(RATE)),
+    key("limit-rpm", Unsupported(RATE)),
+    key("limit-rps", Unsupported(RATE)),
+    key("from-to-www-redirect", Unsupported(REDIRECT)),
+    key("permanent-redirect", Honoured),
+    key("permanent-redirect-code", Honoured),
+    key("relative-redirects", Unsupported(REDIRECT)),
+    key("temporal-redirect", Honoured),
+    key("temporal-redirect-code", Honoured),
+    key("app-root", Honoured),
+    key("force-ssl-redirect", Different("the scheme is X-Forwarded-Proto from a --trusted-proxies peer, else the connection's (ingress-nginx's use-forwarded-headers); the Location keeps a trailing slash")),
+    key("preserve-trailing-slash", Unsupported("duet's HTTPS redirect always keeps the path as sent")),
+    key("rewrite-target", Unsupported(REWRITE)),
+    key("ssl-redirect", Different("the Location keeps a trailing slash (ingress-nginx strips it unless preserve-trailing-slash) and /.well-known/acme-challenge/ of the same Ingress is redirected too")),
+    key("use-regex", Unsupported(REWRITE)),
+    key("ssl-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
+    key("ssl-prefer-server-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
+    key("ssl-passthrough", Unsupported("not implemented yet: TLS is terminated by duet")),
+    key("satisfy", Unsupported(AUTH)),
+    key("server-snippet", Snippet),
+    key("service-upstream", Unsupported("not implemented yet: requests go to the pods")),
+    key("affinity", Unsupported(AFFINITY)),
+    key("affinity-canary-behavior", Unsupported(AFFINITY)),
+    key("affinity-mode", Unsupported(AFFINITY)),
+    key("session-cookie-change-on-failure", Unsupported(AFFINITY)),
+    key("session-cookie-conditional-samesite-none", Unsupported(AFFINITY)),
+    key("session-cookie-domain", Unsupported(AFFINITY)),
+    key("session-cookie-expires", Unsupported(AFFINITY)),
+    key("session-cookie-max-age", Unsupported(AFFINITY)),
+    key("session-cookie-name", Unsupported(AFFINITY)),
+    key("session-cookie-partitioned", Unsupported(AFFINITY)),
+    key("session-cookie-path", Unsupported(AFFINITY)),
+    key("session-cookie-samesite", Unsupported(AFFINITY)),
+    key("session-cookie-secure", Unsupported(AFFINITY)),
+    key("stream-snippet", Snippet),
+    key("upstream-hash-by", Unsupported(HASH)),
+    key("upstream-hash-by-subset", Unsupported(HASH)),
+    key("upstream-hash-by-subset-size", Unsupported(HASH)),
+    key("upstream-vhost", Unsupported("not implemented yet: the client's Host is sent upstream")),
+    key("use-port-in-redirects", Unsupported(NOT_YET)),
+    key("x-forwarded-prefix", Unsupported(NOT_YET)),
+];
+
+/// ingress-nginx's aliases: `(alias, canonical key)`; the alias applies when the canonical key is
+/// absent.
+pub const ALIASES: [(&str, &str); 2] = [
+    ("whitelist-source-range", "allowlist-source-range"),
+    ("limit-whitelist", "limit-allowlist"),
+];
+
+/// Keys ingress-nginx removed, or never read as annotations, that still appear in manifests:
+/// `(key, what happened to it)`. ingress-nginx ignored them silently.
+pub const REMOVED: [(&str, &str); 20] = [
+    ("secure-backends", "removed in ingress-nginx 0.18; backend-protocol: HTTPS replaced it (in duet: appProtocol https on the Service port)"),
+    ("grpc-backend", "removed in ingress-nginx 0.18; backend-protocol: GRPC replaced it (in duet: appProtocol kubernetes.io/h2c on the Service port)"),
+    ("add-base-url", "removed in ingress-nginx 0.22 with the rewrite rework"),
+    ("base-url-scheme", "removed in ingress-nginx 0.22 with the rewrite rework"),
+    ("session-cookie-hash", "removed from ingress-nginx; the affinity cookie is opaque"),
+    ("upstream-max-fails", "removed from ingress-nginx (Lua balancer)"),
+    ("upstream-fail-timeout", "removed from ingress-nginx (Lua balancer)"),
+    ("enable-opentracing", "removed in ingress-nginx 1.10 (OpenTracing dropped)"),
+    ("opentracing-trust-incoming-span", "removed in ingress-nginx 1.10 (OpenTracing dropped)"),
+    ("opentracing-operation-name", "removed in ingress-nginx 1.10 (OpenTracing dropped)"),
+    ("opentracing-location-operation-name", "removed in ingress-nginx 1.10 (OpenTracing dropped)"),
+    ("global-rate-limit", "removed in ingress-nginx 1.12"),
+    ("global-rate-limit-window", "removed in ingress-nginx 1.12"),
+    ("global-rate-limit-key", "removed in ingress-nginx 1.12"),
+    ("global-rate-limit-ignored-cidrs", "removed in ingress-nginx 1.12"),
+    ("enable-influxdb", "removed from ingress-nginx"),
+    ("influxdb-measurement", "removed from ingress-nginx"),
+    ("influxdb-port", "removed from ingress-nginx"),
+    ("influxdb-host", "removed from ingress-nginx"),
+    ("influxdb-server-name", "removed from ingress-nginx"),
+];
+
+/// ConfigMap options of ingress-nginx that appear as annotations by mistake: `(key, note)`.
+pub const CONFIGMAP_ONLY: [(&str, &str); 5] = [
+    ("enable-websockets", "never an annotation of ingress-nginx: WebSocket upgrades always work, there and in duet"),
+    ("use-forwarded-headers", "a ConfigMap option of ingress-nginx, never an annotation: see duet's --trusted-proxies"),
+    ("large-client-header-buffers", "a ConfigMap option of ingress-nginx, never an annotation: duet accepts request heads up to 32 KiB"),
+    ("client-header-buffer-size", "a ConfigMap option of ingress-nginx, never an annotation: duet accepts request heads up to 32 KiB"),
+    ("use-proxy-protocol", "a ConfigMap option of ingress-nginx, never an annotation: see duet's --proxy-protocol"),
+];
+
+/// The catalogue entry of a key name (canonical names only).
+pub fn find(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+/// The canonical key an alias stands for.
+pub fn alias(name: &str) -> Option<&'static str> {
+    ALIASES.iter().find(|(a, _)| *a == name).map(|(_, c)| *c)
+}
+
+/// What became of a key ingress-nginx removed.
+pub fn removed(name: &str) -> Option<&'static str> {
+    REMOVED
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, note)| *note)
+}
+
+/// What a ConfigMap option written as an annotation does.
+pub fn configmap_only(name: &str) -> Option<&'static str> {
+    CONFIGMAP_ONLY
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, note)| *note)
+}
+
+/// Every name ingress-nginx reads: the keys and the aliases.
+pub fn known_names() -> impl Iterator<Item = &'static str> {
+    KEYS.iter()
+        .map(|k| k.name)
+        .chain(ALIASES.iter().map(|(a, _)| *a))
+}
