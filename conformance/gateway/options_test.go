@@ -87,9 +87,9 @@ func TestEchoImageRenamesOnlyTheEchoServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upstream := len(echoBasicImage.FindAll(base, -1))
+	upstream := imageLines(string(base), "registry.k8s.io/gateway-api/echo-basic:")
 	if upstream < 10 {
-		t.Fatalf("the upstream base manifests name the echo image %d times; the pattern no longer matches", upstream)
+		t.Fatalf("the upstream base manifests name the echo image %d times", upstream)
 	}
 	rewritten, err := WithEchoImage(&conformance.Manifests, "duet.test/echo:local")
 	if err != nil {
@@ -99,10 +99,10 @@ func TestEchoImageRenamesOnlyTheEchoServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(got), "image: duet.test/echo:local"); n != upstream {
+	if n := imageLines(string(got), "duet.test/echo:local"); n != upstream {
 		t.Errorf("%d echo images renamed, want %d", n, upstream)
 	}
-	if echoBasicImage.Match(got) {
+	if strings.Contains(string(got), "echo-basic") {
 		t.Error("an echo-basic image is left")
 	}
 	// coredns (the UDP profile's backend) keeps its image.
@@ -122,4 +122,17 @@ func TestNoEchoImageKeepsTheUpstreamManifests(t *testing.T) {
 	if got != fs.FS(&conformance.Manifests) {
 		t.Error("an empty DUET_ECHO_IMAGE must leave the upstream manifests as they are")
 	}
+}
+
+// imageLines counts the lines that are exactly "image: <prefix>..." (the whole image name when
+// prefix is one).
+func imageLines(manifest, prefix string) int {
+	n := 0
+	for _, line := range strings.Split(manifest, "\n") {
+		image, ok := strings.CutPrefix(strings.TrimSpace(line), "image: ")
+		if ok && strings.HasPrefix(image, prefix) && (strings.HasSuffix(prefix, ":") || image == prefix) {
+			n++
+		}
+	}
+	return n
 }
