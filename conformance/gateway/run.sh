@@ -4,7 +4,8 @@
 #
 #   conformance/gateway/run.sh KUBECONFIG REPORT_DIR [NAME] [-- SUITE_FLAGS...]
 #
-# 1. installs the standard-channel CRDs of that version (go run ./cmd/crds apply);
+# 1. installs the standard-channel CRDs of that version (go run ./cmd/crds apply) and creates
+#    the GatewayClass duet (controller duet.dev/gateway-controller) unless it exists;
 # 2. runs TestConformance (conformance_test.go) with duet's defaults (options.go: GatewayClass
 #    duet, profiles GATEWAY-HTTP and GATEWAY-GRPC, their Core features, implementation
 #    duet-dev/duet at the workspace version) and writes the upstream ConformanceReport YAML to
@@ -41,6 +42,7 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/../../Cargo.toml" | head -
 
 cd "$here"
 go run -mod=readonly ./cmd/crds apply -kubeconfig "$kubeconfig"
+go run -mod=readonly ./cmd/crds gatewayclass -kubeconfig "$kubeconfig"
 DUET_GATEWAY_CONFORMANCE=1 DUET_VERSION=${DUET_VERSION:-v$version} KUBECONFIG=$kubeconfig \
   go test -mod=readonly -count=1 -timeout 90m -run '^TestConformance$' . -args \
   -kubeconfig="$kubeconfig" -report-output="$report" "$@"
