@@ -42,7 +42,7 @@ func usage() error {
 }
 
 func run(args []string) error {
-	if len(args) == 0 {
+	if len(args) == 0 || (args[0] != "print" && args[0] != "apply" && args[0] != "gatewayclass") {
 		return usage()
 	}
 	fl := flag.NewFlagSet(args[0], flag.ContinueOnError)
@@ -61,14 +61,10 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	switch args[0] {
-	case "print":
+	if args[0] == "print" {
 		return printCRDs(os.Stdout, crds)
-	case "apply":
-		return applyToCluster(*kubeconfig, crds, *timeout)
-	default:
-		return usage()
 	}
+	return applyToCluster(*kubeconfig, crds, *timeout)
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
