@@ -8,6 +8,7 @@ pub mod class;
 pub mod cluster;
 pub mod config;
 pub mod events;
+pub mod gateway;
 pub mod index;
 pub mod leader;
 pub mod metrics;

@@ -1,0 +1,108 @@
+// Package gateway holds duet's settings for the upstream Gateway API conformance suite
+// (sigs.k8s.io/gateway-api/conformance, pinned in go.mod). The suite itself runs unmodified from
+// conformance_test.go; this file only chooses duet's defaults for the upstream options.
+package gateway
+
+import (
+	"io/fs"
+	"regexp"
+	"testing/fstest"
+
+	"sigs.k8s.io/gateway-api/conformance/utils/flags"
+	"sigs.k8s.io/gateway-api/conformance/utils/suite"
+	"sigs.k8s.io/gateway-api/pkg/features"
+)
+
+// duet's identity in the ConformanceReport, and the GatewayClass it runs against.
+const (
+	GatewayClassName = "duet"
+	ControllerName   = "duet.dev/gateway-controller"
+	Organization     = "duet-dev"
+	Project          = "duet"
+	URL              = "https://github.com/duet-dev/duet"
+	Contact          = "https://github.com/duet-dev/duet/issues"
+	// Mode is the report's mode: duet runs in a (test) cluster, not in a mode of its own.
+	Mode = flags.DefaultMode
+)
+
+// Profiles are the conformance profiles duet claims (issue 14): HTTP and gRPC on Gateways.
+var Profiles = []suite.ConformanceProfileName{
+	suite.GatewayHTTPConformanceProfileName,
+	suite.GatewayGRPCConformanceProfileName,
+}
+
+// SupportedFeatures are the features passed to the suite when no -supported-features flag is
+// given: the Core features of Profiles. Extended features join this list as duet implements
+// them, and duet's GatewayClass status.supportedFeatures must list the same.
+var SupportedFeatures = []features.FeatureName{
+	features.SupportGateway,
+	features.SupportReferenceGrant,
+	features.SupportHTTPRoute,
+	features.SupportGRPCRoute,
+}
+
+// Env is how options read the environment (os.Getenv in the test, a map in unit tests).
+type Env func(string) string
+
+// ApplyDefaults fills the options that neither an upstream flag (named in explicit) nor the
+// options file set with duet's values.
+func ApplyDefaults(opts *suite.ConformanceOptions, explicit map[string]bool, env Env) {
+	if !explicit["gateway-class"] && opts.GatewayClassName == flags.DefaultGatewayClassName {
+		opts.GatewayClassName = GatewayClassName
+	}
+	if !explicit["conformance-profiles"] && len(opts.ConformanceProfiles) == 0 {
+		opts.ConformanceProfiles = append([]suite.ConformanceProfileName(nil), Profiles...)
+	}
+	if !explicit["supported-features"] && !explicit["all-features"] && len(opts.SupportedFeatures) == 0 &&
+		!opts.EnableAllSupportedFeatures {
+		opts.SupportedFeatures = append([]features.FeatureName(nil), SupportedFeatures...)
+	}
+	applyImplementation(opts, explicit, env)
+}
+
+// applyImplementation fills the report's implementation metadata; the version comes from
+// DUET_VERSION (run.sh passes the workspace version) unless -version is given.
+func applyImplementation(opts *suite.ConformanceOptions, explicit map[string]bool, env Env) {
+	impl := &opts.Implementation
+	if !explicit["organization"] && impl.Organization == "" {
+		impl.Organization = Organization
+	}
+	if !explicit["project"] && impl.Project == "" {
+		impl.Project = Project
+	}
+	if !explicit["url"] && impl.URL == "" {
+		impl.URL = URL
+	}
+	if !explicit["contact"] && len(impl.Contact) == 0 {
+		impl.Contact = []string{Contact}
+	}
+	if !explicit["version"] && impl.Version == "" {
+		impl.Version = env("DUET_VERSION")
+	}
+}
+
+// echoBasicImage matches the upstream echo server image in the suite's manifests, any tag.
+var echoBasicImage = regexp.MustCompile(`registry\.k8s\.io/gateway-api/echo-basic:[A-Za-z0-9._-]+`)
+
+// WithEchoImage returns a copy of manifests in which every echo-basic image reference names
+// image instead (for a test cluster that runs its own build of the echo server under another
+// name). The tests and every other byte of the manifests are unchanged. An empty image returns
+// manifests itself.
+func WithEchoImage(manifests fs.FS, image string) (fs.FS, error) {
+	if image == "" {
+		return manifests, nil
+	}
+	out := fstest.MapFS{}
+	err := fs.WalkDir(manifests, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := fs.ReadFile(manifests, path)
+		if err != nil {
+			return err
+		}
+		out[path] = &fstest.MapFile{Data: echoBasicImage.ReplaceAll(data, []byte(image)), Mode: 0o444}
+		return nil
+	})
+	return out, err
+}
