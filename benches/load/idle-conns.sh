@@ -33,7 +33,7 @@ SETTLE=${SETTLE:-2}
 
 need curl python3 openssl ss
 ulimit -n $((4 * CONNS + 1024)) || die "cannot raise the fd limit to $((4 * CONNS + 1024))"
-WORK=$(make_tmp idle)
+make_work idle
 make_cert "$WORK"
 read -r ECHO_PORT HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 5)
 start_echo "$ECHO_PORT"
@@ -138,7 +138,7 @@ measure() {
   python3 "$LOAD_DIR/idle_client.py" --kind "$kind" --port "$port" --conns "$CONNS" >"$client_out" 2>&1 &
   local client=$!
   STARTED_PIDS+=("$client")
-  until grep -q '^open' "$client_out"; do
+  until grep -qs "^open" "$client_out"; do
     kill -0 "$client" 2>/dev/null || die "$server $kind: the client failed: $(cat "$client_out")"
     sleep 0.2
   done

@@ -39,7 +39,7 @@ READY_TIMEOUT=${READY_TIMEOUT:-180}
 need valgrind h2load curl python3 openssl
 [[ $SYSCALLS == 1 ]] && need strace
 DUET=$(duet_bin)
-WORK=$(make_tmp instr)
+make_work instr
 read -r ECHO_PORT HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 5)
 start_echo "$ECHO_PORT"
 mkdir -p "$WORK/manifests"

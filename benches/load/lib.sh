@@ -37,11 +37,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-make_tmp() {
-  local dir
-  dir=$(mktemp -d "/tmp/duet-load-${1:-x}.XXXXXX")
-  TMP_DIRS+=("$dir")
-  echo "$dir"
+# Makes a temp folder (removed at exit unless KEEP_TMP=1) and sets WORK to it.
+make_work() {
+  WORK=$(mktemp -d "/tmp/duet-load-$1.XXXXXX")
+  TMP_DIRS+=("$WORK")
 }
 
 need() {

@@ -33,7 +33,7 @@ READY_TIMEOUT=${READY_TIMEOUT:-300}
 CHANGE_TIMEOUT=${CHANGE_TIMEOUT:-60}
 need curl python3
 DUET=$(duet_bin)
-WORK=$(make_tmp scale)
+make_work scale
 if [[ $# -ge 1 ]]; then
   DIR=$1
 else
