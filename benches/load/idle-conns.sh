@@ -32,7 +32,11 @@ fi
 SETTLE=${SETTLE:-2}
 
 need curl python3 openssl ss
-ulimit -n $((4 * CONNS + 1024)) || die "cannot raise the fd limit to $((4 * CONNS + 1024))"
+# Each process (client, server) holds CONNS sockets and a few more.
+FDS=$(ulimit -Hn)
+[[ $FDS == unlimited ]] && FDS=$((2 * CONNS + 1024))
+((FDS >= CONNS + 1024)) || die "the hard fd limit ($FDS) is below CONNS + 1024"
+ulimit -n "$FDS" || die "cannot raise the fd limit to $FDS"
 make_work idle
 make_cert "$WORK"
 read -r ECHO_PORT HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 5)
@@ -64,10 +68,10 @@ start_nginx() {
   cat >"$WORK/nginx/nginx.conf" <<CONF
 user root;
 worker_processes 1;
-worker_rlimit_nofile $((4 * CONNS + 1024));
+worker_rlimit_nofile $FDS;
 pid $WORK/nginx/nginx.pid;
 error_log $WORK/nginx/error.log warn;
-events { worker_connections $((2 * CONNS + 1024)); }
+events { worker_connections $((FDS - 64)); }
 http {
   access_log off;
   client_body_temp_path $WORK/nginx/body;
@@ -107,7 +111,7 @@ CONF
 # 20 requests of KIND per family, so pools, TLS state and allocator arenas exist before the
 # first RSS reading.
 warm_up() {
-  local kind=$1 i scheme=https port=$HTTPS_PORT
+  local kind=$1 scheme=https port=$HTTPS_PORT
   local -a opts=(-sk --resolve "bench.example:$HTTPS_PORT:127.0.0.1")
   case $kind in
     h1) scheme=http port=$HTTP_PORT ;;
@@ -115,7 +119,7 @@ warm_up() {
     h2-tls) opts+=(--http2) ;;
   esac
   for host in 127.0.0.1 '[::1]'; do
-    for i in $(seq 20); do
+    for _ in $(seq 20); do
       [[ $(curl "${opts[@]}" -o /dev/null -w '%{http_code}' -H 'Host: bench.example' \
         "$scheme://$host:$port/") == 200 ]] || die "$kind warm-up request to $host not answered 200"
     done

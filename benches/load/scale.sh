@@ -11,7 +11,8 @@
 #
 # Reports (one "name: value" line each):
 #   ready_seconds            start of `duet serve --manifests DIR` to the first /readyz 200 (polled
-#                            every 10 ms)
+#                            every 10 ms); folder_read_seconds: to its "Manifest folder read" log
+#                            line (every file read and parsed, before translation)
 #   rss_ready_mib            VmRSS when ready, and rss_settled_mib 5 s later
 #   first_build_seconds      duet_snapshot_build_seconds_sum (its _count must be 1)
 #   endpointslice_*          the first Service's IPv4 slice gets one address changed (written to a
@@ -71,6 +72,17 @@ done
 ready=$(now)
 rss_ready=$(rss_kib "$PID")
 echo "ready_seconds: $(since "$start" "$ready")"
+# When duet logged that it had read (and parsed) the folder, from its own timestamp.
+read_at=$(python3 -c "
+import datetime, sys
+for line in open(sys.argv[1]):
+    if 'Manifest folder read' in line:
+        stamp = line.split()[0].rstrip('Z')[:26]
+        print(datetime.datetime.fromisoformat(stamp).replace(tzinfo=datetime.timezone.utc).timestamp())
+        break
+" "$LOG.err")
+[[ -n $read_at ]] || die "no 'Manifest folder read' line in duet's log"
+echo "folder_read_seconds: $(since "$start" "$read_at")"
 echo "rss_ready_mib: $(mib "$rss_ready")"
 [[ $(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count) == 1 ]] ||
   die "more than one snapshot was built before the first check"
@@ -108,8 +120,10 @@ measure_change() {
   sum=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
   count=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count)
   curl -sf "$DEBUG/debug/routes" | grep -F -- "$expect" >/dev/null && die "/debug/routes shows $expect before the change"
-  cp -p "$DIR/$file" "$WORK/original.$file"
-  CLEANUP_HOOKS+=("mv -f '$WORK/original.$file' '$DIR/$file'")
+  if [[ ! -e $WORK/original.$file ]]; then
+    cp -p "$DIR/$file" "$WORK/original.$file"
+    CLEANUP_HOOKS+=("mv -f '$WORK/original.$file' '$DIR/$file'")
+  fi
   written=$(rewrite "$file" "$old" "$new") || die "cannot change $file"
   local next="snapshot.version=$((version + 1)) "
   until applied_line=$(grep -F "$next" "$LOG.err" | grep -F "Snapshot applied"); do
