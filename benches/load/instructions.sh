@@ -18,7 +18,10 @@
 # fresh duet under callgrind: started, ready (its "Snapshot applied" log line, then one /readyz),
 # loaded, stopped with SIGTERM (--shutdown-delay 0). A baseline run (start, ready, stop: N=0) is
 # subtracted and the rest divided by N:
-#   ipv4 access-log=off: 45678 instructions/request
+#   duet ipv4 access-log=off: 45678 instructions/request
+# SERVERS="duet nginx" measures nginx the same way (one process, master_process off; the same
+# route, pod, certificate, forwarding headers and load; its readiness is its listening socket,
+# so its baseline has no request; access log json: a JSON line per request to a file).
 # The figure counts every thread of duet (the access-log writer too) and user space only: the
 # kernel's share (TCP, wakeups; about half of a request's time, ARCHITECTURE.md section 8) is what
 # SYSCALLS=1 counts (duet natively under `strace -f -c`, the same runs, same subtraction).
@@ -33,46 +36,107 @@ N=${N:-5000}
 N_H2=${N_H2:-$((4 * N))} # more, so the 20 TLS handshakes weigh little
 FAMILIES=${FAMILIES:-"ipv4 ipv6 h2-tls-ipv4 h2-tls-ipv6"}
 ACCESS_LOGS=${ACCESS_LOGS:-"off json"}
+SERVERS=${SERVERS:-duet} # "duet nginx": nginx 1 process, same routes, pod, certificate and load
 SYSCALLS=${SYSCALLS:-0}
 READY_TIMEOUT=${READY_TIMEOUT:-180}
 
-need valgrind h2load curl python3 openssl
+need valgrind h2load curl python3 openssl ss
 [[ $SYSCALLS == 1 ]] && need strace
+[[ $SERVERS == *nginx* ]] && need nginx
 DUET=$(duet_bin)
 make_work instr
 read -r ECHO_PORT HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 5)
 start_echo "$ECHO_PORT"
 mkdir -p "$WORK/manifests"
-write_proxy_manifests "$WORK/manifests" "$ECHO_PORT"
+make_cert "$WORK"
+write_proxy_manifests "$WORK/manifests" "$ECHO_PORT" "$WORK"
 
-# Starts duet under WRAPPER (callgrind or strace) writing to OUT; sets DUET_PID.
+# The command prefix of WRAPPER (callgrind or strace) writing to OUT.
+wrapper_cmd() {
+  case $1 in
+    callgrind) WRAP=(valgrind --tool=callgrind --callgrind-out-file="$2" --dump-instr=no) ;;
+    strace) WRAP=(strace -f -c -o "$2") ;;
+  esac
+}
+
+# Starts duet under WRAPPER writing to OUT; sets SERVER_PID.
 start_duet() {
   local wrapper=$1 out=$2 access_log=$3 log=$4
-  local -a cmd
-  case $wrapper in
-    callgrind) cmd=(valgrind --tool=callgrind --callgrind-out-file="$out" --dump-instr=no) ;;
-    strace) cmd=(strace -f -c -o "$out") ;;
-  esac
-  TOKIO_WORKER_THREADS=1 DUET_LOG=info "${cmd[@]}" "$DUET" serve --manifests "$WORK/manifests" \
+  wrapper_cmd "$wrapper" "$out"
+  TOKIO_WORKER_THREADS=1 DUET_LOG=info "${WRAP[@]}" "$DUET" serve --manifests "$WORK/manifests" \
     --access-log "$access_log" \
     --http-listen "127.0.0.1:$HTTP_PORT" --http-listen "[::1]:$HTTP_PORT" \
     --https-listen "127.0.0.1:$HTTPS_PORT" --https-listen "[::1]:$HTTPS_PORT" \
     --admin-listen "127.0.0.1:$ADMIN_PORT" --debug-listen "127.0.0.1:$DEBUG_PORT" \
-    --shutdown-delay 0 --drain-timeout 5s >"$log.out" 2>"$log.err" &
-  DUET_PID=$!
-  STARTED_PIDS+=("$DUET_PID")
+    --default-tls-secret bench/bench-tls --shutdown-delay 0 --drain-timeout 5s \
+    >"$log.out" 2>"$log.err" &
+  SERVER_PID=$!
+  STARTED_PIDS+=("$SERVER_PID")
 }
 
-# Waits for the "Snapshot applied" line, then checks /readyz once (the same in every run).
+# Starts nginx (one process: master_process off) under WRAPPER writing to OUT; sets SERVER_PID.
+# Like duet: HTTP/1.1 keep-alive upstream of the client's family, forwarding headers, TLS with
+# ALPN h2, access log off or JSON lines to a file.
+start_nginx() {
+  local wrapper=$1 out=$2 access_log=$3 log=$4 logline="access_log off;"
+  [[ $access_log == json ]] && logline="access_log $log.out json;"
+  mkdir -p "$log.nginx"
+  cat >"$log.nginx/nginx.conf" <<CONF
+user root;
+daemon off;
+master_process off;
+worker_processes 1;
+pid $log.nginx/nginx.pid;
+error_log $log.err notice;
+events { worker_connections 1024; }
+http {
+  log_format json escape=json '{"time":"\$time_iso8601","client_addr":"\$remote_addr","client_port":\$remote_port,"host":"\$host","method":"\$request_method","path":"\$uri","protocol":"\$server_protocol","status":\$status,"bytes":\$body_bytes_sent,"duration_seconds":\$request_time,"upstream_addr":"\$upstream_addr","upstream_response_seconds":"\$upstream_response_time"}';
+  $logline
+  client_body_temp_path $log.nginx/body;
+  proxy_temp_path $log.nginx/proxy;
+  keepalive_requests 10000000;
+  upstream echo4 { server 127.0.0.1:$ECHO_PORT; keepalive 64; }
+  upstream echo6 { server [::1]:$ECHO_PORT; keepalive 64; }
+  map \$server_addr \$echo { ~: echo6; default echo4; }
+  server {
+    listen 127.0.0.1:$HTTP_PORT;
+    listen [::1]:$HTTP_PORT;
+    listen 127.0.0.1:$HTTPS_PORT ssl http2;
+    listen [::1]:$HTTPS_PORT ssl http2;
+    server_name bench.example;
+    ssl_certificate $WORK/tls.crt;
+    ssl_certificate_key $WORK/tls.key;
+    location / {
+      proxy_pass http://\$echo;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Real-IP \$remote_addr;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+    }
+  }
+}
+CONF
+  wrapper_cmd "$wrapper" "$out"
+  "${WRAP[@]}" nginx -p "$log.nginx" -c "$log.nginx/nginx.conf" >/dev/null 2>"$log.stderr" &
+  SERVER_PID=$!
+  STARTED_PIDS+=("$SERVER_PID")
+}
+
+# duet: waits for its "Snapshot applied" line, then checks /readyz once (the same in every run).
+# nginx: waits until it listens on the HTTPS port (no request, so nothing to subtract).
 wait_ready() {
   local pid=$1 log=$2 waited=0
-  until grep -qs "Snapshot applied" "$log.err"; do
-    kill -0 "$pid" 2>/dev/null || die "duet exited before it was ready; its log: $(tail -5 "$log.err")"
-    ((waited++ < READY_TIMEOUT * 10)) || die "duet not ready within ${READY_TIMEOUT}s"
+  until if [[ $SERVER == duet ]]; then grep -qs "Snapshot applied" "$log.err"; else
+    [[ -n $(ss -Htln "( sport = :$HTTPS_PORT )") ]]; fi; do
+    kill -0 "$pid" 2>/dev/null || die "$SERVER exited before it was ready; its log: $(tail -5 "$log.err" "$log.stderr" 2>/dev/null)"
+    ((waited++ < READY_TIMEOUT * 10)) || die "$SERVER not ready within ${READY_TIMEOUT}s"
     sleep 0.1
   done
-  [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$ADMIN_PORT/readyz") == 200 ]] ||
-    die "duet logged its snapshot but /readyz is not 200"
+  if [[ $SERVER == duet ]]; then
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$ADMIN_PORT/readyz") == 200 ]] ||
+      die "duet logged its snapshot but /readyz is not 200"
+  fi
 }
 
 # Sends N requests of FAMILY with h2load; fails unless all N got a 2xx.
@@ -92,23 +156,25 @@ load() {
   [[ $ok == "$n" ]] || die "$family: $n requests sent, ${ok:-0} answered 2xx; h2load said: $out"
 }
 
-# Stops duet with SIGTERM and waits for it (and strace, which blocks the signal) to exit 0.
-stop_duet() {
-  local pid=$1 log=$2 child
-  child=$(pgrep -P "$pid" -x duet || true)
-  kill -TERM "${child:-$pid}"
-  wait "$pid" || die "duet exited with $? on SIGTERM; its log: $(tail -5 "$log.err")"
+# Stops the server with SIGTERM (nginx: SIGQUIT, a graceful stop) and waits for it (and for
+# strace, which blocks the signal) to exit 0.
+stop_server() {
+  local pid=$1 log=$2 child signal=TERM
+  [[ $SERVER == nginx ]] && signal=QUIT
+  child=$(pgrep -P "$pid" -x "$SERVER" || true)
+  kill "-$signal" "${child:-$pid}"
+  wait "$pid" || die "$SERVER exited with $? on SIG$signal; its log: $(tail -5 "$log.err")"
 }
 
 # One run: start under WRAPPER, ready, N requests of FAMILY (none for N=0), stop; sets COUNT
 # (instructions for callgrind, syscalls for strace). Runs in this shell, so a failure stops duet.
 run_once() {
   local wrapper=$1 family=$2 n=$3 access_log=$4 out
-  out="$WORK/$wrapper.$family.$n.$access_log"
-  start_duet "$wrapper" "$out" "$access_log" "$out"
-  wait_ready "$DUET_PID" "$out"
+  out="$WORK/$SERVER.$wrapper.$family.$n.$access_log"
+  "start_$SERVER" "$wrapper" "$out" "$access_log" "$out"
+  wait_ready "$SERVER_PID" "$out"
   if ((n > 0)); then load "$family" "$n"; fi
-  stop_duet "$DUET_PID" "$out"
+  stop_server "$SERVER_PID" "$out"
   case $wrapper in
     callgrind) COUNT=$(awk '/^(summary|totals):/ {print $2; exit}' "$out") ;;
     strace) COUNT=$(awk '$NF == "total" {print $4}' "$out") ;;
@@ -121,25 +187,27 @@ per_request() {
 }
 
 note "duet $DUET, upstream duet-echo on port $ECHO_PORT, N=$N, N_H2=$N_H2, $(nproc) cores, $(date -u +%FT%TZ)"
-for access_log in $ACCESS_LOGS; do
-  run_once callgrind none 0 "$access_log"
-  base=$COUNT
-  note "baseline access-log=$access_log: $base instructions (start, ready, stop)"
-  if [[ $SYSCALLS == 1 ]]; then
-    run_once strace none 0 "$access_log"
-    sbase=$COUNT
-  fi
-  for family in $FAMILIES; do
-    n=$N
-    [[ $family == h2* ]] && n=$N_H2
-    run_once callgrind "$family" "$n" "$access_log"
-    total=$COUNT
-    line="$family access-log=$access_log: $(per_request "$total" "$base" "$n") instructions/request"
+for SERVER in $SERVERS; do
+  for access_log in $ACCESS_LOGS; do
+    run_once callgrind none 0 "$access_log"
+    base=$COUNT
+    note "$SERVER baseline access-log=$access_log: $base instructions (start, ready, stop)"
     if [[ $SYSCALLS == 1 ]]; then
-      run_once strace "$family" "$n" "$access_log"
-      stotal=$COUNT
-      line+=", $(per_request "$stotal" "$sbase" "$n") syscalls/request"
+      run_once strace none 0 "$access_log"
+      sbase=$COUNT
     fi
-    echo "$line"
+    for family in $FAMILIES; do
+      n=$N
+      [[ $family == h2* ]] && n=$N_H2
+      run_once callgrind "$family" "$n" "$access_log"
+      total=$COUNT
+      line="$SERVER $family access-log=$access_log: $(per_request "$total" "$base" "$n") instructions/request"
+      if [[ $SYSCALLS == 1 ]]; then
+        run_once strace "$family" "$n" "$access_log"
+        stotal=$COUNT
+        line+=", $(per_request "$stotal" "$sbase" "$n") syscalls/request"
+      fi
+      echo "$line"
+    done
   done
 done
