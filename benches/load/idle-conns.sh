@@ -32,6 +32,7 @@ fi
 SETTLE=${SETTLE:-2}
 
 need curl python3 openssl ss
+[[ $SERVERS == *duet* ]] && DUET=$(duet_bin)
 # Each process (client, server) holds CONNS sockets and a few more.
 FDS=$(ulimit -Hn)
 [[ $FDS == unlimited ]] && FDS=$((2 * CONNS + 1024))
@@ -46,9 +47,7 @@ write_proxy_manifests "$WORK/manifests" "$ECHO_PORT" "$WORK"
 
 # Starts duet; sets SERVER_PID (the process whose RSS counts) and SERVER_MAIN (the one to stop).
 start_duet() {
-  local duet
-  duet=$(duet_bin)
-  DUET_LOG=warn "$duet" serve --manifests "$WORK/manifests" --access-log off \
+  DUET_LOG=warn "$DUET" serve --manifests "$WORK/manifests" --access-log off \
     --http-listen "127.0.0.1:$HTTP_PORT" --http-listen "[::1]:$HTTP_PORT" \
     --https-listen "127.0.0.1:$HTTPS_PORT" --https-listen "[::1]:$HTTPS_PORT" \
     --admin-listen "127.0.0.1:$ADMIN_PORT" --debug-listen "127.0.0.1:$DEBUG_PORT" \
