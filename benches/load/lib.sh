@@ -1,0 +1,206 @@
+# Shared helpers of the load scripts in this folder (sourced, not run). Loopback only.
+# shellcheck shell=bash
+
+LOAD_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$LOAD_DIR/../.." && pwd)
+STARTED_PIDS=()
+TMP_DIRS=()
+CLEANUP_HOOKS=() # commands run at exit, once the started processes are gone
+
+die() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+note() {
+  echo "# $*" >&2
+}
+
+# Stops what this script started (by pid) and removes its temp folders.
+cleanup() {
+  local pid hook
+  for pid in "${STARTED_PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${STARTED_PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  for hook in "${CLEANUP_HOOKS[@]}"; do
+    eval "$hook" || true
+  done
+  if [[ ${KEEP_TMP:-0} != 1 ]]; then
+    local dir
+    for dir in "${TMP_DIRS[@]}"; do
+      rm -rf "$dir"
+    done
+  fi
+}
+trap cleanup EXIT
+
+# Makes a temp folder (removed at exit unless KEEP_TMP=1) and sets WORK to it.
+make_work() {
+  WORK=$(mktemp -d "/tmp/duet-load-$1.XXXXXX")
+  TMP_DIRS+=("$WORK")
+}
+
+need() {
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || die "$tool is not installed (${INSTALL_HINT:-apt-get install it})"
+  done
+}
+
+# The release duet binary (DUET_BIN overrides).
+duet_bin() {
+  local bin=${DUET_BIN:-$REPO_ROOT/target/release/duet}
+  [[ -x $bin ]] || die "no duet binary at $bin: run 'cargo build --release -p controller' (or set DUET_BIN)"
+  echo "$bin"
+}
+
+# duet-echo, the upstream (ECHO_BIN overrides; release if built, else debug: its speed does not
+# enter duet's figures).
+echo_bin() {
+  local bin
+  for bin in ${ECHO_BIN:-} "$REPO_ROOT/target/release/duet-echo" "$REPO_ROOT/target/debug/duet-echo"; do
+    if [[ -x $bin ]]; then
+      echo "$bin"
+      return
+    fi
+  done
+  die "no duet-echo binary: run 'cargo build -p conformance --bin duet-echo' (or set ECHO_BIN)"
+}
+
+# Prints COUNT distinct TCP ports that are free on both 127.0.0.1 and [::1].
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+count, found = int(sys.argv[1]), []
+while len(found) < count:
+    port = random.randint(20000, 59999)
+    if port in found:
+        continue
+    try:
+        for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.bind((host, port))
+            s.close()
+    except OSError:
+        continue
+    found.append(port)
+print(" ".join(map(str, found)))
+PY
+}
+
+# Waits until URL answers 200 (curl; both families work: pass [::1] bracketed); TIMEOUT seconds.
+wait_200() {
+  local url=$1 timeout=${2:-30} pid=${3:-} start
+  start=$(date +%s)
+  until [[ $(curl -s -o /dev/null -w '%{http_code}' "$url") == 200 ]]; do
+    if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+      die "process $pid exited before $url answered 200"
+    fi
+    (($(date +%s) - start < timeout)) || die "$url did not answer 200 within ${timeout}s"
+    sleep 0.01
+  done
+}
+
+# Resident set size of PID in KiB.
+rss_kib() {
+  awk '/^VmRSS:/ {print $2}' "/proc/$1/status"
+}
+
+# The value of a metric series (exact name incl. labels, or a bare name) from a /metrics URL.
+metric() {
+  curl -sf "$1" | awk -v name="$2" '$1 == name {print $2; found=1} END {exit !found}' ||
+    die "metric $2 not found at $1"
+}
+
+# Writes the manifests of one dual-stack pod at 127.0.0.1:PORT and [::1]:PORT behind the Ingress
+# host `bench.example` (path / Prefix) into DIR, like a production route: host routing, family
+# choice, forwarding headers. With a third argument (a folder holding tls.crt and tls.key) the
+# Ingress also lists the host under spec.tls with that Secret.
+write_proxy_manifests() {
+  local dir=$1 port=$2 tls=${3:-}
+  cat >"$dir/bench.yaml" <<YAML
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: duet}
+spec: {controller: duet.dev/ingress-controller}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: upstream, namespace: bench}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  ports: [{name: http, port: 80, targetPort: $port}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: upstream-ipv4
+  namespace: bench
+  labels: {kubernetes.io/service-name: upstream}
+addressType: IPv4
+ports: [{name: http, port: $port}]
+endpoints:
+  - addresses: ["127.0.0.1"]
+    targetRef: {kind: Pod, namespace: bench, name: upstream-0, uid: 00000000-0000-4000-8000-000000000001}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: upstream-ipv6
+  namespace: bench
+  labels: {kubernetes.io/service-name: upstream}
+addressType: IPv6
+ports: [{name: http, port: $port}]
+endpoints:
+  - addresses: ["::1"]
+    targetRef: {kind: Pod, namespace: bench, name: upstream-0, uid: 00000000-0000-4000-8000-000000000001}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: bench, namespace: bench, annotations: {duet.dev/ssl-redirect: "false"}}
+spec:
+  ingressClassName: duet
+  rules:
+    - host: bench.example
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: upstream, port: {name: http}}}}
+YAML
+  if [[ -n $tls ]]; then
+    cat >>"$dir/bench.yaml" <<YAML
+  tls:
+    - {hosts: [bench.example], secretName: bench-tls}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: bench-tls, namespace: bench}
+type: kubernetes.io/tls
+data:
+  tls.crt: $(base64 -w0 "$tls/tls.crt")
+  tls.key: $(base64 -w0 "$tls/tls.key")
+YAML
+  fi
+}
+
+# Writes an ECDSA P-256 self-signed certificate for bench.example into DIR (tls.crt, tls.key).
+make_cert() {
+  need openssl
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=bench.example -addext subjectAltName=DNS:bench.example \
+    -keyout "$1/tls.key" -out "$1/tls.crt" 2>/dev/null || die "openssl could not make a certificate"
+}
+
+# Starts duet-echo serving one pod on 127.0.0.1:PORT and [::1]:PORT; waits until it answers.
+start_echo() {
+  local port=$1 bin
+  bin=$(echo_bin)
+  "$bin" --quiet --pod "upstream-0=127.0.0.1:$port,[::1]:$port" --namespace bench \
+    --service upstream >/dev/null 2>&1 &
+  STARTED_PIDS+=($!)
+  wait_200 "http://127.0.0.1:$port/" 30 $!
+  wait_200 "http://[::1]:$port/" 30 $!
+}
