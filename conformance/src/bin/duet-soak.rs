@@ -17,7 +17,7 @@
 //! target/debug/duet-soak --seconds 60
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -148,7 +148,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let api = cluster.api().await?;
     create_objects(&api, args.pods).await?;
     let pods = running_pods(&api, args.pods).await?;
-    let duet = conformance::DuetBuilder::kube(&duet_bin, cluster.kubeconfig())
+    let mut duet = conformance::DuetBuilder::kube(&duet_bin, cluster.kubeconfig())
         .args(["--ingress-class", "duet", "--election-namespace", "default"])
         .die_with_parent()
         .start()
@@ -161,12 +161,37 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         args.pods,
         args.seconds
     );
+    let measured = soak(&args, &mut cluster, &api, &duet, pods).await?;
+    duet.check_running()?;
+    cluster.check_running()?;
+    Ok(report(&args, &measured))
+}
 
+/// Everything one soak measured.
+#[derive(Debug, Default)]
+struct Measured {
+    /// IPv4 clients, IPv6 clients.
+    tallies: [Tally; 2],
+    churn: Churn,
+    slices: SliceLog,
+    snapshots: u64,
+    /// VmRSS in KiB, one a second.
+    rss: Vec<u64>,
+}
+
+/// Load, churn, the API server restart at half time, and the samples.
+async fn soak(
+    args: &Args,
+    cluster: &mut Cluster,
+    api: &KubeApi,
+    duet: &Duet,
+    pods: Vec<String>,
+) -> anyhow::Result<Measured> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
     let stop = Arc::new(AtomicBool::new(false));
-    let version_before = snapshot_version(&duet).await?;
-    let slices = tokio::spawn(count_slice_updates(api.client().clone(), stop.clone()));
+    let version_before = snapshot_version(duet).await?;
+    let slices = tokio::spawn(watch_slices(api.client().clone(), stop.clone()));
     let rss = tokio::spawn(sample_rss(duet.pid(), deadline));
     let mut load = Vec::new();
     for family in Family::BOTH {
@@ -178,8 +203,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
     }
     let churn = tokio::spawn(churn(api.clone(), pods, deadline));
-    let restart_at = started + Duration::from_secs(args.seconds / 2);
-    tokio::time::sleep_until(restart_at.into()).await;
+    tokio::time::sleep_until((started + Duration::from_secs(args.seconds / 2)).into()).await;
     let t = Instant::now();
     cluster
         .restart_apiserver(Duration::from_secs(args.apiserver_down_seconds))
@@ -189,27 +213,16 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         (t - started).as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
-
-    let mut tallies = [Tally::default(), Tally::default()];
+    let mut measured = Measured::default();
     for (family, task) in load {
-        tallies[usize::from(family == Family::V6)].add(task.await?);
+        measured.tallies[usize::from(family == Family::V6)].add(task.await?);
     }
-    let churn = churn.await??;
-    let rss = rss.await??;
+    measured.churn = churn.await??;
+    measured.rss = rss.await??;
     stop.store(true, Ordering::Relaxed);
-    let version_after = snapshot_version(&duet).await?;
-    let slice_updates = slices.await?;
-    let mut duet = duet;
-    duet.check_running()?;
-    cluster.check_running()?;
-    Ok(report(
-        &args,
-        &tallies,
-        &churn,
-        slice_updates,
-        version_after - version_before,
-        &rss,
-    ))
+    measured.snapshots = snapshot_version(duet).await? - version_before;
+    measured.slices = slices.await?;
+    Ok(measured)
 }
 
 fn deployment(replicas: usize) -> Value {
@@ -435,23 +448,80 @@ async fn churn(api: KubeApi, pods: Vec<String>, deadline: Instant) -> anyhow::Re
     Ok(churn)
 }
 
-/// Counts changes to the Service's EndpointSlices (a watch, resumed across the restart) until
-/// `stop`.
-async fn count_slice_updates(client: kube::Client, stop: Arc<AtomicBool>) -> u64 {
+/// What the Service's EndpointSlices said over the soak (from a watch, resumed across the
+/// restart).
+#[derive(Debug, Default)]
+struct SliceLog {
+    /// Slice writes seen.
+    updates: u64,
+    /// Pod-seconds listed ready in both families, in the IPv4 slice only, in the IPv6 one only.
+    ready_time: [f64; 3],
+    /// Per slice name: its address type and the pods it lists ready.
+    slices: BTreeMap<String, (String, BTreeSet<String>)>,
+}
+
+impl SliceLog {
+    fn apply(&mut self, slice: &EndpointSlice) {
+        let ready = slice
+            .endpoints
+            .iter()
+            .flatten()
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+            .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+            .collect();
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        self.slices
+            .insert(name, (slice.address_type.clone(), ready));
+    }
+
+    /// Adds `seconds` of the current listing to `ready_time`.
+    fn account(&mut self, seconds: f64) {
+        let of = |kind: &str| -> BTreeSet<&String> {
+            self.slices
+                .values()
+                .filter(|(t, _)| t == kind)
+                .flat_map(|(_, pods)| pods)
+                .collect()
+        };
+        let (v4, v6) = (of("IPv4"), of("IPv6"));
+        let counts = [
+            v4.intersection(&v6).count(),
+            v4.difference(&v6).count(),
+            v6.difference(&v4).count(),
+        ];
+        for (t, n) in self.ready_time.iter_mut().zip(counts) {
+            *t += seconds * n as f64;
+        }
+    }
+}
+
+/// Watches the Service's EndpointSlices until `stop`.
+async fn watch_slices(client: kube::Client, stop: Arc<AtomicBool>) -> SliceLog {
     let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client, NS);
     let config = watcher::Config::default().labels(&format!("kubernetes.io/service-name={APP}"));
     let mut events = watcher::watcher(slices, config).boxed();
-    let mut updates = 0;
+    let mut log = SliceLog::default();
+    let mut last = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let next = tokio::time::timeout(Duration::from_millis(200), events.next()).await;
+        log.account(last.elapsed().as_secs_f64());
+        last = Instant::now();
         match next {
-            Ok(Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)))) => updates += 1,
+            Ok(Some(Ok(watcher::Event::Apply(slice)))) => {
+                log.updates += 1;
+                log.apply(&slice);
+            }
+            Ok(Some(Ok(watcher::Event::InitApply(slice)))) => log.apply(&slice),
+            Ok(Some(Ok(watcher::Event::Delete(slice)))) => {
+                log.updates += 1;
+                log.slices.remove(&slice.metadata.name.unwrap_or_default());
+            }
             Ok(Some(Err(_))) => tokio::time::sleep(Duration::from_millis(200)).await,
             Ok(None) => break,
             _ => {}
         }
     }
-    updates
+    log
 }
 
 /// duet's VmRSS in KiB, once a second until the deadline.
@@ -474,21 +544,14 @@ async fn sample_rss(pid: u32, deadline: Instant) -> anyhow::Result<Vec<u64>> {
 }
 
 /// Prints the summary; true when every request got a 2xx.
-fn report(
-    args: &Args,
-    tallies: &[Tally; 2],
-    churn: &Churn,
-    slice_updates: u64,
-    snapshots: u64,
-    rss: &[u64],
-) -> bool {
+fn report(args: &Args, m: &Measured) -> bool {
     println!();
     println!(
         "| family | requests | 2xx | non-2xx | failed | 2xx from a pod over the other family |"
     );
     println!("|---|---|---|---|---|---|");
     let mut clean = true;
-    for (family, t) in Family::BOTH.iter().zip(tallies) {
+    for (family, t) in Family::BOTH.iter().zip(&m.tallies) {
         let ok = t.total() - t.non_2xx() - t.failures;
         println!(
             "| {family} | {} | {ok} | {} {:?} | {} | {} |",
@@ -506,36 +569,44 @@ fn report(
         }
         clean &= t.non_2xx() == 0 && t.failures == 0;
     }
-    let seconds = args.seconds as f64;
-    let total: u64 = tallies.iter().map(Tally::total).sum();
+    let total: u64 = m.tallies.iter().map(Tally::total).sum();
     println!();
     println!(
         "{} s, {} clients per family: {:.0} requests/s",
         args.seconds,
         args.clients,
-        total as f64 / seconds
+        total as f64 / args.seconds as f64
     );
     println!(
         "churn: {} readiness writes, {} Ingress writes, {} writes refused (API server down); \
          {} EndpointSlice updates seen; {} snapshots applied",
-        churn.readiness_writes,
-        churn.ingress_writes,
-        churn.refused_writes,
-        slice_updates,
-        snapshots
+        m.churn.readiness_writes,
+        m.churn.ingress_writes,
+        m.churn.refused_writes,
+        m.slices.updates,
+        m.snapshots
     );
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    let (first, last) = (rss.first().copied(), rss.last().copied());
-    let max = rss.iter().copied().max();
-    if let (Some(first), Some(last), Some(max)) = (first, last, max) {
-        let half = rss[rss.len() / 2];
+    let [both, v4, v6] = m.slices.ready_time;
+    let all = (both + v4 + v6).max(f64::MIN_POSITIVE);
+    println!(
+        "ready pod-time listed in both families {:.1}%, in the IPv4 slice only {:.2}%, in the \
+         IPv6 slice only {:.2}% (per-family slices are written one after the other)",
+        100.0 * both / all,
+        100.0 * v4 / all,
+        100.0 * v6 / all
+    );
+    if let Some(max) = m.rss.iter().copied().max() {
+        let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+        let at = |q: usize| mib(m.rss[(m.rss.len() - 1) * q / 4]);
         println!(
-            "RSS: start {:.1} MiB, half time {:.1} MiB, end {:.1} MiB, max {:.1} MiB ({} samples)",
-            mib(first),
-            mib(half),
-            mib(last),
+            "RSS MiB: start {}, 1/4 {}, 1/2 {}, 3/4 {}, end {}, max {} ({} samples)",
+            at(0),
+            at(1),
+            at(2),
+            at(3),
+            at(4),
             mib(max),
-            rss.len()
+            m.rss.len()
         );
     }
     println!("{}", if clean { "PASS" } else { "FAIL" });
