@@ -8,11 +8,14 @@
 //! - every second a second Ingress gains or loses a host (a full routing snapshot rebuild);
 //! - once, at half time, kube-apiserver is killed and started again.
 //!
-//! It samples duet's RSS every second and prints requests and answers per family, EndpointSlice
-//! updates seen, snapshots applied and RSS; it exits 1 when any answer was not 2xx or any
-//! request failed.
+//! It samples duet's RSS every second and prints requests and answers per family (and how many
+//! reached a pod over the other family, by second), churn writes, EndpointSlice updates seen,
+//! how long pods were listed ready in one family only, snapshots applied, duet's connect failures
+//! and ejections, and RSS; it exits 1 when any answer was not 2xx or any request failed, 2 when
+//! the setup failed. README section "Soak" has the figures.
 //!
 //! ```text
+//! conformance/cluster/build.sh
 //! cargo build -p controller --bin duet && cargo build -p conformance --bin duet-soak
 //! target/debug/duet-soak --seconds 60
 //! ```
@@ -85,6 +88,8 @@ struct Tally {
     by_status: BTreeMap<u16, u64>,
     /// 2xx answers from a pod reached over the other family.
     other_family: u64,
+    /// The same, by second of the soak.
+    other_family_by_second: BTreeMap<u64, u64>,
     failures: u64,
     first_failures: Vec<String>,
 }
@@ -95,6 +100,9 @@ impl Tally {
             *self.by_status.entry(code).or_default() += n;
         }
         self.other_family += other.other_family;
+        for (second, n) in other.other_family_by_second {
+            *self.other_family_by_second.entry(second).or_default() += n;
+        }
         self.failures += other.failures;
         self.first_failures.extend(other.first_failures);
         self.first_failures.truncate(5);
@@ -175,6 +183,10 @@ struct Measured {
     churn: Churn,
     slices: SliceLog,
     snapshots: u64,
+    /// duet's `duet_upstream_connect_failures_total`, all series.
+    connect_failures: f64,
+    /// duet's `duet_target_family_ejections_total`, all series.
+    ejections: f64,
     /// VmRSS in KiB, one a second.
     rss: Vec<u64>,
 }
@@ -198,7 +210,7 @@ async fn soak(
         for _ in 0..args.clients {
             load.push((
                 family,
-                tokio::spawn(drive(duet.http(family), family, deadline)),
+                tokio::spawn(drive(duet.http(family), family, started, deadline)),
             ));
         }
     }
@@ -221,6 +233,9 @@ async fn soak(
     measured.rss = rss.await??;
     stop.store(true, Ordering::Relaxed);
     measured.snapshots = snapshot_version(duet).await? - version_before;
+    let metrics = duet.admin_get(Family::V4, "/metrics").await?.text();
+    measured.connect_failures = metric_sum(&metrics, "duet_upstream_connect_failures_total");
+    measured.ejections = metric_sum(&metrics, "duet_target_family_ejections_total");
     measured.slices = slices.await?;
     Ok(measured)
 }
@@ -361,8 +376,25 @@ async fn snapshot_version(duet: &Duet) -> anyhow::Result<u64> {
         .context("duet_snapshot_version is not a number")
 }
 
+/// The sum of every series of a metric.
+fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(['{', ' ']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// One client: keep-alive HTTP/1.1 requests until the deadline, reconnecting when closed.
-async fn drive(to: std::net::SocketAddr, family: Family, deadline: Instant) -> Tally {
+async fn drive(
+    to: std::net::SocketAddr,
+    family: Family,
+    started: Instant,
+    deadline: Instant,
+) -> Tally {
     let mut tally = Tally::default();
     let mut conn: Option<Conn> = None;
     while Instant::now() < deadline {
@@ -383,7 +415,11 @@ async fn drive(to: std::net::SocketAddr, family: Family, deadline: Instant) -> T
                 *tally.by_status.entry(reply.status.as_u16()).or_default() += 1;
                 if reply.status.is_success() {
                     match reply.echo() {
-                        Ok(echo) if echo.family != family => tally.other_family += 1,
+                        Ok(echo) if echo.family != family => {
+                            tally.other_family += 1;
+                            let second = started.elapsed().as_secs();
+                            *tally.other_family_by_second.entry(second).or_default() += 1;
+                        }
                         Ok(_) => {}
                         Err(e) => tally.note_failure(format!("{e:#}")),
                     }
@@ -564,6 +600,12 @@ fn report(args: &Args, m: &Measured) -> bool {
             t.failures,
             t.other_family
         );
+        if t.other_family > 0 {
+            println!(
+                "  {family}: other family by second: {:?}",
+                t.other_family_by_second
+            );
+        }
         for f in &t.first_failures {
             println!("  {family}: {f}");
         }
@@ -585,6 +627,10 @@ fn report(args: &Args, m: &Measured) -> bool {
         m.churn.refused_writes,
         m.slices.updates,
         m.snapshots
+    );
+    println!(
+        "duet: {} upstream connect failures, {} family ejections",
+        m.connect_failures, m.ejections
     );
     let [both, v4, v6] = m.slices.ready_time;
     let all = (both + v4 + v6).max(f64::MIN_POSITIVE);
