@@ -426,7 +426,7 @@ async fn drive(
                 } else if tally.first_failures.len() < 5 {
                     tally
                         .first_failures
-                        .push(format!("{}: {}", reply.status, reply.text()));
+                        .push(format!("{}: {}", reply.status, reply.text().trim()));
                 }
                 conn = Some(c);
             }
