@@ -35,7 +35,19 @@ const NS: &str = "kube";
 /// `PreferDualStack` Service, ready; the client reaches the API server over `api_family` (a
 /// kubeconfig of its own for IPv6: the serving certificate names both loopbacks).
 async fn start(api_family: Family) -> anyhow::Result<(Cluster, KubeApi, PathBuf)> {
-    let cluster = Cluster::start(Options::default()).await?;
+    start_with(api_family, &[]).await
+}
+
+/// [`start`] with flags added to kube-apiserver's.
+async fn start_with(
+    api_family: Family,
+    apiserver_flags: &[&str],
+) -> anyhow::Result<(Cluster, KubeApi, PathBuf)> {
+    let cluster = Cluster::start(Options {
+        apiserver_flags: apiserver_flags.iter().map(|f| (*f).to_owned()).collect(),
+        ..Options::default()
+    })
+    .await?;
     println!("control plane: {}", cluster.control_plane());
     let kubeconfig = kubeconfig_over(&cluster, api_family)?;
     let api = KubeApi::from_kubeconfig(&kubeconfig).await?;
@@ -385,4 +397,116 @@ async fn class_rules_each_case_api_on_ipv4() {
 #[tokio::test]
 async fn class_rules_each_case_api_on_ipv6() {
     class_rules(Family::V6).await.unwrap();
+}
+
+/// Sends a signal to a process (`STOP`, `CONT`).
+fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{name} {pid} failed");
+    Ok(())
+}
+
+/// Waits until etcd has compacted away `resource_version`: a list at exactly that version is
+/// answered `410 Gone` (with the watch cache off, reads at a version go to etcd).
+async fn until_compacted(api: &KubeApi, resource_version: &str) -> anyhow::Result<()> {
+    let path = format!(
+        "/apis/networking.k8s.io/v1/namespaces/{NS}/ingresses?resourceVersion={resource_version}&resourceVersionMatch=Exact"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match api.get_path(&path).await {
+            Err(kube::Error::Api(e)) if e.code == 410 => {
+                println!(
+                    "resourceVersion {resource_version} compacted: {}",
+                    e.message
+                );
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) => return Err(e).context("listing at an exact resourceVersion"),
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "resourceVersion {resource_version} not compacted within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// A real `410 Gone`: kube-apiserver without its watch cache, compacting etcd every second.
+/// duet is frozen (SIGSTOP) while kube-apiserver restarts (its watches end) and an Ingress is
+/// deleted and another created; once etcd has compacted past duet's last resourceVersion duet
+/// resumes, its watches restart from that version and get `410 Gone`, and the relist converges:
+/// the deleted Ingress (whose delete event it never saw) stops being served, the new one is
+/// served, the untouched one still is, to clients of both families.
+async fn relist_after_a_real_410(api_family: Family) -> anyhow::Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (mut cluster, api, kubeconfig) = start_with(
+        api_family,
+        &["--watch-cache=false", "--etcd-compaction-interval=1s"],
+    )
+    .await?;
+    for name in ["keep", "gone"] {
+        api.create(
+            Ingress::new(NS, name)
+                .host(&format!("{name}.test"), "web")
+                .build(),
+        )
+        .await?;
+    }
+    let duet = duet(&kubeconfig, &["--election-namespace", "duet"]).await?;
+    until_status(&duet, "keep.test", 200).await?;
+    until_status(&duet, "gone.test", 200).await?;
+    let seen = api
+        .get_path(&format!(
+            "/apis/networking.k8s.io/v1/namespaces/{NS}/ingresses"
+        ))
+        .await?;
+    let seen = seen["metadata"]["resourceVersion"]
+        .as_str()
+        .context("a list without resourceVersion")?
+        .to_owned();
+
+    signal(duet.pid(), "STOP")?;
+    let changed = async {
+        cluster
+            .restart_apiserver(std::time::Duration::from_millis(200))
+            .await?;
+        api.delete("networking.k8s.io/v1", "Ingress", Some(NS), "gone")
+            .await?;
+        api.create(Ingress::new(NS, "new").host("new.test", "web").build())
+            .await?;
+        until_compacted(&api, &seen).await
+    }
+    .await;
+    signal(duet.pid(), "CONT")?;
+    changed?;
+
+    until_status(&duet, "gone.test", 404).await?;
+    until_status(&duet, "new.test", 200).await?;
+    until_status(&duet, "keep.test", 200).await?;
+    let logs = duet.logs();
+    let gone = logs
+        .lines()
+        .find(|l| {
+            l.contains("Watch failed")
+                && l.contains("kind=Ingress ")
+                && l.contains("resourceVersion for the provided watch is too old")
+        })
+        .with_context(|| format!("no 410 Gone for the Ingress watch in duet's log:\n{logs}"))?;
+    println!("{gone}");
+    cluster.check_running()
+}
+
+#[tokio::test]
+async fn relist_after_a_real_410_gone_api_on_ipv4() {
+    relist_after_a_real_410(Family::V4).await.unwrap();
+}
+
+#[tokio::test]
+async fn relist_after_a_real_410_gone_api_on_ipv6() {
+    relist_after_a_real_410(Family::V6).await.unwrap();
 }

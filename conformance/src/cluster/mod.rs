@@ -111,6 +111,9 @@ pub struct Options {
     /// Where the certificates, kubeconfig, etcd data and logs go (default: a temporary folder
     /// removed on drop).
     pub dir: Option<PathBuf>,
+    /// Flags added to kube-apiserver's own (e.g. `--watch-cache=false` and a short
+    /// `--etcd-compaction-interval`, to make `410 Gone` happen).
+    pub apiserver_flags: Vec<String>,
 }
 
 impl Default for Options {
@@ -119,6 +122,7 @@ impl Default for Options {
             stack: Stack::Dual,
             bin_dir: None,
             dir: None,
+            apiserver_flags: Vec::new(),
         }
     }
 }
@@ -222,6 +226,10 @@ impl Cluster {
         };
         cluster.spawn("etcd", &bin.join("etcd"), &cluster.etcd_args())?;
         cluster.apiserver.1 = cluster.apiserver_args(&pki);
+        cluster
+            .apiserver
+            .1
+            .extend(options.apiserver_flags.iter().cloned());
         let (program, args) = cluster.apiserver.clone();
         cluster.spawn("kube-apiserver", &program, &args)?;
         let api = KubeApi::from_kubeconfig(&cluster.kubeconfig).await?;
