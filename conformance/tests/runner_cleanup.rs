@@ -1,6 +1,7 @@
 //! `duet-conformance` leaves no `duet` process and no control plane behind however it ends:
 //! SIGTERM, Ctrl-C (SIGINT) or SIGKILL in the middle of a scenario, on its default (real)
-//! control plane: duet and the process holding the cluster's network namespace are gone.
+//! control plane: duet, the process holding the cluster's network namespace and the cluster's
+//! folder (etcd data, logs) are gone.
 //!
 //! Needs the `duet` binary beside `duet-conformance` (`cargo test --workspace` builds both), and
 //! root and Go for the real control plane (as `real_cluster.rs`).
@@ -50,7 +51,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Starts the runner on the hanging feature; returns it, its duet's pid and the pid holding its
 /// cluster's network namespace once the scenario runs.
-fn start_runner(dir: &tempfile::TempDir) -> anyhow::Result<(Child, u32, u32)> {
+fn start_runner(dir: &tempfile::TempDir) -> anyhow::Result<(Child, u32, u32, PathBuf)> {
     let feature = dir.path().join("hang.feature");
     std::fs::write(&feature, HANGING_FEATURE)?;
     let mut runner = Command::new(env!("CARGO_BIN_EXE_duet-conformance"))
@@ -63,8 +64,8 @@ fn start_runner(dir: &tempfile::TempDir) -> anyhow::Result<(Child, u32, u32)> {
         .spawn()?;
     let stdout = runner.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    // `real control plane in /proc/NETNS/ns/net: duet pid PID on ...`
-    let (pid, netns) = loop {
+    // `real control plane in /proc/NETNS/ns/net: duet pid PID on ..., folder DIR`
+    let (pid, netns, folder) = loop {
         let Some(line) = lines.next() else {
             bail!("the runner ended before it started duet");
         };
@@ -77,7 +78,8 @@ fn start_runner(dir: &tempfile::TempDir) -> anyhow::Result<(Child, u32, u32)> {
                 .and_then(|r| r.split_whitespace().next())
                 .context("no pid")?
                 .parse::<u32>()?;
-            break (pid, netns);
+            let folder = rest.split(", folder ").nth(1).context("no folder")?;
+            break (pid, netns, PathBuf::from(folder));
         }
     };
     // Keep draining stdout so the runner never blocks on a full pipe.
@@ -87,7 +89,8 @@ fn start_runner(dir: &tempfile::TempDir) -> anyhow::Result<(Child, u32, u32)> {
         alive(netns),
         "the namespace holder (pid {netns}) is not running"
     );
-    Ok((runner, pid, netns))
+    assert!(folder.exists(), "no cluster folder {}", folder.display());
+    Ok((runner, pid, netns, folder))
 }
 
 /// Whether a process exists and is not a zombie (an orphan is reaped by init eventually).
@@ -126,7 +129,7 @@ fn wait_gone(pid: u32, within: Duration) -> bool {
 fn check(signal: &str, expected_code: Option<i32>) -> anyhow::Result<()> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir()?;
-    let (mut runner, duet, netns) = start_runner(&dir)?;
+    let (mut runner, duet, netns, folder) = start_runner(&dir)?;
     send(signal, runner.id())?;
     let status = runner.wait()?;
     let gone = wait_gone(duet, Duration::from_secs(10));
@@ -140,6 +143,19 @@ fn check(signal: &str, expected_code: Option<i32>) -> anyhow::Result<()> {
     assert!(
         gone,
         "duet (pid {duet}) still runs after the runner got SIG{signal}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while folder.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let folder_left = folder.exists();
+    if folder_left {
+        let _ = std::fs::remove_dir_all(&folder);
+    }
+    assert!(
+        !folder_left,
+        "the cluster's folder {} (etcd data, logs) is left after the runner got SIG{signal}",
+        folder.display()
     );
     assert!(
         netns_gone,

@@ -176,11 +176,12 @@ impl Cluster {
                 create_publish_service(&kube).await?;
                 let duet = start_duet(opts, &kube, cluster.kubeconfig(), &[]).await?;
                 println!(
-                    "real control plane in {}: duet pid {} on {} and {}",
+                    "real control plane in {}: duet pid {} on {} and {}, folder {}",
                     cluster.netns_path().display(),
                     duet.pid(),
                     duet.http(Family::V4),
-                    duet.http(Family::V6)
+                    duet.http(Family::V6),
+                    cluster.dir().display()
                 );
                 let mode = Mode::Local {
                     duet: Box::new(duet),
