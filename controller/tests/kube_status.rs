@@ -1,10 +1,9 @@
 //! Kubernetes mode end to end: Ingress status and leader election. Two `duet` processes elect
 //! one leader (Lease `duet-leader`), only it writes status, and the other takes over when it
-//! stops; status lists every address of the publish Service, IPv4 and IPv6 (and host names of a
-//! LoadBalancer); a single-family publish Service is reported on /debug/routes; Ingresses that
-//! cannot be served fully get one Event per problem, and a new leader reports the problems that
-//! already existed; an idle leader sleeps, with its API server up or gone. The API server runs on
-//! 127.0.0.1 and [::1].
+//! stops; Ingresses that cannot be served fully get one Event per problem, and a new leader
+//! reports the problems that already existed; an idle leader sleeps, with its API server up or
+//! gone. The test API server runs on 127.0.0.1 and [::1]; status from a real Service's addresses
+//! and the IngressClass rules are tested on the real control plane (`kube_real_cluster.rs`).
 
 mod kube_support;
 
@@ -263,65 +262,6 @@ async fn a_leader_that_dies_is_replaced_after_the_lease_expires() -> anyhow::Res
     Ok(())
 }
 
-async fn status_lists_every_address(api_family: Family) -> anyhow::Result<()> {
-    let api = api(api_family)?;
-    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
-    apply(&api, &pods.manifests())?;
-    // A dual-stack LoadBalancer: every ingress entry, both families and the host name.
-    let mut lb = publish_service(&["10.96.0.10", "fd00::10"], &["IPv4", "IPv6"]);
-    lb["spec"]["type"] = json!("LoadBalancer");
-    lb["status"] = json!({"loadBalancer": {"ingress": [
-        {"ip": "192.0.2.10"}, {"ip": "2001:db8::10"}, {"hostname": "lb.example.com"}
-    ]}});
-    apply(&api, &[lb])?;
-    apply(
-        &api,
-        &[Ingress::new("kube", "web").host("a.test", "web").build()],
-    )?;
-    let duet = duet(
-        &api,
-        &[
-            "--publish-service",
-            "duet/edge",
-            "--election-namespace",
-            "duet",
-        ],
-    )
-    .await?;
-    until_status_addresses(
-        &api,
-        "kube",
-        "web",
-        &["192.0.2.10", "2001:db8::10", "lb.example.com"],
-    )
-    .await?;
-    let routes = duet.debug_routes().await?;
-    assert_eq!(routes["status"]["leading"], json!(true), "{routes}");
-    assert!(routes["status"].get("warning").is_none(), "{routes}");
-
-    // Single-family publish Service: a warning on /debug/routes (and in the log), status follows.
-    apply(&api, &[publish_service(&["10.96.0.10"], &["IPv4"])])?;
-    until_status_addresses(&api, "kube", "web", &["10.96.0.10"]).await?;
-    client::eventually("the single-family warning", LIVE, || async {
-        let routes = duet.debug_routes().await?;
-        let warning = routes["status"]["warning"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        anyhow::ensure!(warning.contains("single IP family"), "{routes}");
-        Ok(())
-    })
-    .await?;
-    assert!(duet.logs().contains("Publish Service problem"));
-
-    // --publish-status-address instead (the leader hands over on SIGTERM).
-    let mut duet = duet;
-    assert!(duet.terminate(Duration::from_secs(10))?);
-    let _other = duet_with_addresses(&api).await?;
-    until_status_addresses(&api, "kube", "web", &["203.0.113.5", "2001:db8::5"]).await?;
-    Ok(())
-}
-
 async fn duet_with_addresses(api: &ApiServer) -> anyhow::Result<conformance::Duet> {
     duet(
         api,
@@ -333,16 +273,6 @@ async fn duet_with_addresses(api: &ApiServer) -> anyhow::Result<conformance::Due
         ],
     )
     .await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_lists_ipv4_and_ipv6_addresses_api_on_ipv4() -> anyhow::Result<()> {
-    status_lists_every_address(Family::V4).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_lists_ipv4_and_ipv6_addresses_api_on_ipv6() -> anyhow::Result<()> {
-    status_lists_every_address(Family::V6).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

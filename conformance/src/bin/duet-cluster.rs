@@ -112,6 +112,7 @@ fn up(dir: PathBuf, stack: Stack, bin_dir: Option<PathBuf>) -> anyhow::Result<()
             stack,
             bin_dir,
             dir: Some(dir.clone()),
+            ..Options::default()
         };
         let cluster = Cluster::start(options).await?;
         std::fs::write(

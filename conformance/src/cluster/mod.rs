@@ -111,6 +111,9 @@ pub struct Options {
     /// Where the certificates, kubeconfig, etcd data and logs go (default: a temporary folder
     /// removed on drop).
     pub dir: Option<PathBuf>,
+    /// Flags added to kube-apiserver's own (e.g. `--watch-cache=false` and a short
+    /// `--etcd-compaction-interval`, to make `410 Gone` happen).
+    pub apiserver_flags: Vec<String>,
 }
 
 impl Default for Options {
@@ -119,6 +122,7 @@ impl Default for Options {
             stack: Stack::Dual,
             bin_dir: None,
             dir: None,
+            apiserver_flags: Vec::new(),
         }
     }
 }
@@ -137,7 +141,10 @@ pub struct Cluster {
     control_plane: String,
     /// The API server's program and arguments, to start it again.
     apiserver: (PathBuf, Vec<String>),
-    _temp: Option<tempfile::TempDir>,
+    temp: Option<tempfile::TempDir>,
+    /// Removes the temporary folder when the starting thread ends without dropping the
+    /// cluster (a runner that exits, or is killed).
+    reaper: Option<Child>,
 }
 
 impl Drop for Cluster {
@@ -146,6 +153,12 @@ impl Drop for Cluster {
         for (_, child) in self.processes.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        drop(self.temp.take());
+        if let Some(mut reaper) = self.reaper.take() {
+            // SIGTERM: it stops its sleep and removes the folder, already gone.
+            let _ = Command::new("kill").arg(reaper.id().to_string()).status();
+            let _ = reaper.wait();
         }
     }
 }
@@ -161,6 +174,23 @@ pub fn command(program: &str, args: &[&str]) -> anyhow::Result<Command> {
     let mut cmd = Command::new(SETPRIV);
     cmd.args(["--pdeathsig", "KILL", "--", program]).args(args);
     Ok(cmd)
+}
+
+/// A process that removes `dir` (the cluster's etcd data, certificates and logs: over 100 MB)
+/// once the thread that started it ends, however it ends: its parent-death signal is SIGTERM,
+/// which it traps, and it waits a moment for etcd (killed at the same time) to be gone. The
+/// cluster's own drop removes the folder first in the ordinary case.
+fn spawn_reaper(dir: &Path) -> anyhow::Result<Child> {
+    let script =
+        r#"trap 'kill $p; sleep 1; rm -rf -- "$0"; exit 0' TERM; sleep 2147483647 & p=$!; wait $p"#;
+    Command::new(SETPRIV)
+        .args(["--pdeathsig", "TERM", "--", "sh", "-c", script])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start the folder reaper (setpriv, sh)")
 }
 
 /// Runs `conformance/cluster/build.sh` (which reuses an up-to-date build) and returns the folder
@@ -195,11 +225,12 @@ impl Cluster {
             Some(dir) => dir.clone(),
             None => build_control_plane()?,
         };
-        let (dir, temp) = match &options.dir {
-            Some(dir) => (dir.clone(), None),
+        let (dir, temp, reaper) = match &options.dir {
+            Some(dir) => (dir.clone(), None, None),
             None => {
                 let temp = tempfile::Builder::new().prefix("duet-cluster-").tempdir()?;
-                (temp.path().to_owned(), Some(temp))
+                let reaper = spawn_reaper(temp.path())?;
+                (temp.path().to_owned(), Some(temp), Some(reaper))
             }
         };
         std::fs::create_dir_all(dir.join("logs"))?;
@@ -218,10 +249,15 @@ impl Cluster {
             kubeconfig,
             control_plane: String::new(),
             apiserver: (bin.join("kube-apiserver"), Vec::new()),
-            _temp: temp,
+            temp,
+            reaper,
         };
         cluster.spawn("etcd", &bin.join("etcd"), &cluster.etcd_args())?;
         cluster.apiserver.1 = cluster.apiserver_args(&pki);
+        cluster
+            .apiserver
+            .1
+            .extend(options.apiserver_flags.iter().cloned());
         let (program, args) = cluster.apiserver.clone();
         cluster.spawn("kube-apiserver", &program, &args)?;
         let api = KubeApi::from_kubeconfig(&cluster.kubeconfig).await?;

@@ -3,15 +3,15 @@
 //! (port `http` 8080 → 3000), Secrets and Ingresses, waits for the Deployments to be available
 //! and their EndpointSlices ready, and reads the Ingress status.
 //!
-//! - **Mini cluster** (default): the test API server, the stand-in deployment and endpoint
-//!   controllers of [`super::standin`] realising Deployments as loopback echo pods, the
-//!   IngressClass created by the runner, and the real `duet` in Kubernetes mode publishing the
-//!   addresses of a dual-stack LoadBalancer Service, [`PUBLISH_SERVICE`], as Ingress status.
-//! - **Real control plane** (`--real-control-plane`): kube-apiserver, etcd and
+//! - **Real control plane** (default): kube-apiserver, etcd and
 //!   kube-controller-manager built from their Go modules with the stand-in kubelet
 //!   ([`crate::cluster`]), in a network namespace the runner's thread joins; the real controllers
 //!   make the pods (each [`PodShape`] of duet's features a Deployment of its own), and duet runs
-//!   there as in the mini cluster.
+//!   there, publishing the addresses of [`PUBLISH_SERVICE`] as Ingress status.
+//! - **Mini cluster** (`--mini-cluster`): the test API server, the stand-in deployment and endpoint
+//!   controllers of [`super::standin`] realising Deployments as loopback echo pods, the
+//!   IngressClass created by the runner, and the real `duet` in Kubernetes mode publishing the
+//!   addresses of a dual-stack LoadBalancer Service, [`PUBLISH_SERVICE`], as Ingress status.
 //! - **Real cluster** (`--kubeconfig`): the same requests against that cluster, whose own
 //!   controllers run the echo image; the controller under test and its IngressClass are already
 //!   there, and its status addresses are reached on `--http-port` / `--https-port`.
@@ -49,11 +49,11 @@ pub const ECHO_PORT: u16 = 3000;
 /// What the runner needs to reach a cluster.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// `--kubeconfig`: a real cluster; `None` starts the mini cluster.
+    /// `--kubeconfig`: a real cluster; `None` starts a control plane and duet.
     pub kubeconfig: Option<PathBuf>,
-    /// `--real-control-plane`: start the real control plane instead of the mini cluster.
-    pub real_control_plane: bool,
-    /// The `duet` binary (mini cluster only).
+    /// `--mini-cluster`: start the mini cluster instead of the real control plane.
+    pub mini_cluster: bool,
+    /// The `duet` binary (not with `--kubeconfig`).
     pub duet: PathBuf,
     /// The IngressClass name Ingresses get by default.
     pub ingress_class: String,
@@ -101,7 +101,7 @@ pub struct Cluster {
     mode: Mode,
 }
 
-/// The Service in front of duet in the mini cluster (namespace, name), which duet publishes
+/// The Service in front of the runner's duet (namespace, name), which duet publishes
 /// (`--publish-service`).
 pub const PUBLISH_SERVICE: (&str, &str) = ("default", "duet");
 
@@ -135,8 +135,8 @@ fn publish_service() -> Value {
 }
 
 impl Cluster {
-    /// Connects to the cluster (starting the mini cluster unless `--kubeconfig` was given) and
-    /// deletes namespaces an earlier run left behind.
+    /// Connects to the cluster (starting the real control plane, or the mini cluster, unless
+    /// `--kubeconfig` was given) and deletes namespaces an earlier run left behind.
     pub async fn start(opts: &Options) -> anyhow::Result<Cluster> {
         let (kube, mode) = match &opts.kubeconfig {
             Some(path) => {
@@ -168,7 +168,7 @@ impl Cluster {
                 };
                 (kube, mode)
             }
-            None if opts.real_control_plane => {
+            None if !opts.mini_cluster => {
                 let cluster =
                     crate::cluster::Cluster::start(crate::cluster::Options::default()).await?;
                 println!("control plane: {}", cluster.control_plane());
@@ -176,11 +176,12 @@ impl Cluster {
                 create_publish_service(&kube).await?;
                 let duet = start_duet(opts, &kube, cluster.kubeconfig(), &[]).await?;
                 println!(
-                    "real control plane in {}: duet pid {} on {} and {}",
+                    "real control plane in {}: duet pid {} on {} and {}, folder {}",
                     cluster.netns_path().display(),
                     duet.pid(),
                     duet.http(Family::V4),
-                    duet.http(Family::V6)
+                    duet.http(Family::V6),
+                    cluster.dir().display()
                 );
                 let mode = Mode::Local {
                     duet: Box::new(duet),
@@ -379,7 +380,7 @@ impl Cluster {
         }
         ensure!(
             self.mini_api().is_some(),
-            "a Service with pods of chosen families needs the mini cluster or --real-control-plane (not --kubeconfig)"
+            "a Service with pods of chosen families needs the real control plane or the mini cluster (not --kubeconfig)"
         );
         let shapes: Vec<PodShape> = specs.iter().map(PodShape::of).collect();
         self.kube

@@ -102,6 +102,13 @@ impl KubeApi {
         self.client.request::<Value>(req).await
     }
 
+    /// `GET path` (with its query), answered with JSON; API errors as they came (e.g. a `410
+    /// Gone` for a compacted `resourceVersion`).
+    pub async fn get_path(&self, path: &str) -> Result<Value, kube::Error> {
+        self.send(Method::GET, path, "application/json", Vec::new())
+            .await
+    }
+
     /// Creates an object (`apiVersion`, `kind` and `metadata.namespace` say where).
     pub async fn create(&self, obj: Value) -> anyhow::Result<Value> {
         let (v, k) = kind_of(&obj)?;

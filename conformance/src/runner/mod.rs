@@ -1,5 +1,6 @@
 //! `duet-conformance`: runs Ingress conformance `.feature` files (the upstream ones unmodified,
-//! and duet's own) with cucumber against a mini cluster, once per address family.
+//! and duet's own) with cucumber against the real control plane (or the mini cluster), once per
+//! address family.
 
 pub mod cluster;
 pub mod expect;
@@ -51,18 +52,18 @@ pub struct Cli {
     /// How long a status address may take to appear.
     #[arg(long, value_name = "SECONDS", default_value = "60")]
     pub status_timeout: u64,
-    /// The duet binary (default: `duet` next to this program; mini cluster only).
+    /// The duet binary (default: `duet` next to this program; not with --kubeconfig).
     #[arg(long, value_name = "PATH")]
     pub duet: Option<PathBuf>,
     /// Test a real cluster: create the backends there and read the status that the controller
-    /// under test writes, instead of starting the mini cluster and duet.
+    /// under test writes, instead of starting a control plane and duet.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
-    /// Run on the real control plane (kube-apiserver, etcd, kube-controller-manager built from
-    /// conformance/cluster, the stand-in kubelet) instead of the mini cluster; prints
-    /// `control plane: kube-apiserver vX, kube-controller-manager vX`. Needs root and Go.
+    /// Run on the mini cluster (the test API server and stand-in controllers, no root or Go
+    /// needed) instead of the real control plane (kube-apiserver, etcd, kube-controller-manager
+    /// built from conformance/cluster, the stand-in kubelet; needs root and Go).
     #[arg(long, conflicts_with = "kubeconfig")]
-    pub real_control_plane: bool,
+    pub mini_cluster: bool,
     /// The IngressClass Ingresses name by default (with --kubeconfig it must exist).
     #[arg(long, value_name = "NAME", default_value = cluster::INGRESS_CLASS)]
     pub ingress_class: String,
@@ -133,7 +134,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     }
     let cluster = cluster::Cluster::start(&cluster::Options {
         kubeconfig: cli.kubeconfig.clone(),
-        real_control_plane: cli.real_control_plane,
+        mini_cluster: cli.mini_cluster,
         duet,
         ingress_class: cli.ingress_class.clone(),
         echo_image: cli.echo_image.clone(),
