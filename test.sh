@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Every test of duet (the README's test command): installs what a fresh Debian machine lacks
+# (as root), builds or reuses the real Kubernetes control plane, then runs the workspace tests,
+# a 5-second fuzzing run, the Ingress conformance suite on the real control plane over both
+# families, and the Helm chart tests. Exits non-zero on the first failure. `.ci/run` runs it
+# after fmt and clippy.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
+# Debian packages the tests need, installed once per machine: apt-get update at most once per run.
+apt_updated=
+apt_install() {
+  if [[ -z $apt_updated ]]; then
+    apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# promtool and a Prometheus server for the metric tests (controller/tests/e2e_metrics.rs). The
+# package's postinst may try to start its service; that is harmless (the tests use their own ports).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "== apt-get install prometheus"
+  apt_install prometheus
+fi
+
+# setpriv (util-linux, essential on Debian) gives the conformance runner's duet a parent-death
+# signal (conformance/tests/runner_cleanup.rs).
+if ! command -v setpriv >/dev/null 2>&1; then
+  echo "== apt-get install util-linux"
+  apt_install util-linux
+fi
+
+# iproute2 (`ip`) sets up the real test cluster's network namespace (conformance/src/cluster).
+if ! command -v ip >/dev/null 2>&1; then
+  echo "== apt-get install iproute2"
+  apt_install iproute2
+fi
+
+# Go also builds h2spec for the HTTP/2 conformance test (controller/tests/e2e_h2spec.rs calls
+# conformance/tools/h2spec/build.sh itself).
+# The real control plane (kube-apiserver, kube-controller-manager v1.37.2, etcd v3.7.0) built
+# from the Go modules of conformance/cluster/go.mod, or reused when its inputs did not change
+# (README: Real control plane). Go itself comes with these machines; without it this fails.
+echo "== control plane (conformance/cluster/build.sh)"
+if ! command -v go >/dev/null 2>&1; then
+  echo "go is missing: the real control plane is built from Go modules (Go >= 1.26)" >&2
+  exit 1
+fi
+conformance/cluster/build.sh
+
+echo "== workspace tests (cargo test --workspace --locked)"
+cargo test --workspace --locked
+
+echo "== PROXY protocol parser fuzzing, 5 s (README: Quick start, fuzzing)"
+# cargo-fuzz passes nightly flags to rustc; RUSTC_BOOTSTRAP=1 lets the stable toolchain take them.
+# About 1.5 min to install cargo-fuzz on a fresh machine, 1 min to build the target, 5 s to run.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install cargo-fuzz --locked --quiet
+fi
+cargo fmt --manifest-path fuzz/Cargo.toml --check
+fuzz_log=$(mktemp)
+mkdir -p fuzz/corpus/proxy_protocol
+if ! RUSTC_BOOTSTRAP=1 cargo fuzz run --dev proxy_protocol fuzz/corpus/proxy_protocol \
+  fuzz/seeds/proxy_protocol -- -max_total_time=5 >"$fuzz_log" 2>&1; then
+  tail -n 60 "$fuzz_log"
+  exit 1
+fi
+grep -E '^Done [0-9]+ runs' "$fuzz_log"
+rm -f "$fuzz_log"
+
+echo "== Ingress conformance on the real control plane, IPv4 and IPv6 (README: Conformance suite)"
+cargo build --locked -q -p controller --bin duet -p conformance --bin duet-conformance
+target/debug/duet-conformance ../shared/conformance/upstream-ingress/features conformance/features --family both
+
+echo "== Helm chart tests (charts/tests/run.sh)"
+charts/tests/run.sh
