@@ -2,7 +2,8 @@
 //! `ssl-redirect` (on for TLS hosts, 308; `"false"` turns it off), `force-ssl-redirect` (also
 //! without TLS), `proxy-body-size` (nginx sizes, `0` unlimited, a `duet.dev/` annotation wins),
 //! `proxy-connect-timeout` and `proxy-read-timeout` (whole seconds) and `backend-protocol` (HTTPS,
-//! GRPC) take effect; every
+//! GRPC), the redirect keys, the source ranges, and `rewrite-target`, `use-regex` and
+//! `x-forwarded-prefix` (host-wide case-insensitive regex prefixes) take effect; every
 //! `nginx.ingress.kubernetes.io/` key is reported in `/debug/routes` and `/metrics`; snippet
 //! annotations are never interpreted, and `--strict-annotations` refuses their Ingress whole.
 

@@ -305,12 +305,9 @@ pub fn regex_failed(findings: &mut [Finding], path: &str, error: &str) {
 /// The one-line reason a path regex does not compile, if it does not.
 pub fn regex_error(pattern: &str) -> Option<String> {
     dataplane::table::RegexPath::new(pattern).err().map(|e| {
-        e.to_string()
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_owned()
+        let text = e.to_string();
+        let last = text.lines().last().unwrap_or_default().trim();
+        last.trim_start_matches("error: ").to_owned()
     })
 }
 
