@@ -372,8 +372,9 @@ impl Proxy {
         // A full-URL rewrite answers before the HTTPS redirect (nginx's rewrite module runs before
         // ingress-nginx's Lua redirect); that one keeps the path as received.
         let upstream_target = match rewrite(&matched, &target, req.headers_mut())? {
-            Ok(rewritten) => rewritten,
-            Err(found) => return Ok(found),
+            Rewrite::None => None,
+            Rewrite::Target(uri) => Some(uri),
+            Rewrite::Found(location) => return Ok(found(&location)),
         };
         if action.redirect_https && crate::forwarded::request_scheme(req.headers(), conn) != "https"
         {
@@ -745,19 +746,27 @@ fn redirect(
     Some(res)
 }
 
-/// The upstream target of a route's `rewrite-target` (`Ok(None)`: no rewrite; `Err`: the 302 of
-/// a full-URL target), setting `X-Forwarded-Prefix` when the route says so.
-#[allow(clippy::type_complexity)] // The 302 is an answer, not an error.
+/// What a route's `rewrite-target` makes of a request.
+enum Rewrite {
+    /// No rewrite: the request target goes upstream.
+    None,
+    /// This target goes upstream.
+    Target(Uri),
+    /// A full-URL target: answer 302 with this `Location`.
+    Found(String),
+}
+
+/// Applies a route's `rewrite-target`, setting `X-Forwarded-Prefix` when the route says so.
 fn rewrite(
     matched: &crate::table::Matched<'_>,
     target: &Uri,
     headers: &mut HeaderMap,
-) -> Result<Result<Option<Uri>, Response<ProxyBody>>, ProxyError> {
+) -> Result<Rewrite, ProxyError> {
     let (Some(rewrite), Some(matcher)) = (&matched.action.rewrite, matched.matcher) else {
-        return Ok(Ok(None));
+        return Ok(Rewrite::None);
     };
     match rewrite.apply(matcher, target.path(), target.query()) {
-        Rewritten::Redirect(location) => Ok(Err(found(&location))),
+        Rewritten::Redirect(location) => Ok(Rewrite::Found(location)),
         Rewritten::Target(rewritten) => {
             let uri = Uri::try_from(rewritten).map_err(|_| ProxyError::BadRewrite)?;
             if let Some(v) = rewrite
@@ -767,7 +776,7 @@ fn rewrite(
             {
                 headers.insert(X_FORWARDED_PREFIX.clone(), v);
             }
-            Ok(Ok(Some(uri)))
+            Ok(Rewrite::Target(uri))
         }
     }
 }
