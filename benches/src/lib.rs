@@ -59,6 +59,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             protocol: None,
             redirect: None,
             source_ranges: None,
+            rewrite: None,
         },
     }
 }

@@ -65,7 +65,8 @@ pub fn check(args: &MigrateCheck, out: &mut dyn Write) -> Result<bool, MigrateEr
     let mut clean = 0;
     for f in &checked {
         let empty = Default::default();
-        let read = nginx::read(f.ingress.metadata.annotations.as_ref().unwrap_or(&empty));
+        let mut read = nginx::read(f.ingress.metadata.annotations.as_ref().unwrap_or(&empty));
+        check_regex_paths(&f.ingress, &mut read);
         print_ingress(out, f, &read.findings).map_err(MigrateError::Write)?;
         if read.findings.iter().all(|f| f.status.is_honoured()) {
             clean += 1;
@@ -75,6 +76,26 @@ pub fn check(args: &MigrateCheck, out: &mut dyn Write) -> Result<bool, MigrateEr
     print_summary(out, args, checked.len(), skipped.len(), clean, &all)
         .map_err(MigrateError::Write)?;
     Ok(all.iter().all(|f| f.status.is_honoured()))
+}
+
+/// Reports the paths of an Ingress asking for regexes that duet cannot compile (the paths of
+/// other Ingresses of its hosts are checked when duet serves them).
+fn check_regex_paths(ingress: &Ingress, read: &mut nginx::Read) {
+    let rules = ingress.spec.iter().flat_map(|s| s.rules.iter().flatten());
+    for path in rules.flat_map(|r| r.http.iter().flat_map(|h| &h.paths)) {
+        let written = path
+            .path
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .unwrap_or("/");
+        if !read.settings.forces_regex(written) {
+            continue;
+        }
+        let pattern = nginx::regex_pattern(written, &path.path_type, true);
+        if let Some(error) = nginx::regex_error(pattern) {
+            nginx::regex_failed(&mut read.findings, pattern, &error);
+        }
+    }
 }
 
 /// The class an Ingress names, as ingress-nginx reads it (`GetIngressClass`):

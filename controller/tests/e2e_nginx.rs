@@ -2,7 +2,8 @@
 //! `ssl-redirect` (on for TLS hosts, 308; `"false"` turns it off), `force-ssl-redirect` (also
 //! without TLS), `proxy-body-size` (nginx sizes, `0` unlimited, a `duet.dev/` annotation wins),
 //! `proxy-connect-timeout` and `proxy-read-timeout` (whole seconds) and `backend-protocol` (HTTPS,
-//! GRPC) take effect; every
+//! GRPC), the redirect keys, the source ranges, and `rewrite-target`, `use-regex` and
+//! `x-forwarded-prefix` (host-wide case-insensitive regex prefixes) take effect; every
 //! `nginx.ingress.kubernetes.io/` key is reported in `/debug/routes` and `/metrics`; snippet
 //! annotations are never interpreted, and `--strict-annotations` refuses their Ingress whole.
 
@@ -15,7 +16,7 @@ use conformance::fleet::{silent_port, static_service, unanswered_port};
 use conformance::http::Method;
 use conformance::http_body_util::Full;
 use conformance::tls::{self, TestCa};
-use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
+use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PathType, PodSpec, PortRef};
 use serde_json::Value;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
@@ -581,5 +582,184 @@ async fn forwarded_https_from_trusted_proxies_is_not_redirected() -> anyhow::Res
             "{family}"
         );
     }
+    Ok(())
+}
+
+/// `rewrite-target` and `use-regex` with ingress-nginx's semantics: the docs' canonical
+/// `/something(/|$)(.*)` -> `/$2` (query kept, `X-Forwarded-Prefix` sent), over HTTP/1.1 and h2
+/// upstreams; every path of the host, also of another Ingress, becomes a case-insensitive regex
+/// prefix (a host without the annotations keeps case-sensitive element-wise Prefix); a path regex
+/// that does not compile is skipped and reported while the host's other paths serve; a full-URL
+/// target answers 302.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrite_target_and_use_regex_as_ingress_nginx() -> anyhow::Result<()> {
+    let app = Fleet::start("rw", "app", &[PodSpec::dual("a")])?;
+    let other = Fleet::start("rw", "other", &[PodSpec::dual("o")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("svc.yaml", &[app.manifests(), other.manifests()].concat())?;
+    let path = |i: Ingress, host: &str, kind: PathType, path: &str, svc: &str| {
+        i.path(Some(host), kind, path, svc, PortRef::Name("http".into()))
+    };
+    use PathType::{ImplementationSpecific as Is, Prefix};
+    let ingresses = [
+        path(
+            nginx(
+                Ingress::new("rw", "rewrite"),
+                &[
+                    ("rewrite-target", "/$2"),
+                    ("use-regex", "true"),
+                    ("x-forwarded-prefix", "/something"),
+                ],
+            ),
+            "rw.test",
+            Is,
+            "/something(/|$)(.*)",
+            "app",
+        ),
+        // No annotation, but on the same host: its Prefix path becomes `~* "^/Static"`.
+        path(
+            Ingress::new("rw", "plain"),
+            "rw.test",
+            Prefix,
+            "/Static",
+            "other",
+        ),
+        path(
+            Ingress::new("rw", "elsewhere"),
+            "case.test",
+            Prefix,
+            "/Static",
+            "other",
+        ),
+        path(
+            nginx(
+                Ingress::new("rw", "h2"),
+                &[("rewrite-target", "/v1/$1"), ("backend-protocol", "GRPC")],
+            ),
+            "h2.test",
+            Is,
+            "/api/(.*)",
+            "app",
+        ),
+        path(
+            path(
+                nginx(Ingress::new("rw", "bad"), &[("use-regex", "true")]),
+                "bad.test",
+                Is,
+                "/(?!admin)x",
+                "app",
+            ),
+            "bad.test",
+            Is,
+            "/good",
+            "other",
+        ),
+        path(
+            nginx(
+                Ingress::new("rw", "away"),
+                &[("rewrite-target", "https://new.example.com/$1")],
+            ),
+            "away.test",
+            Is,
+            "/old/(.*)",
+            "app",
+        ),
+        path(
+            nginx(Ingress::new("rw", "root"), &[("rewrite-target", "/")]),
+            "root.test",
+            Prefix,
+            "/api",
+            "app",
+        ),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        // (host, request, service, upstream path and query)
+        for (host, request, service, upstream) in [
+            ("rw.test", "/something/a/b?x=1", "app", "/a/b?x=1"),
+            ("rw.test", "/something", "app", "/"),
+            ("rw.test", "/SomeThing/new?q", "app", "/new?q"),
+            ("rw.test", "/static/x?y=2", "other", "/static/x?y=2"),
+            ("rw.test", "/STATICfoo", "other", "/STATICfoo"),
+            ("bad.test", "/GOOD/1", "other", "/GOOD/1"),
+            ("root.test", "/api/v2/items?z=3", "app", "/?z=3"),
+        ] {
+            let reply = client::get(to, host, request).await?;
+            assert_eq!(
+                reply.status,
+                200,
+                "{family} {host}{request}: {}",
+                reply.text()
+            );
+            let echo = reply.echo()?;
+            assert_eq!(
+                (echo.service.as_str(), echo.path.as_str(), echo.family),
+                (service, upstream, family),
+                "{host}{request}"
+            );
+            // Only where a rewrite happens.
+            let prefix = echo.headers.get("X-Forwarded-Prefix").cloned();
+            let rewritten = (host, service) == ("rw.test", "app");
+            let want = rewritten.then(|| vec!["/something".to_owned()]);
+            assert_eq!(prefix, want, "{host}{request}");
+        }
+        // Without the annotations on its host, Prefix stays case-sensitive and element-wise.
+        for (host, request) in [
+            ("case.test", "/static/x"),
+            ("case.test", "/Staticfoo"),
+            ("bad.test", "/x"),
+            ("rw.test", "/elsewhere"),
+        ] {
+            let reply = client::get(to, host, request).await?;
+            assert_eq!(reply.status, 404, "{family} {host}{request}");
+        }
+        let reply = client::get(to, "case.test", "/Static/x").await?;
+        client::expect_status(&reply, 200)?;
+        // An h2 upstream gets the rewritten path too.
+        let reply = client::get(to, "h2.test", "/API/users/7?full=1").await?;
+        client::expect_status(&reply, 200)?;
+        let echo = reply.echo()?;
+        assert_eq!(
+            (echo.proto.as_str(), echo.path.as_str()),
+            ("HTTP/2.0", "/v1/users/7?full=1"),
+            "{family}"
+        );
+        // A full URL redirects with 302, captures substituted and the query appended.
+        let reply = client::get(to, "away.test", "/old/page?x=1").await?;
+        assert_eq!(reply.status, 302, "{family}");
+        assert_eq!(
+            reply.header("location"),
+            Some("https://new.example.com/page?x=1"),
+            "{family}"
+        );
+    }
+    let routes = duet.debug_routes().await?;
+    let text = routes["annotations"].to_string();
+    for (ingress, key, status) in [
+        ("rewrite", "rewrite-target", "honoured-with-difference"),
+        ("rewrite", "use-regex", "honoured-with-difference"),
+        ("rewrite", "x-forwarded-prefix", "honoured"),
+        ("bad", "use-regex", "invalid-value"),
+        ("away", "rewrite-target", "honoured-with-difference"),
+    ] {
+        let report = routes["annotations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["ingress"]["name"] == ingress)
+            .map(|r| r["annotations"].to_string())
+            .unwrap_or_default();
+        let want = format!(r#""key":"{N}{key}","status":"{status}""#);
+        assert!(report.contains(&want), "{ingress}: {want}: {text}");
+    }
+    assert!(text.contains("look-around"), "{text}");
+    assert_eq!(
+        diagnostics_of(&routes, "bad"),
+        ["InvalidPath"],
+        "{routes:#}"
+    );
+    assert!(diagnostics_of(&routes, "rewrite").is_empty(), "{routes:#}");
     Ok(())
 }

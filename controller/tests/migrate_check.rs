@@ -87,8 +87,8 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
                 ("proxy-body-szie", "ignored-unknown"),
                 ("proxy-read-timeout", "invalid-value"),
                 ("proxy-send-timeout", "ignored-unsupported"),
-                ("rewrite-target", "ignored-unsupported"),
-                ("use-regex", "ignored-unsupported"),
+                ("rewrite-target", "honoured-with-difference"),
+                ("use-regex", "honoured-with-difference"),
             ],
         ),
         (
@@ -117,6 +117,14 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
             ],
         ),
         ("tools/oauth2-proxy", &[("proxy-body-size", "honoured")]),
+        (
+            "web/site",
+            &[
+                ("rewrite-target", "invalid-value"),
+                ("use-regex", "invalid-value"),
+                ("x-forwarded-prefix", "honoured"),
+            ],
+        ),
     ];
     table
         .iter()
@@ -156,12 +164,16 @@ fn the_corpus_reports_every_key_and_exits_1() {
         stdout.contains("\"3600s\" is not a whole number of seconds"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("path \"/site/((?!admin).*)\" is not a regex duet can compile"),
+        "{stdout}"
+    );
     let summary = stdout.lines().last().unwrap_or_default();
     assert_eq!(
         summary,
-        "Summary: 8 Ingresses checked (1 of another class than nginx skipped), 3 fully honoured; \
-         24 annotations: 2 honoured, 4 honoured-with-difference, 13 ignored-unsupported, \
-         3 ignored-unknown, 1 ignored-removed-upstream, 1 invalid-value"
+        "Summary: 9 Ingresses checked (1 of another class than nginx skipped), 3 fully honoured; \
+         27 annotations: 3 honoured, 6 honoured-with-difference, 11 ignored-unsupported, \
+         3 ignored-unknown, 1 ignored-removed-upstream, 3 invalid-value"
     );
 }
 
@@ -171,10 +183,10 @@ fn without_a_class_every_ingress_is_checked() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1));
     let got = statuses(&stdout);
-    assert_eq!(got.len(), 9, "{stdout}");
+    assert_eq!(got.len(), 10, "{stdout}");
     assert_eq!(
         got["home/legacy"][&format!("{N}rewrite-target")],
-        "ignored-unsupported"
+        "honoured-with-difference"
     );
 }
 

@@ -960,6 +960,7 @@ mod tests {
             protocol: None,
             redirect: None,
             source_ranges: None,
+            rewrite: None,
         }
     }
 

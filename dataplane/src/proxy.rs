@@ -28,7 +28,7 @@ use crate::observe::Exchange;
 use crate::path::EncodedTraversal;
 use crate::read_timeout::ReadTimeout;
 use crate::runtime::Runtime;
-use crate::table::BackendId;
+use crate::table::{BackendId, Rewritten};
 use crate::tunnel::Tunnels;
 use crate::upstream::{H2Pool, UpstreamTls};
 
@@ -72,6 +72,9 @@ pub enum ProxyError {
     /// The path climbs through percent-encoded dots or slashes (400).
     #[error("bad path: {0}")]
     Path(#[from] EncodedTraversal),
+    /// A `rewrite-target` made a request target that does not parse (500).
+    #[error("rewritten request target does not parse")]
+    BadRewrite,
     /// The upstream switched protocols (101) without a WebSocket upgrade asked for (502).
     #[error("upstream switched protocols unasked")]
     UnaskedUpgrade,
@@ -101,6 +104,7 @@ impl ProxyError {
             ProxyError::Host(_) | ProxyError::Path(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BadRewrite => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -117,6 +121,7 @@ impl ProxyError {
             ProxyError::Host(_) => "400 invalid host\n",
             ProxyError::Path(_) => "400 invalid path\n",
             ProxyError::UnaskedUpgrade => "502 upstream switched protocols unasked\n",
+            ProxyError::BadRewrite => "500 the rewritten request target is invalid\n",
         }
     }
 
@@ -271,6 +276,7 @@ pub struct Proxy {
 
 /// The settings of an `Upgrade: h2c` request (RFC 7540 §3.2.1), never forwarded.
 static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+static X_FORWARDED_PREFIX: HeaderName = HeaderName::from_static("x-forwarded-prefix");
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
 const HOP_BY_HOP_NAMES: usize = 7;
@@ -363,6 +369,13 @@ impl Proxy {
         {
             return Ok(res);
         }
+        // A full-URL rewrite answers before the HTTPS redirect (nginx's rewrite module runs before
+        // ingress-nginx's Lua redirect); that one keeps the path as received.
+        let upstream_target = match rewrite(&matched, &target, req.headers_mut())? {
+            Rewrite::None => None,
+            Rewrite::Target(uri) => Some(uri),
+            Rewrite::Found(location) => return Ok(found(&location)),
+        };
         if action.redirect_https && crate::forwarded::request_scheme(req.headers(), conn) != "https"
         {
             return Ok(self.redirect(&target, &host, conn));
@@ -399,6 +412,7 @@ impl Proxy {
         let upgrade = is_websocket_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let length = req.body().size_hint().exact();
+        let target = upstream_target.unwrap_or(target);
         prepare_request(&mut req, &host, target, conn, upgrade);
         declare_length(req.headers_mut(), length);
         if trailers {
@@ -730,6 +744,51 @@ fn redirect(
     res.headers_mut()
         .insert(header::LOCATION, HeaderValue::from_str(&location).ok()?);
     Some(res)
+}
+
+/// What a route's `rewrite-target` makes of a request.
+enum Rewrite {
+    /// No rewrite: the request target goes upstream.
+    None,
+    /// This target goes upstream.
+    Target(Uri),
+    /// A full-URL target: answer 302 with this `Location`.
+    Found(String),
+}
+
+/// Applies a route's `rewrite-target`, setting `X-Forwarded-Prefix` when the route says so.
+fn rewrite(
+    matched: &crate::table::Matched<'_>,
+    target: &Uri,
+    headers: &mut HeaderMap,
+) -> Result<Rewrite, ProxyError> {
+    let (Some(rewrite), Some(matcher)) = (&matched.action.rewrite, matched.matcher) else {
+        return Ok(Rewrite::None);
+    };
+    match rewrite.apply(matcher, target.path(), target.query()) {
+        Rewritten::Redirect(location) => Ok(Rewrite::Found(location)),
+        Rewritten::Target(rewritten) => {
+            let uri = Uri::try_from(rewritten).map_err(|_| ProxyError::BadRewrite)?;
+            if let Some(v) = rewrite
+                .forwarded_prefix
+                .as_deref()
+                .and_then(|p| HeaderValue::from_str(p).ok())
+            {
+                headers.insert(X_FORWARDED_PREFIX.clone(), v);
+            }
+            Ok(Rewrite::Target(uri))
+        }
+    }
+}
+
+/// The 302 of a `rewrite-target` that is a full URL.
+fn found(location: &str) -> Response<ProxyBody> {
+    let mut res = Response::new(ProxyBody::full(Bytes::new()));
+    *res.status_mut() = StatusCode::FOUND;
+    if let Ok(v) = HeaderValue::from_str(location) {
+        res.headers_mut().insert(header::LOCATION, v);
+    }
+    res
 }
 
 /// Whether the declared `Content-Length` exceeds `max` (0: no limit).

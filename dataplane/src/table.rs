@@ -308,6 +308,68 @@ pub struct RouteAction {
     /// The client addresses the route admits (ingress-nginx's source-range annotations).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_ranges: Option<Arc<SourceRanges>>,
+    /// The upstream path replacing the request's (ingress-nginx's `rewrite-target`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<Arc<Rewrite>>,
+}
+
+/// ingress-nginx's `rewrite-target` on one path: nginx's `rewrite "(?i)<path>" <target> break;`.
+/// The whole request path is replaced by the target, with `$1`..`$9` taken from the path regex's
+/// capture groups and the query string kept; a target starting with `http://` or `https://`
+/// answers 302 to it instead of proxying.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Rewrite {
+    /// The target as written (validated: `^/?[A-Za-z0-9\-._~/:$]*$`).
+    pub target: Arc<str>,
+    /// `X-Forwarded-Prefix` sent upstream with rewritten requests (`x-forwarded-prefix`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarded_prefix: Option<Arc<str>>,
+}
+
+/// What a [`Rewrite`] makes of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rewritten {
+    /// Proxy with this origin-form target (path and query).
+    Target(String),
+    /// Answer 302 with this `Location` (a full-URL target, the query appended).
+    Redirect(String),
+}
+
+impl Rewrite {
+    /// Applies the rewrite to a request that `matcher` matched: `path` is the normalised request
+    /// path, `query` its query string as received.
+    pub fn apply(&self, matcher: &PathMatch, path: &str, query: Option<&str>) -> Rewritten {
+        let captures = match matcher {
+            PathMatch::Regex(r) => r.regex.captures(path),
+            _ => None,
+        };
+        let mut out = String::with_capacity(self.target.len() + path.len());
+        let mut chars = self.target.char_indices().peekable();
+        while let Some((_, c)) = chars.next() {
+            let group = chars.peek().and_then(|(_, d)| d.to_digit(10));
+            match (c, group) {
+                ('$', Some(n)) => {
+                    chars.next();
+                    let text = captures.as_ref().and_then(|c| c.get(n as usize));
+                    out.push_str(text.map_or("", |m| m.as_str()));
+                }
+                _ => out.push(c),
+            }
+        }
+        let redirect = out.starts_with("http://") || out.starts_with("https://");
+        if !redirect && !out.starts_with('/') {
+            out.insert(0, '/');
+        }
+        if let Some(q) = query {
+            out.push(if out.contains('?') { '&' } else { '?' });
+            out.push_str(q);
+        }
+        if redirect {
+            Rewritten::Redirect(out)
+        } else {
+            Rewritten::Target(out)
+        }
+    }
 }
 
 /// Which client addresses a route admits: the peer (after PROXY protocol; IPv4-mapped IPv6
@@ -446,6 +508,62 @@ pub enum PathMatch {
     Prefix(Box<str>),
     /// What duet does with `ImplementationSpecific`: the same as `Prefix`.
     ImplementationSpecific(Box<str>),
+    /// ingress-nginx's regex location `~* "^<path>"`: a case-insensitive regex anchored at the
+    /// start of the path, not at its end (a prefix). Every path of a host becomes one when an
+    /// Ingress of the host says `use-regex` or `rewrite-target`.
+    Regex(RegexPath),
+}
+
+/// A compiled path regex, compared, hashed and serialised by its pattern.
+#[derive(Clone, Debug)]
+pub struct RegexPath {
+    pattern: Box<str>,
+    regex: regex::Regex,
+}
+
+/// Bounds on a compiled path regex (the pattern comes from an Ingress: hostile input).
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+impl RegexPath {
+    /// Compiles `pattern` as nginx's `~* "^<pattern>"` would match it (Rust's `regex` syntax:
+    /// no lookaround, no backreferences).
+    pub fn new(pattern: &str) -> Result<RegexPath, regex::Error> {
+        // `^` then the pattern as nginx writes it: a top-level `|` is not anchored there either.
+        let regex = regex::RegexBuilder::new(&format!("^{pattern}"))
+            .case_insensitive(true)
+            .size_limit(REGEX_SIZE_LIMIT)
+            .dfa_size_limit(REGEX_SIZE_LIMIT)
+            .build()?;
+        Ok(RegexPath {
+            pattern: pattern.into(),
+            regex,
+        })
+    }
+
+    /// The pattern as written.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+}
+
+impl PartialEq for RegexPath {
+    fn eq(&self, other: &RegexPath) -> bool {
+        self.pattern == other.pattern
+    }
+}
+
+impl Eq for RegexPath {}
+
+impl std::hash::Hash for RegexPath {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.pattern.hash(state);
+    }
+}
+
+impl Serialize for RegexPath {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.pattern)
+    }
 }
 
 impl PathMatch {
@@ -469,22 +587,33 @@ impl PathMatch {
         match self {
             PathMatch::Exact(p) => path == &**p,
             PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => prefix_matches(p, path),
+            PathMatch::Regex(r) => r.regex.is_match(path),
         }
     }
 
-    fn rank(&self) -> (u8, usize) {
-        match self {
+    /// Exact first, then Prefix, longer first; regex paths (alone on their host) as ingress-nginx
+    /// orders locations: longer first, then the greater path (byte order) first.
+    fn precedence(&self, other: &PathMatch) -> Ordering {
+        let rank = |m: &PathMatch| match m {
             PathMatch::Exact(p) => (0, usize::MAX - p.len()),
             PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => {
                 (1, usize::MAX - p.len())
             }
-        }
+            PathMatch::Regex(r) => (2, usize::MAX - r.pattern.len()),
+        };
+        rank(self)
+            .cmp(&rank(other))
+            .then_with(|| match (self, other) {
+                (PathMatch::Regex(a), PathMatch::Regex(b)) => b.pattern.cmp(&a.pattern),
+                _ => Ordering::Equal,
+            })
     }
 
     /// The path string of the rule.
     pub fn path(&self) -> &str {
         match self {
             PathMatch::Exact(p) | PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => p,
+            PathMatch::Regex(r) => &r.pattern,
         }
     }
 }
@@ -525,15 +654,18 @@ impl PathRule {
     /// namespace/name). `Less` means "wins".
     pub fn precedence(&self, other: &PathRule) -> Ordering {
         self.matcher
-            .rank()
-            .cmp(&other.matcher.rank())
+            .precedence(&other.matcher)
             .then_with(|| self.action.origin.age_cmp(&other.action.origin))
     }
 
     /// Whether two rules claim the same requests (same match kind and path); the first in
     /// precedence wins and the other is a conflict.
     pub fn same_match(&self, other: &PathRule) -> bool {
-        let kind = |m: &PathMatch| matches!(m, PathMatch::Exact(_));
+        let kind = |m: &PathMatch| match m {
+            PathMatch::Exact(_) => 0,
+            PathMatch::Prefix(_) | PathMatch::ImplementationSpecific(_) => 1,
+            PathMatch::Regex(_) => 2,
+        };
         kind(&self.matcher) == kind(&other.matcher) && self.matcher.path() == other.matcher.path()
     }
 }
@@ -603,6 +735,8 @@ pub struct Matched<'a> {
     /// The host entry that matched (`*.example.com` for a wildcard, `None` for host-less rules and
     /// the default backend): a bounded label, never raw client input.
     pub host: Option<&'a str>,
+    /// The path match that matched (`None` for the default backend).
+    pub matcher: Option<&'a PathMatch>,
 }
 
 impl RouteTable {
@@ -643,11 +777,13 @@ impl RouteTable {
             Some(rule) => Some(Matched {
                 action: &rule.action,
                 host: (!rules.host.is_empty()).then_some(&*rules.host),
+                matcher: Some(&rule.matcher),
             }),
-            None => self
-                .default_backend
-                .as_ref()
-                .map(|action| Matched { action, host: None }),
+            None => self.default_backend.as_ref().map(|action| Matched {
+                action,
+                host: None,
+                matcher: None,
+            }),
         }
     }
 
@@ -839,6 +975,7 @@ mod tests {
                 protocol: None,
                 redirect: None,
                 source_ranges: None,
+                rewrite: None,
             },
         }
     }
@@ -855,6 +992,83 @@ mod tests {
         let e = PathMatch::exact("/foo");
         assert!(e.matches("/foo"));
         assert!(!e.matches("/foo/"));
+    }
+
+    fn regex(pattern: &str) -> PathMatch {
+        PathMatch::Regex(RegexPath::new(pattern).unwrap())
+    }
+
+    #[test]
+    fn regex_paths_are_case_insensitive_prefixes_anchored_at_the_start() {
+        let m = regex("/api/v[0-9]+");
+        assert!(m.matches("/api/v2"));
+        assert!(m.matches("/API/V2/items"));
+        assert!(m.matches("/api/v10x"));
+        assert!(!m.matches("/x/api/v2"));
+        // A plain path turned regex: `/foo` also matches `/foobar`, in any case.
+        assert!(regex("/foo").matches("/FooBar"));
+        // Lookaround is PCRE, not Rust's regex: it does not compile.
+        assert!(RegexPath::new("/(?!admin)").is_err());
+    }
+
+    #[test]
+    fn regex_rules_order_as_ingress_nginx_locations() {
+        // ingress-nginx sorts locations by path (descending), then stably by length
+        // (descending): the longest path first, among equal lengths the greater one.
+        let rules = vec![
+            rule(regex("/"), "root", 0),
+            rule(regex("/a.c"), "dot", 0),
+            rule(regex("/abc"), "abc", 0),
+            rule(regex("/ab"), "ab", 0),
+            rule(regex("/abcd/"), "long", 0),
+        ];
+        let (host, _) = HostRules::new("h", rules);
+        let order: Vec<&str> = host.rules.iter().map(|r| r.matcher.path()).collect();
+        assert_eq!(order, ["/abcd/", "/abc", "/a.c", "/ab", "/"]);
+        let hit = |p: &str| host.find(p).map(|r| r.action.backend.0.to_string());
+        assert_eq!(hit("/ABCD/x").as_deref(), Some("long"));
+        assert_eq!(hit("/abcd").as_deref(), Some("abc"));
+        // `/abc` sorts before `/a.c` (both match `/abc`); `/axc` is only `/a.c`'s.
+        assert_eq!(hit("/axc").as_deref(), Some("dot"));
+        assert_eq!(hit("/abx").as_deref(), Some("ab"));
+        assert_eq!(hit("/zzz").as_deref(), Some("root"));
+    }
+
+    #[test]
+    fn rewrite_substitutes_captures_and_keeps_the_query() {
+        let rewrite = |target: &str| Rewrite {
+            target: target.into(),
+            forwarded_prefix: None,
+        };
+        let m = regex("/something(/|$)(.*)");
+        let target = |r: Rewritten| match r {
+            Rewritten::Target(t) => t,
+            Rewritten::Redirect(l) => panic!("redirect to {l}"),
+        };
+        assert_eq!(
+            target(rewrite("/$2").apply(&m, "/something/a/b", Some("x=1"))),
+            "/a/b?x=1"
+        );
+        assert_eq!(target(rewrite("/$2").apply(&m, "/something", None)), "/");
+        assert_eq!(
+            target(rewrite("/new/$2$1").apply(&m, "/SOMETHING/a", None)),
+            "/new/a/"
+        );
+        // `$21` is group 2 then `1`; a group that did not take part is empty; no group: `/`.
+        assert_eq!(
+            target(rewrite("/$21$9").apply(&m, "/something/z", None)),
+            "/z1"
+        );
+        assert_eq!(
+            target(rewrite("/").apply(&regex("/api"), "/api/x", None)),
+            "/"
+        );
+        // A target without a leading slash still makes an origin-form path.
+        assert_eq!(target(rewrite("$2").apply(&m, "/something/q", None)), "/q");
+        assert_eq!(
+            rewrite("https://new.example.com/$2").apply(&m, "/something/p", Some("a=b")),
+            Rewritten::Redirect("https://new.example.com/p?a=b".into())
+        );
     }
 
     #[test]

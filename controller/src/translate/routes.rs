@@ -148,7 +148,9 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         references: References::default(),
         specs: BTreeMap::new(),
     };
-    let mut hosts: BTreeMap<HostKey, Vec<PathRule>> = BTreeMap::new();
+    // Each rule with the regex it becomes if its host turns to regexes.
+    let mut hosts: BTreeMap<HostKey, Vec<(PathRule, String)>> = BTreeMap::new();
+    let mut regex_hosts: BTreeSet<HostKey> = BTreeSet::new();
     let mut default_backend: Option<RouteAction> = None;
 
     let mut annotation_reports = Vec::new();
@@ -197,6 +199,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             protocol: nginx.backend_protocol,
                             redirect: redirect.clone(),
                             source_ranges: source_ranges.clone(),
+                            rewrite: None,
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -260,7 +263,12 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                     &id,
                     nginx.backend_protocol,
                 );
-                hosts.entry(host.clone()).or_default().push(PathRule {
+                let own_regex = nginx.forces_regex(written);
+                if own_regex {
+                    regex_hosts.insert(host.clone());
+                }
+                let pattern = super::nginx::regex_pattern(written, &path.path_type, own_regex);
+                let rule = PathRule {
                     matcher,
                     action: RouteAction {
                         backend: id,
@@ -273,8 +281,13 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         protocol: nginx.backend_protocol,
                         redirect: redirect.clone(),
                         source_ranges: source_ranges.clone(),
+                        rewrite: nginx.rewrite_for(written),
                     },
-                });
+                };
+                hosts
+                    .entry(host.clone())
+                    .or_default()
+                    .push((rule, pattern.to_owned()));
             }
         }
     }
@@ -287,7 +300,12 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         default_backend,
         ..RouteTable::default()
     };
-    for (host, mut rules) in hosts {
+    for (host, rules) in hosts {
+        let mut rules = if regex_hosts.contains(&host) {
+            regex_rules(&host, rules, &mut b.diagnostics, &mut annotation_reports)
+        } else {
+            rules.into_iter().map(|(rule, _)| rule).collect()
+        };
         // Rules of equal precedence that cannot match the same request (same length, different
         // paths) would otherwise keep input order: order them by path so the table is the same
         // whatever the input order. The sort is stable, so of two rules with the same match in
@@ -348,6 +366,46 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
     }
 }
 
+/// The rules of a host where an Ingress says `use-regex` or `rewrite-target`: every path becomes
+/// a case-insensitive regex prefix, as ingress-nginx's `location ~* "^<path>"`. A path that does
+/// not compile is skipped with a diagnostic, and its Ingress's `use-regex`/`rewrite-target` are
+/// reported `invalid-value`.
+fn regex_rules(
+    host: &HostKey,
+    rules: Vec<(PathRule, String)>,
+    diagnostics: &mut Vec<Diagnostic>,
+    reports: &mut [super::AnnotationReport],
+) -> Vec<PathRule> {
+    let mut kept = Vec::with_capacity(rules.len());
+    for (mut rule, pattern) in rules {
+        match dataplane::table::RegexPath::new(&pattern) {
+            Ok(regex) => {
+                rule.matcher = PathMatch::Regex(regex);
+                kept.push(rule);
+            }
+            Err(_) => {
+                let error = super::nginx::regex_error(&pattern).unwrap_or_default();
+                let origin = &rule.action.origin;
+                diagnostics.push(Diagnostic::new(
+                    ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name),
+                    Reason::InvalidPath,
+                    format!(
+                        "path {pattern:?} on {} is a regex there (use-regex or rewrite-target on the host) that does not compile: {error}; skipped",
+                        host.describe()
+                    ),
+                ));
+                let report = reports.iter_mut().find(|r| {
+                    *r.ingress.namespace == *origin.namespace && *r.ingress.name == *origin.name
+                });
+                if let Some(report) = report {
+                    super::nginx::regex_failed(&mut report.annotations, &pattern, &error);
+                }
+            }
+        }
+    }
+    kept
+}
+
 fn tie_key(rule: &PathRule) -> (bool, &str) {
     (
         matches!(rule.matcher, PathMatch::Exact(_)),
@@ -360,6 +418,7 @@ fn match_kind(m: &PathMatch) -> &'static str {
         PathMatch::Exact(_) => "Exact",
         PathMatch::Prefix(_) => "Prefix",
         PathMatch::ImplementationSpecific(_) => "ImplementationSpecific",
+        PathMatch::Regex(_) => "regex",
     }
 }
 

@@ -32,7 +32,8 @@ const fn key(name: &'static str, support: Support) -> Key {
 use Support::{Different, Honoured, Snippet, Unsupported};
 
 const NOT_YET: &str = "not implemented yet";
-const REWRITE: &str = "not implemented yet: paths match as Prefix, unrewritten";
+const REGEX: &str = "paths compile with Rust's regex crate, not PCRE: lookaround and backreferences do not compile (that path is skipped, reported invalid-value); the path is matched as received (after dot-segment and slash normalisation), percent-encoding not decoded";
+const REWRITE: &str = "as use-regex for the paths; in the target only $1..$9 are expanded (nginx variables such as $host are not)";
 const REDIRECT: &str = "not implemented yet: requests are proxied, not redirected";
 const AUTH: &str = "not implemented yet: requests are proxied without authentication";
 const ACL: &str = "the client is the connection's peer (after PROXY protocol; IPv4-mapped IPv6 peers match IPv4 ranges), never X-Forwarded-For, as ingress-nginx without use-forwarded-headers; a ConfigMap-wide list does not exist";
@@ -158,9 +159,9 @@ pub const KEYS: [Key; 137] = [
     key("app-root", Honoured),
     key("force-ssl-redirect", Different("the scheme is X-Forwarded-Proto from a --trusted-proxies peer, else the connection's (ingress-nginx's use-forwarded-headers); the Location keeps a trailing slash")),
     key("preserve-trailing-slash", Unsupported("duet's HTTPS redirect always keeps the path as sent")),
-    key("rewrite-target", Unsupported(REWRITE)),
+    key("rewrite-target", Different(REWRITE)),
     key("ssl-redirect", Different("the Location keeps a trailing slash (ingress-nginx strips it unless preserve-trailing-slash) and /.well-known/acme-challenge/ of the same Ingress is redirected too")),
-    key("use-regex", Unsupported(REWRITE)),
+    key("use-regex", Different(REGEX)),
     key("ssl-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
     key("ssl-prefer-server-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
     key("ssl-passthrough", Unsupported("not implemented yet: TLS is terminated by duet")),
@@ -186,7 +187,7 @@ pub const KEYS: [Key; 137] = [
     key("upstream-hash-by-subset-size", Unsupported(HASH)),
     key("upstream-vhost", Unsupported("not implemented yet: the client's Host is sent upstream")),
     key("use-port-in-redirects", Unsupported(NOT_YET)),
-    key("x-forwarded-prefix", Unsupported(NOT_YET)),
+    key("x-forwarded-prefix", Honoured),
 ];
 
 /// ingress-nginx's aliases: `(alias, canonical key)`; the alias applies when the canonical key is

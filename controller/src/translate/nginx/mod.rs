@@ -17,7 +17,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use dataplane::forwarded::Cidr;
-use dataplane::table::{Redirect, SourceRanges, UpstreamProtocol};
+use dataplane::table::{Redirect, Rewrite, SourceRanges, UpstreamProtocol};
 use serde::Serialize;
 
 pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED};
@@ -126,6 +126,13 @@ pub struct Settings {
     pub source_ranges_invalid: bool,
     /// The snippet annotations present (never interpreted).
     pub snippets: Vec<String>,
+    /// `use-regex`: the paths of every Ingress of the host are case-insensitive regex prefixes.
+    pub use_regex: bool,
+    /// `rewrite-target`: the upstream path of the Ingress's paths (with `$1`..`$9`), or a full
+    /// URL to redirect to with 302.
+    pub rewrite_target: Option<String>,
+    /// `x-forwarded-prefix`: sent upstream with rewritten requests.
+    pub forwarded_prefix: Option<String>,
 }
 
 impl Settings {
@@ -152,6 +159,21 @@ impl Settings {
             app_root: self.app_root.as_deref().map(Arc::from),
         };
         (redirect != Redirect::default()).then(|| Arc::new(redirect))
+    }
+
+    /// Whether a path of this Ingress turns every path of its host into a regex (ingress-nginx's
+    /// `enforceRegexModifier`): `use-regex`, or a `rewrite-target` other than the path.
+    pub fn forces_regex(&self, path: &str) -> bool {
+        self.use_regex || self.rewrite_for(path).is_some()
+    }
+
+    /// The rewrite of a path of this Ingress: none when the target equals the path.
+    pub fn rewrite_for(&self, path: &str) -> Option<Arc<Rewrite>> {
+        let target = self.rewrite_target.as_deref().filter(|t| *t != path)?;
+        Some(Arc::new(Rewrite {
+            target: target.into(),
+            forwarded_prefix: self.forwarded_prefix.as_deref().map(Arc::from),
+        }))
     }
 
     /// Whether plain-HTTP requests of a rule redirect, given duet's own decision for its host.
@@ -199,6 +221,7 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
         }
     }
     codes_need_their_redirect(&mut read);
+    prefix_needs_a_rewrite(&mut read);
     read.findings.sort();
     read
 }
@@ -230,6 +253,62 @@ fn codes_need_their_redirect(read: &mut Read) {
             f.detail = format!("no effect without a valid {url} (as in ingress-nginx)");
         }
     }
+}
+
+/// `x-forwarded-prefix` is only sent where a rewrite happens (as in ingress-nginx).
+fn prefix_needs_a_rewrite(read: &mut Read) {
+    if read.settings.rewrite_target.is_some() {
+        return;
+    }
+    let key = format!("{PREFIX}x-forwarded-prefix");
+    for f in read
+        .findings
+        .iter_mut()
+        .filter(|f| f.key == key && f.status.is_honoured())
+    {
+        f.status = Status::IgnoredUnsupported;
+        f.detail = "no effect without a valid rewrite-target (as in ingress-nginx)".to_owned();
+    }
+}
+
+/// The regex a path becomes on a host whose paths are regexes: as written, except that a
+/// `Prefix` path of an Ingress not asking for regexes itself loses its trailing slash
+/// (ingress-nginx adds an exact location without it, which becomes the wider regex).
+pub fn regex_pattern<'a>(written: &'a str, path_type: &str, own_regex: bool) -> &'a str {
+    if path_type != "Prefix" || own_regex {
+        return written;
+    }
+    match written.trim_end_matches('/') {
+        "" => "/",
+        trimmed => trimmed,
+    }
+}
+
+/// Records that a path of an Ingress does not compile as a regex: its `use-regex` and
+/// `rewrite-target` findings become `invalid-value`, naming the path (which is skipped).
+pub fn regex_failed(findings: &mut [Finding], path: &str, error: &str) {
+    let keys = [
+        format!("{PREFIX}use-regex"),
+        format!("{PREFIX}rewrite-target"),
+    ];
+    for f in findings
+        .iter_mut()
+        .filter(|f| keys.contains(&f.key) && f.status.is_honoured())
+    {
+        f.status = Status::InvalidValue;
+        f.detail = format!(
+            "path {path:?} is not a regex duet can compile (Rust's regex crate: no lookaround, no backreferences): {error}; that path is skipped, the others are served"
+        );
+    }
+}
+
+/// The one-line reason a path regex does not compile, if it does not.
+pub fn regex_error(pattern: &str) -> Option<String> {
+    dataplane::table::RegexPath::new(pattern).err().map(|e| {
+        let text = e.to_string();
+        let last = text.lines().last().unwrap_or_default().trim();
+        last.trim_start_matches("error: ").to_owned()
+    })
 }
 
 /// The support of a key or of the key an alias stands for.
@@ -388,6 +467,9 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
             redirect_of(&mut settings.temporal_redirect).0 = Some(parse_code(value, 307, 302)?);
         }
         "app-root" => settings.app_root = Some(parse_app_root(value)?),
+        "use-regex" => settings.use_regex = parse_bool(value)?,
+        "rewrite-target" => settings.rewrite_target = parse_rewrite_target(value)?,
+        "x-forwarded-prefix" => settings.forwarded_prefix = Some(parse_forwarded_prefix(value)?),
         "allowlist-source-range" | "denylist-source-range" => {
             let ranges =
                 parse_ranges(value).inspect_err(|_| settings.source_ranges_invalid = true)?;
@@ -480,6 +562,31 @@ fn parse_app_root(value: &str) -> Result<String, String> {
     } else {
         Err(format!(
             "{value:?} is not an absolute path like /app; / is not redirected"
+        ))
+    }
+}
+
+/// A `rewrite-target` as ingress-nginx validates it (`^/?[A-Za-z0-9\-._~/:$]*$`): `$1`..`$9` and
+/// full `http(s)://` URLs pass, `?`, `&`, `=`, `{}` and spaces do not. Empty: no rewrite.
+fn parse_rewrite_target(value: &str) -> Result<Option<String>, String> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._~/:$".contains(&b);
+    if value.bytes().all(allowed) {
+        Ok((!value.is_empty()).then(|| value.to_owned()))
+    } else {
+        Err(format!(
+            "{value:?} has characters outside A-Z a-z 0-9 - . _ ~ / : $ (as ingress-nginx checks); the Ingress is served without rewrite"
+        ))
+    }
+}
+
+/// An `X-Forwarded-Prefix` value: printable ASCII, no spaces.
+fn parse_forwarded_prefix(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(v.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a prefix like /app; X-Forwarded-Prefix is not sent"
         ))
     }
 }

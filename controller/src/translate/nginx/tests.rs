@@ -69,6 +69,8 @@ fn every_honoured_key_has_a_parser() {
         "permanent-redirect-code" | "temporal-redirect-code" => "307",
         "app-root" => "/app",
         "allowlist-source-range" | "denylist-source-range" => "10.0.0.0/8, 2001:db8::/32",
+        "rewrite-target" => "/$2",
+        "x-forwarded-prefix" => "/app",
         _ => "true",
     };
     for key in KEYS
@@ -78,6 +80,9 @@ fn every_honoured_key_has_a_parser() {
         let mut pairs = vec![(key.name, valid(key.name))];
         if let Some(url) = key.name.strip_suffix("-code") {
             pairs.push((url, valid(url)));
+        }
+        if key.name == "x-forwarded-prefix" {
+            pairs.push(("rewrite-target", valid("rewrite-target")));
         }
         let read = nginx(&pairs);
         let (status, detail) = status_of(&read, key.name);
@@ -410,7 +415,7 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
     let read = nginx(&[
         ("proxy-body-size", "8k"),
         ("proxy-read-timeout", "60s"),
-        ("use-regex", "true"),
+        ("enable-cors", "true"),
         ("secure-backends", "true"),
     ]);
     let object = ObjectKey::new(crate::index::Kind::Ingress, "shop", "web");
@@ -422,7 +427,7 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
         "nginx.ingress.kubernetes.io/proxy-read-timeout: invalid-value: \"60s\" is not a whole number of seconds of at least 1 (ingress-nginx takes no unit); the default applies"
     )), "{got:#?}");
     assert!(got.iter().any(|(r, m)| *r == Reason::IgnoredAnnotation
-        && m.starts_with("nginx.ingress.kubernetes.io/use-regex: ignored-unsupported: ")));
+        && m.starts_with("nginx.ingress.kubernetes.io/enable-cors: ignored-unsupported: ")));
     assert!(got.iter().any(|(r, m)| *r == Reason::IgnoredAnnotation
         && m.starts_with(
             "nginx.ingress.kubernetes.io/secure-backends: ignored-removed-upstream: "
@@ -431,4 +436,80 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
     assert_eq!(counts[&Status::Honoured], 1);
     assert_eq!(counts[&Status::InvalidValue], 1);
     assert_eq!(counts[&Status::IgnoredUnknown], 0);
+}
+
+#[test]
+fn rewrite_target_and_use_regex_as_ingress_nginx_validates_them() {
+    let read = nginx(&[
+        ("rewrite-target", "/$2"),
+        ("x-forwarded-prefix", "/grafana"),
+    ]);
+    let s = &read.settings;
+    assert_eq!(s.rewrite_target.as_deref(), Some("/$2"));
+    // Regex host-wide unless the target is the path itself.
+    assert!(s.forces_regex("/grafana(/|$)(.*)"));
+    assert!(!nginx(&[("rewrite-target", "/api")])
+        .settings
+        .forces_regex("/api"));
+    assert!(nginx(&[("use-regex", "true")])
+        .settings
+        .forces_regex("/api"));
+    assert!(!nginx(&[("use-regex", "false")])
+        .settings
+        .forces_regex("/api"));
+    let rewrite = s.rewrite_for("/grafana").expect("a rewrite");
+    assert_eq!(rewrite.forwarded_prefix.as_deref(), Some("/grafana"));
+    assert!(s.rewrite_for("/$2").is_none());
+    // Full URLs pass ingress-nginx's validator; `?`, `&`, `=`, spaces do not.
+    assert_eq!(
+        status_of(
+            &nginx(&[("rewrite-target", "https://x.example/$1")]),
+            "rewrite-target"
+        )
+        .0,
+        Status::HonouredWithDifference
+    );
+    for bad in ["/a?b=c", "/a b", "/{x}"] {
+        let read = nginx(&[("rewrite-target", bad)]);
+        assert_eq!(
+            status_of(&read, "rewrite-target").0,
+            Status::InvalidValue,
+            "{bad}"
+        );
+        assert_eq!(read.settings.rewrite_target, None, "{bad}");
+    }
+    // X-Forwarded-Prefix is only sent on rewritten requests.
+    let alone = nginx(&[("x-forwarded-prefix", "/grafana")]);
+    assert_eq!(
+        status_of(&alone, "x-forwarded-prefix"),
+        (
+            Status::IgnoredUnsupported,
+            "no effect without a valid rewrite-target (as in ingress-nginx)".to_owned()
+        )
+    );
+    // A Prefix path of an Ingress not asking for regexes loses its trailing slash.
+    assert_eq!(regex_pattern("/foo/", "Prefix", false), "/foo");
+    assert_eq!(regex_pattern("/", "Prefix", false), "/");
+    assert_eq!(regex_pattern("/foo/", "Prefix", true), "/foo/");
+    assert_eq!(
+        regex_pattern("/a(.*)", "ImplementationSpecific", false),
+        "/a(.*)"
+    );
+}
+
+#[test]
+fn a_path_regex_that_does_not_compile_makes_its_keys_invalid() {
+    let mut read = nginx(&[("use-regex", "true"), ("rewrite-target", "/$1")]);
+    let error = regex_error("/(?<=x)y").expect("lookbehind does not compile");
+    assert!(error.contains("look-around"), "{error}");
+    assert_eq!(regex_error("/ok(/|$)(.*)"), None);
+    regex_failed(&mut read.findings, "/(?<=x)y", &error);
+    for key in ["use-regex", "rewrite-target"] {
+        let (status, detail) = status_of(&read, key);
+        assert_eq!(status, Status::InvalidValue, "{key}");
+        assert!(
+            detail.starts_with("path \"/(?<=x)y\" is not a regex"),
+            "{detail}"
+        );
+    }
 }
