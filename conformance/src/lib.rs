@@ -38,6 +38,24 @@ pub use fleet::{Fleet, Pod, PodSpec, Port};
 pub use manifests::{Ingress, ManifestDir, PathType, PortRef};
 pub use {bytes, http, http_body_util, rustls};
 
+/// Parses the flags of one of the harness's binaries as duet parses its own: `--help` and
+/// `--version` print and exit 0; a bad flag prints one line, `PROGRAM: reason`, and exits 64.
+pub fn parse_args<A: clap::Parser>(program: &str) -> A {
+    match A::try_parse() {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => {
+            print!("{e}");
+            std::process::exit(0);
+        }
+        Err(e) => {
+            let first = e.to_string();
+            let line = first.lines().next().unwrap_or("invalid arguments");
+            eprintln!("{program}: {}", line.trim_start_matches("error: "));
+            std::process::exit(64);
+        }
+    }
+}
+
 /// Generates, for each `async fn name(family: Family) -> anyhow::Result<()>` named, a module
 /// `name` with a `v4` and a `v6` `#[tokio::test]` running it over that family.
 #[macro_export]

@@ -43,20 +43,7 @@ struct Args {
 }
 
 fn main() {
-    let args = match Args::try_parse() {
-        Ok(args) => args,
-        Err(e) if !e.use_stderr() => {
-            // --help / --version
-            print!("{e}");
-            return;
-        }
-        Err(e) => {
-            let first = e.to_string();
-            let line = first.lines().next().unwrap_or("invalid arguments");
-            eprintln!("duet-apiserver: {}", line.trim_start_matches("error: "));
-            std::process::exit(64);
-        }
-    };
+    let args: Args = conformance::parse_args("duet-apiserver");
     if let Err(e) = run(args) {
         eprintln!("duet-apiserver: {e:#}");
         std::process::exit(1);

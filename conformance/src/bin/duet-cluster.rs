@@ -58,19 +58,7 @@ enum Cmd {
 }
 
 fn main() {
-    let args = match Args::try_parse() {
-        Ok(args) => args,
-        Err(e) if !e.use_stderr() => {
-            print!("{e}");
-            return;
-        }
-        Err(e) => {
-            let first = e.to_string();
-            let line = first.lines().next().unwrap_or("invalid arguments");
-            eprintln!("duet-cluster: {}", line.trim_start_matches("error: "));
-            std::process::exit(64);
-        }
-    };
+    let args: Args = conformance::parse_args("duet-cluster");
     let result = match args.command {
         Cmd::Up {
             dir,
