@@ -71,24 +71,15 @@ impl TestCa {
 
     /// A server certificate for `names` (DNS names or IP literals) signed by this CA.
     pub fn issue(&self, names: &[&str]) -> TestCert {
-        let key = rcgen::KeyPair::generate().expect("key generation");
         let params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .expect("valid names");
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .expect("signed certificate");
-        TestCert {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            der: cert.der().to_vec(),
-        }
+        self.sign(params)
     }
 
     /// A client certificate (`extendedKeyUsage: clientAuth`) for the user `common_name` in the
     /// groups `organizations`, as Kubernetes reads them (CN = user, O = group), signed by this CA.
     pub fn issue_client(&self, common_name: &str, organizations: &[&str]) -> TestCert {
-        let key = rcgen::KeyPair::generate().expect("key generation");
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("no names");
         params
             .distinguished_name
@@ -99,6 +90,12 @@ impl TestCa {
                 .push(rcgen::DnType::OrganizationName, *org);
         }
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(params)
+    }
+
+    /// A certificate of `params` with a fresh key, signed by this CA.
+    fn sign(&self, params: rcgen::CertificateParams) -> TestCert {
+        let key = rcgen::KeyPair::generate().expect("key generation");
         let cert = params
             .signed_by(&key, &self.issuer)
             .expect("signed certificate");
