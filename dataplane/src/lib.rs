@@ -14,6 +14,7 @@ pub mod listen;
 pub mod metrics;
 pub mod observe;
 pub mod path;
+pub mod policy;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod read_timeout;

@@ -104,6 +104,7 @@ impl Telemetry {
             status: 0,
             bytes: 0,
             log,
+            admission: None,
         }
     }
 }
@@ -123,9 +124,16 @@ pub struct Exchange {
     status: u16,
     bytes: u64,
     log: Option<(AccessLog, Box<Entry>)>,
+    /// What the access policy holds until the response is done.
+    admission: Option<crate::policy::Admission>,
 }
 
 impl Exchange {
+    /// Keeps what the access policy admitted the request with until the response is done.
+    pub fn hold(&mut self, admission: crate::policy::Admission) {
+        self.admission = Some(admission);
+    }
+
     /// The request matched a route of `live`.
     pub fn matched(&mut self, live: &Live, action: &RouteAction) {
         if let Some(route) = live.metrics.route(action) {

@@ -272,6 +272,7 @@ pub struct Proxy {
     pool: Arc<Pool>,
     h2: Arc<H2Pool>,
     tunnels: Arc<Tunnels>,
+    gate: crate::policy::Gate,
 }
 
 /// The settings of an `Upgrade: h2c` request (RFC 7540 §3.2.1), never forwarded.
@@ -312,11 +313,16 @@ impl Proxy {
             }
         });
         let tunnels = Arc::new(Tunnels::new(runtime.telemetry().metrics().clone()));
+        let gate = crate::policy::Gate::new(
+            runtime.config.connect_timeout,
+            runtime.config.response_timeout,
+        );
         Arc::new(Proxy {
             runtime,
             pool,
             h2,
             tunnels,
+            gate,
         })
     }
 
@@ -391,6 +397,16 @@ impl Proxy {
         }
         if body_too_large(req.headers(), action.max_body_bytes) {
             return Err(ProxyError::BodyTooLarge);
+        }
+        // Limits, basic and external auth (crate::policy): refused requests are answered here.
+        let access = action.access.as_deref();
+        match self
+            .gate
+            .admit(access, &action.origin, &mut req, &host, conn)
+            .await
+        {
+            Ok(admission) => exchange.hold(admission),
+            Err(answer) => return Ok(answer.map(ProxyBody::full)),
         }
         let preferred = action.policy.order(conn.family)[0].unwrap_or(conn.family);
         let backend = live

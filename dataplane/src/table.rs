@@ -311,6 +311,9 @@ pub struct RouteAction {
     /// The upstream path replacing the request's (ingress-nginx's `rewrite-target`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Arc<Rewrite>>,
+    /// Limits and authentication checked before proxying (ingress-nginx's `limit-*`, `auth-*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access: Option<Arc<crate::policy::Access>>,
 }
 
 /// ingress-nginx's `rewrite-target` on one path: nginx's `rewrite "(?i)<path>" <target> break;`.
@@ -976,6 +979,7 @@ mod tests {
                 redirect: None,
                 source_ranges: None,
                 rewrite: None,
+                access: None,
             },
         }
     }

@@ -1,0 +1,584 @@
+//! External authentication (ingress-nginx's `auth-url`, the oauth2-proxy pattern), as nginx's
+//! `auth_request` does it: before proxying, a request without body goes to the auth URL with the
+//! client's headers and ingress-nginx's `X-Original-URL`, `X-Original-Method`, `X-Real-IP`,
+//! `X-Forwarded-For`, `X-Auth-Request-Redirect`, `X-Sent-From` and `X-Request-ID`. A 2xx admits
+//! the request (copying `auth-response-headers` onto it), a 401 or 403 goes back to the client (a
+//! 401 as a 302 to `auth-signin` with `rd=` when set), anything else, or no answer, is 500.
+//!
+//! The URL may be an IPv6 literal (`http://[::1]:9000/auth`) and may use the nginx variables
+//! `$host`, `$http_host`, `$best_http_host`, `$scheme`, `$pass_access_scheme`, `$request_uri`
+//! and `$escaped_request_uri`; names are resolved per request (A and AAAA, tried in order).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{Either, Empty};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::net::TcpStream;
+
+use crate::listen::ConnInfo;
+use crate::proxy::UpstreamBody;
+
+/// External authentication of a route.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExternalAuth {
+    /// The auth URL as written (`auth-url`), variables unexpanded.
+    pub url: Arc<str>,
+    /// The method of the auth request (`auth-method`); GET when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<Arc<str>>,
+    /// Where a 401 redirects (`auth-signin`), variables unexpanded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signin: Option<Arc<str>>,
+    /// The query parameter carrying the original URL (`auth-signin-redirect-param`, `rd`).
+    pub redirect_param: Arc<str>,
+    /// Headers of the auth response copied onto the upstream request (`auth-response-headers`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub response_headers: Vec<Arc<str>>,
+    /// `X-Auth-Request-Redirect` sent to the auth URL (`auth-request-redirect`); the request URI
+    /// when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_redirect: Option<Arc<str>>,
+    /// Why the route admits nobody (the URL does not parse): 503, as ingress-nginx denies the
+    /// location.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Arc<str>>,
+}
+
+impl ExternalAuth {
+    /// Settings for an auth URL, everything else at ingress-nginx's defaults.
+    pub fn new(url: &str) -> ExternalAuth {
+        ExternalAuth {
+            url: url.into(),
+            method: None,
+            signin: None,
+            redirect_param: "rd".into(),
+            response_headers: Vec::new(),
+            request_redirect: None,
+            error: None,
+        }
+    }
+}
+
+/// The request values nginx variables stand for.
+#[derive(Clone, Debug)]
+pub struct Vars<'a> {
+    /// `$scheme`: the connection's.
+    pub scheme: &'a str,
+    /// `$pass_access_scheme`: the scheme, or `X-Forwarded-Proto` from a trusted proxy.
+    pub pass_scheme: &'a str,
+    /// `$http_host`: the Host as received.
+    pub http_host: &'a str,
+    /// `$request_uri`: path and query as received.
+    pub request_uri: &'a str,
+}
+
+impl Vars<'_> {
+    /// `$host`: the Host without its port, lower case (IPv6 literals keep their brackets).
+    pub fn host(&self) -> String {
+        let h = self.http_host;
+        let end = match h.rfind(']') {
+            Some(close) => close + 1,
+            None => h.find(':').unwrap_or(h.len()),
+        };
+        h[..end].to_ascii_lowercase()
+    }
+}
+
+/// The nginx variables an auth URL or sign-in URL may use.
+pub const VARIABLES: [&str; 7] = [
+    "$escaped_request_uri",
+    "$pass_access_scheme",
+    "$best_http_host",
+    "$request_uri",
+    "$http_host",
+    "$scheme",
+    "$host",
+];
+
+/// Replaces the variables of [`VARIABLES`] in `template`.
+pub fn expand(template: &str, vars: &Vars<'_>) -> String {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let name = VARIABLES.iter().find(|v| tail.starts_with(**v));
+        match name {
+            Some(&name) => {
+                match name {
+                    "$escaped_request_uri" => out.push_str(&escape_uri(vars.request_uri)),
+                    "$pass_access_scheme" => out.push_str(vars.pass_scheme),
+                    "$best_http_host" | "$http_host" => out.push_str(vars.http_host),
+                    "$request_uri" => out.push_str(vars.request_uri),
+                    "$scheme" => out.push_str(vars.scheme),
+                    _ => out.push_str(&vars.host()),
+                }
+                rest = &tail[name.len()..];
+            }
+            None => {
+                out.push('$');
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// nginx's `set_escape_uri`: every byte but `A-Z a-z 0-9 - . _ ~` percent-encoded.
+pub fn escape_uri(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The `Location` of a 401 with `auth-signin` (ingress-nginx's `buildAuthSignURL`): the sign-in
+/// URL plus `?rd=` (or `&rd=` after a query) and the original URL, unless it already has `rd`.
+pub fn signin_location(signin: &str, param: &str, vars: &Vars<'_>) -> String {
+    let query = signin.split_once('?').map(|(_, q)| q);
+    let has_param = query.is_some_and(|q| {
+        q.split('&')
+            .any(|pair| pair.split_once('=').map_or(pair, |(k, _)| k) == param)
+    });
+    let url = expand(signin, vars);
+    if has_param {
+        return url;
+    }
+    let sep = if query.is_some_and(|q| !q.is_empty()) {
+        '&'
+    } else if query.is_some() {
+        '\0'
+    } else {
+        '?'
+    };
+    let original = format!(
+        "{}://{}{}",
+        vars.pass_scheme,
+        vars.http_host,
+        escape_uri(vars.request_uri)
+    );
+    match sep {
+        '\0' => format!("{url}{param}={original}"),
+        sep => format!("{url}{sep}{param}={original}"),
+    }
+}
+
+/// An auth URL, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthUrl {
+    /// `https://`.
+    pub tls: bool,
+    /// The host: a name, or an IP address without brackets.
+    pub host: String,
+    /// The port (80 or 443 unless given).
+    pub port: u16,
+    /// The `Host` sent: the authority as written (brackets and port kept).
+    pub authority: String,
+    /// Path and query (`/` when absent).
+    pub path_and_query: String,
+}
+
+/// Parses an absolute `http://` or `https://` URL; IPv6 literals in brackets.
+pub fn parse_url(url: &str) -> Option<AuthUrl> {
+    let uri: http::Uri = url.parse().ok()?;
+    let tls = match uri.scheme_str()? {
+        "http" => false,
+        "https" => true,
+        _ => return None,
+    };
+    let authority = uri.authority()?;
+    if authority.as_str().contains('@') {
+        return None;
+    }
+    let host = authority.host();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if host.starts_with('[') && bare.parse::<std::net::Ipv6Addr>().is_err() || bare.is_empty() {
+        return None;
+    }
+    Some(AuthUrl {
+        tls,
+        host: bare.to_owned(),
+        port: authority.port_u16().unwrap_or(if tls { 443 } else { 80 }),
+        authority: authority.as_str().to_owned(),
+        path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+    })
+}
+
+/// What the auth service said.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Admit the request, setting these headers on it (a `None` value removes the header: the
+    /// auth response did not carry it).
+    Allow(Vec<(HeaderName, Option<HeaderValue>)>),
+    /// Answer the client with this.
+    Deny(Response<Bytes>),
+}
+
+static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
+static X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method");
+static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
+static X_SCHEME: HeaderName = HeaderName::from_static("x-scheme");
+static X_SENT_FROM: HeaderName = HeaderName::from_static("x-sent-from");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_AUTH_REQUEST_REDIRECT: HeaderName = HeaderName::from_static("x-auth-request-redirect");
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Headers of the client request never passed to the auth URL (hop-by-hop, body framing) or
+/// replaced there.
+const NOT_PASSED: [&str; 11] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+    "host",
+    "x-forwarded-proto",
+];
+
+/// The request sent to the auth URL for a client request.
+pub fn auth_request<B>(
+    auth: &ExternalAuth,
+    url: &AuthUrl,
+    req: &Request<B>,
+    conn: &ConnInfo,
+    vars: &Vars<'_>,
+) -> Request<UpstreamBody> {
+    let mut headers = HeaderMap::with_capacity(req.headers().len() + 10);
+    for (name, value) in req.headers() {
+        if !NOT_PASSED.contains(&name.as_str()) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    let mut set = |name: &HeaderName, value: &str| {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            headers.insert(name.clone(), v);
+        }
+    };
+    set(&header::HOST, &url.authority);
+    let original = format!("{}://{}{}", vars.scheme, vars.http_host, vars.request_uri);
+    set(&X_ORIGINAL_URL, &original);
+    set(&X_ORIGINAL_METHOD, req.method().as_str());
+    set(&X_SENT_FROM, "nginx-ingress-controller");
+    let client = conn.peer.ip().to_canonical().to_string();
+    set(&X_REAL_IP, &client);
+    set(&X_FORWARDED_FOR, &client);
+    let redirect = auth.request_redirect.as_deref().unwrap_or(vars.request_uri);
+    set(&X_AUTH_REQUEST_REDIRECT, redirect);
+    set(&X_REQUEST_ID, &request_id());
+    if auth.method.is_some() {
+        set(&X_ORIGINAL_URI, vars.request_uri);
+        set(&X_SCHEME, vars.pass_scheme);
+    }
+    let method = auth
+        .method
+        .as_deref()
+        .and_then(|m| Method::from_bytes(m.as_bytes()).ok())
+        .unwrap_or(Method::GET);
+    let mut out = Request::new(Either::Right(Empty::new()));
+    *out.method_mut() = method;
+    *out.uri_mut() = url
+        .path_and_query
+        .parse()
+        .unwrap_or_else(|_| "/".parse().expect("a path"));
+    *out.headers_mut() = headers;
+    out
+}
+
+/// A request id as ingress-nginx's `$req_id`: 16 random bytes in hex.
+fn request_id() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+/// Asks the auth service about a request and says what to do with it.
+pub async fn check<B>(
+    auth: &ExternalAuth,
+    req: &Request<B>,
+    conn: &ConnInfo,
+    vars: &Vars<'_>,
+    timeouts: (Duration, Duration),
+) -> Outcome {
+    let expanded = expand(&auth.url, vars);
+    let Some(url) = parse_url(&expanded) else {
+        tracing::debug!(url = %expanded, "The auth URL does not parse after expansion");
+        return Outcome::Deny(answer(StatusCode::INTERNAL_SERVER_ERROR));
+    };
+    let request = auth_request(auth, &url, req, conn, vars);
+    let res = match send(&url, request, timeouts).await {
+        Ok(res) => res,
+        Err(error) => {
+            tracing::debug!(%error, url = %expanded, "The auth request failed");
+            return Outcome::Deny(answer(StatusCode::INTERNAL_SERVER_ERROR));
+        }
+    };
+    decide(auth, &res, vars)
+}
+
+/// What an auth response means (nginx's `auth_request` and ingress-nginx's error pages).
+pub fn decide<B>(auth: &ExternalAuth, res: &Response<B>, vars: &Vars<'_>) -> Outcome {
+    let status = res.status();
+    if status.is_success() {
+        let copied = auth
+            .response_headers
+            .iter()
+            .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+            .map(|name| {
+                let value = res.headers().get(&name).filter(|v| !v.is_empty()).cloned();
+                (name, value)
+            })
+            .collect();
+        return Outcome::Allow(copied);
+    }
+    let mut out = match status {
+        StatusCode::UNAUTHORIZED => match &auth.signin {
+            Some(signin) => {
+                let location = signin_location(signin, &auth.redirect_param, vars);
+                let mut out = answer(StatusCode::FOUND);
+                if let Ok(v) = HeaderValue::from_str(&location) {
+                    out.headers_mut().insert(header::LOCATION, v);
+                }
+                out
+            }
+            None => {
+                let mut out = answer(StatusCode::UNAUTHORIZED);
+                if let Some(v) = res.headers().get(header::WWW_AUTHENTICATE) {
+                    out.headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, v.clone());
+                }
+                out
+            }
+        },
+        StatusCode::FORBIDDEN => answer(StatusCode::FORBIDDEN),
+        _ => answer(StatusCode::INTERNAL_SERVER_ERROR),
+    };
+    if status == StatusCode::UNAUTHORIZED && auth.signin.is_some() {
+        for cookie in res.headers().get_all(header::SET_COOKIE) {
+            out.headers_mut().append(header::SET_COOKIE, cookie.clone());
+        }
+    }
+    Outcome::Deny(out)
+}
+
+/// A short local answer.
+pub fn answer(status: StatusCode) -> Response<Bytes> {
+    let text = match status {
+        StatusCode::UNAUTHORIZED => "401 authorization required\n",
+        StatusCode::FORBIDDEN => "403 forbidden by the auth service\n",
+        StatusCode::FOUND => "302 sign in first\n",
+        StatusCode::SERVICE_UNAVAILABLE => "503 this route's access settings are invalid\n",
+        _ => "500 the auth service did not answer 2xx, 401 or 403\n",
+    };
+    let mut res = Response::new(Bytes::from_static(text.as_bytes()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+/// The addresses of an auth URL's host: the literal, or the name's A and AAAA records.
+async fn addresses(url: &AuthUrl, timeout: Duration) -> std::io::Result<Vec<SocketAddr>> {
+    if let Ok(ip) = url.host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, url.port)]);
+    }
+    let found = tokio::time::timeout(timeout, tokio::net::lookup_host((&*url.host, url.port)))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "resolving timed out"))??;
+    Ok(found.collect())
+}
+
+/// Sends the auth request on a fresh connection (no keep-alive, as ingress-nginx by default) to
+/// the first address that connects, and waits for the response head.
+async fn send(
+    url: &AuthUrl,
+    request: Request<UpstreamBody>,
+    (connect_timeout, read_timeout): (Duration, Duration),
+) -> std::io::Result<Response<hyper::body::Incoming>> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    for addr in addresses(url, connect_timeout).await? {
+        let sender = match connect(url, addr, connect_timeout).await {
+            Ok(sender) => sender,
+            Err(error) => {
+                last = error;
+                continue;
+            }
+        };
+        let mut sender = sender;
+        return tokio::time::timeout(read_timeout, sender.send_request(request))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))?
+            .map_err(std::io::Error::other);
+    }
+    Err(last)
+}
+
+async fn connect(
+    url: &AuthUrl,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<hyper::client::conn::http1::SendRequest<UpstreamBody>> {
+    if url.tls {
+        // As ingress-nginx's auth location: SNI on, the certificate not verified.
+        let tls = crate::upstream::UpstreamTls::new(
+            &url.host,
+            &crate::upstream::UpstreamTrust::SkipVerify,
+            false,
+        )
+        .map_err(std::io::Error::other)?;
+        return crate::upstream::connect_h1_tls(addr, &tls, timeout).await;
+    }
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::trace!(%error, auth.addr = %addr, "Auth connection ended");
+        }
+    });
+    Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> Vars<'static> {
+        Vars {
+            scheme: "http",
+            pass_scheme: "https",
+            http_host: "App.test:8080",
+            request_uri: "/a b/?x=1&y=2",
+        }
+    }
+
+    #[test]
+    fn urls_parse_with_ipv6_literals() {
+        let u = parse_url("http://[::1]:9000/auth?x=1").unwrap();
+        assert_eq!(u.host, "::1");
+        assert_eq!(u.port, 9000);
+        assert_eq!(u.authority, "[::1]:9000");
+        assert_eq!(u.path_and_query, "/auth?x=1");
+        let u = parse_url("https://auth.example").unwrap();
+        assert_eq!((u.tls, u.port, u.path_and_query.as_str()), (true, 443, "/"));
+        for bad in [
+            "ftp://x/",
+            "/auth",
+            "http://",
+            "http://[nothex]/",
+            "http://u@h/",
+        ] {
+            assert_eq!(parse_url(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn variables_expand_as_nginx() {
+        let v = vars();
+        assert_eq!(v.host(), "app.test");
+        assert_eq!(
+            expand(
+                "https://$host/oauth2/auth?u=$escaped_request_uri&$other",
+                &v
+            ),
+            "https://app.test/oauth2/auth?u=%2Fa%20b%2F%3Fx%3D1%26y%3D2&$other"
+        );
+        let v6 = Vars {
+            http_host: "[::1]:8080",
+            ..vars()
+        };
+        assert_eq!(v6.host(), "[::1]");
+    }
+
+    #[test]
+    fn signin_gets_rd_as_ingress_nginx_builds_it() {
+        let v = vars();
+        let rd = "https://App.test:8080%2Fa%20b%2F%3Fx%3D1%26y%3D2";
+        assert_eq!(
+            signin_location("https://login/start", "rd", &v),
+            format!("https://login/start?rd={rd}")
+        );
+        assert_eq!(
+            signin_location("https://login/start?a=b", "rd", &v),
+            format!("https://login/start?a=b&rd={rd}")
+        );
+        assert_eq!(
+            signin_location("https://$host/start?rd=$escaped_request_uri", "rd", &v),
+            "https://app.test/start?rd=%2Fa%20b%2F%3Fx%3D1%26y%3D2"
+        );
+        assert_eq!(
+            signin_location("https://login/start", "next", &v),
+            format!("https://login/start?next={rd}")
+        );
+    }
+
+    #[test]
+    fn auth_responses_decide_as_nginx() {
+        let mut auth = ExternalAuth::new("http://a/");
+        auth.response_headers = vec!["x-auth-request-user".into(), "x-missing".into()];
+        let res = |status: u16| {
+            let mut r = Response::new(());
+            *r.status_mut() = StatusCode::from_u16(status).unwrap();
+            r.headers_mut()
+                .insert("x-auth-request-user", HeaderValue::from_static("alice"));
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        };
+        match decide(&auth, &res(202), &vars()) {
+            Outcome::Allow(set) => assert_eq!(
+                set,
+                vec![
+                    (
+                        HeaderName::from_static("x-auth-request-user"),
+                        Some(HeaderValue::from_static("alice"))
+                    ),
+                    (HeaderName::from_static("x-missing"), None),
+                ]
+            ),
+            other => panic!("{other:?}"),
+        }
+        for (status, want) in [(401, 401), (403, 403), (302, 500), (404, 500), (503, 500)] {
+            match decide(&auth, &res(status), &vars()) {
+                Outcome::Deny(r) => assert_eq!(r.status().as_u16(), want, "{status}"),
+                other => panic!("{status}: {other:?}"),
+            }
+        }
+        let Outcome::Deny(r) = decide(&auth, &res(401), &vars()) else {
+            panic!()
+        };
+        assert_eq!(r.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        auth.signin = Some("https://login/".into());
+        let Outcome::Deny(r) = decide(&auth, &res(401), &vars()) else {
+            panic!()
+        };
+        assert_eq!(r.status(), 302);
+        assert!(r.headers()[header::LOCATION]
+            .to_str()
+            .unwrap()
+            .starts_with("https://login/?rd=https://App.test:8080%2Fa"));
+        let Outcome::Deny(r) = decide(&auth, &res(403), &vars()) else {
+            panic!()
+        };
+        assert_eq!(r.status(), 403, "a 403 is not redirected");
+    }
+}

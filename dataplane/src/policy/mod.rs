@@ -1,0 +1,195 @@
+//! Access policies a route applies before a target is chosen: ingress-nginx's rate limits
+//! ([`rate_limit`]), basic auth ([`basic_auth`]) and external auth ([`ext_auth`]), in that order.
+//! The snapshot carries their settings as plain data ([`Access`] on the route); their runtime
+//! state (limiter buckets, requests in progress) lives in the [`Gate`], kept across snapshots
+//! while an Ingress's limits are unchanged.
+
+pub mod basic_auth;
+pub mod ext_auth;
+pub mod rate_limit;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode};
+use serde::Serialize;
+
+pub use basic_auth::BasicAuth;
+pub use ext_auth::ExternalAuth;
+pub use rate_limit::RateLimit;
+
+use crate::host::ValidHost;
+use crate::listen::ConnInfo;
+use crate::table::Origin;
+
+/// What a route checks before proxying (ingress-nginx's `limit-*` and `auth-*` annotations).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Access {
+    /// Per-client limits; over them, 503.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+    /// htpasswd users; a request without valid credentials gets 401.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+    /// An auth service asked about every request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_auth: Option<ExternalAuth>,
+}
+
+/// What an admitted request holds until its response is done (its `limit-connections` slot).
+#[derive(Debug, Default)]
+pub struct Admission {
+    _slot: Option<rate_limit::Slot>,
+}
+
+type ZoneKey = (Arc<str>, Arc<str>);
+
+/// The runtime side of the access policies, shared by every listener.
+#[derive(Debug)]
+pub struct Gate {
+    zones: Mutex<HashMap<ZoneKey, Arc<rate_limit::Zone>>>,
+    timeouts: (Duration, Duration),
+}
+
+impl Gate {
+    /// A gate whose auth requests use these connect and response timeouts.
+    pub fn new(connect_timeout: Duration, response_timeout: Duration) -> Gate {
+        Gate {
+            zones: Mutex::default(),
+            timeouts: (connect_timeout, response_timeout),
+        }
+    }
+
+    /// Applies a route's access policy to a request: the limits, then basic auth, then external
+    /// auth. Admitted, the request carries the auth response's headers and no longer the basic
+    /// credentials; refused, the answer to send.
+    pub async fn admit<B>(
+        &self,
+        access: Option<&Access>,
+        origin: &Origin,
+        req: &mut Request<B>,
+        host: &ValidHost,
+        conn: &ConnInfo,
+    ) -> Result<Admission, Response<Bytes>> {
+        let Some(access) = access else {
+            return Ok(Admission::default());
+        };
+        let slot = match &access.rate_limit {
+            Some(limits) => self.limit(limits, origin, conn)?,
+            None => None,
+        };
+        if let Some(basic) = &access.basic_auth {
+            authenticate(basic, req).await?;
+        }
+        if let Some(auth) = &access.external_auth {
+            self.ask(auth, req, host, conn).await?;
+        }
+        if access.basic_auth.is_some() {
+            // As ingress-nginx: `proxy_set_header Authorization ""`.
+            req.headers_mut().remove(header::AUTHORIZATION);
+        }
+        Ok(Admission { _slot: slot })
+    }
+
+    fn limit(
+        &self,
+        limits: &RateLimit,
+        origin: &Origin,
+        conn: &ConnInfo,
+    ) -> Result<Option<rate_limit::Slot>, Response<Bytes>> {
+        let zone = self.zone(limits, origin);
+        match zone.admit(conn.peer.ip(), Instant::now()) {
+            rate_limit::Verdict::Admitted(slot) => Ok(slot),
+            rate_limit::Verdict::Limited => Err(text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "503 too many requests from this client\n",
+            )),
+            rate_limit::Verdict::Misconfigured => {
+                Err(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE))
+            }
+        }
+    }
+
+    /// The zone of an Ingress, started over when its limits changed.
+    fn zone(&self, limits: &RateLimit, origin: &Origin) -> Arc<rate_limit::Zone> {
+        let key = (origin.namespace.clone(), origin.name.clone());
+        let mut zones = self.zones.lock().unwrap_or_else(|e| e.into_inner());
+        match zones.get(&key) {
+            Some(zone) if zone.config() == limits => zone.clone(),
+            _ => {
+                let zone = Arc::new(rate_limit::Zone::new(limits.clone()));
+                zones.insert(key, zone.clone());
+                zone
+            }
+        }
+    }
+
+    async fn ask<B>(
+        &self,
+        auth: &ExternalAuth,
+        req: &mut Request<B>,
+        host: &ValidHost,
+        conn: &ConnInfo,
+    ) -> Result<(), Response<Bytes>> {
+        if auth.error.is_some() {
+            return Err(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE));
+        }
+        let request_uri = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let vars = ext_auth::Vars {
+            scheme: conn.scheme(),
+            pass_scheme: crate::forwarded::request_scheme(req.headers(), conn),
+            http_host: host.as_str(),
+            request_uri: &request_uri,
+        };
+        match ext_auth::check(auth, req, conn, &vars, self.timeouts).await {
+            ext_auth::Outcome::Allow(headers) => {
+                for (name, value) in headers {
+                    match value {
+                        Some(value) => req.headers_mut().insert(name, value),
+                        None => req.headers_mut().remove(name),
+                    };
+                }
+                Ok(())
+            }
+            ext_auth::Outcome::Deny(res) => Err(res),
+        }
+    }
+}
+
+/// Checks basic credentials; bcrypt runs off the async threads (it costs milliseconds).
+async fn authenticate<B>(basic: &BasicAuth, req: &Request<B>) -> Result<(), Response<Bytes>> {
+    if basic.error.is_some() {
+        return Err(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE));
+    }
+    let verified = match basic_auth::credentials(req.headers()) {
+        Some((user, password)) => match basic.hash_of(&user) {
+            Some(hash) if basic_auth::scheme(&hash) == "bcrypt" => {
+                tokio::task::spawn_blocking(move || basic_auth::verify(&hash, &password))
+                    .await
+                    .unwrap_or(false)
+            }
+            Some(hash) => basic_auth::verify(&hash, &password),
+            None => false,
+        },
+        None => false,
+    };
+    if verified {
+        return Ok(());
+    }
+    let mut res = text(StatusCode::UNAUTHORIZED, "401 authorization required\n");
+    res.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, basic.challenge());
+    Err(res)
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Bytes> {
+    let mut res = ext_auth::answer(status);
+    *res.body_mut() = Bytes::from_static(body.as_bytes());
+    res
+}
