@@ -110,9 +110,9 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
         (
             "tools/dashboard",
             &[
-                ("auth-response-headers", "ignored-unsupported"),
-                ("auth-signin", "ignored-unsupported"),
-                ("auth-url", "ignored-unsupported"),
+                ("auth-response-headers", "honoured"),
+                ("auth-signin", "honoured-with-difference"),
+                ("auth-url", "honoured-with-difference"),
                 ("proxy-buffer-size", "ignored-unsupported"),
             ],
         ),
@@ -172,7 +172,7 @@ fn the_corpus_reports_every_key_and_exits_1() {
     assert_eq!(
         summary,
         "Summary: 9 Ingresses checked (1 of another class than nginx skipped), 3 fully honoured; \
-         27 annotations: 3 honoured, 6 honoured-with-difference, 11 ignored-unsupported, \
+         27 annotations: 4 honoured, 8 honoured-with-difference, 8 ignored-unsupported, \
          3 ignored-unknown, 1 ignored-removed-upstream, 3 invalid-value"
     );
 }

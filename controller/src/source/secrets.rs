@@ -1,6 +1,7 @@
 //! The Secrets duet reads from the API, and no others: every `kubernetes.io/tls` Secret (field
 //! selector `type=kubernetes.io/tls`: the certificates Ingresses and `--default-tls-secret` may
-//! name), and, by name, each CA Secret an Ingress names in `duet.dev/backend-ca-secret` (field
+//! name), and, by name, each CA Secret an Ingress names in `duet.dev/backend-ca-secret` and each
+//! htpasswd Secret in `nginx.ingress.kubernetes.io/auth-secret` (field
 //! selector `metadata.name=NAME,type!=kubernetes.io/tls`, one watch per named Secret, started
 //! when the first Ingress names it and stopped when the last one stops naming it). Other Secrets
 //! (`Opaque` tokens, passwords, ...) are never listed, watched or cached.
@@ -47,20 +48,29 @@ enum WatchOf {
 
 type Events = BoxStream<'static, (WatchOf, Result<watcher::Event<Secret>, watcher::Error>)>;
 
-/// The CA Secrets the cached Ingresses name (invalid names are skipped: no Secret has them).
+/// ingress-nginx's basic-auth Secret annotation (`name` or `namespace/name`).
+const AUTH_SECRET_ANNOTATION: &str = "nginx.ingress.kubernetes.io/auth-secret";
+
+/// The CA Secrets (and basic-auth Secrets) the cached Ingresses name (invalid names are skipped: no Secret has them).
 pub fn named_ca_secrets(ingresses: &Stores) -> BTreeSet<NsName> {
     ingresses
         .ingresses()
         .iter()
-        .filter_map(|ingress| {
-            let name = ingress
-                .metadata
-                .annotations
-                .as_ref()?
-                .get(BACKEND_CA_SECRET_ANNOTATION)?
-                .trim();
-            let namespace = ingress.metadata.namespace.as_deref()?;
-            is_dns_subdomain(name).then(|| NsName::new(namespace, name))
+        .flat_map(|ingress| {
+            let namespace = ingress.metadata.namespace.as_deref();
+            let annotations = ingress.metadata.annotations.as_ref();
+            // The CA Secret, and the htpasswd Secret of ingress-nginx's basic auth (same namespace).
+            [BACKEND_CA_SECRET_ANNOTATION, AUTH_SECRET_ANNOTATION]
+                .into_iter()
+                .filter_map(|key| {
+                    let namespace = namespace?;
+                    let value = annotations?.get(key)?.trim();
+                    let name = value
+                        .strip_prefix(&format!("{namespace}/"))
+                        .unwrap_or(value);
+                    is_dns_subdomain(name).then(|| NsName::new(namespace, name))
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
 }

@@ -177,6 +177,15 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         timeouts.read = timeouts.read.or(nginx.read_timeout);
         let redirect = nginx.redirect();
         let source_ranges = nginx.source_ranges();
+        let annotations = ingress.metadata.annotations.as_ref();
+        let access = super::nginx::access::resolve(
+            &nginx,
+            annotations,
+            &key,
+            &inputs.secrets,
+            &mut b.diagnostics,
+            &mut b.references,
+        );
         let Some(spec) = ingress.spec.as_ref() else {
             continue;
         };
@@ -200,6 +209,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             redirect: redirect.clone(),
                             source_ranges: source_ranges.clone(),
                             rewrite: None,
+                            access: access.clone(),
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -282,6 +292,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         redirect: redirect.clone(),
                         source_ranges: source_ranges.clone(),
                         rewrite: nginx.rewrite_for(written),
+                        access: access.clone(),
                     },
                 };
                 hosts

@@ -8,6 +8,7 @@
 //! invalid value leaves the setting at duet's default. Where a `duet.dev/` annotation sets the
 //! same thing, the `duet.dev/` one wins.
 
+pub mod access;
 mod catalogue;
 
 use std::collections::BTreeMap;
@@ -133,6 +134,8 @@ pub struct Settings {
     pub rewrite_target: Option<String>,
     /// `x-forwarded-prefix`: sent upstream with rewritten requests.
     pub forwarded_prefix: Option<String>,
+    /// The auth and limit annotations (see [`access`]).
+    pub access: access::Annotations,
 }
 
 impl Settings {
@@ -222,6 +225,7 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
     }
     codes_need_their_redirect(&mut read);
     prefix_needs_a_rewrite(&mut read);
+    access::settle(&mut read);
     read.findings.sort();
     read
 }
@@ -479,6 +483,7 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
                 settings.deny_source = Some(ranges);
             }
         }
+        name if access::reads(name) => access::apply(name, value, &mut settings.access)?,
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())

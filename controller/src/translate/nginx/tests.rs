@@ -71,7 +71,28 @@ fn every_honoured_key_has_a_parser() {
         "allowlist-source-range" | "denylist-source-range" => "10.0.0.0/8, 2001:db8::/32",
         "rewrite-target" => "/$2",
         "x-forwarded-prefix" => "/app",
+        "auth-type" => "basic",
+        "auth-secret" => "users",
+        "auth-secret-type" => "auth-map",
+        "auth-realm" => "Staff only",
+        "auth-url" => "http://[fd00::1]:9000/auth",
+        "auth-method" => "POST",
+        "auth-signin" => "https://$host/start?rd=$escaped_request_uri",
+        "auth-signin-redirect-param" => "next",
+        "auth-response-headers" => "X-Auth-Request-User",
+        "auth-request-redirect" => "/back",
+        "limit-rps" | "limit-rpm" | "limit-connections" => "5",
+        "limit-burst-multiplier" => "3",
+        "limit-allowlist" => "10.0.0.0/8, 2001:db8::/32",
         _ => "true",
+    };
+    // The key whose absence leaves a key without effect (as in ingress-nginx).
+    let needs = |name: &str| match name {
+        "auth-type" | "auth-realm" | "auth-secret-type" => Some("auth-secret"),
+        "auth-secret" => Some("auth-type"),
+        n if n.starts_with("auth-") && n != "auth-url" => Some("auth-url"),
+        "limit-burst-multiplier" | "limit-allowlist" => Some("limit-rps"),
+        _ => None,
     };
     for key in KEYS
         .iter()
@@ -83,6 +104,12 @@ fn every_honoured_key_has_a_parser() {
         }
         if key.name == "x-forwarded-prefix" {
             pairs.push(("rewrite-target", valid("rewrite-target")));
+        }
+        if let Some(other) = needs(key.name) {
+            pairs.push((other, valid(other)));
+            if key.name == "auth-realm" || key.name == "auth-secret-type" {
+                pairs.push(("auth-type", "basic"));
+            }
         }
         let read = nginx(&pairs);
         let (status, detail) = status_of(&read, key.name);
