@@ -341,6 +341,7 @@ async fn answer(
                 ("x-auth-request-user", "alice"),
                 ("x-auth-request-email", "alice@example.test"),
                 ("x-not-listed", "secret"),
+                ("set-cookie", "session=refreshed; Path=/"),
             ],
         )
     } else {
@@ -417,6 +418,12 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
             .send(req.body(Full::new(Bytes::from_static(b"the body")))?)
             .await?;
         assert_eq!(reply.status, 200, "{family}: {}", reply.text());
+        // The auth response's cookie reaches the client (nginx's add_header on a 200).
+        assert_eq!(
+            reply.header("set-cookie"),
+            Some("session=refreshed; Path=/"),
+            "{family}"
+        );
         let echo = reply.echo()?;
         assert_eq!(echo.family, family);
         assert_eq!(echo.header("x-auth-request-user").as_deref(), Some("alice"));

@@ -134,6 +134,11 @@ impl Exchange {
         self.admission = Some(admission);
     }
 
+    /// What the access policy admitted the request with, if it was checked.
+    pub fn admission(&self) -> Option<&crate::policy::Admission> {
+        self.admission.as_ref()
+    }
+
     /// The request matched a route of `live`.
     pub fn matched(&mut self, live: &Live, action: &RouteAction) {
         if let Some(route) = live.metrics.route(action) {

@@ -347,6 +347,9 @@ impl Proxy {
         };
         res.headers_mut()
             .insert(header::SERVER, HeaderValue::from_static("duet"));
+        if let Some(admission) = exchange.admission() {
+            admission.decorate(res.status(), res.headers_mut());
+        }
         exchange.set_status(res.status().as_u16());
         res.body_mut().exchange = Some(exchange);
         Ok(res)
@@ -406,7 +409,7 @@ impl Proxy {
             .await
         {
             Ok(admission) => exchange.hold(admission),
-            Err(answer) => return Ok(answer.map(ProxyBody::full)),
+            Err(answer) => return Ok((*answer).map(ProxyBody::full)),
         }
         let preferred = action.policy.order(conn.family)[0].unwrap_or(conn.family);
         let backend = live

@@ -125,7 +125,7 @@ pub fn verify(hash: &str, password: &[u8]) -> bool {
             bool::from(got.as_bytes().ct_eq(want.as_bytes()))
         }
         "ssha" => ssha_matches(&hash["{SSHA}".len()..], password),
-        "plain" => bool::from(hash["{PLAIN}".len()..].as_bytes().ct_eq(password)),
+        "plain" => bool::from(hash.as_bytes()["{PLAIN}".len()..].ct_eq(password)),
         _ => false,
     }
 }

@@ -219,9 +219,13 @@ pub fn parse_url(url: &str) -> Option<AuthUrl> {
 /// What the auth service said.
 #[derive(Debug)]
 pub enum Outcome {
-    /// Admit the request, setting these headers on it (a `None` value removes the header: the
-    /// auth response did not carry it).
-    Allow(Vec<(HeaderName, Option<HeaderValue>)>),
+    /// Admit the request.
+    Allow {
+        /// Headers to set on it (`None` removes the header: the auth response did not carry it).
+        headers: Vec<(HeaderName, Option<HeaderValue>)>,
+        /// The auth response's `Set-Cookie` values, for the client's response.
+        cookies: Vec<HeaderValue>,
+    },
     /// Answer the client with this.
     Deny(Response<Bytes>),
 }
@@ -343,7 +347,16 @@ pub fn decide<B>(auth: &ExternalAuth, res: &Response<B>, vars: &Vars<'_>) -> Out
                 (name, value)
             })
             .collect();
-        return Outcome::Allow(copied);
+        let cookies = res
+            .headers()
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .cloned()
+            .collect();
+        return Outcome::Allow {
+            headers: copied,
+            cookies,
+        };
     }
     let mut out = match status {
         StatusCode::UNAUTHORIZED => match &auth.signin {
@@ -545,15 +558,18 @@ mod tests {
             r
         };
         match decide(&auth, &res(202), &vars()) {
-            Outcome::Allow(set) => assert_eq!(
-                set,
-                vec![
-                    (
-                        HeaderName::from_static("x-auth-request-user"),
-                        Some(HeaderValue::from_static("alice"))
-                    ),
-                    (HeaderName::from_static("x-missing"), None),
-                ]
+            Outcome::Allow { headers, cookies } => assert_eq!(
+                (headers, cookies.len()),
+                (
+                    vec![
+                        (
+                            HeaderName::from_static("x-auth-request-user"),
+                            Some(HeaderValue::from_static("alice"))
+                        ),
+                        (HeaderName::from_static("x-missing"), None),
+                    ],
+                    0
+                )
             ),
             other => panic!("{other:?}"),
         }

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, Request, Response, StatusCode};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
 use serde::Serialize;
 
 pub use basic_auth::BasicAuth;
@@ -38,11 +39,29 @@ pub struct Access {
     pub external_auth: Option<ExternalAuth>,
 }
 
-/// What an admitted request holds until its response is done (its `limit-connections` slot).
+/// What an admitted request holds until its response is done: its `limit-connections` slot,
+/// and the auth response's `Set-Cookie` headers for the client.
 #[derive(Debug, Default)]
 pub struct Admission {
     _slot: Option<rate_limit::Slot>,
+    cookies: Vec<HeaderValue>,
 }
+
+impl Admission {
+    /// Adds the auth response's `Set-Cookie` to a response whose status is one nginx's
+    /// `add_header` applies to (200, 201, 204, 206, 301, 302, 303, 304, 307, 308).
+    pub fn decorate(&self, status: StatusCode, headers: &mut HeaderMap) {
+        const STATUSES: [u16; 10] = [200, 201, 204, 206, 301, 302, 303, 304, 307, 308];
+        if STATUSES.contains(&status.as_u16()) {
+            for cookie in &self.cookies {
+                headers.append(header::SET_COOKIE, cookie.clone());
+            }
+        }
+    }
+}
+
+/// The answer to a refused request (boxed: it is large, and the rare case).
+pub type Refusal = Box<Response<Bytes>>;
 
 type ZoneKey = (Arc<str>, Arc<str>);
 
@@ -72,7 +91,7 @@ impl Gate {
         req: &mut Request<B>,
         host: &ValidHost,
         conn: &ConnInfo,
-    ) -> Result<Admission, Response<Bytes>> {
+    ) -> Result<Admission, Refusal> {
         let Some(access) = access else {
             return Ok(Admission::default());
         };
@@ -83,14 +102,18 @@ impl Gate {
         if let Some(basic) = &access.basic_auth {
             authenticate(basic, req).await?;
         }
+        let mut cookies = Vec::new();
         if let Some(auth) = &access.external_auth {
-            self.ask(auth, req, host, conn).await?;
+            cookies = self.ask(auth, req, host, conn).await?;
         }
         if access.basic_auth.is_some() {
             // As ingress-nginx: `proxy_set_header Authorization ""`.
             req.headers_mut().remove(header::AUTHORIZATION);
         }
-        Ok(Admission { _slot: slot })
+        Ok(Admission {
+            _slot: slot,
+            cookies,
+        })
     }
 
     fn limit(
@@ -98,7 +121,7 @@ impl Gate {
         limits: &RateLimit,
         origin: &Origin,
         conn: &ConnInfo,
-    ) -> Result<Option<rate_limit::Slot>, Response<Bytes>> {
+    ) -> Result<Option<rate_limit::Slot>, Refusal> {
         let zone = self.zone(limits, origin);
         match zone.admit(conn.peer.ip(), Instant::now()) {
             rate_limit::Verdict::Admitted(slot) => Ok(slot),
@@ -106,9 +129,7 @@ impl Gate {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "503 too many requests from this client\n",
             )),
-            rate_limit::Verdict::Misconfigured => {
-                Err(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE))
-            }
+            rate_limit::Verdict::Misconfigured => Err(misconfigured()),
         }
     }
 
@@ -132,9 +153,9 @@ impl Gate {
         req: &mut Request<B>,
         host: &ValidHost,
         conn: &ConnInfo,
-    ) -> Result<(), Response<Bytes>> {
+    ) -> Result<Vec<HeaderValue>, Refusal> {
         if auth.error.is_some() {
-            return Err(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE));
+            return Err(misconfigured());
         }
         let request_uri = req
             .uri()
@@ -148,24 +169,24 @@ impl Gate {
             request_uri: &request_uri,
         };
         match ext_auth::check(auth, req, conn, &vars, self.timeouts).await {
-            ext_auth::Outcome::Allow(headers) => {
+            ext_auth::Outcome::Allow { headers, cookies } => {
                 for (name, value) in headers {
                     match value {
                         Some(value) => req.headers_mut().insert(name, value),
                         None => req.headers_mut().remove(name),
                     };
                 }
-                Ok(())
+                Ok(cookies)
             }
-            ext_auth::Outcome::Deny(res) => Err(res),
+            ext_auth::Outcome::Deny(res) => Err(Box::new(res)),
         }
     }
 }
 
 /// Checks basic credentials; bcrypt runs off the async threads (it costs milliseconds).
-async fn authenticate<B>(basic: &BasicAuth, req: &Request<B>) -> Result<(), Response<Bytes>> {
+async fn authenticate<B>(basic: &BasicAuth, req: &Request<B>) -> Result<(), Refusal> {
     if basic.error.is_some() {
-        return Err(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE));
+        return Err(misconfigured());
     }
     let verified = match basic_auth::credentials(req.headers()) {
         Some((user, password)) => match basic.hash_of(&user) {
@@ -188,8 +209,13 @@ async fn authenticate<B>(basic: &BasicAuth, req: &Request<B>) -> Result<(), Resp
     Err(res)
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<Bytes> {
+fn text(status: StatusCode, body: &'static str) -> Refusal {
     let mut res = ext_auth::answer(status);
     *res.body_mut() = Bytes::from_static(body.as_bytes());
-    res
+    Box::new(res)
+}
+
+/// `503`: the route's access settings are invalid (fail closed).
+fn misconfigured() -> Refusal {
+    Box::new(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE))
 }

@@ -38,7 +38,7 @@ const REDIRECT: &str = "not implemented yet: requests are proxied, not redirecte
 const ACL: &str = "the client is the connection's peer (after PROXY protocol; IPv4-mapped IPv6 peers match IPv4 ranges), never X-Forwarded-For, as ingress-nginx without use-forwarded-headers; a ConfigMap-wide list does not exist";
 const RATE: &str = "not implemented yet: responses are not bandwidth limited";
 const BASIC_AUTH: &str = "htpasswd hashes bcrypt, apr1 and $1$ MD5-crypt, {SHA}, {SSHA} and {PLAIN} are verified; DES and SHA-crypt ($5$, $6$) hashes never match (a diagnostic names their users)";
-const EXT_AUTH: &str = "IPv6-literal URLs work (ingress-nginx rejects the Ingress); of nginx variables only $host, $http_host, $best_http_host, $scheme, $pass_access_scheme, $request_uri and $escaped_request_uri are expanded (others: invalid-value); the auth request goes on a fresh HTTP/1.1 connection, without cache, its Host is the URL's authority (port and IPv6 brackets kept); https is not verified, as ingress-nginx; the auth response's Set-Cookie is passed on the auth-signin redirect only, not on proxied responses";
+const EXT_AUTH: &str = "IPv6-literal URLs work (ingress-nginx rejects the Ingress); of nginx variables only $host, $http_host, $best_http_host, $scheme, $pass_access_scheme, $request_uri and $escaped_request_uri are expanded (others: invalid-value); the auth request goes on a fresh HTTP/1.1 connection, without cache, its Host is the URL's authority (port and IPv6 brackets kept); https is not verified, as ingress-nginx";
 const LIMIT: &str = "IPv6 clients are keyed by their /64 (duet.dev/limit-ipv6-prefix; ingress-nginx keys per /128, so one host rotating addresses escapes); the client is the connection's peer, IPv4-mapped as IPv4; per duet replica, as ingress-nginx; over the limit: 503 (limit-req-status-code is a ConfigMap option in ingress-nginx, fixed at 503 in duet); checked after the source ranges (nginx: before)";
 const CANARY: &str =
     "not implemented yet: a canary Ingress's rules compete with the main one's (ConflictingPath)";
@@ -89,7 +89,7 @@ pub const KEYS: [Key; 137] = [
     key("denylist-source-range", Different(ACL)),
     key("disable-proxy-intercept-errors", Unsupported(NOT_YET)),
     key("enable-global-auth", Unsupported("duet has no global auth-url (ingress-nginx's ConfigMap global-auth-url): nothing to opt out of")),
-    key("auth-always-set-cookie", Unsupported("not implemented yet: the auth response's Set-Cookie is passed on the auth-signin redirect only")),
+    key("auth-always-set-cookie", Unsupported("not implemented yet: the auth response's Set-Cookie reaches the client with the responses nginx's add_header applies to (200, 201, 204, 206, 301 to 304, 307, 308) and the auth-signin redirect")),
     key("auth-cache-duration", Unsupported("not implemented yet: every request asks auth-url (no cache)")),
     key("auth-cache-key", Unsupported("not implemented yet: every request asks auth-url (no cache)")),
     key("auth-keepalive", Unsupported("not implemented yet: each auth request has its own connection")),
