@@ -5,7 +5,8 @@
 //! is read when an Ingress starts naming it, its updates apply live (the TLS upstream answers
 //! 502 with the wrong CA, 200 with the right one, to clients of both families), a duet that starts
 //! is ready only once it has read the named Secrets, and the watch stops when no Ingress names
-//! it any more. The API server runs on 127.0.0.1 and [::1].
+//! it any more. The htpasswd Secret of ingress-nginx's `auth-secret` is read by name the same way.
+//! The API server runs on 127.0.0.1 and [::1].
 
 mod kube_support;
 
@@ -186,4 +187,70 @@ async fn only_tls_and_named_ca_secrets_are_read_api_on_ipv4() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_tls_and_named_ca_secrets_are_read_api_on_ipv6() -> anyhow::Result<()> {
     only_tls_and_named_ca_secrets_are_read(Family::V6).await
+}
+
+/// `GET /` on guarded.test as user `ann`; the status.
+async fn login(duet: &Duet, family: Family, password: &str) -> anyhow::Result<u16> {
+    let authorization = format!(
+        "Basic {}",
+        tls::base64(format!("ann:{password}").as_bytes())
+    );
+    let req = client::request(conformance::http::Method::GET, "guarded.test", "/")
+        .header("authorization", authorization)
+        .body(conformance::http_body_util::Full::new(
+            conformance::bytes::Bytes::new(),
+        ))?;
+    let mut conn = conformance::Conn::http1(duet.http(family)).await?;
+    Ok(conn.send(req).await?.status.as_u16())
+}
+
+/// ingress-nginx's basic auth in Kubernetes mode: the htpasswd Secret an Ingress names in
+/// `nginx.ingress.kubernetes.io/auth-secret` is watched by name (and nothing else is read): the
+/// routes fail closed (503) until it exists, then check its users, and follow its updates, for
+/// clients of both families.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_basic_auth_secret_is_read_by_name_and_followed() -> anyhow::Result<()> {
+    let api = api(Family::V6)?;
+    let fleet = Fleet::start("kube", "echo", &[PodSpec::dual("a")])?;
+    apply(&api, &fleet.manifests())?;
+    let ingress = Ingress::new("kube", "guarded")
+        .annotation("nginx.ingress.kubernetes.io/auth-type", "basic")
+        .annotation("nginx.ingress.kubernetes.io/auth-secret", "kube/htpasswd")
+        .host("guarded.test", "echo")
+        .build();
+    apply(&api, &[ingress])?;
+    let duet = duet(&api, &[]).await?;
+    until(&duet, "guarded.test", 503, "the Secret does not exist yet").await?;
+    let htpasswd = |line: &str| {
+        let mut secret = tls::ca_secret("kube", "htpasswd", "");
+        secret["data"] = serde_json::json!({"auth": tls::base64(line.as_bytes())});
+        secret
+    };
+    apply(&api, &[htpasswd("ann:{PLAIN}first\n")])?;
+    until(&duet, "guarded.test", 401, "the Secret created").await?;
+    for family in Family::BOTH {
+        assert_eq!(login(&duet, family, "first").await?, 200, "{family}");
+    }
+    apply(&api, &[htpasswd("ann:{PLAIN}second\n")])?;
+    for family in Family::BOTH {
+        client::eventually("the rotated password", LIVE, || async {
+            let (old, new) = (
+                login(&duet, family, "first").await?,
+                login(&duet, family, "second").await?,
+            );
+            anyhow::ensure!((old, new) == (401, 200), "{family}: {old} {new}");
+            Ok(())
+        })
+        .await?;
+    }
+    let requests = secret_requests(&api);
+    let named = "metadata.name=htpasswd,type!=kubernetes.io/tls";
+    assert!(requests.iter().any(|r| r.ends_with(named)), "{requests:#?}");
+    for request in &requests {
+        assert!(
+            request.ends_with(" type=kubernetes.io/tls") || request.ends_with(&format!(" {named}")),
+            "a Secret request that may return other Secrets: {request}"
+        );
+    }
+    Ok(())
 }
