@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use conformance::bytes::Bytes;
 use conformance::client::{self, Conn, Reply};
+use conformance::echo::EchoOptions;
 use conformance::fleet::closed_port;
 use conformance::http::{HeaderMap, Method, Request, Response, StatusCode};
 use conformance::http_body_util::{BodyExt as _, Full};
-use conformance::tls::base64;
+use conformance::tls::{self, base64};
 use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
 use dataplane::proxy_protocol::encode_v1;
 use hyper_util::rt::TokioIo;
@@ -367,6 +368,14 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
     let auth = AuthService::start().await?;
     let (down, _down) = closed_port(Family::V6)?;
     let fleet = Fleet::start("ext", "echo", &[PodSpec::dual("dual")])?;
+    // An HTTPS auth service (an echo pod answering 200 to everything over TLS only).
+    let cert = tls::cert(&["auth.test"]);
+    let options = EchoOptions {
+        tls: Some(tls::server_config(&cert, &["http/1.1"])),
+        ..EchoOptions::default()
+    };
+    let https_auth = Fleet::start_with("ext", "tls-auth", &[PodSpec::dual("tls")], options)?;
+    let https_auth = https_auth.pod("tls");
     let dir = ManifestDir::with_class()?;
     dir.write("echo.yaml", &fleet.manifests())?;
     let url4 = format!("http://{}/auth?check=1", auth.v4);
@@ -394,6 +403,20 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
                 ],
             ),
             ext("down", &[("auth-url", &down)]),
+            ext(
+                "tls4",
+                &[(
+                    "auth-url",
+                    &format!("https://{}/auth", https_auth.addr(Family::V4).expect("v4")),
+                )],
+            ),
+            ext(
+                "tls6",
+                &[(
+                    "auth-url",
+                    &format!("https://{}/auth", https_auth.addr(Family::V6).expect("v6")),
+                )],
+            ),
             ext("bad", &[("auth-url", "http://$upstream_addr/auth")]),
         ],
     )?;
@@ -528,6 +551,11 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
         let reply = send(to, Method::GET, "ext6.test", "/forbidden", &[]).await?;
         assert_eq!(reply.status, 403, "{family}: a 403 is not redirected");
 
+        // HTTPS auth URLs, IPv4 and IPv6 literals (not verified, as ingress-nginx).
+        for host in ["tls4.test", "tls6.test"] {
+            let reply = send(to, Method::GET, host, "/", &[]).await?;
+            assert_eq!(reply.status, 200, "{family} {host}: {}", reply.text());
+        }
         // The service down: 500. An auth-url duet cannot use: 503 (fail closed).
         let reply = send(
             to,
@@ -725,22 +753,36 @@ async fn limit_connections_counts_requests_in_progress_per_client() -> anyhow::R
         } else {
             Family::V4
         });
-        let slow = tokio::spawn(async move {
-            send(
-                to,
-                Method::GET,
-                "one.test",
-                "/",
-                &[("x-echo-delay-ms", "3000")],
-            )
-            .await
-        });
-        client::eventually("second request refused", Duration::from_secs(5), || async {
-            let reply = send(to, Method::GET, "one.test", "/", &[]).await?;
-            anyhow::ensure!(reply.status == 503, "{family}: {}", reply.status);
-            Ok(())
-        })
-        .await?;
+        // A probe may hold the slot when the slow request arrives (then the slow one is refused
+        // and is sent again): wait until a probe is refused while the slow one is in progress.
+        let mut slow = None;
+        for _ in 0..10 {
+            let task = tokio::spawn(async move {
+                send(
+                    to,
+                    Method::GET,
+                    "one.test",
+                    "/",
+                    &[("x-echo-delay-ms", "3000")],
+                )
+                .await
+            });
+            let refused = loop {
+                let probe = send(to, Method::GET, "one.test", "/", &[]).await?;
+                if probe.status == 503 {
+                    break true;
+                }
+                if task.is_finished() {
+                    break false;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            };
+            if refused {
+                slow = Some(task);
+                break;
+            }
+        }
+        let slow = slow.ok_or_else(|| anyhow::anyhow!("{family}: no probe refused"))?;
         client::expect_status(&send(other, Method::GET, "one.test", "/", &[]).await?, 200)?;
         client::expect_status(&slow.await??, 200)?;
         client::expect_status(&send(to, Method::GET, "one.test", "/", &[]).await?, 200)?;

@@ -402,12 +402,15 @@ impl Proxy {
             return Err(ProxyError::BodyTooLarge);
         }
         // Limits, basic and external auth (crate::policy): refused requests are answered here.
+        let client = crate::policy::Client {
+            ip: conn.peer.ip(),
+            scheme: conn.scheme(),
+            pass_scheme: crate::forwarded::request_scheme(req.headers(), conn),
+            host: host.as_str(),
+        };
+        let zone = (&*action.origin.namespace, &*action.origin.name);
         let access = action.access.as_deref();
-        match self
-            .gate
-            .admit(access, &action.origin, &mut req, &host, conn)
-            .await
-        {
+        match self.gate.admit(access, zone, &mut req, client).await {
             Ok(admission) => exchange.hold(admission),
             Err(answer) => return Ok((*answer).map(ProxyBody::full)),
         }

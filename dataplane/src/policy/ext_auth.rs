@@ -16,13 +16,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{Either, Empty};
+use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpStream;
 
-use crate::listen::ConnInfo;
-use crate::proxy::UpstreamBody;
+/// The auth request has no body.
+type AuthBody = Empty<Bytes>;
 
 /// External authentication of a route.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -261,9 +261,9 @@ pub fn auth_request<B>(
     auth: &ExternalAuth,
     url: &AuthUrl,
     req: &Request<B>,
-    conn: &ConnInfo,
+    client: IpAddr,
     vars: &Vars<'_>,
-) -> Request<UpstreamBody> {
+) -> Request<AuthBody> {
     let mut headers = HeaderMap::with_capacity(req.headers().len() + 10);
     for (name, value) in req.headers() {
         if !NOT_PASSED.contains(&name.as_str()) {
@@ -280,7 +280,7 @@ pub fn auth_request<B>(
     set(&X_ORIGINAL_URL, &original);
     set(&X_ORIGINAL_METHOD, req.method().as_str());
     set(&X_SENT_FROM, "nginx-ingress-controller");
-    let client = conn.peer.ip().to_canonical().to_string();
+    let client = client.to_canonical().to_string();
     set(&X_REAL_IP, &client);
     set(&X_FORWARDED_FOR, &client);
     let redirect = auth.request_redirect.as_deref().unwrap_or(vars.request_uri);
@@ -295,7 +295,7 @@ pub fn auth_request<B>(
         .as_deref()
         .and_then(|m| Method::from_bytes(m.as_bytes()).ok())
         .unwrap_or(Method::GET);
-    let mut out = Request::new(Either::Right(Empty::new()));
+    let mut out = Request::new(Empty::new());
     *out.method_mut() = method;
     *out.uri_mut() = url
         .path_and_query
@@ -314,7 +314,7 @@ fn request_id() -> String {
 pub async fn check<B>(
     auth: &ExternalAuth,
     req: &Request<B>,
-    conn: &ConnInfo,
+    client: IpAddr,
     vars: &Vars<'_>,
     timeouts: (Duration, Duration),
 ) -> Outcome {
@@ -323,7 +323,7 @@ pub async fn check<B>(
         tracing::debug!(url = %expanded, "The auth URL does not parse after expansion");
         return Outcome::Deny(answer(StatusCode::INTERNAL_SERVER_ERROR));
     };
-    let request = auth_request(auth, &url, req, conn, vars);
+    let request = auth_request(auth, &url, req, client, vars);
     let res = match send(&url, request, timeouts).await {
         Ok(res) => res,
         Err(error) => {
@@ -421,7 +421,7 @@ async fn addresses(url: &AuthUrl, timeout: Duration) -> std::io::Result<Vec<Sock
 /// the first address that connects, and waits for the response head.
 async fn send(
     url: &AuthUrl,
-    request: Request<UpstreamBody>,
+    request: Request<AuthBody>,
     (connect_timeout, read_timeout): (Duration, Duration),
 ) -> std::io::Result<Response<hyper::body::Incoming>> {
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
@@ -446,20 +446,34 @@ async fn connect(
     url: &AuthUrl,
     addr: SocketAddr,
     timeout: Duration,
-) -> std::io::Result<hyper::client::conn::http1::SendRequest<UpstreamBody>> {
-    if url.tls {
-        // As ingress-nginx's auth location: SNI on, the certificate not verified.
-        let tls = crate::upstream::UpstreamTls::new(
-            &url.host,
-            &crate::upstream::UpstreamTrust::SkipVerify,
-            false,
-        )
-        .map_err(std::io::Error::other)?;
-        return crate::upstream::connect_h1_tls(addr, &tls, timeout).await;
-    }
+) -> std::io::Result<hyper::client::conn::http1::SendRequest<AuthBody>> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    if !url.tls {
+        return handshake(stream, addr).await;
+    }
+    // As ingress-nginx's auth location: SNI on, the certificate not verified.
+    let tls = crate::upstream::UpstreamTls::new(
+        &url.host,
+        &crate::upstream::UpstreamTrust::SkipVerify,
+        false,
+    )
+    .map_err(std::io::Error::other)?;
+    let stream = tokio::time::timeout(timeout, tls.handshake(stream, false))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS timed out"))??;
+    handshake(stream, addr).await
+}
+
+/// HTTP/1.1 over a connected stream; the connection is driven until the response is read.
+async fn handshake<S>(
+    stream: S,
+    addr: SocketAddr,
+) -> std::io::Result<hyper::client::conn::http1::SendRequest<AuthBody>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(std::io::Error::other)?;

@@ -9,6 +9,7 @@ pub mod ext_auth;
 pub mod rate_limit;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,10 +21,6 @@ use serde::Serialize;
 pub use basic_auth::BasicAuth;
 pub use ext_auth::ExternalAuth;
 pub use rate_limit::RateLimit;
-
-use crate::host::ValidHost;
-use crate::listen::ConnInfo;
-use crate::table::Origin;
 
 /// What a route checks before proxying (ingress-nginx's `limit-*` and `auth-*` annotations).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -60,6 +57,19 @@ impl Admission {
     }
 }
 
+/// What the policies need to know of a request besides its head: from its connection and route.
+#[derive(Clone, Copy, Debug)]
+pub struct Client<'a> {
+    /// The client's address (the peer after PROXY protocol; IPv4-mapped IPv6 as IPv4).
+    pub ip: IpAddr,
+    /// `$scheme`: the connection's (`http` or `https`).
+    pub scheme: &'static str,
+    /// `$pass_access_scheme`: the scheme, or `X-Forwarded-Proto` from a trusted proxy.
+    pub pass_scheme: &'static str,
+    /// The Host as received (port and IPv6 brackets kept).
+    pub host: &'a str,
+}
+
 /// The answer to a refused request (boxed: it is large, and the rare case).
 pub type Refusal = Box<Response<Bytes>>;
 
@@ -87,16 +97,15 @@ impl Gate {
     pub async fn admit<B>(
         &self,
         access: Option<&Access>,
-        origin: &Origin,
+        zone: (&str, &str),
         req: &mut Request<B>,
-        host: &ValidHost,
-        conn: &ConnInfo,
+        client: Client<'_>,
     ) -> Result<Admission, Refusal> {
         let Some(access) = access else {
             return Ok(Admission::default());
         };
         let slot = match &access.rate_limit {
-            Some(limits) => self.limit(limits, origin, conn)?,
+            Some(limits) => self.limit(limits, zone, client.ip)?,
             None => None,
         };
         if let Some(basic) = &access.basic_auth {
@@ -104,7 +113,7 @@ impl Gate {
         }
         let mut cookies = Vec::new();
         if let Some(auth) = &access.external_auth {
-            cookies = self.ask(auth, req, host, conn).await?;
+            cookies = self.ask(auth, req, client).await?;
         }
         if access.basic_auth.is_some() {
             // As ingress-nginx: `proxy_set_header Authorization ""`.
@@ -119,11 +128,11 @@ impl Gate {
     fn limit(
         &self,
         limits: &RateLimit,
-        origin: &Origin,
-        conn: &ConnInfo,
+        zone: (&str, &str),
+        ip: IpAddr,
     ) -> Result<Option<rate_limit::Slot>, Refusal> {
-        let zone = self.zone(limits, origin);
-        match zone.admit(conn.peer.ip(), Instant::now()) {
+        let zone = self.zone(limits, zone);
+        match zone.admit(ip, Instant::now()) {
             rate_limit::Verdict::Admitted(slot) => Ok(slot),
             rate_limit::Verdict::Limited => Err(text(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -133,9 +142,9 @@ impl Gate {
         }
     }
 
-    /// The zone of an Ingress, started over when its limits changed.
-    fn zone(&self, limits: &RateLimit, origin: &Origin) -> Arc<rate_limit::Zone> {
-        let key = (origin.namespace.clone(), origin.name.clone());
+    /// The zone of an Ingress (namespace and name), started over when its limits changed.
+    fn zone(&self, limits: &RateLimit, (namespace, name): (&str, &str)) -> Arc<rate_limit::Zone> {
+        let key: ZoneKey = (namespace.into(), name.into());
         let mut zones = self.zones.lock().unwrap_or_else(|e| e.into_inner());
         match zones.get(&key) {
             Some(zone) if zone.config() == limits => zone.clone(),
@@ -151,8 +160,7 @@ impl Gate {
         &self,
         auth: &ExternalAuth,
         req: &mut Request<B>,
-        host: &ValidHost,
-        conn: &ConnInfo,
+        client: Client<'_>,
     ) -> Result<Vec<HeaderValue>, Refusal> {
         if auth.error.is_some() {
             return Err(misconfigured());
@@ -163,12 +171,12 @@ impl Gate {
             .map_or("/", |p| p.as_str())
             .to_owned();
         let vars = ext_auth::Vars {
-            scheme: conn.scheme(),
-            pass_scheme: crate::forwarded::request_scheme(req.headers(), conn),
-            http_host: host.as_str(),
+            scheme: client.scheme,
+            pass_scheme: client.pass_scheme,
+            http_host: client.host,
             request_uri: &request_uri,
         };
-        match ext_auth::check(auth, req, conn, &vars, self.timeouts).await {
+        match ext_auth::check(auth, req, client.ip, &vars, self.timeouts).await {
             ext_auth::Outcome::Allow { headers, cookies } => {
                 for (name, value) in headers {
                     match value {
