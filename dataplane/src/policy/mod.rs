@@ -227,3 +227,48 @@ fn text(status: StatusCode, body: &'static str) -> Refusal {
 fn misconfigured() -> Refusal {
     Box::new(ext_auth::answer(StatusCode::SERVICE_UNAVAILABLE))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(rpm: u32) -> Access {
+        Access {
+            rate_limit: Some(RateLimit {
+                rpm: Some(rpm),
+                burst_multiplier: 1,
+                ..RateLimit::default()
+            }),
+            ..Access::default()
+        }
+    }
+
+    async fn status(gate: &Gate, access: &Access, zone: (&str, &str)) -> u16 {
+        let client = Client {
+            ip: "192.0.2.1".parse().unwrap(),
+            scheme: "http",
+            pass_scheme: "http",
+            host: "a.test",
+        };
+        let mut req = Request::new(());
+        match gate.admit(Some(access), zone, &mut req, client).await {
+            Ok(_) => 200,
+            Err(res) => res.status().as_u16(),
+        }
+    }
+
+    #[tokio::test]
+    async fn zones_outlive_snapshots_while_their_limits_are_unchanged() {
+        let gate = Gate::new(Duration::from_secs(1), Duration::from_secs(1));
+        let zone = ("ns", "ing");
+        // rpm 1, burst 1: two at once.
+        for want in [200, 200, 503] {
+            assert_eq!(status(&gate, &access(1), zone).await, want);
+        }
+        // A new snapshot carries an equal (not the same) Access: the bucket is kept.
+        assert_eq!(status(&gate, &access(1).clone(), zone).await, 503);
+        // Another Ingress has its own zone; changed limits start over.
+        assert_eq!(status(&gate, &access(1), ("ns", "other")).await, 200);
+        assert_eq!(status(&gate, &access(2), zone).await, 200);
+    }
+}
