@@ -51,7 +51,8 @@ type Events = BoxStream<'static, (WatchOf, Result<watcher::Event<Secret>, watche
 /// ingress-nginx's basic-auth Secret annotation (`name` or `namespace/name`).
 const AUTH_SECRET_ANNOTATION: &str = "nginx.ingress.kubernetes.io/auth-secret";
 
-/// The CA Secrets (and basic-auth Secrets) the cached Ingresses name (invalid names are skipped: no Secret has them).
+/// The CA Secrets and basic-auth Secrets the cached Ingresses name (invalid names are skipped:
+/// no Secret has them).
 pub fn named_ca_secrets(ingresses: &Stores) -> BTreeSet<NsName> {
     ingresses
         .ingresses()
@@ -59,7 +60,7 @@ pub fn named_ca_secrets(ingresses: &Stores) -> BTreeSet<NsName> {
         .flat_map(|ingress| {
             let namespace = ingress.metadata.namespace.as_deref();
             let annotations = ingress.metadata.annotations.as_ref();
-            // The CA Secret, and the htpasswd Secret of ingress-nginx's basic auth (same namespace).
+            // The CA Secret and the htpasswd Secret of basic auth (same namespace).
             [BACKEND_CA_SECRET_ANNOTATION, AUTH_SECRET_ANNOTATION]
                 .into_iter()
                 .filter_map(|key| {
