@@ -404,6 +404,13 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
             ),
             ext("down", &[("auth-url", &down)]),
             ext(
+                "byname",
+                &[(
+                    "auth-url",
+                    &format!("http://localhost:{}/auth", auth.v4.port()),
+                )],
+            ),
+            ext(
                 "tls4",
                 &[(
                     "auth-url",
@@ -551,6 +558,21 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
         let reply = send(to, Method::GET, "ext6.test", "/forbidden", &[]).await?;
         assert_eq!(reply.status, 403, "{family}: a 403 is not redirected");
 
+        // A name is resolved (the system resolver); Host is the URL's authority.
+        let reply = send(
+            to,
+            Method::GET,
+            "byname.test",
+            "/",
+            &[("authorization", "Bearer good")],
+        )
+        .await?;
+        assert_eq!(reply.status, 200, "{family}: {}", reply.text());
+        let host = auth.last().headers.get("host").cloned();
+        assert_eq!(
+            host.as_ref().and_then(|h| h.to_str().ok()),
+            Some(format!("localhost:{}", auth.v4.port()).as_str())
+        );
         // HTTPS auth URLs, IPv4 and IPv6 literals (not verified, as ingress-nginx).
         for host in ["tls4.test", "tls6.test"] {
             let reply = send(to, Method::GET, host, "/", &[]).await?;
