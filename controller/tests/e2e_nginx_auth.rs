@@ -400,6 +400,7 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
                     ("auth-url", &url6),
                     ("auth-signin", "https://login.test/start"),
                     ("auth-method", "POST"),
+                    ("auth-request-redirect", "https://back.test/here"),
                 ],
             ),
             ext("down", &[("auth-url", &down)]),
@@ -542,6 +543,10 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
             h("host"),
             Some(auth.v6.to_string()),
             "bracketed, with the port"
+        );
+        assert_eq!(
+            h("x-auth-request-redirect").as_deref(),
+            Some("https://back.test/here")
         );
         assert_eq!(h("x-original-uri").as_deref(), Some("/p/q?x=1&y=%20"));
         assert_eq!(h("x-original-method").as_deref(), Some("GET"));
