@@ -641,11 +641,11 @@ async fn from(
     Ok(reply.status.as_u16())
 }
 
-/// `limit-rpm` with a burst: clients keyed per IPv4 address and per IPv6 /64 (per /128 with
-/// `duet.dev/limit-ipv6-prefix: "128"`), IPv4-mapped as IPv4, the allow-list spared, a bad
+/// `limit-rpm` with a burst: clients keyed per address as ingress-nginx does, IPv6 clients per
+/// /64 with `duet.dev/limit-ipv6-prefix: "64"`, IPv4-mapped as IPv4, the allow-list spared, a bad
 /// value failing closed; the claimed clients arrive over listeners of both families.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rate_limits_key_ipv4_per_address_and_ipv6_per_64() -> anyhow::Result<()> {
+async fn rate_limits_key_per_address_and_ipv6_per_64_on_request() -> anyhow::Result<()> {
     let fleet = Fleet::start("rl", "echo", &[PodSpec::dual("dual")])?;
     let dir = ManifestDir::with_class()?;
     dir.write("echo.yaml", &fleet.manifests())?;
@@ -659,10 +659,10 @@ async fn rate_limits_key_ipv4_per_address_and_ipv6_per_64() -> anyhow::Result<()
         "ingress.yaml",
         &[
             nginx(Ingress::new("rl", "per64"), &limits)
+                .annotation("duet.dev/limit-ipv6-prefix", "64")
                 .host("per64.test", "echo")
                 .build(),
             nginx(Ingress::new("rl", "per128"), &limits)
-                .annotation("duet.dev/limit-ipv6-prefix", "128")
                 .host("per128.test", "echo")
                 .build(),
             nginx(Ingress::new("rl", "bad"), &[("limit-rps", "ten")])
@@ -717,7 +717,7 @@ async fn rate_limits_key_ipv4_per_address_and_ipv6_per_64() -> anyhow::Result<()
         from(&duet, Family::V6, "2001:db8:1:3::1", "per64.test").await?,
         200
     );
-    // Per /128 (ingress-nginx's keying): rotating addresses escapes, one address does not.
+    // Per /128 (the default, ingress-nginx's keying): rotating addresses escapes, one does not.
     for i in 1..=6 {
         let client = format!("2001:db8:1:2::{i}");
         assert_eq!(

@@ -5,9 +5,9 @@
 //! Ingress, shared by its paths, per duet process.
 //!
 //! The client is the connection's peer (after PROXY protocol), IPv4-mapped IPv6 as IPv4. An IPv6
-//! client is keyed by its network of `ipv6_prefix` bits (/64 unless the Ingress says otherwise),
-//! because one IPv6 host holds a whole /64 and would get a fresh bucket per address otherwise
-//! (ingress-nginx keys per /128).
+//! client is keyed by its network of `ipv6_prefix` bits: /128 (per address, as ingress-nginx)
+//! unless the Ingress opts into /64 with `duet.dev/limit-ipv6-prefix`, because one IPv6 host
+//! holds a whole /64 and gets a fresh bucket per address it rotates to.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -24,7 +24,7 @@ use crate::index::{NsName, ObjectKey, References};
 use crate::translate::{Diagnostic, Reason};
 
 /// The duet annotation setting the prefix length IPv6 clients are rate limited by (`1`..`128`;
-/// 64 unless set; `128` is ingress-nginx's per-address keying).
+/// 128 unless set, ingress-nginx's per-address keying; `64` keys an IPv6 host by the /64 it owns).
 pub const LIMIT_IPV6_PREFIX_ANNOTATION: &str = "duet.dev/limit-ipv6-prefix";
 
 /// The keys this module reads (after the prefix).
@@ -342,14 +342,14 @@ fn rate_limit(
     key: &ObjectKey,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> RateLimit {
-    let mut ipv6_prefix = 64;
+    let mut ipv6_prefix = 128;
     if let Some(value) = annotations.and_then(|m| m.get(LIMIT_IPV6_PREFIX_ANNOTATION)) {
         match value.trim().parse::<u8>() {
             Ok(n) if (1..=128).contains(&n) => ipv6_prefix = n,
             _ => diagnostics.push(Diagnostic::new(
                 key.clone(),
                 Reason::InvalidAnnotation,
-                format!("{LIMIT_IPV6_PREFIX_ANNOTATION}: {value:?} is not a prefix length from 1 to 128; 64 applies"),
+                format!("{LIMIT_IPV6_PREFIX_ANNOTATION}: {value:?} is not a prefix length from 1 to 128; per address (128) applies"),
             )),
         }
     }
@@ -674,7 +674,7 @@ mod tests {
         let limits = access.unwrap().rate_limit.clone().unwrap();
         assert_eq!(
             (limits.rps, limits.burst_multiplier, limits.ipv6_prefix),
-            (Some(5), 2, 64)
+            (Some(5), 2, 128)
         );
         assert_eq!(limits.allow.len(), 2);
         for pairs in [
@@ -708,10 +708,10 @@ mod tests {
         // duet.dev/limit-ipv6-prefix.
         let key = ObjectKey::new(Kind::Ingress, "ns", "ing");
         for (value, want, diagnosed) in [
-            ("128", 128, false),
+            ("64", 64, false),
             ("48", 48, false),
-            ("0", 64, true),
-            ("x", 64, true),
+            ("0", 128, true),
+            ("x", 128, true),
         ] {
             let annotations =
                 BTreeMap::from([(LIMIT_IPV6_PREFIX_ANNOTATION.to_owned(), value.to_owned())]);
