@@ -60,6 +60,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             redirect: None,
             source_ranges: None,
             rewrite: None,
+            choice: None,
         },
     }
 }

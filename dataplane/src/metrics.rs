@@ -961,6 +961,7 @@ mod tests {
             redirect: None,
             source_ranges: None,
             rewrite: None,
+            choice: None,
         }
     }
 

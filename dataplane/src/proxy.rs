@@ -365,7 +365,7 @@ impl Proxy {
         if let Some(res) = action
             .redirect
             .as_deref()
-            .and_then(|r| redirect(r, target.path(), &host, req.headers(), conn))
+            .and_then(|r| redirect(r, path_and_query(&target), &host, req.headers(), conn))
         {
             return Ok(res);
         }
@@ -393,10 +393,18 @@ impl Proxy {
             return Err(ProxyError::BodyTooLarge);
         }
         let preferred = action.policy.order(conn.family)[0].unwrap_or(conn.family);
+        let steered = crate::policy::steer_request(
+            action,
+            req.headers(),
+            &target,
+            host.as_str(),
+            conn.peer.ip(),
+        );
+        let https = crate::forwarded::request_scheme(req.headers(), conn) == "https";
         let backend = live
             .backends
-            .get(&action.backend)
-            .ok_or_else(|| ProxyError::NoTarget(action.backend.clone()))?;
+            .get(steered.backend)
+            .ok_or_else(|| ProxyError::NoTarget(steered.backend.clone()))?;
 
         let protocol = action.protocol.unwrap_or(backend.backend.protocol);
         exchange.upstream_protocol(protocol);
@@ -414,6 +422,7 @@ impl Proxy {
         let length = req.body().size_hint().exact();
         let target = upstream_target.unwrap_or(target);
         prepare_request(&mut req, &host, target, conn, upgrade);
+        crate::policy::set_upstream_host(action, req.headers_mut());
         declare_length(req.headers_mut(), length);
         if trailers {
             crate::upstream::keep_trailers(&mut req);
@@ -427,9 +436,10 @@ impl Proxy {
         let mut last_error: Option<io::Error> = None;
         let mut req = Some(req.map(|body| Either::Left(Limited::new(body, action.max_body_bytes))));
         for _ in 0..config.max_target_attempts {
-            let Some(pick) = backend.pick(conn.family, action.policy, &tried) else {
+            let Some(pick) = steered.pick(backend, conn.family, action.policy, &tried) else {
                 break;
             };
+            let cookie = steered.set_cookie(backend, pick.index, https);
             tried.push(pick.index);
             let state = &backend.states[pick.index];
             for (family, addr) in pick.addrs.into_iter().flatten() {
@@ -451,6 +461,7 @@ impl Proxy {
                                 return Err(ProxyError::UnaskedUpgrade);
                             }
                             strip_hop_by_hop(res.headers_mut(), false);
+                            crate::policy::add_cookie(res.headers_mut(), cookie);
                             return Ok(res.map(|body| ProxyBody {
                                 inner: Either::Left(ReadTimeout::new(body, read_timeout)),
                                 _in_flight: Some(in_flight),
@@ -522,6 +533,7 @@ impl Proxy {
                             return Err(ProxyError::UnaskedUpgrade);
                         }
                         strip_hop_by_hop(res.headers_mut(), switching);
+                        crate::policy::add_cookie(res.headers_mut(), cookie);
                         if let (true, Some(client)) = (switching, client_upgrade) {
                             let upstream = hyper::upgrade::on(&mut res);
                             self.tunnels
@@ -727,6 +739,11 @@ fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
             }
         }
     }
+}
+
+/// The path and query of an origin-form target.
+fn path_and_query(target: &Uri) -> &str {
+    target.path_and_query().map_or("/", |pq| pq.as_str())
 }
 
 /// The answer of a route's redirect annotations to a request, if they redirect it.

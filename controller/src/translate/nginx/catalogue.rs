@@ -38,14 +38,13 @@ const REDIRECT: &str = "not implemented yet: requests are proxied, not redirecte
 const AUTH: &str = "not implemented yet: requests are proxied without authentication";
 const ACL: &str = "the client is the connection's peer (after PROXY protocol; IPv4-mapped IPv6 peers match IPv4 ranges), never X-Forwarded-For, as ingress-nginx without use-forwarded-headers; a ConfigMap-wide list does not exist";
 const RATE: &str = "not implemented yet: requests are not rate limited";
-const CANARY: &str =
-    "not implemented yet: a canary Ingress's rules compete with the main one's (ConflictingPath)";
-const AFFINITY: &str = "not implemented yet: requests are balanced per request (--lb)";
+const AFFINITY: &str = "the cookie names the pod (an opaque 16-hex-digit token, never an address), so a dual-stack pod keeps its sessions when the client switches family; HttpOnly always, Secure over HTTPS or with session-cookie-secure";
+const AFFINITY_LATER: &str = "not implemented yet: the affinity cookie's other attributes apply";
 const CORS: &str = "not implemented yet: no CORS headers are added, preflights are proxied";
 const CLIENT_TLS: &str = "not implemented yet: client certificates are not requested";
 const PROXY_TLS: &str = "not implemented yet: see duet.dev/backend-ca-secret, duet.dev/backend-tls-server-name, duet.dev/backend-tls-skip-verify";
 const BUFFERING: &str = "not implemented yet: duet streams request and response bodies";
-const HASH: &str = "not implemented yet: balanced by --lb";
+const HASH: &str = "rendezvous hashing of the key over the pods (a leaving pod moves only its keys); $remote_addr is the full IPv6 address, an IPv4-mapped peer counts as its IPv4 address; only $remote_addr, $binary_remote_addr, $request_uri, $uri, $host, $http_NAME, $cookie_NAME, $arg_NAME";
 const NO_EQUIVALENT: &str = "no duet equivalent";
 const LOGS: &str = "not implemented yet: the access log is global (--access-log)";
 
@@ -58,13 +57,13 @@ pub const KEYS: [Key; 137] = [
     key("auth-secret", Unsupported(AUTH)),
     key("auth-secret-type", Unsupported(AUTH)),
     key("auth-type", Unsupported(AUTH)),
-    key("canary", Unsupported(CANARY)),
-    key("canary-by-cookie", Unsupported(CANARY)),
-    key("canary-by-header", Unsupported(CANARY)),
-    key("canary-by-header-pattern", Unsupported(CANARY)),
-    key("canary-by-header-value", Unsupported(CANARY)),
-    key("canary-weight", Unsupported(CANARY)),
-    key("canary-weight-total", Unsupported(CANARY)),
+    key("canary", Honoured),
+    key("canary-by-cookie", Honoured),
+    key("canary-by-header", Honoured),
+    key("canary-by-header-pattern", Different("Rust's regex crate, not PCRE (lookaround and backreferences are invalid-value); matched anywhere in the value, as ngx.re.match")),
+    key("canary-by-header-value", Honoured),
+    key("canary-weight", Honoured),
+    key("canary-weight-total", Honoured),
     key("auth-tls-error-page", Unsupported(CLIENT_TLS)),
     key("auth-tls-match-cn", Unsupported(CLIENT_TLS)),
     key("auth-tls-pass-certificate-to-upstream", Unsupported(CLIENT_TLS)),
@@ -150,7 +149,7 @@ pub const KEYS: [Key; 137] = [
     key("limit-rate-after", Unsupported(RATE)),
     key("limit-rpm", Unsupported(RATE)),
     key("limit-rps", Unsupported(RATE)),
-    key("from-to-www-redirect", Unsupported(REDIRECT)),
+    key("from-to-www-redirect", Different("308 to the other spelling keeping the scheme, the port the client wrote and the path as sent (nginx strips a trailing slash and writes its HTTPS port); served over HTTPS when the Ingress's TLS lists the other spelling too")),
     key("permanent-redirect", Honoured),
     key("permanent-redirect-code", Honoured),
     key("relative-redirects", Unsupported(REDIRECT)),
@@ -167,25 +166,25 @@ pub const KEYS: [Key; 137] = [
     key("ssl-passthrough", Unsupported("not implemented yet: TLS is terminated by duet")),
     key("satisfy", Unsupported(AUTH)),
     key("server-snippet", Snippet),
-    key("service-upstream", Unsupported("not implemented yet: requests go to the pods")),
-    key("affinity", Unsupported(AFFINITY)),
-    key("affinity-canary-behavior", Unsupported(AFFINITY)),
-    key("affinity-mode", Unsupported(AFFINITY)),
-    key("session-cookie-change-on-failure", Unsupported(AFFINITY)),
-    key("session-cookie-conditional-samesite-none", Unsupported(AFFINITY)),
-    key("session-cookie-domain", Unsupported(AFFINITY)),
-    key("session-cookie-expires", Unsupported(AFFINITY)),
-    key("session-cookie-max-age", Unsupported(AFFINITY)),
-    key("session-cookie-name", Unsupported(AFFINITY)),
-    key("session-cookie-partitioned", Unsupported(AFFINITY)),
-    key("session-cookie-path", Unsupported(AFFINITY)),
-    key("session-cookie-samesite", Unsupported(AFFINITY)),
-    key("session-cookie-secure", Unsupported(AFFINITY)),
+    key("service-upstream", Different("one target holding the Service's IPv4 and IPv6 cluster IPs (spec.clusterIPs): the client's family picks the cluster IP under the family policy; ingress-nginx uses spec.clusterIP only, the primary family")),
+    key("affinity", Different(AFFINITY)),
+    key("affinity-canary-behavior", Unsupported("not implemented yet: the canary decision ignores the affinity cookie (ingress-nginx's legacy behaviour)")),
+    key("affinity-mode", Different("balanced and persistent both keep a session on its pod while the pod is ready; duet never moves sessions to new pods (ingress-nginx's balanced mode moves some)")),
+    key("session-cookie-change-on-failure", Honoured),
+    key("session-cookie-conditional-samesite-none", Unsupported(AFFINITY_LATER)),
+    key("session-cookie-domain", Honoured),
+    key("session-cookie-expires", Honoured),
+    key("session-cookie-max-age", Honoured),
+    key("session-cookie-name", Different("letters, digits and -._~ only (/ and : are not valid in a cookie name)")),
+    key("session-cookie-partitioned", Unsupported(AFFINITY_LATER)),
+    key("session-cookie-path", Honoured),
+    key("session-cookie-samesite", Honoured),
+    key("session-cookie-secure", Honoured),
     key("stream-snippet", Snippet),
-    key("upstream-hash-by", Unsupported(HASH)),
-    key("upstream-hash-by-subset", Unsupported(HASH)),
-    key("upstream-hash-by-subset-size", Unsupported(HASH)),
-    key("upstream-vhost", Unsupported("not implemented yet: the client's Host is sent upstream")),
+    key("upstream-hash-by", Different(HASH)),
+    key("upstream-hash-by-subset", Different(HASH)),
+    key("upstream-hash-by-subset-size", Honoured),
+    key("upstream-vhost", Different("a literal host only: nginx variables ($host, $service_name, ...) are invalid-value")),
     key("use-port-in-redirects", Unsupported(NOT_YET)),
     key("x-forwarded-prefix", Honoured),
 ];

@@ -9,6 +9,8 @@
 //! same thing, the `duet.dev/` one wins.
 
 mod catalogue;
+pub mod routing;
+pub mod traffic;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -133,6 +135,9 @@ pub struct Settings {
     pub rewrite_target: Option<String>,
     /// `x-forwarded-prefix`: sent upstream with rewritten requests.
     pub forwarded_prefix: Option<String>,
+    /// Canaries, affinity, hashing, `upstream-vhost`, `from-to-www-redirect`,
+    /// `service-upstream` ([`traffic`]).
+    pub traffic: traffic::Traffic,
 }
 
 impl Settings {
@@ -157,6 +162,7 @@ impl Settings {
             always: url(&self.temporal_redirect, 302)
                 .or_else(|| url(&self.permanent_redirect, 301)),
             app_root: self.app_root.as_deref().map(Arc::from),
+            to_host: None,
         };
         (redirect != Redirect::default()).then(|| Arc::new(redirect))
     }
@@ -222,6 +228,7 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
     }
     codes_need_their_redirect(&mut read);
     prefix_needs_a_rewrite(&mut read);
+    traffic::finish(&mut read);
     read.findings.sort();
     read
 }
@@ -479,6 +486,7 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
                 settings.deny_source = Some(ranges);
             }
         }
+        name if traffic::handles(name) => settings.traffic.apply(name, value)?,
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())

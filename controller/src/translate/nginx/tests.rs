@@ -71,6 +71,17 @@ fn every_honoured_key_has_a_parser() {
         "allowlist-source-range" | "denylist-source-range" => "10.0.0.0/8, 2001:db8::/32",
         "rewrite-target" => "/$2",
         "x-forwarded-prefix" => "/app",
+        "canary-by-header" | "canary-by-cookie" | "session-cookie-name" => "x-canary",
+        "canary-by-header-value" | "canary-by-header-pattern" => "beta",
+        "canary-weight" | "canary-weight-total" | "upstream-hash-by-subset-size" => "10",
+        "session-cookie-max-age" | "session-cookie-expires" => "3600",
+        "session-cookie-path" => "/app",
+        "session-cookie-domain" => "example.com",
+        "session-cookie-samesite" => "Lax",
+        "affinity" => "cookie",
+        "affinity-mode" => "persistent",
+        "upstream-hash-by" => "$remote_addr",
+        "upstream-vhost" => "api.example.com",
         _ => "true",
     };
     for key in KEYS
@@ -83,6 +94,9 @@ fn every_honoured_key_has_a_parser() {
         }
         if key.name == "x-forwarded-prefix" {
             pairs.push(("rewrite-target", valid("rewrite-target")));
+        }
+        if key.name.starts_with("canary-") {
+            pairs.push(("canary", "true"));
         }
         let read = nginx(&pairs);
         let (status, detail) = status_of(&read, key.name);

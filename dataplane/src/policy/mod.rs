@@ -1,0 +1,203 @@
+//! The per-request choices of a route ([`crate::route_policy`] holds their data): which backend
+//! serves (the first matching step, else a weighted draw: ingress-nginx canaries), which of its
+//! targets (a session-affinity cookie naming the pod, a consistent hash of a request key, else the
+//! balancer), the `Host` sent upstream, and the affinity cookie sent back.
+
+pub mod affinity;
+pub mod canary;
+pub mod hash;
+
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderValue, Uri};
+
+use crate::balance::{LiveBackend, Pick};
+use crate::route_policy::Pinning;
+use crate::table::{BackendId, Family, FamilyPolicy, RouteAction};
+
+/// What the choices look at in a request.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestView<'a> {
+    /// The request headers as received.
+    pub headers: &'a HeaderMap,
+    /// The normalised origin-form target (path and query).
+    pub target: &'a Uri,
+    /// The request host, without port.
+    pub host: &'a str,
+    /// The client address (IPv4-mapped IPv6 already IPv4).
+    pub client: IpAddr,
+}
+
+/// The backend chosen for a request and how to choose its target.
+#[derive(Clone, Debug)]
+pub struct Steered<'a> {
+    /// The backend serving the request.
+    pub backend: &'a BackendId,
+    pinning: &'a Pinning,
+    /// The cookie's target token, or the hash of the key.
+    value: Option<u64>,
+}
+
+static NONE: Pinning = Pinning::None;
+
+/// Chooses the backend of a request and reads what pins its target.
+pub fn steer<'a>(action: &'a RouteAction, view: &RequestView<'_>) -> Steered<'a> {
+    let Some(choice) = action.choice.as_deref() else {
+        return Steered {
+            backend: &action.backend,
+            pinning: &NONE,
+            value: None,
+        };
+    };
+    let (backend, pinning) = match canary::arm(choice, view.headers) {
+        0 => (&action.backend, &choice.primary),
+        k => {
+            let alt = &choice.alternatives[k - 1];
+            (&alt.backend, &alt.pinning)
+        }
+    };
+    let value = match pinning {
+        Pinning::None => None,
+        Pinning::Cookie(c) => affinity::named(view.headers, &c.name),
+        Pinning::Hash(key) => Some(hash::key_hash(key, view)),
+    };
+    Steered {
+        backend,
+        pinning,
+        value,
+    }
+}
+
+impl Steered<'_> {
+    /// Picks a target not yet tried: the one the cookie names or the key hashes to when the
+    /// family policy admits it, else the balancer's.
+    pub fn pick(
+        &self,
+        backend: &LiveBackend,
+        client: Family,
+        policy: FamilyPolicy,
+        tried: &[usize],
+    ) -> Option<Pick> {
+        let pinned = match (self.pinning, self.value) {
+            (Pinning::Cookie(_), Some(token)) => {
+                affinity::find(backend, token).filter(|i| !tried.contains(i))
+            }
+            (Pinning::Hash(key), Some(h)) => {
+                hash::choose(backend, h, key.subset, client, policy, tried)
+            }
+            _ => None,
+        };
+        let pinned = pinned.filter(|&i| policy.admits(&backend.backend.targets[i], client));
+        match pinned {
+            Some(index) => Some(backend.pick_index(index, client, policy)),
+            None => backend.pick(client, policy, tried),
+        }
+    }
+
+    /// The `Set-Cookie` to send when the request was served by target `served`: when the request
+    /// named no live target, or (with `change-on-failure`) another than the one that served.
+    pub fn set_cookie(
+        &self,
+        backend: &LiveBackend,
+        served: usize,
+        https: bool,
+    ) -> Option<HeaderValue> {
+        let Pinning::Cookie(cookie) = self.pinning else {
+            return None;
+        };
+        let token = affinity::token(backend, served);
+        let set = match self.value.and_then(|named| affinity::find(backend, named)) {
+            Some(named) => named != served && cookie.change_on_failure,
+            None => true,
+        };
+        set.then(|| affinity::set_cookie(cookie, token, https))
+            .flatten()
+    }
+}
+
+/// The `Host` the route sends upstream in place of the client's, if it sets one.
+pub fn upstream_host(action: &RouteAction) -> Option<HeaderValue> {
+    let host = action.choice.as_deref()?.upstream_host.as_deref()?;
+    HeaderValue::from_str(host).ok()
+}
+
+/// A 64-bit hash that is the same in every duet process and version (FNV-1a over the parts, a
+/// zero byte between them, then the MurmurHash3 finaliser for avalanche).
+pub fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (k, part) in parts.iter().enumerate() {
+        if k > 0 {
+            h = (h ^ 0xff).wrapping_mul(0x0100_0000_01b3);
+        }
+        for &b in *part {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    mix(h)
+}
+
+/// MurmurHash3's 64-bit finaliser.
+pub fn mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The value of the first cookie called `name` in the request's `Cookie` headers.
+pub fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| k.trim() == name)
+        .map(|(_, v)| v.trim().trim_matches('"'))
+}
+
+/// [`steer`] for a request as the proxy holds it: `host` as received, `client` the peer.
+pub fn steer_request<'a>(
+    action: &'a RouteAction,
+    headers: &HeaderMap,
+    target: &Uri,
+    host: &str,
+    client: IpAddr,
+) -> Steered<'a> {
+    if action.choice.is_none() {
+        return steer(action, &empty_view(target));
+    }
+    let lower = crate::table::strip_port(host).to_ascii_lowercase();
+    let view = RequestView {
+        headers,
+        target,
+        host: &lower,
+        client: client.to_canonical(),
+    };
+    steer(action, &view)
+}
+
+fn empty_view(target: &Uri) -> RequestView<'_> {
+    static EMPTY: std::sync::OnceLock<HeaderMap> = std::sync::OnceLock::new();
+    RequestView {
+        headers: EMPTY.get_or_init(HeaderMap::new),
+        target,
+        host: "",
+        client: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+    }
+}
+
+/// Replaces the upstream request's `Host` when the route sets one (`upstream-vhost`).
+pub fn set_upstream_host(action: &RouteAction, headers: &mut HeaderMap) {
+    if let Some(host) = upstream_host(action) {
+        headers.insert(http::header::HOST, host);
+    }
+}
+
+/// Adds the affinity cookie to a response, if one is due.
+pub fn add_cookie(headers: &mut HeaderMap, cookie: Option<HeaderValue>) {
+    if let Some(cookie) = cookie {
+        headers.append(http::header::SET_COOKIE, cookie);
+    }
+}
