@@ -692,3 +692,127 @@ async fn upstream_vhost_and_from_to_www_redirect() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyhow::Result<()> {
+    let fleet = Fleet::start("cors", "web", &[PodSpec::dual("pod")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("fleet.yaml", &fleet.manifests())?;
+    let ingresses = [
+        nginx(
+            Ingress::new("cors", "list"),
+            &[
+                ("enable-cors", "true"),
+                (
+                    "cors-allow-origin",
+                    "https://app.example.com, https://*.example.org, http://[2001:db8::1]:8080",
+                ),
+                ("cors-allow-credentials", "false"),
+                ("cors-expose-headers", "X-Total"),
+                ("cors-max-age", "600"),
+            ],
+        )
+        .host("list.test", "web"),
+        nginx(Ingress::new("cors", "any"), &[("enable-cors", "true")]).host("any.test", "web"),
+        Ingress::new("cors", "off").host("off.test", "web"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let options = |host: &str, origin: Option<&str>| {
+        let mut req = client::request(Method::OPTIONS, host, "/api")
+            .header("access-control-request-method", "PUT");
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        req.body(Full::new(Bytes::new()))
+    };
+    for family in Family::BOTH {
+        let mut conn = Conn::http1(duet.http(family)).await?;
+        // An allowed origin's preflight is answered by duet: 204, echoed origin, not proxied.
+        for origin in [
+            "https://app.example.com",
+            "https://eu.example.org",
+            "http://[2001:db8::1]:8080",
+        ] {
+            let reply = conn.send(options("list.test", Some(origin))?).await?;
+            client::expect_status(&reply, 204)?;
+            assert_eq!(
+                reply.header("access-control-allow-origin"),
+                Some(origin),
+                "{family}"
+            );
+            assert_eq!(
+                reply.header("access-control-allow-methods"),
+                Some("GET, PUT, POST, DELETE, PATCH, OPTIONS")
+            );
+            assert_eq!(reply.header("access-control-max-age"), Some("600"));
+            assert_eq!(reply.header("access-control-allow-credentials"), None);
+            assert_eq!(
+                reply.header("content-type"),
+                Some("text/plain charset=UTF-8")
+            );
+            assert!(reply.body.is_empty());
+        }
+        // Other origins (one label too deep, another scheme) get no CORS header, and their
+        // OPTIONS is proxied.
+        for origin in [
+            "https://a.b.example.org",
+            "http://app.example.com",
+            "https://evil.test",
+        ] {
+            let reply = conn.send(options("list.test", Some(origin))?).await?;
+            assert_eq!(reply.echo()?.method, "OPTIONS", "{family} {origin}");
+            assert_eq!(
+                reply.header("access-control-allow-origin"),
+                None,
+                "{family} {origin}"
+            );
+        }
+        // A simple request from an allowed origin: proxied, the headers added.
+        let reply = get(
+            &mut conn,
+            "list.test",
+            "/api",
+            &[("origin", "https://app.example.com")],
+        )
+        .await?;
+        assert_eq!(reply.echo()?.family, family);
+        assert_eq!(
+            reply.header("access-control-allow-origin"),
+            Some("https://app.example.com")
+        );
+        assert_eq!(
+            reply.header("access-control-expose-headers"),
+            Some("X-Total")
+        );
+        // The defaults: every request gets `*` and credentials true, every OPTIONS is answered.
+        let reply = get(&mut conn, "any.test", "/", &[]).await?;
+        client::expect_status(&reply, 200)?;
+        assert_eq!(reply.header("access-control-allow-origin"), Some("*"));
+        assert_eq!(
+            reply.header("access-control-allow-credentials"),
+            Some("true")
+        );
+        assert_eq!(
+            reply.header("access-control-allow-headers"),
+            Some("DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization")
+        );
+        client::expect_status(&conn.send(options("any.test", None)?).await?, 204)?;
+        // Without enable-cors nothing changes.
+        let reply = conn
+            .send(options("off.test", Some("https://app.example.com"))?)
+            .await?;
+        assert_eq!(reply.echo()?.method, "OPTIONS");
+        assert_eq!(reply.header("access-control-allow-origin"), None);
+    }
+    let routes = duet.debug_routes().await?;
+    assert_eq!(
+        status(&routes, "list", "cors-max-age").as_deref(),
+        Some("honoured")
+    );
+    assert_eq!(
+        status(&routes, "list", "enable-cors").as_deref(),
+        Some("honoured-with-difference")
+    );
+    Ok(())
+}

@@ -376,6 +376,13 @@ impl Proxy {
             Rewrite::Target(uri) => Some(uri),
             Rewrite::Found(location) => return Ok(found(&location)),
         };
+        let cors = crate::policy::cors_for(action, req.headers());
+        if let Some(headers) = crate::policy::preflight(req.method(), cors.as_ref()) {
+            let mut res = Response::new(ProxyBody::full(Bytes::new()));
+            *res.status_mut() = StatusCode::NO_CONTENT;
+            *res.headers_mut() = headers;
+            return Ok(res);
+        }
         if action.redirect_https && crate::forwarded::request_scheme(req.headers(), conn) != "https"
         {
             return Ok(self.redirect(&target, &host, conn));
@@ -461,7 +468,7 @@ impl Proxy {
                                 return Err(ProxyError::UnaskedUpgrade);
                             }
                             strip_hop_by_hop(res.headers_mut(), false);
-                            crate::policy::add_cookie(res.headers_mut(), cookie);
+                            crate::policy::respond(res.headers_mut(), cookie, cors.as_ref());
                             return Ok(res.map(|body| ProxyBody {
                                 inner: Either::Left(ReadTimeout::new(body, read_timeout)),
                                 _in_flight: Some(in_flight),
@@ -533,7 +540,7 @@ impl Proxy {
                             return Err(ProxyError::UnaskedUpgrade);
                         }
                         strip_hop_by_hop(res.headers_mut(), switching);
-                        crate::policy::add_cookie(res.headers_mut(), cookie);
+                        crate::policy::respond(res.headers_mut(), cookie, cors.as_ref());
                         if let (true, Some(client)) = (switching, client_upgrade) {
                             let upstream = hyper::upgrade::on(&mut res);
                             self.tunnels

@@ -28,6 +28,9 @@ pub struct Choice<B> {
     /// The `Host` header sent upstream in place of the client's (`upstream-vhost`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_host: Option<Arc<str>>,
+    /// CORS: preflights answered by duet, headers added to responses (`enable-cors`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cors: Option<Arc<Cors>>,
 }
 
 impl<B> Default for Choice<B> {
@@ -38,7 +41,111 @@ impl<B> Default for Choice<B> {
             steps: Vec::new(),
             weight_total: 100,
             upstream_host: None,
+            cors: None,
         }
+    }
+}
+
+/// ingress-nginx's CORS (`enable-cors` and the `cors-*` keys).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Cors {
+    /// Allowed origins; `None` is `*` (every request gets `Access-Control-Allow-Origin: *`).
+    pub origins: Option<Vec<OriginPattern>>,
+    /// `Access-Control-Allow-Methods`.
+    pub methods: Arc<str>,
+    /// `Access-Control-Allow-Headers`.
+    pub headers: Arc<str>,
+    /// `Access-Control-Expose-Headers`, when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expose: Option<Arc<str>>,
+    /// `Access-Control-Allow-Credentials: true`.
+    pub credentials: bool,
+    /// `Access-Control-Max-Age`, seconds.
+    pub max_age: u64,
+}
+
+/// One allowed origin: `scheme://host[:port]`, the host possibly `*.suffix` (one label), or
+/// `null`; lower case.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OriginPattern {
+    /// `http`, `https`, ... (empty for `null`).
+    pub scheme: Arc<str>,
+    /// The host, or `*.suffix` (`null` for the `null` origin).
+    pub host: Arc<str>,
+    /// The port, when written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+}
+
+impl OriginPattern {
+    /// Parses `scheme://host[:port]` (IPv6 literals in brackets), `https://*.example.com` or
+    /// `null`.
+    pub fn parse(written: &str) -> Option<OriginPattern> {
+        let lower = written.trim().to_ascii_lowercase();
+        if lower == "null" {
+            return Some(OriginPattern {
+                scheme: "".into(),
+                host: "null".into(),
+                port: None,
+            });
+        }
+        let (scheme, rest) = lower.split_once("://")?;
+        let scheme_ok = !scheme.is_empty()
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b));
+        let (host, port) = split_port(rest)?;
+        let label =
+            |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        let name = host.strip_prefix("*.").unwrap_or(host);
+        let host_ok = if host.starts_with('[') {
+            host.ends_with(']')
+                && host[1..host.len() - 1]
+                    .parse::<std::net::Ipv6Addr>()
+                    .is_ok()
+        } else {
+            name.split('.').all(label)
+        };
+        (scheme_ok && host_ok).then(|| OriginPattern {
+            scheme: scheme.into(),
+            host: host.into(),
+            port,
+        })
+    }
+
+    /// Whether an `Origin` header value matches (case-insensitive; a `*.` host covers exactly
+    /// one more label).
+    pub fn matches(&self, origin: &str) -> bool {
+        let Some(other) = OriginPattern::parse(origin) else {
+            return false;
+        };
+        if self.scheme != other.scheme || self.port != other.port {
+            return false;
+        }
+        match self.host.strip_prefix("*.") {
+            None => self.host == other.host,
+            Some(suffix) => other
+                .host
+                .split_once('.')
+                .is_some_and(|(first, rest)| !first.is_empty() && rest == suffix),
+        }
+    }
+}
+
+/// `host[:port]` with IPv6 brackets; `None` when the port does not parse or a path follows.
+fn split_port(rest: &str) -> Option<(&str, Option<u16>)> {
+    if rest.contains('/') || rest.is_empty() {
+        return None;
+    }
+    let colon = if rest.starts_with('[') {
+        let end = rest.find(']')?;
+        rest[end..].find(':').map(|i| end + i)
+    } else {
+        rest.rfind(':')
+    };
+    match colon {
+        Some(i) => Some((&rest[..i], Some(rest[i + 1..].parse().ok()?))),
+        None => Some((rest, None)),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod affinity;
 pub mod canary;
+pub mod cors;
 pub mod hash;
 
 use std::net::IpAddr;
@@ -195,9 +196,29 @@ pub fn set_upstream_host(action: &RouteAction, headers: &mut HeaderMap) {
     }
 }
 
-/// Adds the affinity cookie to a response, if one is due.
-pub fn add_cookie(headers: &mut HeaderMap, cookie: Option<HeaderValue>) {
+/// Adds the affinity cookie and the CORS headers to a response, if due.
+pub fn respond(headers: &mut HeaderMap, cookie: Option<HeaderValue>, cors: Option<&HeaderMap>) {
     if let Some(cookie) = cookie {
         headers.append(http::header::SET_COOKIE, cookie);
     }
+    for (name, value) in cors.into_iter().flatten() {
+        headers.insert(name, value.clone());
+    }
+}
+
+/// The CORS headers a request gets on its route, if any.
+pub fn cors_for(action: &RouteAction, request: &HeaderMap) -> Option<HeaderMap> {
+    let cors = action.choice.as_deref()?.cors.as_deref()?;
+    cors::headers_for(cors, request)
+}
+
+/// The `204` duet answers a CORS preflight with (`Content-Type: text/plain charset=UTF-8`, as
+/// ingress-nginx), if the request is one.
+pub fn preflight(method: &http::Method, cors: Option<&HeaderMap>) -> Option<HeaderMap> {
+    let mut headers = cors.filter(|_| cors::is_preflight(method))?.clone();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain charset=UTF-8"),
+    );
+    Some(headers)
 }

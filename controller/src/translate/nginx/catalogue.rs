@@ -40,7 +40,7 @@ const ACL: &str = "the client is the connection's peer (after PROXY protocol; IP
 const RATE: &str = "not implemented yet: requests are not rate limited";
 const AFFINITY: &str = "the cookie names the pod (an opaque 16-hex-digit token, never an address), so a dual-stack pod keeps its sessions when the client switches family; HttpOnly always, Secure over HTTPS or with session-cookie-secure";
 const AFFINITY_LATER: &str = "not implemented yet: the affinity cookie's other attributes apply";
-const CORS: &str = "not implemented yet: no CORS headers are added, preflights are proxied";
+const CORS: &str = "allowed origins are matched whole (scheme, host, port; ingress-nginx's regex is anchored at the end only); the headers go on proxied responses and preflights, not on duet's own error answers; the 204 preflight carries no Content-Length: 0 (HTTP forbids it on 204)";
 const CLIENT_TLS: &str = "not implemented yet: client certificates are not requested";
 const PROXY_TLS: &str = "not implemented yet: see duet.dev/backend-ca-secret, duet.dev/backend-tls-server-name, duet.dev/backend-tls-skip-verify";
 const BUFFERING: &str = "not implemented yet: duet streams request and response bodies";
@@ -73,13 +73,13 @@ pub const KEYS: [Key; 137] = [
     key("client-body-buffer-size", Unsupported(BUFFERING)),
     key("configuration-snippet", Snippet),
     key("connection-proxy-header", Unsupported(NOT_YET)),
-    key("cors-allow-credentials", Unsupported(CORS)),
-    key("cors-allow-headers", Unsupported(CORS)),
-    key("cors-allow-methods", Unsupported(CORS)),
-    key("cors-allow-origin", Unsupported(CORS)),
-    key("cors-expose-headers", Unsupported(CORS)),
-    key("cors-max-age", Unsupported(CORS)),
-    key("enable-cors", Unsupported(CORS)),
+    key("cors-allow-credentials", Honoured),
+    key("cors-allow-headers", Honoured),
+    key("cors-allow-methods", Honoured),
+    key("cors-allow-origin", Different(CORS)),
+    key("cors-expose-headers", Honoured),
+    key("cors-max-age", Honoured),
+    key("enable-cors", Different(CORS)),
     key("custom-http-errors", Unsupported(NOT_YET)),
     key("custom-headers", Unsupported(NOT_YET)),
     key("default-backend", Unsupported(NOT_YET)),

@@ -9,6 +9,7 @@
 //! same thing, the `duet.dev/` one wins.
 
 mod catalogue;
+pub mod cors;
 pub mod routing;
 pub mod traffic;
 

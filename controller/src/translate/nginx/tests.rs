@@ -82,6 +82,10 @@ fn every_honoured_key_has_a_parser() {
         "affinity-mode" => "persistent",
         "upstream-hash-by" => "$remote_addr",
         "upstream-vhost" => "api.example.com",
+        "cors-allow-origin" => "https://app.example.com",
+        "cors-allow-methods" => "GET, POST",
+        "cors-allow-headers" | "cors-expose-headers" => "X-Total",
+        "cors-max-age" => "600",
         _ => "true",
     };
     for key in KEYS

@@ -87,11 +87,13 @@ pub struct Traffic {
     pub www_redirect: bool,
     /// `service-upstream`.
     pub service_upstream: bool,
+    /// `enable-cors` and the `cors-*` keys.
+    pub cors: super::cors::CorsKeys,
 }
 
 /// Whether this module reads the key.
 pub fn handles(name: &str) -> bool {
-    KEYS.contains(&name)
+    KEYS.contains(&name) || super::cors::KEYS.contains(&name)
 }
 
 impl Traffic {
@@ -146,7 +148,7 @@ impl Traffic {
             "upstream-vhost" => self.upstream_vhost = Some(vhost(v)?),
             "from-to-www-redirect" => self.www_redirect = super::parse_bool(v)?,
             "service-upstream" => self.service_upstream = super::parse_bool(v)?,
-            _ => return Err(format!("{name} has no parser")),
+            cors => return self.cors.apply(cors, value),
         }
         Ok(())
     }
@@ -193,6 +195,7 @@ impl Traffic {
         let choice = Choice {
             primary: self.pinning(path),
             upstream_host: self.upstream_vhost.as_deref().map(Arc::from),
+            cors: self.cors.cors(),
             ..Choice::default()
         };
         (choice != Choice::default()).then_some(choice)
