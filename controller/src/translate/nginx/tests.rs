@@ -433,7 +433,7 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
     let read = nginx(&[
         ("proxy-body-size", "8k"),
         ("proxy-read-timeout", "60s"),
-        ("enable-cors", "true"),
+        ("mirror-target", "https://mirror.example.com/"),
         ("secure-backends", "true"),
     ]);
     let object = ObjectKey::new(crate::index::Kind::Ingress, "shop", "web");
@@ -445,7 +445,7 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
         "nginx.ingress.kubernetes.io/proxy-read-timeout: invalid-value: \"60s\" is not a whole number of seconds of at least 1 (ingress-nginx takes no unit); the default applies"
     )), "{got:#?}");
     assert!(got.iter().any(|(r, m)| *r == Reason::IgnoredAnnotation
-        && m.starts_with("nginx.ingress.kubernetes.io/enable-cors: ignored-unsupported: ")));
+        && m.starts_with("nginx.ingress.kubernetes.io/mirror-target: ignored-unsupported: ")));
     assert!(got.iter().any(|(r, m)| *r == Reason::IgnoredAnnotation
         && m.starts_with(
             "nginx.ingress.kubernetes.io/secure-backends: ignored-removed-upstream: "
