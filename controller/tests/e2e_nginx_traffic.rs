@@ -816,3 +816,55 @@ async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyho
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_keeps_sessions_on_their_side_of_a_canary() -> anyhow::Result<()> {
+    let stable = Fleet::start("sc", "stable", &[PodSpec::dual("s1"), PodSpec::dual("s2")])?;
+    let canary = Fleet::start("sc", "canary", &[PodSpec::dual("c1"), PodSpec::dual("c2")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write(
+        "fleets.yaml",
+        &[stable.manifests(), canary.manifests()].concat(),
+    )?;
+    let ingresses = [
+        nginx(Ingress::new("sc", "main"), &[("affinity", "cookie")]).host("sc.test", "stable"),
+        nginx(
+            Ingress::new("sc", "canary"),
+            &[
+                ("canary", "true"),
+                ("canary-weight", "50"),
+                ("affinity", "cookie"),
+            ],
+        )
+        .host("sc.test", "canary"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let mut sides = std::collections::BTreeSet::new();
+    for family in Family::BOTH {
+        for _ in 0..8 {
+            let mut conn = Conn::http1(duet.http(family)).await?;
+            let reply = get(&mut conn, "sc.test", "/", &[]).await?;
+            let first = served_by(&reply)?;
+            let set = reply
+                .header("set-cookie")
+                .expect("a session cookie")
+                .to_owned();
+            let cookie = set.split(';').next().unwrap_or_default().to_owned();
+            // The session stays on its backend and pod, over either family: the weight draw
+            // (50%) is skipped for a request whose cookie names a pod of either side.
+            for other in Family::BOTH {
+                let mut conn = Conn::http1(duet.http(other)).await?;
+                for _ in 0..10 {
+                    let reply =
+                        get(&mut conn, "sc.test", "/", &[("cookie", cookie.as_str())]).await?;
+                    assert_eq!(served_by(&reply)?, first, "{family}->{other}");
+                }
+            }
+            sides.insert(first.0);
+        }
+    }
+    // 16 sessions at 50%: both sides seen except with probability 2^-15.
+    assert_eq!(sides.len(), 2, "{sides:?}");
+    Ok(())
+}

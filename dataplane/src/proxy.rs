@@ -406,6 +406,7 @@ impl Proxy {
             &target,
             host.as_str(),
             conn.peer.ip(),
+            &live.backends,
         );
         let https = crate::forwarded::request_scheme(req.headers(), conn) == "https";
         let backend = live

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, HeaderValue};
 
 use crate::balance::LiveBackend;
-use crate::route_policy::AffinityCookie;
+use crate::route_policy::{AffinityCookie, Choice, Pinning};
+use crate::table::BackendId;
 
 /// The token the request's affinity cookie carries, if it is one duet could have written.
 pub fn named(headers: &HeaderMap, name: &str) -> Option<u64> {
@@ -29,6 +30,28 @@ pub fn token(backend: &LiveBackend, index: usize) -> u64 {
 /// The target a token names, if the backend still has it.
 pub fn find(backend: &LiveBackend, token_value: u64) -> Option<usize> {
     (0..backend.backend.targets.len()).find(|&i| token(backend, i) == token_value)
+}
+
+/// The arm whose backend the request's affinity cookie names a pod of, when the route has
+/// alternatives (ingress-nginx's sticky canary behaviour).
+pub fn sticky_arm(
+    choice: &Choice<BackendId>,
+    primary: &BackendId,
+    headers: &HeaderMap,
+    backends: &super::Backends,
+) -> Option<usize> {
+    if choice.alternatives.is_empty() {
+        return None;
+    }
+    let arms = std::iter::once((primary, &choice.primary))
+        .chain(choice.alternatives.iter().map(|a| (&a.backend, &a.pinning)));
+    arms.enumerate().find_map(|(k, (id, pinning))| {
+        let Pinning::Cookie(cookie) = pinning else {
+            return None;
+        };
+        let named = named(headers, &cookie.name)?;
+        find(backends.get(id)?, named).map(|_| k)
+    })
 }
 
 /// The `Set-Cookie` naming a token: `HttpOnly` always, `Secure` over HTTPS or when configured,

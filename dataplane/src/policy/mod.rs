@@ -41,8 +41,17 @@ pub struct Steered<'a> {
 
 static NONE: Pinning = Pinning::None;
 
-/// Chooses the backend of a request and reads what pins its target.
-pub fn steer<'a>(action: &'a RouteAction, view: &RequestView<'_>) -> Steered<'a> {
+/// The live backends by id, as the proxy holds them.
+pub type Backends = std::collections::HashMap<BackendId, std::sync::Arc<LiveBackend>>;
+
+/// Chooses the backend of a request and reads what pins its target. A request whose affinity
+/// cookie names a pod of one of the route's backends stays on that backend before any canary
+/// rule (ingress-nginx's `affinity-canary-behavior: sticky`, its default).
+pub fn steer<'a>(
+    action: &'a RouteAction,
+    view: &RequestView<'_>,
+    backends: &Backends,
+) -> Steered<'a> {
     let Some(choice) = action.choice.as_deref() else {
         return Steered {
             backend: &action.backend,
@@ -50,7 +59,9 @@ pub fn steer<'a>(action: &'a RouteAction, view: &RequestView<'_>) -> Steered<'a>
             value: None,
         };
     };
-    let (backend, pinning) = match canary::arm(choice, view.headers) {
+    let arm = affinity::sticky_arm(choice, &action.backend, view.headers, backends)
+        .unwrap_or_else(|| canary::arm(choice, view.headers));
+    let (backend, pinning) = match arm {
         0 => (&action.backend, &choice.primary),
         k => {
             let alt = &choice.alternatives[k - 1];
@@ -165,9 +176,10 @@ pub fn steer_request<'a>(
     target: &Uri,
     host: &str,
     client: IpAddr,
+    backends: &Backends,
 ) -> Steered<'a> {
     if action.choice.is_none() {
-        return steer(action, &empty_view(target));
+        return steer(action, &empty_view(target), backends);
     }
     let lower = crate::table::strip_port(host).to_ascii_lowercase();
     let view = RequestView {
@@ -176,7 +188,7 @@ pub fn steer_request<'a>(
         host: &lower,
         client: client.to_canonical(),
     };
-    steer(action, &view)
+    steer(action, &view, backends)
 }
 
 fn empty_view(target: &Uri) -> RequestView<'_> {

@@ -168,7 +168,7 @@ pub const KEYS: [Key; 137] = [
     key("server-snippet", Snippet),
     key("service-upstream", Different("one target holding the Service's IPv4 and IPv6 cluster IPs (spec.clusterIPs): the client's family picks the cluster IP under the family policy; ingress-nginx uses spec.clusterIP only, the primary family")),
     key("affinity", Different(AFFINITY)),
-    key("affinity-canary-behavior", Unsupported("not implemented yet: the canary decision ignores the affinity cookie (ingress-nginx's legacy behaviour)")),
+    key("affinity-canary-behavior", Honoured),
     key("affinity-mode", Different("balanced and persistent both keep a session on its pod while the pod is ready; duet never moves sessions to new pods (ingress-nginx's balanced mode moves some)")),
     key("session-cookie-change-on-failure", Honoured),
     key("session-cookie-conditional-samesite-none", Unsupported(AFFINITY_LATER)),

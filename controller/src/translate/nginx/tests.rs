@@ -80,6 +80,7 @@ fn every_honoured_key_has_a_parser() {
         "session-cookie-samesite" => "Lax",
         "affinity" => "cookie",
         "affinity-mode" => "persistent",
+        "affinity-canary-behavior" => "sticky",
         "upstream-hash-by" => "$remote_addr",
         "upstream-vhost" => "api.example.com",
         "cors-allow-origin" => "https://app.example.com",

@@ -14,8 +14,9 @@ use dataplane::BackendId;
 use super::{Finding, Read, Status, PREFIX};
 
 /// Every key this module reads.
-pub const KEYS: [&str; 23] = [
+pub const KEYS: [&str; 24] = [
     "canary",
+    "affinity-canary-behavior",
     "canary-by-header",
     "canary-by-header-value",
     "canary-by-header-pattern",
@@ -121,6 +122,11 @@ impl Traffic {
                         "{v:?} is not \"cookie\" (the only affinity type); no affinity"
                     ))
                 }
+            },
+            "affinity-canary-behavior" => match v {
+                "sticky" => {}
+                "legacy" => return Err("legacy is not implemented: sticky (the default) applies, a request whose affinity cookie names a pod of the main or the canary backend stays there".to_owned()),
+                _ => return Err(format!("{v:?} is not sticky or legacy; sticky applies")),
             },
             "affinity-mode" => match v {
                 "balanced" | "persistent" => {}
