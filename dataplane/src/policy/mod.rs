@@ -234,3 +234,79 @@ pub fn preflight(method: &http::Method, cors: Option<&HeaderMap>) -> Option<Head
     );
     Some(headers)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route_policy::{Choice, HashKey, KeyPart};
+    use crate::table::{Origin, UpstreamTimeouts};
+    use std::sync::Arc;
+
+    fn action(parts: Vec<KeyPart>) -> RouteAction {
+        RouteAction {
+            backend: BackendId("ns/svc:80".into()),
+            policy: FamilyPolicy::default(),
+            origin: Origin {
+                namespace: "ns".into(),
+                name: "i".into(),
+                created: 0,
+            },
+            redirect_https: false,
+            max_body_bytes: 0,
+            upstream_tls: None,
+            timeouts: UpstreamTimeouts::default(),
+            protocol: None,
+            redirect: None,
+            source_ranges: None,
+            rewrite: None,
+            choice: Some(Arc::new(Choice {
+                primary: Pinning::Hash(Arc::new(HashKey {
+                    written: "$remote_addr".into(),
+                    parts,
+                    subset: None,
+                })),
+                ..Choice::default()
+            })),
+        }
+    }
+
+    fn key_of(a: &RouteAction, client: &str) -> Option<u64> {
+        let target: Uri = "/x?y=1".parse().unwrap();
+        let s = steer_request(
+            a,
+            &HeaderMap::new(),
+            &target,
+            "Example.com:80",
+            client.parse().unwrap(),
+            &Backends::new(),
+        );
+        s.value
+    }
+
+    #[test]
+    fn an_ipv4_mapped_peer_hashes_as_its_ipv4_address() {
+        let a = action(vec![KeyPart::RemoteAddr]);
+        assert_eq!(key_of(&a, "::ffff:192.0.2.7"), key_of(&a, "192.0.2.7"));
+        assert_ne!(key_of(&a, "2001:db8::7"), key_of(&a, "2001:db8::8"));
+        assert_eq!(
+            key_of(&a, "2001:db8::7"),
+            Some(stable_hash(&[b"2001:db8::7"])),
+            "the full IPv6 address"
+        );
+        let host = action(vec![KeyPart::Host, KeyPart::RequestUri]);
+        assert_eq!(
+            key_of(&host, "::1"),
+            Some(stable_hash(&[b"example.com/x?y=1"]))
+        );
+    }
+
+    #[test]
+    fn the_stable_hash_does_not_change() {
+        // Cookies written by one duet are read by every other, of any version: pin the values.
+        assert_eq!(
+            format!("{:016x}", stable_hash(&[b"ns/svc:http", b"uid-1"])),
+            "7866a0979d79e7aa"
+        );
+        assert_ne!(stable_hash(&[b"ab", b"c"]), stable_hash(&[b"a", b"bc"]));
+    }
+}
