@@ -111,13 +111,12 @@ pub fn choose(
     tried: &[usize],
 ) -> Option<usize> {
     let targets = &backend.backend.targets;
-    let mut ranked: Vec<(u64, usize)> = (0..targets.len())
-        .filter(|&i| policy.admits(&targets[i], client))
-        .map(|i| (score(key, targets[i].id.0.as_bytes()), i))
-        .collect();
-    ranked.sort_unstable_by(|a, b| b.cmp(a));
+    let admitted = (0..targets.len()).filter(|&i| policy.admits(&targets[i], client));
+    let scored = admitted.map(|i| (score(key, targets[i].id.0.as_bytes()), i));
     let open = |i: &usize| !tried.contains(i);
     if let Some(size) = subset {
+        let mut ranked: Vec<(u64, usize)> = scored.collect();
+        ranked.sort_unstable_by(|a, b| b.cmp(a));
         let group: Vec<usize> = ranked
             .iter()
             .take(size.max(1) as usize)
@@ -128,11 +127,30 @@ pub fn choose(
         if !group.is_empty() {
             return Some(group[fastrand::usize(..group.len())]);
         }
+        return best(ranked.into_iter(), backend, client, policy, tried);
     }
-    let order = || ranked.iter().map(|(_, i)| *i).filter(open);
-    order()
-        .find(|&i| backend.is_usable(i, client, policy))
-        .or_else(|| order().next())
+    best(scored, backend, client, policy, tried)
+}
+
+/// The highest-scoring target not tried, a usable one first (one pass, no sort).
+fn best(
+    scored: impl Iterator<Item = (u64, usize)>,
+    backend: &LiveBackend,
+    client: Family,
+    policy: FamilyPolicy,
+    tried: &[usize],
+) -> Option<usize> {
+    let mut usable: Option<(u64, usize)> = None;
+    let mut any: Option<(u64, usize)> = None;
+    for (s, i) in scored.filter(|(_, i)| !tried.contains(i)) {
+        if any.is_none_or(|a| (s, i) > a) {
+            any = Some((s, i));
+        }
+        if usable.is_none_or(|u| (s, i) > u) && backend.is_usable(i, client, policy) {
+            usable = Some((s, i));
+        }
+    }
+    usable.or(any).map(|(_, i)| i)
 }
 
 /// A target's rendezvous score for a key.
@@ -226,6 +244,34 @@ mod tests {
         )
         .unwrap();
         assert_ne!(first, second);
+    }
+
+    #[test]
+    fn an_ejected_pod_gives_way_until_nothing_else_is_left() {
+        let b = live(3);
+        let h = crate::policy::stable_hash(&[b"k"]);
+        let any = |b: &LiveBackend| {
+            choose(b, h, None, Family::V4, FamilyPolicy::PreferSameFamily, &[]).unwrap()
+        };
+        let first = any(&b);
+        for family in Family::BOTH {
+            for _ in 0..crate::balance::EJECT_AFTER_FAILURES {
+                b.states[first].record_failure(family);
+            }
+        }
+        let second = any(&b);
+        assert_ne!(second, first);
+        // With the others tried, the ejected pod still serves (a last resort).
+        let others: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+        let last = choose(
+            &b,
+            h,
+            None,
+            Family::V4,
+            FamilyPolicy::PreferSameFamily,
+            &others,
+        );
+        assert_eq!(last, Some(first));
     }
 
     #[test]
