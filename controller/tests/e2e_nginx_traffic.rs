@@ -104,6 +104,14 @@ async fn canaries_by_header_cookie_and_weight() -> anyhow::Result<()> {
             ],
         )
         .host("value.test", "canary"),
+        // A second canary for the same host and path is refused (one canary per host and path):
+        // were it attached, its weight would send everything to the canary.
+        nginx(
+            Ingress::new("cn", "canary-second"),
+            &[("canary", "true"), ("canary-weight", "100")],
+        )
+        .host("value.test", "canary")
+        .created("2030-01-01T00:00:00Z"),
         main("main-pattern", "pattern.test"),
         nginx(
             Ingress::new("cn", "canary-pattern"),
@@ -201,6 +209,14 @@ async fn canaries_by_header_cookie_and_weight() -> anyhow::Result<()> {
             let r = get(&mut conn, "value.test", "/", &[("x-env", value)]).await?;
             assert_eq!(to(&r)?, want, "{family} {value}");
         }
+        for _ in 0..20 {
+            let r = get(&mut conn, "value.test", "/", &[]).await?;
+            assert_eq!(
+                to(&r)?,
+                "stable",
+                "{family}: the second canary is not attached"
+            );
+        }
         // A header pattern.
         for (value, want) in [("bob", "canary"), ("bobby", "stable"), ("alice", "canary")] {
             let r = get(&mut conn, "pattern.test", "/", &[("x-user", value)]).await?;
@@ -234,6 +250,17 @@ async fn canaries_by_header_cookie_and_weight() -> anyhow::Result<()> {
             "{ingress} {key}"
         );
     }
+    let second = routes["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|d| {
+            d["object"]["name"] == "canary-second"
+                && d["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("already has a canary"))
+        });
+    assert!(second, "{routes:#}");
     let orphan = routes["diagnostics"]
         .as_array()
         .into_iter()
