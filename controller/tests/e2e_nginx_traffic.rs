@@ -895,3 +895,77 @@ async fn affinity_keeps_sessions_on_their_side_of_a_canary() -> anyhow::Result<(
     assert_eq!(sides.len(), 2, "{sides:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_send_timeout_cuts_an_upstream_that_stops_reading() -> anyhow::Result<()> {
+    use conformance::fleet::{silent_port, static_service};
+    use std::time::{Duration, Instant};
+    // Listeners that never accept: the kernel completes the handshake, then buffers fill.
+    let (silent4, _s4) = silent_port(Family::V4)?;
+    let (silent6, _s6) = silent_port(Family::V6)?;
+    let fleet = Fleet::start("send", "web", &[PodSpec::dual("pod")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("fleet.yaml", &fleet.manifests())?;
+    dir.write(
+        "silent.yaml",
+        &static_service("send", "silent", silent4, silent6),
+    )?;
+    let ingresses = [
+        nginx(
+            Ingress::new("send", "stall"),
+            &[("proxy-send-timeout", "1"), ("proxy-body-size", "0")],
+        )
+        .host("stall.test", "silent"),
+        // The same timeout on a healthy upstream and a slow client: not cut.
+        nginx(
+            Ingress::new("send", "slow-client"),
+            &[("proxy-send-timeout", "1")],
+        )
+        .host("slow.test", "web"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path())
+        .args(["--upstream-timeout", "20s"])
+        .start()
+        .await?;
+    for family in Family::BOTH {
+        let mut conn = Conn::http2(duet.http(family)).await?;
+        let req = client::request(Method::PUT, "stall.test", "/up")
+            .body(Full::new(Bytes::from(vec![b'x'; 64 << 20])))?;
+        let start = Instant::now();
+        let reply = conn.send(req).await?;
+        let took = start.elapsed();
+        assert_eq!(reply.status, 504, "{family}: {}", reply.text());
+        // 1 s of stall, not the 20 s response timeout (10 s bounds a hang, not a speed).
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+            "{family}: {took:?}"
+        );
+        // A client sending its body in pieces 1.5 s apart is not the upstream stalling.
+        let stream = client::connect_tcp(duet.http(family)).await?;
+        let slow = slow_put(stream, "slow.test").await?;
+        assert!(slow.starts_with("HTTP/1.1 200"), "{family}: {slow}");
+    }
+    Ok(())
+}
+
+/// A chunked PUT whose two chunks are 1.5 s apart; the response head line.
+async fn slow_put(mut stream: tokio::net::TcpStream, host: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let head = format!("PUT /up HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(b"5\r\nhello\r\n").await?;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    stream.write_all(b"5\r\nworld\r\n0\r\n\r\n").await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut out),
+    )
+    .await??;
+    Ok(String::from_utf8_lossy(&out)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}

@@ -20,6 +20,7 @@ pub mod proxy_protocol;
 pub mod read_timeout;
 pub mod route_policy;
 pub mod runtime;
+pub mod send_watch;
 pub mod table;
 pub mod tls;
 pub mod tunnel;

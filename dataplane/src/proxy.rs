@@ -442,7 +442,9 @@ impl Proxy {
         let read_timeout = action.timeouts.read.unwrap_or(config.response_timeout);
         let mut tried: Vec<usize> = Vec::new();
         let mut last_error: Option<io::Error> = None;
-        let mut req = Some(req.map(|body| Either::Left(Limited::new(body, action.max_body_bytes))));
+        let mut req = Some(req.map(|body| {
+            Either::Left(Limited::new(body, action.max_body_bytes).watched(action.timeouts.send))
+        }));
         for _ in 0..config.max_target_attempts {
             let Some(pick) = steered.pick(backend, conn.family, action.policy, &tried) else {
                 break;
@@ -611,7 +613,13 @@ impl Proxy {
         let config = &self.runtime.config;
         let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
-            let sent = tokio::time::timeout(read_timeout, sender.try_send_request(request)).await;
+            let watch = body_watch(&request);
+            let sending = crate::send_watch::guard(watch, sender.try_send_request(request));
+            let sent = tokio::time::timeout(read_timeout, sending)
+                .await
+                .ok()
+                .flatten()
+                .ok_or(());
             match sent {
                 Err(_) => return Err(SendError::Failed(ProxyError::Timeout)),
                 Ok(Ok(res)) => {
@@ -746,6 +754,16 @@ fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
                 headers.remove(header::CONTENT_LENGTH);
             }
         }
+    }
+}
+
+/// The send-timeout watch of an upstream request's body, if its route sets one.
+pub(crate) fn body_watch(
+    request: &Request<UpstreamBody>,
+) -> Option<Arc<crate::send_watch::SendWatch>> {
+    match request.body() {
+        Either::Left(limited) => limited.watch(),
+        Either::Right(_) => None,
     }
 }
 

@@ -469,6 +469,14 @@ pub struct UpstreamTimeouts {
         serialize_with = "millis"
     )]
     pub read: Option<Duration>,
+    /// Longest the upstream may go without accepting more of the request body
+    /// (`nginx.ingress.kubernetes.io/proxy-send-timeout`); none by default.
+    #[serde(
+        rename = "send_ms",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "millis"
+    )]
+    pub send: Option<Duration>,
 }
 
 impl UpstreamTimeouts {

@@ -184,6 +184,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         let mut timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
         timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
         timeouts.read = timeouts.read.or(nginx.read_timeout);
+        timeouts.send = nginx.traffic.send_timeout;
         let redirect = nginx.redirect();
         let source_ranges = nginx.source_ranges();
         let Some(spec) = ingress.spec.as_ref() else {

@@ -134,7 +134,7 @@ pub const KEYS: [Key; 137] = [
     key("proxy-redirect-from", Unsupported(NOT_YET)),
     key("proxy-redirect-to", Unsupported(NOT_YET)),
     key("proxy-request-buffering", Unsupported(BUFFERING)),
-    key("proxy-send-timeout", Unsupported("not implemented yet: an upstream that stops reading the request is cut by proxy-read-timeout (or --upstream-timeout), which bounds the wait for the response head, sending included")),
+    key("proxy-send-timeout", Different("the clock runs only while the upstream does not take more of the request body that duet has to give (waiting on a slow client does not count); a request the upstream stalls on answers 504; unset, proxy-read-timeout (or --upstream-timeout) bounds the whole wait for the response head, sending included")),
     key("proxy-ssl-ciphers", Unsupported(PROXY_TLS)),
     key("proxy-ssl-name", Unsupported(PROXY_TLS)),
     key("proxy-ssl-protocols", Unsupported(PROXY_TLS)),

@@ -63,7 +63,7 @@ fn the_catalogue_holds_ingress_nginx_keys_once_each() {
 fn every_honoured_key_has_a_parser() {
     let valid = |name: &str| match name {
         "proxy-body-size" => "8k",
-        "proxy-connect-timeout" | "proxy-read-timeout" => "30",
+        "proxy-connect-timeout" | "proxy-read-timeout" | "proxy-send-timeout" => "30",
         "backend-protocol" => "GRPCS",
         "permanent-redirect" | "temporal-redirect" => "https://example.com/",
         "permanent-redirect-code" | "temporal-redirect-code" => "307",

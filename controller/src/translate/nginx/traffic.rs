@@ -14,7 +14,8 @@ use dataplane::BackendId;
 use super::{Finding, Read, Status, PREFIX};
 
 /// Every key this module reads.
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 25] = [
+    "proxy-send-timeout",
     "canary",
     "affinity-canary-behavior",
     "canary-by-header",
@@ -90,6 +91,8 @@ pub struct Traffic {
     pub service_upstream: bool,
     /// `enable-cors` and the `cors-*` keys.
     pub cors: super::cors::CorsKeys,
+    /// `proxy-send-timeout`.
+    pub send_timeout: Option<std::time::Duration>,
 }
 
 /// Whether this module reads the key.
@@ -102,6 +105,7 @@ impl Traffic {
     pub fn apply(&mut self, name: &str, value: &str) -> Result<(), String> {
         let v = value.trim();
         match name {
+            "proxy-send-timeout" => self.send_timeout = Some(super::parse_seconds(v)?),
             "canary" => self.canary = super::parse_bool(v)?,
             "canary-by-header" => self.canary_header = Some(header_name(v)?),
             "canary-by-header-value" => self.canary_header_value = Some(text(v)?),
