@@ -35,7 +35,8 @@ impl<K> Default for Pending<K> {
 
 impl<K: Ord + Clone> Pending<K> {
     /// The backend of a rule: with `service-upstream`, the Service's cluster IPs instead of its
-    /// pods (a headless Service keeps its pods, with a diagnostic).
+    /// pods (a headless Service keeps its pods, with a diagnostic). Not on a canary Ingress,
+    /// whose `service-upstream` is reported ignored (the main Ingress's keys apply).
     pub fn backend(
         &mut self,
         traffic: &Traffic,
@@ -45,7 +46,7 @@ impl<K: Ord + Clone> Pending<K> {
         diagnostics: &mut Vec<Diagnostic>,
         key: &ObjectKey,
     ) -> BackendId {
-        if !traffic.service_upstream {
+        if !traffic.service_upstream || traffic.canary {
             return id;
         }
         let Some(spec) = specs.get(&id) else {
