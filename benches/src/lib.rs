@@ -61,6 +61,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             source_ranges: None,
             rewrite: None,
             access: None,
+            choice: None,
         },
     }
 }

@@ -86,7 +86,7 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
             &[
                 ("proxy-body-szie", "ignored-unknown"),
                 ("proxy-read-timeout", "invalid-value"),
-                ("proxy-send-timeout", "ignored-unsupported"),
+                ("proxy-send-timeout", "honoured-with-difference"),
                 ("rewrite-target", "honoured-with-difference"),
                 ("use-regex", "honoured-with-difference"),
             ],
@@ -102,9 +102,9 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
         (
             "shop/web-web-canary",
             &[
-                ("canary", "ignored-unsupported"),
-                ("canary-by-header", "ignored-unsupported"),
-                ("canary-weight", "ignored-unsupported"),
+                ("canary", "honoured"),
+                ("canary-by-header", "honoured"),
+                ("canary-weight", "honoured"),
             ],
         ),
         (
@@ -171,8 +171,8 @@ fn the_corpus_reports_every_key_and_exits_1() {
     let summary = stdout.lines().last().unwrap_or_default();
     assert_eq!(
         summary,
-        "Summary: 9 Ingresses checked (1 of another class than nginx skipped), 3 fully honoured; \
-         27 annotations: 4 honoured, 8 honoured-with-difference, 8 ignored-unsupported, \
+        "Summary: 9 Ingresses checked (1 of another class than nginx skipped), 4 fully honoured; \
+         27 annotations: 7 honoured, 9 honoured-with-difference, 4 ignored-unsupported, \
          3 ignored-unknown, 1 ignored-removed-upstream, 3 invalid-value"
     );
 }

@@ -351,14 +351,16 @@ fn timeout_annotations_set_per_ingress_and_bad_ones_fall_back() {
         timeouts("fast.test"),
         UpstreamTimeouts {
             connect: ms(500),
-            read: ms(120_000)
+            read: ms(120_000),
+            send: None,
         }
     );
     assert_eq!(
         timeouts("bare.test"),
         UpstreamTimeouts {
             connect: None,
-            read: ms(30_000)
+            read: ms(30_000),
+            send: None,
         }
     );
     // Still served, with the globals.

@@ -220,6 +220,17 @@ impl LiveBackend {
         Some(self.addresses(index, client, policy, now))
     }
 
+    /// The addresses of a target chosen elsewhere ([`crate::policy`]), ordered as [`Self::pick`]
+    /// orders them.
+    pub fn pick_index(&self, index: usize, client: Family, policy: FamilyPolicy) -> Pick {
+        self.addresses(index, client, policy, now_ms())
+    }
+
+    /// Whether a target has a family the policy allows that is not ejected now.
+    pub fn is_usable(&self, index: usize, client: Family, policy: FamilyPolicy) -> bool {
+        self.usable(index, client, policy, now_ms(), true)
+    }
+
     /// The candidate set for a client: targets having the client's family under
     /// RequireSameFamily, every target otherwise (each has at least one address). Precomputed
     /// so that round robin is exact over the set and P2C samples only candidates.

@@ -4,6 +4,7 @@
 //! against floods and rapid reset (CVE-2023-44487).
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Buf;
@@ -109,6 +110,8 @@ pub struct Limited<B> {
     /// 0: unlimited.
     limit: u64,
     seen: u64,
+    /// The send timeout's progress marks (`proxy-send-timeout`), when the route sets one.
+    watch: Option<Arc<crate::send_watch::SendWatch>>,
 }
 
 impl<B> Limited<B> {
@@ -118,7 +121,19 @@ impl<B> Limited<B> {
             inner,
             limit,
             seen: 0,
+            watch: None,
         }
+    }
+
+    /// Marks its progress for a send timeout, if one is given.
+    pub fn watched(mut self, timeout: Option<std::time::Duration>) -> Limited<B> {
+        self.watch = timeout.map(crate::send_watch::SendWatch::new);
+        self
+    }
+
+    /// Its send-timeout watch, if any.
+    pub fn watch(&self) -> Option<Arc<crate::send_watch::SendWatch>> {
+        self.watch.clone()
     }
 }
 
@@ -135,7 +150,17 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, Self::Error>>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        if let Some(w) = &this.watch {
+            w.asked();
+        }
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Some(w) = &this.watch {
+            w.answered(polled.is_pending());
+            if matches!(polled, Poll::Ready(None)) || this.inner.is_end_stream() {
+                w.finish();
+            }
+        }
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.seen = this.seen.saturating_add(data.remaining() as u64);

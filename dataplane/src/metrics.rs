@@ -962,6 +962,7 @@ mod tests {
             source_ranges: None,
             rewrite: None,
             access: None,
+            choice: None,
         }
     }
 

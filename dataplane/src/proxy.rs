@@ -374,7 +374,7 @@ impl Proxy {
         if let Some(res) = action
             .redirect
             .as_deref()
-            .and_then(|r| redirect(r, target.path(), &host, req.headers(), conn))
+            .and_then(|r| redirect(r, path_and_query(&target), &host, req.headers(), conn))
         {
             return Ok(res);
         }
@@ -385,6 +385,13 @@ impl Proxy {
             Rewrite::Target(uri) => Some(uri),
             Rewrite::Found(location) => return Ok(found(&location)),
         };
+        let cors = crate::policy::cors_for(action, req.headers());
+        if let Some(headers) = crate::policy::preflight(req.method(), cors.as_ref()) {
+            let mut res = Response::new(ProxyBody::full(Bytes::new()));
+            *res.status_mut() = StatusCode::NO_CONTENT;
+            *res.headers_mut() = headers;
+            return Ok(res);
+        }
         if action.redirect_https && crate::forwarded::request_scheme(req.headers(), conn) != "https"
         {
             return Ok(self.redirect(&target, &host, conn));
@@ -415,10 +422,19 @@ impl Proxy {
             Err(answer) => return Ok((*answer).map(ProxyBody::full)),
         }
         let preferred = action.policy.order(conn.family)[0].unwrap_or(conn.family);
+        let steered = crate::policy::steer_request(
+            action,
+            req.headers(),
+            &target,
+            host.as_str(),
+            conn.peer.ip(),
+            &live.backends,
+        );
+        let https = crate::forwarded::request_scheme(req.headers(), conn) == "https";
         let backend = live
             .backends
-            .get(&action.backend)
-            .ok_or_else(|| ProxyError::NoTarget(action.backend.clone()))?;
+            .get(steered.backend)
+            .ok_or_else(|| ProxyError::NoTarget(steered.backend.clone()))?;
 
         let protocol = action.protocol.unwrap_or(backend.backend.protocol);
         exchange.upstream_protocol(protocol);
@@ -436,6 +452,7 @@ impl Proxy {
         let length = req.body().size_hint().exact();
         let target = upstream_target.unwrap_or(target);
         prepare_request(&mut req, &host, target, conn, upgrade);
+        crate::policy::set_upstream_host(action, req.headers_mut());
         declare_length(req.headers_mut(), length);
         if trailers {
             crate::upstream::keep_trailers(&mut req);
@@ -447,11 +464,14 @@ impl Proxy {
         let read_timeout = action.timeouts.read.unwrap_or(config.response_timeout);
         let mut tried: Vec<usize> = Vec::new();
         let mut last_error: Option<io::Error> = None;
-        let mut req = Some(req.map(|body| Either::Left(Limited::new(body, action.max_body_bytes))));
+        let mut req = Some(req.map(|body| {
+            Either::Left(Limited::new(body, action.max_body_bytes).watched(action.timeouts.send))
+        }));
         for _ in 0..config.max_target_attempts {
-            let Some(pick) = backend.pick(conn.family, action.policy, &tried) else {
+            let Some(pick) = steered.pick(backend, conn.family, action.policy, &tried) else {
                 break;
             };
+            let cookie = steered.set_cookie(backend, pick.index, https);
             tried.push(pick.index);
             let state = &backend.states[pick.index];
             for (family, addr) in pick.addrs.into_iter().flatten() {
@@ -473,6 +493,7 @@ impl Proxy {
                                 return Err(ProxyError::UnaskedUpgrade);
                             }
                             strip_hop_by_hop(res.headers_mut(), false);
+                            crate::policy::respond(res.headers_mut(), cookie, cors.as_ref());
                             return Ok(res.map(|body| ProxyBody {
                                 inner: Either::Left(ReadTimeout::new(body, read_timeout)),
                                 _in_flight: Some(in_flight),
@@ -544,6 +565,7 @@ impl Proxy {
                             return Err(ProxyError::UnaskedUpgrade);
                         }
                         strip_hop_by_hop(res.headers_mut(), switching);
+                        crate::policy::respond(res.headers_mut(), cookie, cors.as_ref());
                         if let (true, Some(client)) = (switching, client_upgrade) {
                             let upstream = hyper::upgrade::on(&mut res);
                             self.tunnels
@@ -613,7 +635,13 @@ impl Proxy {
         let config = &self.runtime.config;
         let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
-            let sent = tokio::time::timeout(read_timeout, sender.try_send_request(request)).await;
+            let watch = body_watch(&request);
+            let sending = crate::send_watch::guard(watch, sender.try_send_request(request));
+            let sent = tokio::time::timeout(read_timeout, sending)
+                .await
+                .ok()
+                .flatten()
+                .ok_or(());
             match sent {
                 Err(_) => return Err(SendError::Failed(ProxyError::Timeout)),
                 Ok(Ok(res)) => {
@@ -749,6 +777,21 @@ fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
             }
         }
     }
+}
+
+/// The send-timeout watch of an upstream request's body, if its route sets one.
+pub(crate) fn body_watch(
+    request: &Request<UpstreamBody>,
+) -> Option<Arc<crate::send_watch::SendWatch>> {
+    match request.body() {
+        Either::Left(limited) => limited.watch(),
+        Either::Right(_) => None,
+    }
+}
+
+/// The path and query of an origin-form target.
+fn path_and_query(target: &Uri) -> &str {
+    target.path_and_query().map_or("/", |pq| pq.as_str())
 }
 
 /// The answer of a route's redirect annotations to a request, if they redirect it.

@@ -314,6 +314,10 @@ pub struct RouteAction {
     /// Limits and authentication checked before proxying (ingress-nginx's `limit-*`, `auth-*`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub access: Option<Arc<crate::policy::Access>>,
+    /// Per-request choices: alternative backends, target pinning, upstream Host
+    /// ([`crate::policy`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choice: Option<Arc<crate::route_policy::Choice<BackendId>>>,
 }
 
 /// ingress-nginx's `rewrite-target` on one path: nginx's `rewrite "(?i)<path>" <target> break;`.
@@ -424,12 +428,22 @@ pub struct Redirect {
     /// A request for exactly `/` gets 302 to this path on the request's scheme and Host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub app_root: Option<Arc<str>>,
+    /// Every request gets 308 to this host, the request's scheme, port and target kept
+    /// (`from-to-www-redirect`, on the rules of the other spelling of the host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to_host: Option<Arc<str>>,
 }
 
 impl Redirect {
-    /// The status and `Location` for a request, if it is redirected; `scheme` and `host` are the
-    /// request's (the Host header as received, port and IPv6 brackets included).
-    pub fn answer(&self, path: &str, scheme: &str, host: &str) -> Option<(u16, String)> {
+    /// The status and `Location` for a request, if it is redirected; `target` is the request's
+    /// path and query, `scheme` and `host` the request's (the Host header as received, port and
+    /// IPv6 brackets included).
+    pub fn answer(&self, target: &str, scheme: &str, host: &str) -> Option<(u16, String)> {
+        if let Some(to) = &self.to_host {
+            let location = crate::route_policy::www_location(scheme, host, to, target);
+            return Some((308, location));
+        }
+        let path = target.split_once('?').map_or(target, |(path, _)| path);
         if let (Some(root), "/") = (&self.app_root, path) {
             return Some((302, format!("{scheme}://{host}{root}")));
         }
@@ -458,6 +472,14 @@ pub struct UpstreamTimeouts {
         serialize_with = "millis"
     )]
     pub read: Option<Duration>,
+    /// Longest the upstream may go without accepting more of the request body
+    /// (`nginx.ingress.kubernetes.io/proxy-send-timeout`); none by default.
+    #[serde(
+        rename = "send_ms",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "millis"
+    )]
+    pub send: Option<Duration>,
 }
 
 impl UpstreamTimeouts {
@@ -796,8 +818,12 @@ impl RouteTable {
             .values()
             .chain(self.wildcard.values())
             .chain(std::iter::once(&self.any_host))
-            .flat_map(|h| h.rules.iter().map(|r| &r.action.backend))
-            .chain(self.default_backend.iter().map(|a| &a.backend))
+            .flat_map(|h| h.rules.iter().map(|r| &r.action))
+            .chain(self.default_backend.iter())
+            .flat_map(|a| {
+                let alternatives = a.choice.iter().flat_map(|c| &c.alternatives);
+                std::iter::once(&a.backend).chain(alternatives.map(|alt| &alt.backend))
+            })
     }
 }
 
@@ -980,6 +1006,7 @@ mod tests {
                 source_ranges: None,
                 rewrite: None,
                 access: None,
+                choice: None,
             },
         }
     }

@@ -456,8 +456,13 @@ impl H2Pool {
         };
         let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
-            let sent =
-                tokio::time::timeout(response_timeout, sender.try_send_request(request)).await;
+            let watch = crate::proxy::body_watch(&request);
+            let sending = crate::send_watch::guard(watch, sender.try_send_request(request));
+            let sent = tokio::time::timeout(response_timeout, sending)
+                .await
+                .ok()
+                .flatten()
+                .ok_or(());
             match sent {
                 Err(_) => return Err(SendError::Failed(ProxyError::Timeout)),
                 Ok(Ok(mut res)) => {

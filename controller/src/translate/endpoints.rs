@@ -43,8 +43,11 @@ pub fn build_backends(
             .get(&spec.service)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (targets, mut found) =
-            join_targets(of_service, &spec.port_name, config.allow_loopback_endpoints);
+        let (targets, mut found) = if spec.cluster_ips.is_empty() {
+            join_targets(of_service, &spec.port_name, config.allow_loopback_endpoints)
+        } else {
+            super::nginx::routing::cluster_target(spec, config.allow_loopback_endpoints)
+        };
         diagnostics.append(&mut found);
         let backend = Backend {
             id: id.clone(),

@@ -98,6 +98,8 @@ pub struct BackendSpec {
     pub port: i32,
     /// The protocol spoken to the pods, from the port's `appProtocol`.
     pub protocol: dataplane::table::UpstreamProtocol,
+    /// `service-upstream`: the Service's cluster IPs, one target, instead of its pods.
+    pub cluster_ips: Vec<std::net::IpAddr>,
 }
 
 /// The output of the route phase.

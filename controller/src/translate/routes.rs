@@ -79,6 +79,14 @@ impl HostKey {
         })
     }
 
+    /// The other spelling of an exact host for `from-to-www-redirect`.
+    fn twin(&self) -> Option<HostKey> {
+        match self {
+            HostKey::Exact(h) => super::nginx::traffic::www_twin(h).map(HostKey::Exact),
+            _ => None,
+        }
+    }
+
     fn display(&self) -> String {
         match self {
             HostKey::Exact(h) => h.clone(),
@@ -154,6 +162,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
     let mut default_backend: Option<RouteAction> = None;
 
     let mut annotation_reports = Vec::new();
+    let mut traffic = super::nginx::routing::Pending::default();
     for (origin, ingress) in &ours {
         let key = ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name);
         let Some(nginx) = super::nginx_compat(
@@ -175,6 +184,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
         let mut timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
         timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
         timeouts.read = timeouts.read.or(nginx.read_timeout);
+        timeouts.send = nginx.traffic.send_timeout;
         let redirect = nginx.redirect();
         let source_ranges = nginx.source_ranges();
         let annotations = ingress.metadata.annotations.as_ref();
@@ -194,6 +204,14 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
 
         if let Some(backend) = spec.default_backend.as_ref() {
             if let Some(id) = b.resolve(&key, backend, "default backend") {
+                let id = traffic.backend(
+                    &nginx.traffic,
+                    id,
+                    &mut b.specs,
+                    b.services,
+                    &mut b.diagnostics,
+                    &key,
+                );
                 match &default_backend {
                     None => {
                         let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id, nginx.backend_protocol);
@@ -210,6 +228,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                             source_ranges: source_ranges.clone(),
                             rewrite: None,
                             access: access.clone(),
+                            choice: nginx.traffic.choice("/").map(Arc::new),
                         });
                     }
                     Some(winner) => b.diagnostics.push(Diagnostic::new(
@@ -266,6 +285,14 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                 let Some(id) = b.resolve(&key, &path.backend, &what) else {
                     continue;
                 };
+                let id = traffic.backend(
+                    &nginx.traffic,
+                    id,
+                    &mut b.specs,
+                    b.services,
+                    &mut b.diagnostics,
+                    &key,
+                );
                 let upstream_tls = b.upstream_tls(
                     &mut upstream_tls,
                     &key,
@@ -293,8 +320,12 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
                         source_ranges: source_ranges.clone(),
                         rewrite: nginx.rewrite_for(written),
                         access: access.clone(),
+                        choice: nginx.traffic.choice(written).map(Arc::new),
                     },
                 };
+                if traffic.defer(&nginx.traffic, &host, &rule, written) {
+                    continue;
+                }
                 hosts
                     .entry(host.clone())
                     .or_default()
@@ -302,6 +333,10 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
             }
         }
     }
+
+    traffic.apply(&mut hosts, &mut b.diagnostics, |h: &HostKey| {
+        h.twin().map(|t| (t, h.display()))
+    });
 
     if let Some(name) = &config.default_tls_secret {
         certs.default_secret(name, &mut b.diagnostics, &mut b.references);
@@ -567,6 +602,7 @@ impl Builder<'_> {
             port_name: port.name.clone().unwrap_or_default(),
             port: port.port,
             protocol,
+            cluster_ips: Vec::new(),
         });
         Some(id)
     }

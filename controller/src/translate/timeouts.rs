@@ -41,5 +41,6 @@ pub fn upstream_timeouts(
     UpstreamTimeouts {
         connect: read(CONNECT_TIMEOUT_ANNOTATION, "--connect-timeout"),
         read: read(READ_TIMEOUT_ANNOTATION, "--upstream-timeout"),
+        send: None,
     }
 }

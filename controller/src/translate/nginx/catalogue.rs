@@ -39,15 +39,14 @@ const ACL: &str = "the client is the connection's peer (after PROXY protocol; IP
 const RATE: &str = "not implemented yet: responses are not bandwidth limited";
 const BASIC_AUTH: &str = "htpasswd hashes bcrypt, apr1 and $1$ MD5-crypt, {SHA}, {SSHA} and {PLAIN} are verified; DES and SHA-crypt ($5$, $6$) hashes never match (a diagnostic names their users)";
 const EXT_AUTH: &str = "IPv6-literal URLs work (ingress-nginx rejects the Ingress); of nginx variables only $host, $http_host, $best_http_host, $scheme, $pass_access_scheme, $request_uri and $escaped_request_uri are expanded (others: invalid-value); the auth request goes on a fresh HTTP/1.1 connection, without cache, its Host is the URL's authority (port and IPv6 brackets kept); https is not verified, as ingress-nginx";
-const LIMIT: &str = "IPv6 clients are keyed by their /64 (duet.dev/limit-ipv6-prefix; ingress-nginx keys per /128, so one host rotating addresses escapes); the client is the connection's peer, IPv4-mapped as IPv4; per duet replica, as ingress-nginx; over the limit: 503 (limit-req-status-code is a ConfigMap option in ingress-nginx, fixed at 503 in duet); checked after the source ranges (nginx: before)";
-const CANARY: &str =
-    "not implemented yet: a canary Ingress's rules compete with the main one's (ConflictingPath)";
-const AFFINITY: &str = "not implemented yet: requests are balanced per request (--lb)";
-const CORS: &str = "not implemented yet: no CORS headers are added, preflights are proxied";
+const LIMIT: &str = "clients are keyed per address as ingress-nginx; duet.dev/limit-ipv6-prefix: \"64\" keys IPv6 clients by their /64 instead (one host rotating addresses in its /64 escapes per-address limits); the client is the connection's peer, IPv4-mapped as IPv4; per duet replica, as ingress-nginx; over the limit: 503 (limit-req-status-code is a ConfigMap option in ingress-nginx, fixed at 503 in duet); checked after the source ranges (nginx: before)";
+const AFFINITY: &str = "the cookie names the pod (an opaque 16-hex-digit token, never an address), so a dual-stack pod keeps its sessions when the client switches family; HttpOnly always, Secure over HTTPS or with session-cookie-secure";
+const AFFINITY_LATER: &str = "not implemented yet: the affinity cookie's other attributes apply";
+const CORS: &str = "allowed origins are matched whole (scheme, host, port; ingress-nginx's regex is anchored at the end only); the headers go on proxied responses and preflights, not on duet's own error answers; the 204 preflight carries no Content-Length: 0 (HTTP forbids it on 204)";
 const CLIENT_TLS: &str = "not implemented yet: client certificates are not requested";
 const PROXY_TLS: &str = "not implemented yet: see duet.dev/backend-ca-secret, duet.dev/backend-tls-server-name, duet.dev/backend-tls-skip-verify";
 const BUFFERING: &str = "not implemented yet: duet streams request and response bodies";
-const HASH: &str = "not implemented yet: balanced by --lb";
+const HASH: &str = "rendezvous hashing of the key over the pods (a leaving pod moves only its keys); $remote_addr is the full IPv6 address, an IPv4-mapped peer counts as its IPv4 address; only $remote_addr, $binary_remote_addr, $request_uri, $uri, $host, $http_NAME, $cookie_NAME, $arg_NAME";
 const NO_EQUIVALENT: &str = "no duet equivalent";
 const LOGS: &str = "not implemented yet: the access log is global (--access-log)";
 
@@ -60,13 +59,13 @@ pub const KEYS: [Key; 137] = [
     key("auth-secret", Honoured),
     key("auth-secret-type", Honoured),
     key("auth-type", Different(BASIC_AUTH)),
-    key("canary", Unsupported(CANARY)),
-    key("canary-by-cookie", Unsupported(CANARY)),
-    key("canary-by-header", Unsupported(CANARY)),
-    key("canary-by-header-pattern", Unsupported(CANARY)),
-    key("canary-by-header-value", Unsupported(CANARY)),
-    key("canary-weight", Unsupported(CANARY)),
-    key("canary-weight-total", Unsupported(CANARY)),
+    key("canary", Honoured),
+    key("canary-by-cookie", Honoured),
+    key("canary-by-header", Honoured),
+    key("canary-by-header-pattern", Different("Rust's regex crate, not PCRE (lookaround and backreferences are invalid-value); matched anywhere in the value, as ngx.re.match")),
+    key("canary-by-header-value", Honoured),
+    key("canary-weight", Honoured),
+    key("canary-weight-total", Honoured),
     key("auth-tls-error-page", Unsupported(CLIENT_TLS)),
     key("auth-tls-match-cn", Unsupported(CLIENT_TLS)),
     key("auth-tls-pass-certificate-to-upstream", Unsupported(CLIENT_TLS)),
@@ -76,13 +75,13 @@ pub const KEYS: [Key; 137] = [
     key("client-body-buffer-size", Unsupported(BUFFERING)),
     key("configuration-snippet", Snippet),
     key("connection-proxy-header", Unsupported(NOT_YET)),
-    key("cors-allow-credentials", Unsupported(CORS)),
-    key("cors-allow-headers", Unsupported(CORS)),
-    key("cors-allow-methods", Unsupported(CORS)),
-    key("cors-allow-origin", Unsupported(CORS)),
-    key("cors-expose-headers", Unsupported(CORS)),
-    key("cors-max-age", Unsupported(CORS)),
-    key("enable-cors", Unsupported(CORS)),
+    key("cors-allow-credentials", Honoured),
+    key("cors-allow-headers", Honoured),
+    key("cors-allow-methods", Honoured),
+    key("cors-allow-origin", Different(CORS)),
+    key("cors-expose-headers", Honoured),
+    key("cors-max-age", Honoured),
+    key("enable-cors", Different(CORS)),
     key("custom-http-errors", Unsupported(NOT_YET)),
     key("custom-headers", Unsupported(NOT_YET)),
     key("default-backend", Unsupported(NOT_YET)),
@@ -137,7 +136,7 @@ pub const KEYS: [Key; 137] = [
     key("proxy-redirect-from", Unsupported(NOT_YET)),
     key("proxy-redirect-to", Unsupported(NOT_YET)),
     key("proxy-request-buffering", Unsupported(BUFFERING)),
-    key("proxy-send-timeout", Unsupported("not implemented yet: duet has no upstream send timeout")),
+    key("proxy-send-timeout", Different("the clock runs only while the upstream does not take more of the request body that duet has to give (waiting on a slow client does not count); a request the upstream stalls on answers 504; unset, proxy-read-timeout (or --upstream-timeout) bounds the whole wait for the response head, sending included")),
     key("proxy-ssl-ciphers", Unsupported(PROXY_TLS)),
     key("proxy-ssl-name", Unsupported(PROXY_TLS)),
     key("proxy-ssl-protocols", Unsupported(PROXY_TLS)),
@@ -152,7 +151,7 @@ pub const KEYS: [Key; 137] = [
     key("limit-rate-after", Unsupported(RATE)),
     key("limit-rpm", Different(LIMIT)),
     key("limit-rps", Different(LIMIT)),
-    key("from-to-www-redirect", Unsupported(REDIRECT)),
+    key("from-to-www-redirect", Different("308 to the other spelling keeping the scheme, the port the client wrote and the path as sent (nginx strips a trailing slash and writes its HTTPS port); served over HTTPS when the Ingress's TLS lists the other spelling too")),
     key("permanent-redirect", Honoured),
     key("permanent-redirect-code", Honoured),
     key("relative-redirects", Unsupported(REDIRECT)),
@@ -169,25 +168,25 @@ pub const KEYS: [Key; 137] = [
     key("ssl-passthrough", Unsupported("not implemented yet: TLS is terminated by duet")),
     key("satisfy", Unsupported("not implemented yet: every access check must pass (nginx's satisfy all)")),
     key("server-snippet", Snippet),
-    key("service-upstream", Unsupported("not implemented yet: requests go to the pods")),
-    key("affinity", Unsupported(AFFINITY)),
-    key("affinity-canary-behavior", Unsupported(AFFINITY)),
-    key("affinity-mode", Unsupported(AFFINITY)),
-    key("session-cookie-change-on-failure", Unsupported(AFFINITY)),
-    key("session-cookie-conditional-samesite-none", Unsupported(AFFINITY)),
-    key("session-cookie-domain", Unsupported(AFFINITY)),
-    key("session-cookie-expires", Unsupported(AFFINITY)),
-    key("session-cookie-max-age", Unsupported(AFFINITY)),
-    key("session-cookie-name", Unsupported(AFFINITY)),
-    key("session-cookie-partitioned", Unsupported(AFFINITY)),
-    key("session-cookie-path", Unsupported(AFFINITY)),
-    key("session-cookie-samesite", Unsupported(AFFINITY)),
-    key("session-cookie-secure", Unsupported(AFFINITY)),
+    key("service-upstream", Different("one target holding the Service's IPv4 and IPv6 cluster IPs (spec.clusterIPs): the client's family picks the cluster IP under the family policy; ingress-nginx uses spec.clusterIP only, the primary family")),
+    key("affinity", Different(AFFINITY)),
+    key("affinity-canary-behavior", Honoured),
+    key("affinity-mode", Different("balanced and persistent both keep a session on its pod while the pod is ready; duet never moves sessions to new pods (ingress-nginx's balanced mode moves some)")),
+    key("session-cookie-change-on-failure", Honoured),
+    key("session-cookie-conditional-samesite-none", Unsupported(AFFINITY_LATER)),
+    key("session-cookie-domain", Honoured),
+    key("session-cookie-expires", Honoured),
+    key("session-cookie-max-age", Honoured),
+    key("session-cookie-name", Different("letters, digits and -._~ only (/ and : are not valid in a cookie name)")),
+    key("session-cookie-partitioned", Unsupported(AFFINITY_LATER)),
+    key("session-cookie-path", Honoured),
+    key("session-cookie-samesite", Honoured),
+    key("session-cookie-secure", Honoured),
     key("stream-snippet", Snippet),
-    key("upstream-hash-by", Unsupported(HASH)),
-    key("upstream-hash-by-subset", Unsupported(HASH)),
-    key("upstream-hash-by-subset-size", Unsupported(HASH)),
-    key("upstream-vhost", Unsupported("not implemented yet: the client's Host is sent upstream")),
+    key("upstream-hash-by", Different(HASH)),
+    key("upstream-hash-by-subset", Different(HASH)),
+    key("upstream-hash-by-subset-size", Honoured),
+    key("upstream-vhost", Different("a literal host only: nginx variables ($host, $service_name, ...) are invalid-value")),
     key("use-port-in-redirects", Unsupported(NOT_YET)),
     key("x-forwarded-prefix", Honoured),
 ];

@@ -10,6 +10,9 @@
 
 pub mod access;
 mod catalogue;
+pub mod cors;
+pub mod routing;
+pub mod traffic;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -136,6 +139,9 @@ pub struct Settings {
     pub forwarded_prefix: Option<String>,
     /// The auth and limit annotations (see [`access`]).
     pub access: access::Annotations,
+    /// Canaries, affinity, hashing, `upstream-vhost`, `from-to-www-redirect`,
+    /// `service-upstream` ([`traffic`]).
+    pub traffic: traffic::Traffic,
 }
 
 impl Settings {
@@ -160,6 +166,7 @@ impl Settings {
             always: url(&self.temporal_redirect, 302)
                 .or_else(|| url(&self.permanent_redirect, 301)),
             app_root: self.app_root.as_deref().map(Arc::from),
+            to_host: None,
         };
         (redirect != Redirect::default()).then(|| Arc::new(redirect))
     }
@@ -226,6 +233,7 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
     codes_need_their_redirect(&mut read);
     prefix_needs_a_rewrite(&mut read);
     access::settle(&mut read);
+    traffic::finish(&mut read);
     read.findings.sort();
     read
 }
@@ -484,6 +492,7 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
             }
         }
         name if access::reads(name) => access::apply(name, value, &mut settings.access)?,
+        name if traffic::handles(name) => settings.traffic.apply(name, value)?,
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())

@@ -63,7 +63,7 @@ fn the_catalogue_holds_ingress_nginx_keys_once_each() {
 fn every_honoured_key_has_a_parser() {
     let valid = |name: &str| match name {
         "proxy-body-size" => "8k",
-        "proxy-connect-timeout" | "proxy-read-timeout" => "30",
+        "proxy-connect-timeout" | "proxy-read-timeout" | "proxy-send-timeout" => "30",
         "backend-protocol" => "GRPCS",
         "permanent-redirect" | "temporal-redirect" => "https://example.com/",
         "permanent-redirect-code" | "temporal-redirect-code" => "307",
@@ -84,6 +84,22 @@ fn every_honoured_key_has_a_parser() {
         "limit-rps" | "limit-rpm" | "limit-connections" => "5",
         "limit-burst-multiplier" => "3",
         "limit-allowlist" => "10.0.0.0/8, 2001:db8::/32",
+        "canary-by-header" | "canary-by-cookie" | "session-cookie-name" => "x-canary",
+        "canary-by-header-value" | "canary-by-header-pattern" => "beta",
+        "canary-weight" | "canary-weight-total" | "upstream-hash-by-subset-size" => "10",
+        "session-cookie-max-age" | "session-cookie-expires" => "3600",
+        "session-cookie-path" => "/app",
+        "session-cookie-domain" => "example.com",
+        "session-cookie-samesite" => "Lax",
+        "affinity" => "cookie",
+        "affinity-mode" => "persistent",
+        "affinity-canary-behavior" => "sticky",
+        "upstream-hash-by" => "$remote_addr",
+        "upstream-vhost" => "api.example.com",
+        "cors-allow-origin" => "https://app.example.com",
+        "cors-allow-methods" => "GET, POST",
+        "cors-allow-headers" | "cors-expose-headers" => "X-Total",
+        "cors-max-age" => "600",
         _ => "true",
     };
     // The key whose absence leaves a key without effect (as in ingress-nginx).
@@ -110,6 +126,9 @@ fn every_honoured_key_has_a_parser() {
             if key.name == "auth-realm" || key.name == "auth-secret-type" {
                 pairs.push(("auth-type", "basic"));
             }
+        }
+        if key.name.starts_with("canary-") {
+            pairs.push(("canary", "true"));
         }
         let read = nginx(&pairs);
         let (status, detail) = status_of(&read, key.name);
@@ -442,7 +461,7 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
     let read = nginx(&[
         ("proxy-body-size", "8k"),
         ("proxy-read-timeout", "60s"),
-        ("enable-cors", "true"),
+        ("mirror-target", "https://mirror.example.com/"),
         ("secure-backends", "true"),
     ]);
     let object = ObjectKey::new(crate::index::Kind::Ingress, "shop", "web");
@@ -454,7 +473,7 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
         "nginx.ingress.kubernetes.io/proxy-read-timeout: invalid-value: \"60s\" is not a whole number of seconds of at least 1 (ingress-nginx takes no unit); the default applies"
     )), "{got:#?}");
     assert!(got.iter().any(|(r, m)| *r == Reason::IgnoredAnnotation
-        && m.starts_with("nginx.ingress.kubernetes.io/enable-cors: ignored-unsupported: ")));
+        && m.starts_with("nginx.ingress.kubernetes.io/mirror-target: ignored-unsupported: ")));
     assert!(got.iter().any(|(r, m)| *r == Reason::IgnoredAnnotation
         && m.starts_with(
             "nginx.ingress.kubernetes.io/secure-backends: ignored-removed-upstream: "
