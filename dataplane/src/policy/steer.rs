@@ -256,6 +256,7 @@ mod tests {
             redirect: None,
             source_ranges: None,
             rewrite: None,
+            access: None,
             choice: Some(Arc::new(Choice {
                 primary: Pinning::Hash(Arc::new(HashKey {
                     written: "$remote_addr".into(),
