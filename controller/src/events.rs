@@ -23,7 +23,7 @@ use kube::Resource as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::index::Kind;
+use crate::object::Kind;
 use crate::source::kube::Stores;
 use crate::translate::Diagnostic;
 

@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::index::NsName;
+use crate::object::NsName;
 use crate::source::kube::{trim, Stores};
 
 /// Where the published addresses come from.

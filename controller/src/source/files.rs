@@ -24,7 +24,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::SourceEvent;
-use crate::index::{Change, Kind, Object, ObjectKey};
+use crate::index::{Change, Object};
+use crate::object::{Kind, ObjectKey};
 
 /// How long to wait after a file event for more events before rescanning (an editor's save is
 /// often several events).

@@ -16,7 +16,7 @@ use dataplane::{Backend, BackendId, Family, Target, TargetId};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::{Config, Diagnostic, Inputs, Reason, RoutePlan};
-use crate::index::{slice_service, Kind, NsName, ObjectKey};
+use crate::object::{slice_service, Kind, NsName, ObjectKey};
 
 /// The backend phase: builds every backend the plan uses from the EndpointSlices. A backend equal
 /// by value to its entry in `previous` keeps the previous `Arc` (so the dataplane keeps its live
