@@ -1,7 +1,7 @@
 //! Durations and sizes as written on the command line and in annotations, a leaf both the CLI
 //! (`config`) and the translation (`translate::timeouts`, body sizes) parse with: durations as
 //! `5`, `0.5`, `500ms`, `5s`, `2m` or `1h`; sizes in nginx syntax (`512`, `8k`, `10m`, `1g`; `0`
-//! unlimited).
+//! unlimited). Also the one doubling delay ([`Doubling`]) the retrying tasks share.
 
 use std::time::Duration;
 
@@ -10,6 +10,39 @@ pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 
 /// Largest `--max-body-size` and `duet.dev/proxy-body-size`: 64 GiB.
 pub const MAX_BODY_SIZE: u64 = 64 << 30;
+
+/// A delay that doubles after each use up to a maximum, back to its minimum on reset: the
+/// retries of watches (`source::watch::WatchBackoff`, with jitter) and of Event writes
+/// (`events::RetryBackoff`).
+#[derive(Clone, Debug)]
+pub struct Doubling {
+    next: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+impl Doubling {
+    /// From `min` doubling up to `max`.
+    pub const fn new(min: Duration, max: Duration) -> Doubling {
+        Doubling {
+            next: min,
+            min,
+            max,
+        }
+    }
+
+    /// The next delay; the one after is twice as long (at most the maximum).
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        delay
+    }
+
+    /// Back to the minimum.
+    pub fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
 
 /// Why a body size does not parse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

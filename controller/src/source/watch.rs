@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::SourceEvent;
 use crate::index::{Change, Stored};
+use crate::units::Doubling;
 
 /// The annotation `kubectl apply` leaves on objects: a full copy of the object, dropped.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -41,9 +42,7 @@ pub fn trim<K: Resource>(object: &mut K) {
 /// catch up within seconds once the API server is back; five watches at most every 5 s are
 /// still gentle on a struggling API server.
 #[derive(Clone, Debug)]
-pub struct WatchBackoff {
-    next: Duration,
-}
+pub struct WatchBackoff(Doubling);
 
 impl WatchBackoff {
     /// The first delay.
@@ -54,7 +53,7 @@ impl WatchBackoff {
 
 impl Default for WatchBackoff {
     fn default() -> Self {
-        WatchBackoff { next: Self::MIN }
+        WatchBackoff(Doubling::new(Self::MIN, Self::MAX))
     }
 }
 
@@ -62,15 +61,14 @@ impl Iterator for WatchBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
+        let delay = self.0.next_delay();
         Some(delay + delay.mul_f64(fastrand::f64() * 0.25))
     }
 }
 
 impl kube::runtime::utils::Backoff for WatchBackoff {
     fn reset(&mut self) {
-        self.next = Self::MIN;
+        self.0.reset();
     }
 }
 
