@@ -245,4 +245,15 @@ mod tests {
         b.reset();
         assert!(b.next().unwrap() < Duration::from_millis(700));
     }
+
+    #[tokio::test]
+    async fn synced_once_every_expected_watcher_has_listed() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let countdown = SyncCountdown::default();
+        countdown.expect(2);
+        countdown.listed(&tx).await.unwrap();
+        assert!(rx.try_recv().is_err(), "synced after one of two watchers");
+        countdown.listed(&tx).await.unwrap();
+        assert_eq!(rx.try_recv(), Ok(SourceEvent::Synced));
+    }
 }
