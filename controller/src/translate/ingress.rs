@@ -26,7 +26,7 @@ use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend,
 
 use super::annotation::{annotation, Annotated};
 use super::certs::TlsHosts;
-use super::routes::{age_key, origin, HostKey};
+use super::routes::HostKey;
 use super::translation::{PortRef, Translation};
 use super::{nginx, timeouts, AnnotationReport, Config, Diagnostic, Inputs, Reason};
 use crate::class::Classes;
@@ -65,6 +65,28 @@ impl<'a> IngressProcessor<'a> {
             add_ingress(t, origin, ingress);
         }
     }
+}
+
+/// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
+fn origin(ingress: &Ingress) -> Origin {
+    Origin {
+        namespace: ingress
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("default")
+            .into(),
+        name: ingress.metadata.name.as_deref().unwrap_or_default().into(),
+        created: ingress
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+    }
+}
+
+fn age_key(o: &Origin) -> (i64, &str, &str) {
+    (o.created, &o.namespace, &o.name)
 }
 
 /// What one Ingress sets for all of its routes.

@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dataplane::table::HostRules;
 use dataplane::{Origin, PathMatch, PathRule, RouteAction, RouteTable};
-use k8s_openapi::api::networking::v1::Ingress;
 
 use super::{AnnotationReport, Diagnostic, Reason};
 use crate::object::{Kind, ObjectKey};
@@ -75,28 +74,6 @@ impl HostKey {
             other => format!("host {}", other.display()),
         }
     }
-}
-
-/// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
-pub(crate) fn origin(ingress: &Ingress) -> Origin {
-    Origin {
-        namespace: ingress
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or("default")
-            .into(),
-        name: ingress.metadata.name.as_deref().unwrap_or_default().into(),
-        created: ingress
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or(0, |t| t.0.as_second()),
-    }
-}
-
-pub(crate) fn age_key(o: &Origin) -> (i64, &str, &str) {
-    (o.created, &o.namespace, &o.name)
 }
 
 /// Hosts and paths as the processors add them, before precedence and conflicts are settled.
