@@ -121,35 +121,35 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         changed,
     };
     let base = watcher::Config::default();
-    let (ingresses, ingress_task) = watch_kind(
+    let ingresses = watch_kind(
         namespaced::<Ingress>(&client, &namespaces),
         vec![base.clone()],
         sync(Some(Arc::new(changed_tx))),
     );
     let stores = Stores {
-        ingresses,
+        ingresses: ingresses.stores,
         ingress_changes: changed_rx,
     };
     let tasks: Vec<Task> = vec![
-        ingress_task,
+        ingresses.task,
         watch_kind(
             vec![Api::<IngressClass>::all(client.clone())],
             vec![base.clone()],
             sync(None),
         )
-        .1,
+        .task,
         watch_kind(
             namespaced::<Service>(&client, &namespaces),
             vec![base.clone()],
             sync(None),
         )
-        .1,
+        .task,
         watch_kind(
             namespaced::<EndpointSlice>(&client, &namespaces),
             vec![base.labels(SERVICE_NAME_LABEL)],
             sync(None),
         )
-        .1,
+        .task,
         super::secrets::watch(
             client,
             &namespaces,
@@ -165,6 +165,12 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
     stores
 }
 
+/// One kind's watcher, built: its reflector stores and the task to run.
+struct Watcher<K: Watched> {
+    stores: Vec<Store<K>>,
+    task: Task,
+}
+
 /// Where a kind's watcher reports.
 struct Sync {
     tx: mpsc::Sender<SourceEvent>,
@@ -174,13 +180,13 @@ struct Sync {
 }
 
 /// Watches one kind: every API (namespace) with every config (field selector); a relist of any
-/// of them replaces the kind with the union of all their stores. Returns the stores and the
-/// watcher to run.
+/// of them replaces the kind with the union of all their stores. The watcher is built, not
+/// started: the caller counts it, then spawns its task.
 fn watch_kind<K: Watched>(
     apis: Vec<Api<K>>,
     configs: Vec<watcher::Config>,
     sync: Sync,
-) -> (Vec<Store<K>>, Task) {
+) -> Watcher<K> {
     let mut readers = Vec::new();
     let mut streams = Vec::new();
     let watches = apis.iter().flat_map(|api| {
@@ -200,7 +206,10 @@ fn watch_kind<K: Watched>(
     }
     let stores = readers.clone();
     let task = run_kind(readers, futures_util::stream::select_all(streams), sync);
-    (stores, task.boxed())
+    Watcher {
+        stores,
+        task: task.boxed(),
+    }
 }
 
 /// The events of one kind's watches, each with the index of its watch.
