@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::index::NsName;
+use crate::object::NsName;
 use crate::source::kube::{trim, Stores};
 
 /// Where the published addresses come from.
@@ -282,6 +282,23 @@ pub fn desired(
     (now != want).then_some(want)
 }
 
+/// Writes `status.loadBalancer.ingress` of one Ingress (cleared when `want` is empty).
+async fn patch_status(
+    client: &kube::Client,
+    key: &NsName,
+    want: &[IngressLoadBalancerIngress],
+) -> Result<Ingress, kube::Error> {
+    let api = Api::<Ingress>::namespaced(client.clone(), &key.namespace);
+    let value = if want.is_empty() {
+        Value::Null
+    } else {
+        serde_json::to_value(want).unwrap_or(Value::Null)
+    };
+    let patch = json!({ "status": { "loadBalancer": { "ingress": value } } });
+    api.patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
 async fn write_loop(
     inputs: StatusInputs,
     mut addresses: watch::Receiver<Option<Vec<IngressLoadBalancerIngress>>>,
@@ -328,17 +345,7 @@ async fn write_loop(
                 if written.get(&key) == Some(&(want.clone(), version.clone())) {
                     continue; // our write is on its way back through the watch
                 }
-                let api = Api::<Ingress>::namespaced(client.clone(), &key.namespace);
-                let value = if want.is_empty() {
-                    Value::Null
-                } else {
-                    serde_json::to_value(&want).unwrap_or(Value::Null)
-                };
-                let patch = json!({ "status": { "loadBalancer": { "ingress": value } } });
-                match api
-                    .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
+                match patch_status(&client, &key, &want).await {
                     Ok(_) => {
                         tracing::info!(ingress = %key, addresses = ?shown(&want), "Ingress status updated");
                         written.insert(key, (want, version));

@@ -11,21 +11,20 @@
 //! watch started then has listed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures_util::stream::{AbortHandle, BoxStream, SelectAll};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
-use super::kube::{namespaced, trim, Stores, SyncCountdown, WatchBackoff};
+use super::watch::{namespaced, seen, trim, Seen, Stores, SyncCountdown, Task, WatchBackoff};
 use super::SourceEvent;
-use crate::config::is_dns_subdomain;
-use crate::index::{Change, Kind, NsName, Object};
+use crate::index::{Change, Object};
+use crate::object::{is_dns_subdomain, Kind, NsName};
 use crate::translate::BACKEND_CA_SECRET_ANNOTATION;
 
 /// The field selector of the certificate watch.
@@ -142,15 +141,15 @@ impl Watches {
     }
 }
 
-/// Starts the Secret watches in `namespaces` (all when empty), following the CA Secrets the
-/// Ingresses of `ingresses` name.
-pub(super) fn spawn(
+/// The Secret watches in `namespaces` (all when empty), following the CA Secrets the Ingresses of
+/// `ingresses` name: one watcher to run.
+pub(super) fn watch(
     client: Client,
     namespaces: &[String],
     ingresses: Stores,
     tx: mpsc::Sender<SourceEvent>,
     countdown: Arc<SyncCountdown>,
-) {
+) -> Task {
     let mut watches = Watches {
         client: client.clone(),
         stores: BTreeMap::new(),
@@ -167,7 +166,7 @@ pub(super) fn spawn(
         watches.stores.insert(WatchOf::Tls(i), store);
         watches.all.push(stream);
     }
-    tokio::spawn(run(watches, ingresses, tx, countdown));
+    run(watches, ingresses, tx, countdown).boxed()
 }
 
 async fn run(
@@ -206,9 +205,7 @@ async fn run(
         if !synced && ingresses_listed && watches.all_listed() {
             synced = true;
             tracing::info!(kind = %Kind::Secret, "Watch synced");
-            if countdown.0.fetch_sub(1, Ordering::AcqRel) == 1
-                && tx.send(SourceEvent::Synced).await.is_err()
-            {
+            if countdown.listed(&tx).await.is_err() {
                 return;
             }
         }
@@ -225,22 +222,14 @@ fn handle(
         return None; // a stopped named watch
     };
     match event {
-        Ok(watcher::Event::Apply(object)) => {
-            let key = ObjectRef::from_obj(&object);
-            let shared = store.get(&key).unwrap_or_else(|| Arc::new(object));
-            Some(Change::Apply {
-                object: Object::Secret(shared),
-                file: None,
-            })
-        }
-        Ok(watcher::Event::Delete(object)) => {
-            Some(Change::Delete(Object::Secret(Arc::new(object)).key()))
-        }
-        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
-        Ok(watcher::Event::InitDone) => {
-            watches.listed.insert(from);
-            Some(watches.replace())
-        }
+        Ok(event) => match seen(store, event) {
+            Seen::Change(change) => Some(change),
+            Seen::Nothing => None,
+            Seen::Listed => {
+                watches.listed.insert(from);
+                Some(watches.replace())
+            }
+        },
         Err(error) => {
             tracing::warn!(kind = %Kind::Secret, watch = ?from, %error, "Watch failed; retrying with backoff");
             None
