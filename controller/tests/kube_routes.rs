@@ -90,7 +90,10 @@ async fn routes_go_live_and_endpoint_changes_keep_the_routes(
     let left = env.ready_pods(&ns, "web", 1).await?;
     until_pods(&duet, "a.test", &left).await?;
     let changes = &snapshot_lines(&duet)[before..];
-    anyhow::ensure!(!changes.is_empty(), "no snapshot after the endpoint changes");
+    anyhow::ensure!(
+        !changes.is_empty(),
+        "no snapshot after the endpoint changes"
+    );
     for line in changes {
         anyhow::ensure!(
             line.contains("routes.rebuilt=false"),
@@ -174,7 +177,10 @@ async fn watch_namespace_scopes_what_is_served() -> anyhow::Result<()> {
         .iter()
         .filter(|r| r.path == "/apis/networking.k8s.io/v1/ingresses")
         .count();
-    anyhow::ensure!(cluster_wide == 0, "{cluster_wide} cluster-wide Ingress requests");
+    anyhow::ensure!(
+        cluster_wide == 0,
+        "{cluster_wide} cluster-wide Ingress requests"
+    );
     // A later change in a watched namespace still arrives.
     env.apply(&[Ingress::new("ws-news", "more")
         .host("more.test", "web")
@@ -318,14 +324,7 @@ async fn cut_watches_429_then_503(api_family: Family) -> anyhow::Result<()> {
     let env = env(Stack::Dual, &[&format!("cut-{api_family}")]).await?;
     let duet = served(&env, api_family).await?;
     let span = Duration::from_secs(6);
-    cut_watches_then_refused(
-        &env,
-        &duet,
-        Fault::status(429).retry_after(1),
-        span,
-        429,
-    )
-    .await?;
+    cut_watches_then_refused(&env, &duet, Fault::status(429).retry_after(1), span, 429).await?;
 
     // Back to b, one pod; then the same with 503.
     let ns = &env.ns;
@@ -344,13 +343,11 @@ async fn cut_watches_429_then_503(api_family: Family) -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn cut_watches_429_and_503_keep_the_routes_and_catch_up_api_on_ipv4() -> anyhow::Result<()>
-{
+async fn cut_watches_429_and_503_keep_the_routes_and_catch_up_api_on_ipv4() -> anyhow::Result<()> {
     cut_watches_429_then_503(Family::V4).await
 }
 
 #[tokio::test]
-async fn cut_watches_429_and_503_keep_the_routes_and_catch_up_api_on_ipv6() -> anyhow::Result<()>
-{
+async fn cut_watches_429_and_503_keep_the_routes_and_catch_up_api_on_ipv6() -> anyhow::Result<()> {
     cut_watches_429_then_503(Family::V6).await
 }

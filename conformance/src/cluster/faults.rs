@@ -60,7 +60,9 @@ impl Record {
 }
 
 fn is_watch(query: &str) -> bool {
-    query.split('&').any(|p| p == "watch=true" || p == "watch=1")
+    query
+        .split('&')
+        .any(|p| p == "watch=true" || p == "watch=1")
 }
 
 /// `%XX` escapes and `+` decoded.
@@ -247,7 +249,10 @@ impl FaultProxy {
             cut_all,
         });
         let mut std_listeners = Vec::new();
-        for ip in [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)] {
+        for ip in [
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ] {
             let listener = std::net::TcpListener::bind(SocketAddr::new(ip, 0))
                 .with_context(|| format!("cannot bind the fault proxy on {ip}"))?;
             listener.set_nonblocking(true)?;
@@ -418,8 +423,8 @@ async fn connection(state: Arc<State>, api: KubeApi, stream: tokio::net::TcpStre
         let api = api.clone();
         async move { Ok::<_, Infallible>(handle(state, api, req).await) }
     });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), service);
+    let conn =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
     tokio::select! {
         _ = conn => {}
         _ = cut.changed() => {}

@@ -28,8 +28,8 @@ use http::Method;
 
 use crate::echo::Family;
 use crate::runner::kube_api::KubeApi;
-pub use kubelet::POD_SHAPE_ANNOTATION;
 pub use faults::{Fault, FaultProxy};
+pub use kubelet::POD_SHAPE_ANNOTATION;
 pub use netns::NetNs;
 pub use shared::{shared, SharedCluster};
 

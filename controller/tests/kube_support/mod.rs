@@ -87,7 +87,12 @@ impl Env {
     /// The [`DuetBuilder`] of [`Env::duet`].
     pub fn builder(&self, api_family: Family, args: &[&str]) -> DuetBuilder {
         DuetBuilder::kube(DUET, self.kubeconfig(api_family))
-            .args(["--watch-namespace", &self.ns, "--election-namespace", &self.ns])
+            .args([
+                "--watch-namespace",
+                &self.ns,
+                "--election-namespace",
+                &self.ns,
+            ])
             .args(args.iter().copied())
             .die_with_parent()
     }
@@ -145,7 +150,9 @@ impl Env {
 
     /// The `events.k8s.io/v1` Events in `ns`.
     pub async fn events(&self, ns: &str) -> anyhow::Result<Vec<Value>> {
-        self.api.list("events.k8s.io/v1", "Event", Some(ns), "").await
+        self.api
+            .list("events.k8s.io/v1", "Event", Some(ns), "")
+            .await
     }
 
     /// `status.loadBalancer.ingress` of an Ingress, as `ip`/`hostname` strings.
@@ -254,7 +261,8 @@ pub async fn until_status(duet: &Duet, host: &str, status: u16) -> anyhow::Resul
 pub async fn expect_now(duet: &Duet, host: &str, status: u16) -> anyhow::Result<()> {
     for family in Family::BOTH {
         let reply = client::get(duet.http(family), host, "/").await?;
-        client::expect_status(&reply, status).with_context(|| format!("{host}, {family} client"))?;
+        client::expect_status(&reply, status)
+            .with_context(|| format!("{host}, {family} client"))?;
     }
     Ok(())
 }
