@@ -100,6 +100,7 @@ pub struct Fault {
     retry_after: Option<u32>,
     method: Option<Method>,
     path: Option<String>,
+    query: Option<String>,
     watch: Option<bool>,
     remaining: Option<u32>,
     until: Option<Instant>,
@@ -113,6 +114,7 @@ impl Fault {
             retry_after: None,
             method: None,
             path: None,
+            query: None,
             watch: None,
             remaining: None,
             until: None,
@@ -137,6 +139,12 @@ impl Fault {
         self
     }
 
+    /// Only requests whose query, percent-decoded, contains `part` (e.g. `metadata.name=`).
+    pub fn query(mut self, part: &str) -> Fault {
+        self.query = Some(part.to_owned());
+        self
+    }
+
     /// Only watches (`true`) or only the other requests (`false`).
     pub fn watches(mut self, watch: bool) -> Fault {
         self.watch = Some(watch);
@@ -158,6 +166,10 @@ impl Fault {
     fn matches(&self, method: &Method, path: &str, query: &str) -> bool {
         self.method.as_ref().is_none_or(|m| m == method)
             && self.path.as_deref().is_none_or(|p| path.contains(p))
+            && self
+                .query
+                .as_deref()
+                .is_none_or(|q| percent_decode(query).contains(q))
             && self.watch.is_none_or(|w| w == is_watch(query))
     }
 
@@ -338,10 +350,16 @@ impl FaultProxy {
 
     /// How many watches whose path contains `part` are streaming now.
     pub fn open_watches(&self, part: &str) -> usize {
+        self.watches(part).len()
+    }
+
+    /// The watches whose path contains `part` streaming now, as `PATH?QUERY` (decoded).
+    pub fn watches(&self, part: &str) -> Vec<String> {
         lock(&self.state.watches)
             .iter()
             .filter(|(_, path)| path.contains(part))
-            .count()
+            .map(|(_, path)| percent_decode(path))
+            .collect()
     }
 }
 
