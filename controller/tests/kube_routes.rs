@@ -4,9 +4,10 @@
 //! endpointslice controller. `/readyz` is 503 until every watch has listed; `--watch-namespace`
 //! scopes the watches; routes go live after creating an Ingress (the time is printed, not
 //! asserted); scaling the Deployment swaps targets without rebuilding routes. Faults: every
-//! connection dropped and refused for 10 s, watches cut mid-stream with every request answered
-//! `429 Too Many Requests` (`Retry-After`) and then `503`: duet keeps serving the last good
-//! routes to both families all along, and once the API answers again it picks up what changed
+//! connection dropped and refused for 10 s; watches cut mid-stream with every request answered
+//! `429 Too Many Requests` with `Retry-After: 2` (each retry waits as told), then `503`, then
+//! `500` (which reaches duet's own watch back-off): duet keeps serving the last good routes to
+//! both families all along, and once the API answers again it picks up what changed
 //! meanwhile (an Ingress deleted, one created, the Deployment scaled). The real `410 Gone` relist
 //! is in `kube_real_cluster.rs` (it needs kube-apiserver without its watch cache).
 
@@ -14,7 +15,9 @@ mod kube_support;
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use conformance::client;
+use conformance::cluster::faults::Record;
 use conformance::cluster::{Fault, Stack};
 use conformance::{Duet, Family, Ingress};
 use kube_support::*;
@@ -284,15 +287,15 @@ async fn api_outage_of_10s_keeps_serving_and_recovers_api_on_ipv6() -> anyhow::R
     api_outage_keeps_the_last_snapshot(Family::V6).await
 }
 
-/// Watches cut mid-stream, then every request answered `status` for `span`: the routes stay,
-/// and the changes made meanwhile are served once the API answers.
+/// Watches cut mid-stream, then every request answered `fault`'s status for `span`: the routes
+/// stay, and the changes made meanwhile are served once the API answers. The requests refused.
 async fn cut_watches_then_refused(
     env: &Env,
     duet: &Duet,
     fault: Fault,
-    span: Duration,
     status: u16,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Record>> {
+    let span = Duration::from_secs(6);
     let from = env.proxy.requests().len();
     env.proxy.fail(fault.lasting(span));
     let open = env.proxy.open_watches(&format!("/namespaces/{}/", env.ns));
@@ -301,32 +304,30 @@ async fn cut_watches_then_refused(
     let start = Instant::now();
     change_behind_its_back(env).await?;
     keeps_serving(duet, &["a.test", "b.test"], span - start.elapsed()).await?;
-    let refused = env.proxy.requests()[from..]
+    let refused: Vec<Record> = env.proxy.requests()[from..]
         .iter()
         .filter(|r| r.status == status)
-        .count();
+        .cloned()
+        .collect();
     anyhow::ensure!(
-        refused >= 1,
+        !refused.is_empty(),
         "duet asked nothing during the fault: {:#?}",
         &env.proxy.requests()[from..]
     );
-    println!("{refused} requests of duet answered {status}");
+    println!("{} requests of duet answered {status}", refused.len());
     caught_up(env, duet).await?;
     client::eventually("watches streaming again", LIVE, || async {
         let open = env.proxy.open_watches(&format!("/namespaces/{}/", env.ns));
         anyhow::ensure!(open >= 3, "{open} watches open");
         Ok(())
     })
-    .await
+    .await?;
+    undo_the_changes(env, duet).await?;
+    Ok(refused)
 }
 
-async fn cut_watches_429_then_503(api_family: Family) -> anyhow::Result<()> {
-    let env = env(Stack::Dual, &[&format!("cut-{api_family}")]).await?;
-    let duet = served(&env, api_family).await?;
-    let span = Duration::from_secs(6);
-    cut_watches_then_refused(&env, &duet, Fault::status(429).retry_after(1), span, 429).await?;
-
-    // Back to b, one pod; then the same with 503.
+/// Back to the state before [`change_behind_its_back`], served.
+async fn undo_the_changes(env: &Env, duet: &Duet) -> anyhow::Result<()> {
     let ns = &env.ns;
     env.api
         .delete("networking.k8s.io/v1", "Ingress", Some(ns), "c")
@@ -334,20 +335,58 @@ async fn cut_watches_429_then_503(api_family: Family) -> anyhow::Result<()> {
     env.apply(&[Ingress::new(ns, "b").host("b.test", "web").build()])
         .await?;
     env.scale(ns, "web", 1).await?;
-    until_status(&duet, "b.test", 200).await?;
-    until_status(&duet, "c.test", 404).await?;
+    until_status(duet, "b.test", 200).await?;
+    until_status(duet, "c.test", 404).await?;
     let one = env.ready_pods(ns, "web", 1).await?;
-    until_pods(&duet, "a.test", &one).await?;
-    cut_watches_then_refused(&env, &duet, Fault::status(503), span, 503).await?;
+    until_pods(duet, "a.test", &one).await
+}
+
+/// The shortest time between two refusals of the same request (a retry), if any was retried.
+fn shortest_retry(refused: &[Record]) -> Option<Duration> {
+    let mut last: std::collections::HashMap<String, Instant> = Default::default();
+    let mut shortest: Option<Duration> = None;
+    for r in refused {
+        let key = format!("{} {}?{}", r.method, r.path, r.query);
+        if let Some(before) = last.insert(key, r.at) {
+            let gap = r.at - before;
+            shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+        }
+    }
+    shortest
+}
+
+async fn cut_watches_429_503_500(api_family: Family) -> anyhow::Result<()> {
+    let env = env(Stack::Dual, &[&format!("cut-{api_family}")]).await?;
+    let duet = served(&env, api_family).await?;
+
+    // 429 with Retry-After: 2. The client waits as told before each retry.
+    let refused =
+        cut_watches_then_refused(&env, &duet, Fault::status(429).retry_after(2), 429).await?;
+    let shortest = shortest_retry(&refused);
+    println!("429: shortest time between retries of one request {shortest:?}");
+    let shortest = shortest.context("no request was retried after its 429")?;
+    anyhow::ensure!(
+        shortest >= Duration::from_millis(1900),
+        "a request retried {shortest:?} after a 429 with Retry-After: 2"
+    );
+
+    // 503 (the client retries it by itself, backing off).
+    cut_watches_then_refused(&env, &duet, Fault::status(503), 503).await?;
+
+    // 500, which no client retries by itself: duet's own watch back-off, the errors in its log.
+    let failed_before = duet.logs().matches("Watch failed").count();
+    cut_watches_then_refused(&env, &duet, Fault::status(500), 500).await?;
+    let failed = duet.logs().matches("Watch failed").count() - failed_before;
+    anyhow::ensure!(failed >= 1, "no watch failure logged during the 500s");
     env.cluster.check_running()
 }
 
 #[tokio::test]
-async fn cut_watches_429_and_503_keep_the_routes_and_catch_up_api_on_ipv4() -> anyhow::Result<()> {
-    cut_watches_429_then_503(Family::V4).await
+async fn cut_watches_429_503_500_keep_the_routes_and_catch_up_api_on_ipv4() -> anyhow::Result<()> {
+    cut_watches_429_503_500(Family::V4).await
 }
 
 #[tokio::test]
-async fn cut_watches_429_and_503_keep_the_routes_and_catch_up_api_on_ipv6() -> anyhow::Result<()> {
-    cut_watches_429_then_503(Family::V6).await
+async fn cut_watches_429_503_500_keep_the_routes_and_catch_up_api_on_ipv6() -> anyhow::Result<()> {
+    cut_watches_429_503_500(Family::V6).await
 }

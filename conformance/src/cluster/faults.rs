@@ -32,7 +32,7 @@ use crate::runner::kube_api::KubeApi;
 type Body = UnsyncBoxBody<Bytes, io::Error>;
 
 /// One request the proxy answered or forwarded.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Record {
     /// `GET`, `POST`, ...
     pub method: String,
@@ -42,6 +42,8 @@ pub struct Record {
     pub query: String,
     /// The status answered (an injected one, or the API server's).
     pub status: u16,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 impl Record {
@@ -219,6 +221,7 @@ impl State {
             path: path.to_owned(),
             query: query.to_owned(),
             status,
+            at: Instant::now(),
         });
     }
 }
