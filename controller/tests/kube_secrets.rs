@@ -11,13 +11,10 @@ mod kube_support;
 
 use std::time::Duration;
 
-use std::net::{IpAddr, SocketAddr};
-
 use conformance::client;
-use conformance::cluster::{netns, Fault, Stack};
-use conformance::echo::{EchoOptions, EchoServer, Identity};
+use conformance::cluster::{Fault, Stack};
+use conformance::echo::EchoOptions;
 use conformance::http::Method;
-use conformance::manifests::{endpoint_slice, service as selectorless, Endpoint};
 use conformance::tls::{self, TestCa};
 use conformance::{Duet, Family, Ingress};
 use kube_support::*;
@@ -34,63 +31,6 @@ fn secret_requests(env: &Env) -> Vec<String> {
             format!("{verb} {} {selector}", r.path)
         })
         .collect()
-}
-
-/// A pod serving TLS with `cert` on addresses of the pod CIDRs the kubelet does not hand out
-/// (`10.244.250.N`, `fd00:10:244::fa:N`), behind a selector-less Service `secure` (port
-/// `appProtocol: kubernetes.io/wss`) with a hand-written EndpointSlice per family: the real API
-/// server takes these addresses (it refuses loopback ones), and no test-only flag is needed.
-async fn tls_pod(env: &Env, n: u8, options: EchoOptions) -> anyhow::Result<EchoServer> {
-    let v4: IpAddr = format!("10.244.250.{n}").parse()?;
-    let v6: IpAddr = format!("fd00:10:244::fa:{n}").parse()?;
-    netns::ip(&["addr", "add", &format!("{v4}/32"), "dev", "lo"])?;
-    netns::ip(&[
-        "-6",
-        "addr",
-        "add",
-        &format!("{v6}/128"),
-        "dev",
-        "lo",
-        "nodad",
-    ])?;
-    let identity = Identity {
-        namespace: env.ns.clone(),
-        ingress: String::new(),
-        service: "secure".into(),
-    };
-    let addrs = vec![SocketAddr::new(v4, 8443), SocketAddr::new(v6, 8443)];
-    let server = EchoServer::bind(identity, &[("tls-pod".into(), addrs)], options)?;
-    let mut svc = selectorless(&env.ns, "secure", &[("http", 8443)]);
-    svc["spec"]["ports"][0]["appProtocol"] = "kubernetes.io/wss".into();
-    let endpoint = |ip: IpAddr| Endpoint {
-        pod: "tls-pod".into(),
-        uid: "uid-tls-pod".into(),
-        ip,
-        ready: true,
-    };
-    env.apply(&[
-        svc,
-        endpoint_slice(
-            &env.ns,
-            "secure",
-            "secure-ipv4",
-            Family::V4,
-            "http",
-            8443,
-            &[endpoint(v4)],
-        ),
-        endpoint_slice(
-            &env.ns,
-            "secure",
-            "secure-ipv6",
-            Family::V6,
-            "http",
-            8443,
-            &[endpoint(v6)],
-        ),
-    ])
-    .await?;
-    Ok(server)
 }
 
 /// Waits until `host` answers `status` to clients of both families.
@@ -116,7 +56,7 @@ async fn only_tls_and_named_ca_secrets_are_read(api_family: Family) -> anyhow::R
         ..EchoOptions::default()
     };
     let n = if api_family == Family::V4 { 4 } else { 6 };
-    let _pod = tls_pod(&env, n, options).await?;
+    let _pod = tls_pod(&env, n, "kubernetes.io/wss", options).await?;
     // A password nobody names, and the CA Secret, holding the wrong CA for now.
     let mut password = tls::ca_secret(&ns, "db-password", "hunter2");
     password["data"] = serde_json::json!({"password": tls::base64(b"hunter2")});

@@ -15,13 +15,16 @@
 #![allow(dead_code)] // each test binary uses a subset
 
 use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
 use conformance::client;
-use conformance::cluster::{FaultProxy, SharedCluster, Stack};
-use conformance::manifests::{ingress_class, CONTROLLER};
+use conformance::cluster::{netns, FaultProxy, SharedCluster, Stack};
+use conformance::echo::{EchoOptions, EchoServer, Identity};
+use conformance::manifests::CONTROLLER;
+use conformance::manifests::{endpoint_slice, ingress_class, service as selectorless, Endpoint};
 use conformance::runner::kube_api::KubeApi;
 use conformance::{Duet, DuetBuilder, Family};
 use serde_json::{json, Value};
@@ -235,6 +238,68 @@ pub fn service(ns: &str, name: &str) -> Value {
             "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
         },
     })
+}
+
+/// A pod serving TLS with `cert` on addresses of the pod CIDRs the kubelet does not hand out
+/// (`10.244.250.N`, `fd00:10:244::fa:N`), behind a selector-less Service `secure` (port
+/// `appProtocol: app_protocol`, named `http`) with a hand-written EndpointSlice per family: the real API
+/// server takes these addresses (it refuses loopback ones), and no test-only flag is needed.
+pub async fn tls_pod(
+    env: &Env,
+    n: u8,
+    app_protocol: &str,
+    options: EchoOptions,
+) -> anyhow::Result<EchoServer> {
+    let v4: IpAddr = format!("10.244.250.{n}").parse()?;
+    let v6: IpAddr = format!("fd00:10:244::fa:{n}").parse()?;
+    netns::ip(&["addr", "add", &format!("{v4}/32"), "dev", "lo"])?;
+    netns::ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{v6}/128"),
+        "dev",
+        "lo",
+        "nodad",
+    ])?;
+    let identity = Identity {
+        namespace: env.ns.clone(),
+        ingress: String::new(),
+        service: "secure".into(),
+    };
+    let addrs = vec![SocketAddr::new(v4, 8443), SocketAddr::new(v6, 8443)];
+    let server = EchoServer::bind(identity, &[("tls-pod".into(), addrs)], options)?;
+    let mut svc = selectorless(&env.ns, "secure", &[("http", 8443)]);
+    svc["spec"]["ports"][0]["appProtocol"] = app_protocol.into();
+    let endpoint = |ip: IpAddr| Endpoint {
+        pod: "tls-pod".into(),
+        uid: "uid-tls-pod".into(),
+        ip,
+        ready: true,
+    };
+    env.apply(&[
+        svc,
+        endpoint_slice(
+            &env.ns,
+            "secure",
+            "secure-ipv4",
+            Family::V4,
+            "http",
+            8443,
+            &[endpoint(v4)],
+        ),
+        endpoint_slice(
+            &env.ns,
+            "secure",
+            "secure-ipv6",
+            Family::V6,
+            "http",
+            8443,
+            &[endpoint(v6)],
+        ),
+    ])
+    .await?;
+    Ok(server)
 }
 
 /// The test-only flag for pods on 127.0.0.1 and ::1 (`Fleet` echo servers), which Kubernetes
