@@ -1,6 +1,6 @@
 //! The runner's Kubernetes API client: objects as JSON over the unmodified kube client, for the
-//! few kinds the conformance steps create, read and delete. The same code talks to the test API
-//! server of the mini cluster and to a real cluster (`--kubeconfig`).
+//! few kinds the conformance steps create, read and delete. The same code talks to the real
+//! control plane the runner starts and to a cluster of `--kubeconfig`.
 
 use std::path::Path;
 
