@@ -1,6 +1,8 @@
 //! Kubernetes mode end to end on the real control plane: Ingress status and leader election.
-//! Two `duet` processes elect one leader (Lease `duet-leader`), only it writes status (counted
-//! from the status writes the fault proxy forwarded), and the other takes over when it stops;
+//! Two `duet` processes, each through a fault proxy of its own, elect one leader (Lease
+//! `duet-leader`); only it writes status (while its proxy refuses its status writes, the status
+//! stays as it was: the follower does not write in its place), and the other takes over when it
+//! stops;
 //! Ingresses that cannot be served fully get one Event per problem, and a new leader reports the
 //! problems that already existed; an idle leader sleeps, with its API server up or gone (the
 //! fault proxy dropping every connection). On an IPv4-only and an IPv6-only cluster a publish
@@ -13,7 +15,8 @@ mod kube_support;
 use std::time::{Duration, Instant};
 
 use conformance::client;
-use conformance::cluster::Stack;
+use conformance::cluster::{Fault, FaultProxy, Stack};
+use conformance::http::Method;
 use conformance::{Family, Ingress};
 use kube_support::*;
 use serde_json::{json, Value};
@@ -121,12 +124,19 @@ async fn two_replicas_one_writer(api_family: Family) -> anyhow::Result<()> {
         "--election-lease-duration",
         "3s",
     ];
+    // Each replica through a proxy of its own, to refuse the leader's writes alone.
+    let proxy_two = FaultProxy::start(env.cluster.kubeconfig())?;
     let mut one = env.duet(api_family, &flags).await?;
-    let mut two = env.duet(api_family, &flags).await?;
+    let mut two = conformance::DuetBuilder::kube(DUET, proxy_two.kubeconfig(api_family))
+        .args(["--watch-namespace", &ns, "--election-namespace", &ns])
+        .args(flags)
+        .die_with_parent()
+        .start()
+        .await?;
     until_status(&one, "a.test", 200).await?;
     until_status(&two, "a.test", 200).await?;
-    env.until_status_addresses(&ns, "web", &strings(&["192.0.2.10", "2001:db8::10"]))
-        .await?;
+    let old = strings(&["192.0.2.10", "2001:db8::10"]);
+    env.until_status_addresses(&ns, "web", &old).await?;
 
     let ids = [identity(&one), identity(&two)];
     let holder = lease_holder(&env).await?;
@@ -134,19 +144,25 @@ async fn two_replicas_one_writer(api_family: Family) -> anyhow::Result<()> {
         holder.is_some() && ids.contains(&holder),
         "holder {holder:?}, replicas {ids:?}"
     );
-    let (leader, follower) = if holder == ids[0] {
-        (&mut one, &mut two)
+    let (leader, follower, leader_proxy, follower_proxy) = if holder == ids[0] {
+        (&mut one, &mut two, &env.proxy, &proxy_two)
     } else {
-        (&mut two, &mut one)
+        (&mut two, &mut one, &proxy_two, &env.proxy)
     };
 
-    // A new publish address: written once, by the leader only.
+    // A new publish address while the leader's status writes are refused: the follower, which
+    // reads the same Service, must not write it in its place.
+    let refusing = Duration::from_secs(8);
+    leader_proxy.fail(
+        Fault::status(500)
+            .method(Method::PATCH)
+            .path("/ingresses/web/status")
+            .lasting(refusing),
+    );
+    let refused_from = Instant::now();
     publish_service(&env, &["192.0.2.11", "2001:db8::11"]).await?;
-    env.until_status_addresses(&ns, "web", &strings(&["192.0.2.11", "2001:db8::11"]))
-        .await?;
     // Both replicas had every chance to write: each has read the new Service (its
-    // /debug/routes shows the addresses its status writer was handed), and the leader has
-    // logged its write.
+    // /debug/routes shows the addresses its status writer was handed).
     for replica in [&*leader, &*follower] {
         client::eventually("the replica saw the new Service", LIVE, || async {
             let routes = replica.debug_routes().await?;
@@ -159,6 +175,29 @@ async fn two_replicas_one_writer(api_family: Family) -> anyhow::Result<()> {
         })
         .await?;
     }
+    client::eventually("the leader tried to write", LIVE, || async {
+        let refused = leader_proxy
+            .requests()
+            .iter()
+            .filter(|r| r.status == 500)
+            .count();
+        anyhow::ensure!(refused >= 1, "no refused write yet");
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        refused_from.elapsed() < refusing,
+        "the machine is too slow for this test: the refusal ended before the check"
+    );
+    assert_eq!(
+        env.status_addresses(&ns, "web").await?,
+        old,
+        "written while the leader could not"
+    );
+    // Once the leader's writes go through, the new addresses are written, by it.
+    env.until_status_addresses(&ns, "web", &strings(&["192.0.2.11", "2001:db8::11"]))
+        .await?;
     client::eventually("the leader logged its write", LIVE, || async {
         let writes = leader.logs().matches(UPDATED).count();
         anyhow::ensure!(writes >= 2, "{writes} writes logged");
@@ -176,13 +215,16 @@ async fn two_replicas_one_writer(api_family: Family) -> anyhow::Result<()> {
         0,
         "the follower wrote status"
     );
-    let patches = env
-        .proxy
-        .requests()
-        .iter()
-        .filter(|r| r.method == "PATCH" && r.path.ends_with("/ingresses/web/status"))
-        .count();
-    assert_eq!(patches, 2, "one status write per change");
+    let writes = |proxy: &FaultProxy| {
+        proxy
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path.ends_with("/ingresses/web/status"))
+            .filter(|r| r.status < 300)
+            .count()
+    };
+    assert_eq!(writes(follower_proxy), 0, "the follower wrote status");
+    assert_eq!(writes(leader_proxy), 2, "one status write per change");
 
     // The leader stops (SIGTERM): it releases the Lease; the follower takes over well before the
     // lease would have expired, and from then on it writes.
