@@ -2,9 +2,8 @@
 //! Two `duet` processes, each through a fault proxy of its own, elect one leader (Lease
 //! `duet-leader`); only it writes status (while its proxy refuses its status writes, the status
 //! stays as it was: the follower does not write in its place), and the other takes over when it
-//! stops;
-//! Ingresses that cannot be served fully get one Event per problem, and a new leader reports the
-//! problems that already existed; an idle leader sleeps, with its API server up or gone (the
+//! stops; Ingresses that cannot be served fully get one Event per problem, and a new leader
+//! reports the problems that already existed; an idle leader sleeps, with its API server up or gone (the
 //! fault proxy dropping every connection). On an IPv4-only and an IPv6-only cluster a publish
 //! Service of the chart's shape (`PreferDualStack`, no `ipFamilies`) gets one cluster IP, and the
 //! status lists exactly it. The API server is reached over 127.0.0.1 and [::1]; status from a
