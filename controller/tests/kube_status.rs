@@ -5,8 +5,9 @@
 //! stops; Ingresses that cannot be served fully get one Event per problem, and a new leader
 //! reports the problems that already existed; an idle leader sleeps, with its API server up or gone (the
 //! fault proxy dropping every connection). On an IPv4-only and an IPv6-only cluster a publish
-//! Service of the chart's shape (`PreferDualStack`, no `ipFamilies`) gets one cluster IP, and the
-//! status lists exactly it. The API server is reached over 127.0.0.1 and [::1]; status from a
+//! Service of the chart's shape (`PreferDualStack`, no `ipFamilies`) gets one cluster IP, the
+//! status lists exactly it and `/debug/routes` warns of nothing; on a dual-stack cluster a
+//! `SingleStack` one is warned about until made `PreferDualStack`. The API server is reached over 127.0.0.1 and [::1]; status from a
 //! dual-stack Service's addresses and the IngressClass rules are in `kube_real_cluster.rs`.
 
 mod kube_support;
@@ -516,32 +517,48 @@ async fn an_idle_leader_sleeps_with_its_api_up_and_gone() -> anyhow::Result<()> 
     Ok(())
 }
 
-/// On a single-stack cluster the publish Service of the chart's shape (`PreferDualStack`, no
-/// `ipFamilies`) gets one cluster IP of the cluster's family, and served Ingresses list exactly
-/// it (`/debug/routes` shows it too; its single-family warning is printed, not asserted: it
-/// advises a dual-stack Service the cluster cannot give).
-async fn status_on_a_single_stack_cluster(stack: Stack) -> anyhow::Result<()> {
-    let family = stack.families()[0];
-    let env = with_web(stack, &format!("single-{family}")).await?;
-    let ns = env.ns.clone();
+/// The publish Service `edge` (ClusterIP) of `ns` with `policy`, applied; its cluster IPs as
+/// the real API server allocated them.
+async fn edge_service(env: &Env, ns: &str, policy: &str) -> anyhow::Result<Vec<String>> {
     let svc = env
         .api
         .apply(json!({
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"namespace": ns, "name": "edge"},
             "spec": {
-                "ipFamilyPolicy": "PreferDualStack",
+                "ipFamilyPolicy": policy,
                 "selector": {"app.kubernetes.io/name": "duet"},
                 "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
             },
         }))
         .await?;
-    let ips: Vec<String> = svc["spec"]["clusterIPs"]
+    Ok(svc["spec"]["clusterIPs"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|ip| ip.as_str().map(str::to_owned))
-        .collect();
+        .collect())
+}
+
+/// Waits until `/debug/routes` shows `ips` as the status addresses; its status warning then.
+async fn routes_warning(duet: &conformance::Duet, ips: &[String]) -> anyhow::Result<Value> {
+    client::eventually("the status addresses on /debug/routes", LIVE, || async {
+        let routes = duet.debug_routes().await?;
+        anyhow::ensure!(routes["status"]["addresses"] == json!(ips), "{routes}");
+        Ok(routes["status"]["warning"].clone())
+    })
+    .await
+}
+
+/// On a single-stack cluster the publish Service of the chart's shape (`PreferDualStack`, no
+/// `ipFamilies`) gets one cluster IP of the cluster's family, served Ingresses list exactly it,
+/// and `/debug/routes` shows it without a single-family warning: the Service asks for dual
+/// stack, the cluster has one family, nothing in the Service can be fixed.
+async fn status_on_a_single_stack_cluster(stack: Stack) -> anyhow::Result<()> {
+    let family = stack.families()[0];
+    let env = with_web(stack, &format!("single-{family}")).await?;
+    let ns = env.ns.clone();
+    let ips = edge_service(&env, &ns, "PreferDualStack").await?;
     anyhow::ensure!(ips.len() == 1, "clusterIPs {ips:?}");
     let ip: std::net::IpAddr = ips[0].parse()?;
     anyhow::ensure!(
@@ -554,10 +571,13 @@ async fn status_on_a_single_stack_cluster(stack: Stack) -> anyhow::Result<()> {
     let duet = env.duet(family, &["--publish-service", &edge]).await?;
     until_status(&duet, "a.test", 200).await?;
     env.until_status_addresses(&ns, "web", &ips).await?;
-    let routes = duet.debug_routes().await?;
-    anyhow::ensure!(routes["status"]["addresses"] == json!(ips), "{routes}");
-    let warning = routes["status"]["warning"].as_str().unwrap_or_default();
-    println!("{stack:?} cluster: status {ips:?}, warning {warning:?}");
+    let warning = routes_warning(&duet, &ips).await?;
+    anyhow::ensure!(warning.is_null(), "{stack:?} cluster: warning {warning}");
+    anyhow::ensure!(
+        !duet.logs().contains("Publish Service problem"),
+        "{}",
+        duet.logs()
+    );
     env.cluster.check_running()
 }
 
@@ -569,4 +589,37 @@ async fn status_on_an_ipv4_only_cluster_lists_its_one_cluster_ip() -> anyhow::Re
 #[tokio::test]
 async fn status_on_an_ipv6_only_cluster_lists_its_one_cluster_ip() -> anyhow::Result<()> {
     status_on_a_single_stack_cluster(Stack::Ipv6).await
+}
+
+/// On a dual-stack cluster a `SingleStack` publish Service gets one cluster IP and a warning on
+/// `/debug/routes` that names the fix, `ipFamilyPolicy: PreferDualStack`; once the Service is
+/// changed so, the API server adds the other family, the status lists both and the warning goes.
+#[tokio::test]
+async fn a_single_stack_publish_service_on_a_dual_stack_cluster_warns_until_made_dual_stack(
+) -> anyhow::Result<()> {
+    let env = with_web(Stack::Dual, "warn-single").await?;
+    let ns = env.ns.clone();
+    let one = edge_service(&env, &ns, "SingleStack").await?;
+    anyhow::ensure!(one.len() == 1, "clusterIPs {one:?}");
+    env.apply(&[Ingress::new(&ns, "web").host("a.test", "web").build()])
+        .await?;
+    let edge = format!("{ns}/edge");
+    let duet = env.duet(Family::V6, &["--publish-service", &edge]).await?;
+    until_status(&duet, "a.test", 200).await?;
+    env.until_status_addresses(&ns, "web", &one).await?;
+    let warning = routes_warning(&duet, &one).await?;
+    let warning = warning.as_str().unwrap_or_default();
+    anyhow::ensure!(
+        warning.contains(&format!("{ns}/edge"))
+            && warning.contains("ipFamilyPolicy SingleStack")
+            && warning.contains("no IPv6 address")
+            && warning.ends_with("set ipFamilyPolicy: PreferDualStack"),
+        "{warning}"
+    );
+    let both = edge_service(&env, &ns, "PreferDualStack").await?;
+    anyhow::ensure!(both.len() == 2 && both[0] == one[0], "clusterIPs {both:?}");
+    env.until_status_addresses(&ns, "web", &both).await?;
+    let warning = routes_warning(&duet, &both).await?;
+    anyhow::ensure!(warning.is_null(), "warning {warning}");
+    env.cluster.check_running()
 }
