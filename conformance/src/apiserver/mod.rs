@@ -2,8 +2,8 @@
 //! enough that the unmodified kube 5 client and kube-runtime watcher cannot tell it from the
 //! real one (see `shared/kube-api-notes.md` for what they rely on). It stays for what the real
 //! kube-apiserver cannot do: store EndpointSlices its validation refuses (loopback, link-local,
-//! unspecified addresses), expire watch history with a watch open, and start in a millisecond
-//! without root for the chart's Helm install test (`duet-apiserver`). Faults on the
+//! unspecified addresses), and its own protocol tests (the chart's Helm install test runs on the
+//! real control plane now; `duet-apiserver` stays for trying duet by hand). Faults on the
 //! real control plane are the fault proxy's (`conformance::cluster::faults`).
 //!
 //! # Using it from a test
