@@ -5,8 +5,9 @@
 //! Written only by the leader, only once the Ingress's routes are live (the control loop reports
 //! the Ingresses of each applied snapshot), only when the value differs from what the API holds,
 //! as a JSON merge patch of the `status` subresource. An Ingress that stops being ours gets its
-//! status cleared. A publish Service with a single IP family (one `spec.ipFamilies` entry) is
-//! logged as a warning and shown on `/debug/routes`.
+//! status cleared. A publish Service with a single IP family (one `spec.ipFamilies` entry) by its
+//! own `SingleStack` policy (or none) is logged as a warning and shown on `/debug/routes`; one with
+//! a dual-stack policy that got one family is on a single-stack cluster, and gets no warning.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -68,7 +69,8 @@ pub fn entries<'a>(
 /// The addresses of a publish Service: for `type: LoadBalancer` every entry of its
 /// `status.loadBalancer.ingress` (IPs of both families and host names), otherwise every
 /// `spec.clusterIPs` entry (`spec.clusterIP` when the list is missing), for `ExternalName` the
-/// external name. Also a warning when the Service has a single IP family.
+/// external name. Also a warning when the Service has a single IP family by its own
+/// `SingleStack` policy (not when a dual-stack policy got one family: a single-stack cluster).
 pub fn service_addresses(service: &Service) -> (Vec<IngressLoadBalancerIngress>, Option<String>) {
     let spec = service.spec.clone().unwrap_or_default();
     let name = format!(
@@ -100,9 +102,14 @@ pub fn service_addresses(service: &Service) -> (Vec<IngressLoadBalancerIngress>,
         }
     }
     let families = spec.ip_families.unwrap_or_default();
-    let warning = (families.len() == 1).then(|| {
+    // A dual-stack policy that got one family means a single-stack cluster: nothing to fix.
+    let single_stack_policy = !matches!(
+        spec.ip_family_policy.as_deref(),
+        Some("PreferDualStack" | "RequireDualStack")
+    );
+    let warning = (families.len() == 1 && single_stack_policy).then(|| {
         format!(
-            "publish Service {name} has a single IP family ({}): Ingress status lists no {} address; make it dual-stack (ipFamilyPolicy: PreferDualStack or RequireDualStack)",
+            "publish Service {name} has a single IP family ({}, ipFamilyPolicy SingleStack): Ingress status lists no {} address; set ipFamilyPolicy: PreferDualStack",
             families[0],
             if families[0] == "IPv6" { "IPv4" } else { "IPv6" }
         )
