@@ -6,16 +6,81 @@ checks that every series and label the dashboard queries exists.
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import socket
 import subprocess
 import threading
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 
 from test_chart import CHART, METRICS
-from test_install import Backend, Server6, binary, free_port, free_port_both, get, wait_ready
+from test_real_cluster import binary
+
+class Backend(http.server.BaseHTTPRequestHandler):
+    """A one-pod backend on loopback that names the family it was reached over."""
+
+    def do_GET(self):
+        body = f"backend via {'ipv6' if ':' in self.client_address[0] else 'ipv4'}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Server6(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def free_port_both() -> int:
+    """A port free on both 127.0.0.1 and [::1] right now (other processes share this machine)."""
+    for _ in range(50):
+        port = free_port("127.0.0.1")
+        try:
+            with socket.socket(socket.AF_INET6) as s:
+                s.bind(("::1", port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no port free on both loopback families")
+
+
+def get(url: str, host: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:
+        return 0, str(error)
+
+
+def wait_ready(admin_port: int, duet: subprocess.Popen, deadline_s: float = 20) -> bool:
+    """Polls /readyz until 200 (True) or duet exits (False)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if duet.poll() is not None:
+            return False
+        if get(f"http://127.0.0.1:{admin_port}/readyz", "admin")[0] == 200:
+            return True
+        time.sleep(0.05)
+    pytest.fail(f"duet not ready after {deadline_s} s")
+
 
 # Needs a TLS Secret to appear; its name is checked against the issue's list only.
 NEEDS_TLS = {"duet_tls_certificate_expiry_timestamp_seconds"}

@@ -1,26 +1,29 @@
 """The chart's default values against the REAL kube-apiserver v1.37 (conformance/cluster, started
 with `duet-cluster up`) on a dual-stack, an IPv4-only and an IPv6-only cluster: every rendered
 object is created through the API and the Service gets cluster IPs of exactly the cluster's
-families. The test API server of test_install.py allocates no families, so only the real one
-shows that a listed family the cluster lacks is refused ("spec.ipFamilies[1]: Invalid value:
-"IPv6": not configured on this cluster").
+families (a listed family the cluster lacks is refused: "spec.ipFamilies[1]: Invalid value:
+"IPv6": not configured on this cluster"). The cluster fixture, the forwarder for clients outside
+the namespace and duet started from the installed Deployment serve test_install.py too (Helm's
+install and uninstall, and duet against that install).
 
 The cluster runs in a network namespace of its own; this test talks to it from a thread that
-joined that namespace (setns(2) through libc: Python 3.11 has no os.setns).
-"""
+joined that namespace (setns(2) through libc: Python 3.11 has no os.setns)."""
 
 from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import ctypes
 import ipaddress
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,9 +33,15 @@ import pytest
 import yaml
 
 from test_chart import FULLNAME, NAMESPACE, ROOT, render
-from test_install import binary
 
 CLONE_NEWNET = 0x40000000
+
+
+def binary(name: str, package: str) -> Path:
+    path = ROOT / "target" / "debug" / name
+    if not path.exists():
+        subprocess.run(["cargo", "build", "--quiet", "--locked", "-p", package, "--bin", name], cwd=ROOT, check=True)
+    return path
 
 # kind -> (API prefix, plural, namespaced) for what the default values render.
 KINDS = {
@@ -46,6 +55,7 @@ KINDS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "Ingress": ("/apis/networking.k8s.io/v1", "ingresses", True),
 }
 
 STACKS = {
@@ -116,7 +126,39 @@ class RealCluster:
         assert status == 201, f"{obj['kind']} {obj['metadata']['name']}: {status} {body.get('message', body)}"
         return body
 
+    def host_kubeconfig(self, fam: str, path: Path) -> Path:
+        """A kubeconfig for clients outside the namespace (Helm's Go library runs on threads of
+        its own, which cannot join it): the admin kubeconfig with a server on the host's
+        loopback of `fam`, forwarded byte for byte to port 6443 of the same loopback inside."""
+        host = "127.0.0.1" if fam == "IPv4" else "::1"
+        listener = socket.create_server((host, 0), family=socket.AF_INET if fam == "IPv4" else socket.AF_INET6)
+        self.listeners = getattr(self, "listeners", []) + [listener]
+        threading.Thread(target=self._forward, args=(listener, host), daemon=True).start()
+        config = yaml.safe_load((self.dir / "kubeconfig").read_text())
+        port = listener.getsockname()[1]
+        config["clusters"][0]["cluster"]["server"] = f"https://{host}:{port}" if fam == "IPv4" else f"https://[{host}]:{port}"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def _forward(self, listener: socket.socket, host: str):
+        while True:
+            try:
+                client, _ = listener.accept()
+                server = self.inside.submit(socket.create_connection, (host, 6443), 10).result()
+            except (OSError, RuntimeError):
+                if listener.fileno() == -1:
+                    return
+                continue
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=pipe, args=(src, dst), daemon=True).start()
+
+    def get_inside(self, url: str, host: str) -> tuple[int, str]:
+        """GET url with Host: host from inside the namespace (where duet and the pods listen)."""
+        return self.inside.submit(http_get, url, host).result()
+
     def stop(self):
+        for listener in getattr(self, "listeners", []):
+            listener.close()
         if hasattr(self, "inside"):
             self.inside.shutdown(wait=False)
         if self.process.poll() is None:
@@ -127,6 +169,17 @@ class RealCluster:
                 self.process.kill()
                 self.process.wait()
         self.log.close()
+
+
+def pipe(src: socket.socket, dst: socket.socket):
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
 
 
 @pytest.fixture(scope="module", params=list(STACKS), ids=list(STACKS))
@@ -171,30 +224,8 @@ def test_default_values_install_into_the_real_api_server(installed):
 
 # ---------------------------------------------------------------------------------------------
 # The real duet, started with the installed Deployment's arguments and its ServiceAccount's
-# token (so the real RBAC authorizer enforces the chart's rules), inside the cluster's namespace.
-
-APP = "app"
-
-
-def app_objects() -> list[dict]:
-    meta = {"name": "web", "namespace": APP}
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APP}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
-            "replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{
-                "name": "echo", "image": "duet.dev/echo", "ports": [{"name": "http", "containerPort": 8080}],
-                "env": [{"name": "SERVICE_NAME", "value": "web"}]}]}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
-            "ipFamilyPolicy": "PreferDualStack", "selector": {"app": "web"},
-            "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}},
-        {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "ours", "namespace": APP},
-         "spec": {"ingressClassName": "duet", "rules": [{"host": "ours.test", "http": {"paths": [
-             {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}},
-    ]
-
-
-KINDS["Ingress"] = ("/apis/networking.k8s.io/v1", "ingresses", True)
+# token (so the real RBAC authorizer enforces the chart's rules), inside the cluster's namespace
+# (test_install.py runs it against Helm's install).
 
 
 def service_account_kubeconfig(cluster: RealCluster, path: Path):
@@ -219,42 +250,31 @@ def http_get(url: str, host: str) -> tuple[int, str]:
         return 0, str(error)
 
 
-def test_duet_from_the_installed_deployment_serves_every_family_of_the_cluster(installed, tmp_path):
-    cluster = installed
-    for obj in app_objects():
-        cluster.create(obj)
+# duet's listeners inside the namespace (the test's own: fixed ports cannot be taken by anyone).
+DUET_URLS = {"IPv4": "http://127.0.0.1:18080/", "IPv6": "http://[::1]:18080/"}
+
+
+@contextlib.contextmanager
+def duet_from_deployment(cluster: RealCluster, tmp_path: Path):
+    """duet with the installed Deployment's arguments (listeners moved to loopback) and the
+    chart's ServiceAccount, running inside the namespace until the block ends; yields the
+    process and its log's path."""
     kubeconfig = tmp_path / "duet.kubeconfig"
     service_account_kubeconfig(cluster, kubeconfig)
     status, deployment = cluster.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{FULLNAME}")
+    assert status == 200, deployment
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    # The namespace is the test's own: fixed loopback ports cannot be taken by anyone else.
     args = [a for a in container["args"] if not a.startswith(("--http-listen", "--https-listen", "--admin-listen"))]
     args += ["--http-listen=127.0.0.1:18080", "--http-listen=[::1]:18080", "--admin-listen=127.0.0.1:18254",
              "--https-listen=127.0.0.1:18443", f"--kubeconfig={kubeconfig}"]
     env = {"PATH": "/usr/bin:/bin", "DUET_LOG": "info", "POD_NAME": f"{FULLNAME}-0", "POD_NAMESPACE": NAMESPACE}
     netns = (cluster.dir / "netns").read_text().strip()
-    log = open(tmp_path / "duet.log", "w")
-    duet = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "nsenter", f"--net={netns}", "--",
-                             binary("duet", "controller"), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
-    urls = {"IPv4": "http://127.0.0.1:18080/", "IPv6": "http://[::1]:18080/"}
-    try:
-        deadline = time.monotonic() + 60
-        seen = {}
-        while time.monotonic() < deadline and len(seen) < len(cluster.families):
-            assert duet.poll() is None, f"duet exited: {(tmp_path / 'duet.log').read_text()[-3000:]}"
-            for fam in cluster.families:
-                status, body = cluster.inside.submit(http_get, urls[fam], "ours.test").result()
-                if status == 200:
-                    seen[fam] = json.loads(body)
-            time.sleep(0.2)
-        assert sorted(seen) == sorted(cluster.families), (seen, (tmp_path / "duet.log").read_text()[-3000:])
-        for fam, echo in seen.items():
-            assert echo["service"] == "web" and echo["pod"].startswith("web-"), echo
-            # PreferSameFamily: the pod is reached over the client's family, at its pod address.
-            assert echo["family"] == fam.lower(), echo
-            assert ipaddress.ip_address(echo["local"].rsplit(":", 1)[0].strip("[]")) in ipaddress.ip_network(
-                "10.244.0.0/16" if fam == "IPv4" else "fd00:10:244::/64"), echo
-    finally:
-        duet.terminate()
-        duet.wait(timeout=40)
-        log.close()
+    log_path = tmp_path / "duet.log"
+    with open(log_path, "w") as log:
+        duet = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "nsenter", f"--net={netns}", "--",
+                                 binary("duet", "controller"), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            yield duet, log_path
+        finally:
+            duet.terminate()
+            duet.wait(timeout=40)

@@ -26,8 +26,6 @@ both_families!(
     status_subresource_merge_and_apply,
     lease_create_and_replace_conflict,
     events_in_both_apis,
-    rate_limits_and_unavailability_are_retried,
-    matching_failures_and_stalls,
     namespace_delete_takes_its_objects,
     discovery_and_dynamic_objects,
 );
@@ -658,59 +656,6 @@ async fn events_in_both_apis(family: Family) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn rate_limits_and_unavailability_are_retried(family: Family) -> anyhow::Result<()> {
-    let api = ApiServer::start(family.loopback())?;
-    let client = client(&api).await?;
-    let namespaces: Api<Namespace> = Api::all(client);
-    for status in [429, 503] {
-        api.clear_requests();
-        api.fail_next(status, 2);
-        let ns = namespaces
-            .get("default")
-            .await
-            .with_context(|| format!("after two {status}"))?;
-        ensure!(ns.metadata.name.as_deref() == Some("default"));
-        let statuses: Vec<u16> = api.requests().iter().map(|r| r.status).collect();
-        ensure!(statuses == [status, status, 200], "{statuses:?}");
-    }
-    // A failure window: requests during it are retried until it passes.
-    api.fail_for(503, Duration::from_millis(300));
-    namespaces
-        .get("default")
-        .await
-        .context("after a 300 ms window of 503")?;
-    api.heal();
-    namespaces.get("default").await?;
-    Ok(())
-}
-
-async fn matching_failures_and_stalls(family: Family) -> anyhow::Result<()> {
-    let api = ApiServer::start(family.loopback())?;
-    let client = client(&api).await?;
-    let maps: Api<ConfigMap> = Api::namespaced(client, "default");
-    // Only ConfigMap creates fail (500: kube's client does not retry it); reads are served.
-    api.fail_matching(500, Duration::from_secs(60), "POST", "/configmaps");
-    let refused = maps
-        .create(&PostParams::default(), &config_map("default", "a", &[]))
-        .await;
-    ensure!(
-        refused.as_ref().err().and_then(code) == Some(500),
-        "{refused:?}"
-    );
-    maps.list(&ListParams::default()).await?;
-    api.heal();
-    maps.create(&PostParams::default(), &config_map("default", "a", &[]))
-        .await?;
-    // A stalled server holds requests unanswered until the stall ends.
-    api.stall_for(Duration::from_millis(600));
-    let started = std::time::Instant::now();
-    let timed_out = tokio::time::timeout(Duration::from_millis(200), maps.get("a")).await;
-    ensure!(timed_out.is_err(), "answered during the stall");
-    maps.get("a").await?;
-    ensure!(started.elapsed() >= Duration::from_millis(550));
-    Ok(())
-}
-
 async fn namespace_delete_takes_its_objects(family: Family) -> anyhow::Result<()> {
     let api = ApiServer::start(family.loopback())?;
     let client = client(&api).await?;
@@ -832,9 +777,9 @@ async fn discovery_and_dynamic_objects(family: Family) -> anyhow::Result<()> {
 }
 
 /// The binary: prints its URL, writes the kubeconfig where asked, serves the kube client and
-/// takes faults on `/_test/`.
+/// a bad flag exits 64.
 #[tokio::test]
-async fn binary_serves_both_families_and_takes_faults() -> anyhow::Result<()> {
+async fn binary_serves_both_families() -> anyhow::Result<()> {
     use tokio::io::{AsyncBufReadExt, BufReader};
     for family in Family::BOTH {
         let dir = tempfile::tempdir()?;
@@ -873,37 +818,6 @@ async fn binary_serves_both_families_and_takes_faults() -> anyhow::Result<()> {
         let client = Client::try_from(config)?;
         let namespaces: Api<Namespace> = Api::all(client.clone());
         namespaces.get("default").await?;
-        // Control endpoint: the next three requests get 503, which the client retries.
-        let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse()?;
-        let fail = conformance::client::request(
-            conformance::http::Method::POST,
-            "api",
-            "/_test/fail?status=503&count=3",
-        )
-        .body(conformance::http_body_util::Full::new(
-            conformance::bytes::Bytes::new(),
-        ))?;
-        let reply = conformance::client::Conn::http1(addr)
-            .await?
-            .send(fail)
-            .await?;
-        conformance::client::expect_status(&reply, 200)?;
-        namespaces
-            .get("default")
-            .await
-            .context("retried through 503s")?;
-        let records = conformance::client::get(addr, "api", "/_test/requests").await?;
-        let records: serde_json::Value = serde_json::from_slice(&records.body)?;
-        let statuses: Vec<u64> = records
-            .as_array()
-            .context("array")?
-            .iter()
-            .filter_map(|r| r["status"].as_u64())
-            .collect();
-        ensure!(
-            statuses.iter().filter(|s| **s == 503).count() == 3,
-            "{statuses:?}"
-        );
         child.kill().await?;
     }
     // A bad flag exits 64 with one line.

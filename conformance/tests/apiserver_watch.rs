@@ -29,8 +29,6 @@ both_families!(
     metadata_watcher_sees_partial_objects,
     watches_end_at_the_server_cap_and_events_arrive_promptly,
     dropped_watch_resumes_without_relisting,
-    reset_watch_connection_resumes_without_relisting,
-    server_outage_and_restart_converge,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -422,97 +420,5 @@ async fn dropped_watch_resumes_without_relisting(family: Family) -> anyhow::Resu
         log.iter().any(|l| l == "delete a") && log.iter().any(|l| l == "apply b"),
         "{log:?}"
     );
-    Ok(())
-}
-
-async fn reset_watch_connection_resumes_without_relisting(family: Family) -> anyhow::Result<()> {
-    let api = start(family)?;
-    api.apply(cm("a", "web", "1"))?;
-    let cms: Api<ConfigMap> = Api::namespaced(client(&api).await?, "demo");
-    let (store, log) = reflect(cms, watcher::Config::default()).await?;
-    ensure!(
-        api.wait_for_watches(Some("configmaps"), 1, WAIT).await,
-        "watch never opened"
-    );
-    api.reset_watches();
-    api.apply(cm("b", "web", "1"))?;
-    eventually("the watcher reconnects after the cut", WAIT, || async {
-        ensure!(names(&store) == ["a", "b"], "{:?}", names(&store));
-        Ok(())
-    })
-    .await?;
-    // kube treats the cut like an early end (it logs "eof in poll") and resumes: no relist.
-    let log = seen(&log);
-    ensure!(log.iter().filter(|l| *l == "init").count() == 1, "{log:?}");
-    let records = api.requests();
-    ensure!(
-        lists_of(&records, "configmaps") == 1,
-        "no relist after a cut watch: {records:?}"
-    );
-    ensure!(watches_of(&records, "configmaps").len() >= 2, "{records:?}");
-
-    // On the wire a reset cuts the body (an error for a plain HTTP client); a drop ends it.
-    let path = "/api/v1/namespaces/demo/secrets?watch=true&timeoutSeconds=30";
-    for (reset, want_error) in [(true, true), (false, false)] {
-        eventually("no secrets watch left", WAIT, || async {
-            ensure!(api.open_watches(Some("secrets")) == 0);
-            Ok(())
-        })
-        .await?;
-        let addr = api.addr();
-        let raw = tokio::spawn(async move {
-            let req = conformance::client::request(conformance::http::Method::GET, "api", path)
-                .body(conformance::http_body_util::Full::new(
-                    conformance::bytes::Bytes::new(),
-                ))?;
-            conformance::client::Conn::http1(addr)
-                .await?
-                .send(req)
-                .await
-        });
-        ensure!(
-            api.wait_for_watches(Some("secrets"), 1, WAIT).await,
-            "raw watch never opened"
-        );
-        if reset {
-            api.reset_watches();
-        } else {
-            api.drop_watches();
-        }
-        let result = tokio::time::timeout(WAIT, raw).await??;
-        ensure!(result.is_err() == want_error, "reset={reset}: {result:?}");
-    }
-    Ok(())
-}
-
-async fn server_outage_and_restart_converge(family: Family) -> anyhow::Result<()> {
-    let api = start(family)?;
-    api.apply(cm("a", "web", "1"))?;
-    let client = client(&api).await?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "demo");
-    let (store, _) = reflect(cms.clone(), watcher::Config::default()).await?;
-    ensure!(
-        api.wait_for_watches(Some("configmaps"), 1, WAIT).await,
-        "watch never opened"
-    );
-    api.stop();
-    let err = cms.get("a").await.unwrap_err();
-    ensure!(
-        !matches!(err, kube::Error::Api(_)),
-        "the server is gone: {err:?}"
-    );
-    ensure!(api.open_watches(None) == 0);
-    // Changes while it is away (state survives the outage).
-    api.apply(cm("b", "web", "1"))?;
-    api.delete("v1", "ConfigMap", Some("demo"), "a")?;
-    api.restart()?;
-    ensure!(cms.get("b").await?.name_any() == "b");
-    eventually("the watcher reconnects and catches up", WAIT, || async {
-        ensure!(names(&store) == ["b"], "{:?}", names(&store));
-        Ok(())
-    })
-    .await?;
-    let addr = api.addr();
-    ensure!(api.addr() == addr && api.open_watches(Some("configmaps")) >= 1);
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `duet-conformance --kubeconfig`: the runner against a cluster it did not start. Here the
-//! "cluster" is the test API server with the stand-in deployment and endpoint controllers, and
+//! cluster is the real control plane (`conformance::cluster::shared`, the stand-in kubelet
+//! running the pods), reached through the fault proxy, which records the runner's requests, and
 //! duet started by the test (as an operator would deploy it), listening on one port on both
 //! families; the runner must create the Deployments and Services through the API, wait for
 //! them, read the status duet writes and reach it on `--http-port`, over IPv4 and IPv6.
@@ -9,14 +10,24 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::time::Duration;
 
-use conformance::apiserver::ApiServer;
+use conformance::cluster::{FaultProxy, Stack};
 use conformance::duet::DuetBuilder;
 use conformance::manifests::ingress_class;
 use conformance::runner::cluster::{CONTROLLER, NAMESPACE_LABEL};
-use conformance::runner::standin::StandIn;
+use conformance::runner::kube_api::KubeApi;
 use conformance::Family;
+
+/// Joins the binary's shared dual-stack cluster (the real control plane) and starts a fault
+/// proxy in front of it, which records what the runner asks.
+async fn cluster() -> anyhow::Result<(KubeApi, FaultProxy)> {
+    let cluster = conformance::cluster::shared(Stack::Dual)?;
+    cluster.enter()?;
+    let api = cluster.api().await?;
+    let proxy = FaultProxy::start(cluster.kubeconfig())?;
+    Ok((api, proxy))
+}
 
 fn upstream(feature: &str) -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -38,7 +49,7 @@ fn port_on_both_families() -> u16 {
     panic!("no port free on both loopback addresses");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn kubeconfig_mode_runs_the_upstream_features_against_a_cluster() -> anyhow::Result<()> {
     let runner = PathBuf::from(env!("CARGO_BIN_EXE_duet-conformance"));
     let duet_bin = runner.with_file_name("duet");
@@ -48,14 +59,12 @@ async fn kubeconfig_mode_runs_the_upstream_features_against_a_cluster() -> anyho
         duet_bin.display()
     );
 
-    // The "cluster": API server, stand-in controllers, the IngressClass and duet.
-    let api = Arc::new(ApiServer::start(Family::V4.loopback())?);
-    let _standin = StandIn::start(api.clone());
-    api.create(ingress_class("conformance", CONTROLLER))?;
+    // The cluster: the real control plane, the IngressClass and duet, as an operator would
+    // deploy it; the runner's requests go through the proxy.
+    let (api, proxy) = cluster().await?;
+    api.apply(ingress_class("conformance", CONTROLLER)).await?;
     let (http, https) = (port_on_both_families(), port_on_both_families());
     let mut args = vec![
-        // The stand-in pods listen on 127.0.0.1 and ::1 (test-only flag).
-        "--allow-loopback-endpoints".to_owned(),
         "--publish-status-address".to_owned(),
         "127.0.0.1,::1".to_owned(),
         "--ingress-class".to_owned(),
@@ -69,17 +78,19 @@ async fn kubeconfig_mode_runs_the_upstream_features_against_a_cluster() -> anyho
             args.push(SocketAddr::new(family.loopback(), port).to_string());
         }
     }
-    let _duet = DuetBuilder::kube(&duet_bin, api.kubeconfig())
+    let _duet = DuetBuilder::kube(&duet_bin, proxy.kubeconfig(Family::V6))
         .args(args)
+        .die_with_parent()
         .start()
         .await?;
+    let from = proxy.requests().len();
 
     let out = tokio::process::Command::new(&runner)
         .arg(upstream("default_backend.feature"))
         .arg(upstream("load_balancing.feature"))
         .arg(upstream("ingress_class.feature"))
         .arg("--kubeconfig")
-        .arg(api.kubeconfig())
+        .arg(proxy.kubeconfig(Family::V4))
         .args(["--http-port", &http.to_string()])
         .args(["--https-port", &https.to_string()])
         .args(["--ingress-class-wait", "2", "--scale-settle", "2"])
@@ -105,7 +116,8 @@ async fn kubeconfig_mode_runs_the_upstream_features_against_a_cluster() -> anyho
     assert!(!stdout.contains("mini cluster"), "{stdout}");
 
     // The backends went through the API as real Deployments and Services ...
-    let requests = api.requests();
+    // (duet's own requests are all reads and status writes.)
+    let requests = &proxy.requests()[from..];
     for plural in ["deployments", "services", "ingresses", "namespaces"] {
         assert!(
             requests
@@ -121,23 +133,30 @@ async fn kubeconfig_mode_runs_the_upstream_features_against_a_cluster() -> anyho
                 && r.path.contains("/deployments/load-balancing-echo-service")),
         "the runner did not scale the Deployment"
     );
-    // ... and every namespace it created is gone.
-    let left: Vec<_> = api
-        .list("v1", "Namespace")
-        .into_iter()
-        .filter(|ns| ns["metadata"]["labels"][NAMESPACE_LABEL.0] == NAMESPACE_LABEL.1)
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    // ... and every namespace it created is deleted (the namespace controller finishes it).
+    let label = format!("{}={}", NAMESPACE_LABEL.0, NAMESPACE_LABEL.1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = api.list("v1", "Namespace", None, &label).await?;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "namespaces left behind: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     Ok(())
 }
 
 #[tokio::test]
 async fn kubeconfig_mode_needs_the_ingress_class() -> anyhow::Result<()> {
-    let api = ApiServer::start(Family::V6.loopback())?;
+    let (_api, proxy) = cluster().await?;
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_duet-conformance"))
         .arg(upstream("default_backend.feature"))
         .arg("--kubeconfig")
-        .arg(api.kubeconfig())
+        .arg(proxy.kubeconfig(Family::V6))
         .args(["--ingress-class", "missing"])
         .output()
         .await?;
@@ -148,7 +167,9 @@ async fn kubeconfig_mode_needs_the_ingress_class() -> anyhow::Result<()> {
         "{stderr}"
     );
     // Nothing was created.
-    assert!(api.requests().iter().all(|r| r.method == "GET"));
+    let requests = proxy.requests();
+    assert!(!requests.is_empty());
+    assert!(requests.iter().all(|r| r.method == "GET"), "{requests:?}");
     Ok(())
 }
 

@@ -17,8 +17,9 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::index::{Change, Impact, Index, NsName};
+use crate::index::{Change, Impact, Index};
 use crate::metrics::ControllerMetrics;
+use crate::object::NsName;
 use crate::source::SourceEvent;
 use crate::translate::{self, AnnotationReport, Diagnostic, RoutePlan};
 
@@ -361,7 +362,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{Kind, ObjectKey};
+    use crate::object::{Kind, ObjectKey};
     use crate::source::files;
     use crate::translate::Reason;
     use dataplane::ProxyConfig;

@@ -13,10 +13,11 @@ use dataplane::forwarded::{Cidr, TrustedProxies};
 use dataplane::{FamilyPolicy, LbPolicy, ProxyConfig};
 
 use crate::class::ClassConfig;
-use crate::index::NsName;
+use crate::object::{is_dns_label, is_dns_subdomain, NsName};
 use crate::source::kube::KubeSettings;
 use crate::status::Publish;
 use crate::translate;
+use crate::units::{parse_body_size, parse_duration, parse_duration_or_zero, SizeError};
 
 /// Exit code for a bad command line (`EX_USAGE`).
 pub const EXIT_USAGE: u8 = 64;
@@ -218,12 +219,6 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Largest `--max-connections`.
 pub const MAX_MAX_CONNECTIONS: usize = 1_000_000;
 
-/// Largest duration a flag or annotation may give.
-pub const MAX_DURATION: Duration = Duration::from_secs(3600);
-
-/// Largest `--max-body-size` and `duet.dev/proxy-body-size`: 64 GiB.
-pub const MAX_BODY_SIZE: u64 = 64 << 30;
-
 fn parse_max_connections(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if (1..=MAX_MAX_CONNECTIONS).contains(&n) => Ok(n),
@@ -238,13 +233,14 @@ fn parse_access_log(s: &str) -> Result<AccessLogFormat, String> {
         .map_err(|e: dataplane::table::UnknownName| e.to_string())
 }
 
+/// `--max-body-size`: a size in nginx syntax of at most [`MAX_BODY_SIZE`](crate::units::MAX_BODY_SIZE).
 fn parse_size(s: &str) -> Result<u64, String> {
-    let size = dataplane::limits::parse_size(s)
-        .ok_or_else(|| format!("{s:?} is not a size (examples: 512, 8k, 10m, 0 for unlimited)"))?;
-    if size > MAX_BODY_SIZE {
-        return Err(format!("{s:?} is more than the maximum, 64g"));
-    }
-    Ok(size)
+    parse_body_size(s).map_err(|error| match error {
+        SizeError::NotASize => {
+            format!("{s:?} is not a size (examples: 512, 8k, 10m, 0 for unlimited)")
+        }
+        SizeError::TooLarge => format!("{s:?} is more than the maximum, 64g"),
+    })
 }
 
 fn parse_cidr(s: &str) -> Result<Cidr, String> {
@@ -269,41 +265,6 @@ fn parse_family(s: &str) -> Result<FamilyPolicy, String> {
 fn parse_lb(s: &str) -> Result<LbPolicy, String> {
     s.parse()
         .map_err(|e: dataplane::table::UnknownName| e.to_string())
-}
-
-/// Parses a duration: a number of seconds (`5`, `0.5`) or a number with a unit `ms`, `s`, `m`
-/// or `h` (`500ms`, `5s`, `1m`). Must be positive and at most [`MAX_DURATION`] (1 h).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let duration = parse_duration_or_zero(s)?;
-    if duration.is_zero() {
-        return Err(format!("{:?} must be more than zero", s.trim()));
-    }
-    Ok(duration)
-}
-
-/// [`parse_duration`], also accepting zero.
-pub fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let bad = || format!("{s:?} is not a duration (examples: 5, 5s, 500ms, 2m)");
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(bad()),
-    };
-    if seconds < 0.0 {
-        return Err(format!("{s:?} must not be negative"));
-    }
-    if seconds > MAX_DURATION.as_secs_f64() {
-        return Err(format!("{s:?} is more than the maximum, 1h"));
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
 }
 
 /// The addresses of one kind of listener.
@@ -634,31 +595,6 @@ fn is_address(s: &str) -> bool {
             }))
 }
 
-/// Whether `s` is a DNS-1123 subdomain (the name of most objects, e.g. a Lease): dot-separated
-/// labels, at most 253.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
-/// Whether `s` is a DNS label (a namespace or Service name): lowercase letters, digits and `-`,
-/// at most 63, not starting or ending with `-`.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -973,29 +909,5 @@ mod tests {
             let line = usage(args);
             assert!(line.contains(flag), "{args:?}: {line}");
         }
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        for bad in [
-            "",
-            "s",
-            "5x",
-            "-1s",
-            "0",
-            "1e999",
-            "3601",
-            "61m",
-            "2h",
-            "18000000000000000000",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
     }
 }

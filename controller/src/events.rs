@@ -23,9 +23,10 @@ use kube::Resource as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::index::Kind;
+use crate::object::Kind;
 use crate::source::kube::Stores;
 use crate::translate::Diagnostic;
+use crate::units::Doubling;
 
 /// The action named in every Event.
 pub const ACTION: &str = "Route";
@@ -39,9 +40,7 @@ pub type DiagnosticSets = watch::Receiver<Arc<Vec<Diagnostic>>>;
 /// The delays between retries of failed writes: 0.5 s doubling up to 30 s, reset by a pass
 /// that writes everything.
 #[derive(Clone, Debug)]
-pub struct RetryBackoff {
-    next: Duration,
-}
+pub struct RetryBackoff(Doubling);
 
 impl RetryBackoff {
     /// The first delay.
@@ -51,20 +50,18 @@ impl RetryBackoff {
 
     /// The next delay.
     pub fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        delay
+        self.0.next_delay()
     }
 
     /// Back to the first delay.
     pub fn reset(&mut self) {
-        self.next = Self::MIN;
+        self.0.reset();
     }
 }
 
 impl Default for RetryBackoff {
     fn default() -> Self {
-        RetryBackoff { next: Self::MIN }
+        RetryBackoff(Doubling::new(Self::MIN, Self::MAX))
     }
 }
 

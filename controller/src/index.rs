@@ -2,150 +2,25 @@
 //! keyed by namespace and name, and the decision whether a change matters for routes, only for
 //! endpoints, or not at all.
 //!
-//! Sources (the manifest folder now, kube-rs watchers later) send [`Change`]s; the index keeps
-//! the latest state and the app rebuilds from that state, never from the deltas.
+//! Sources (the manifest folder, the kube-rs watchers) send [`Change`]s; the index keeps the
+//! latest state and the app rebuilds from that state, never from the deltas. Each stored type
+//! says once, in its [`Stored`] impl, which [`Kind`] it is, which [`Object`] variant holds it,
+//! which store keeps it and what a change of it means; everything else is generic over that
+//! trait, and [`Kind`] meets the types in one place ([`for_kind`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-use serde::Serialize;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
-
-/// The label tying an EndpointSlice to its Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-
-/// The kinds of object duet reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum Kind {
-    /// `networking.k8s.io/v1` Ingress.
-    Ingress,
-    /// `networking.k8s.io/v1` IngressClass (cluster-scoped).
-    IngressClass,
-    /// `v1` Service.
-    Service,
-    /// `discovery.k8s.io/v1` EndpointSlice.
-    EndpointSlice,
-    /// `v1` Secret.
-    Secret,
-}
-
-impl Kind {
-    /// The kind's name as in manifests.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Ingress => "Ingress",
-            Kind::IngressClass => "IngressClass",
-            Kind::Service => "Service",
-            Kind::EndpointSlice => "EndpointSlice",
-            Kind::Secret => "Secret",
-        }
-    }
-
-    /// The `apiVersion` duet reads the kind at.
-    pub fn api_version(self) -> &'static str {
-        match self {
-            Kind::Ingress | Kind::IngressClass => "networking.k8s.io/v1",
-            Kind::Service | Kind::Secret => "v1",
-            Kind::EndpointSlice => "discovery.k8s.io/v1",
-        }
-    }
-
-    /// Whether objects of the kind live in a namespace.
-    pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::IngressClass)
-    }
-
-    /// The kind of an `apiVersion` and `kind` pair, if duet reads it.
-    pub fn from_type(api_version: &str, kind: &str) -> Option<Kind> {
-        [
-            Kind::Ingress,
-            Kind::IngressClass,
-            Kind::Service,
-            Kind::EndpointSlice,
-            Kind::Secret,
-        ]
-        .into_iter()
-        .find(|k| k.api_version() == api_version && k.as_str() == kind)
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A namespace and a name (the namespace is empty for cluster-scoped objects).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct NsName {
-    /// The namespace; empty for cluster-scoped objects.
-    pub namespace: String,
-    /// The name.
-    pub name: String,
-}
-
-impl NsName {
-    /// A namespaced name.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> NsName {
-        NsName {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl fmt::Display for NsName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.namespace.is_empty() {
-            f.write_str(&self.name)
-        } else {
-            write!(f, "{}/{}", self.namespace, self.name)
-        }
-    }
-}
-
-/// One object's identity: kind, namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct ObjectKey {
-    /// The kind.
-    pub kind: Kind,
-    /// The namespace; empty for cluster-scoped objects.
-    pub namespace: String,
-    /// The name.
-    pub name: String,
-}
-
-impl ObjectKey {
-    /// A key from its parts.
-    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> ObjectKey {
-        ObjectKey {
-            kind,
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    /// The namespace and name.
-    pub fn ns_name(&self) -> NsName {
-        NsName::new(self.namespace.clone(), self.name.clone())
-    }
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.namespace.is_empty() {
-            write!(f, "{} {}", self.kind, self.name)
-        } else {
-            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
-        }
-    }
-}
+pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
+use crate::translate::Inputs;
+pub use crate::translate::References;
 
 /// An object of one of the kinds duet reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -162,38 +37,114 @@ pub enum Object {
     Secret(Arc<Secret>),
 }
 
+/// A type of object the index stores: its kind, its [`Object`] variant, its store, and what a
+/// change of one means for the snapshot.
+pub trait Stored: Sized + PartialEq + Send + Sync + 'static {
+    /// The kind.
+    const KIND: Kind;
+    /// The object as an [`Object`].
+    fn wrap(object: Arc<Self>) -> Object;
+    /// Its metadata.
+    fn meta(&self) -> &ObjectMeta;
+    /// The index's store of the type.
+    fn store(index: &Index) -> &Store<Self>;
+    /// The same, to change.
+    fn store_mut(index: &mut Index) -> &mut Store<Self>;
+    /// What replacing `old` by `new` (either absent) means for the snapshot.
+    fn impact(index: &Index, key: &NsName, old: Option<&Self>, new: Option<&Self>) -> Impact;
+}
+
+macro_rules! stored {
+    ($($ty:ty => $kind:ident, $store:ident, $impact:ident);* $(;)?) => {$(
+        impl Stored for $ty {
+            const KIND: Kind = Kind::$kind;
+            fn wrap(object: Arc<Self>) -> Object {
+                Object::$kind(object)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn store(index: &Index) -> &Store<Self> {
+                &index.$store
+            }
+            fn store_mut(index: &mut Index) -> &mut Store<Self> {
+                &mut index.$store
+            }
+            fn impact(index: &Index, key: &NsName, old: Option<&Self>, new: Option<&Self>) -> Impact {
+                index.$impact(key, old, new)
+            }
+        }
+    )*};
+}
+
+stored!(
+    Ingress => Ingress, ingresses, ingress_impact;
+    IngressClass => IngressClass, ingress_classes, class_impact;
+    Service => Service, services, service_impact;
+    EndpointSlice => EndpointSlice, endpoint_slices, slice_impact;
+    Secret => Secret, secrets, secret_impact;
+);
+
+/// Work to do on the stored type of a [`Kind`] only known at run time (see [`for_kind`]).
+pub trait PerKind {
+    /// What the work gives.
+    type Output;
+    /// Does the work for the type `K`.
+    fn run<K: Stored>(self) -> Self::Output;
+}
+
+/// Runs `work` for the stored type of `kind`: the one place where kinds meet types.
+pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
+    match kind {
+        Kind::Ingress => work.run::<Ingress>(),
+        Kind::IngressClass => work.run::<IngressClass>(),
+        Kind::Service => work.run::<Service>(),
+        Kind::EndpointSlice => work.run::<EndpointSlice>(),
+        Kind::Secret => work.run::<Secret>(),
+    }
+}
+
 impl Object {
-    /// The object's kind.
-    pub fn kind(&self) -> Kind {
+    /// The object's kind and metadata.
+    fn parts(&self) -> (Kind, &ObjectMeta) {
+        fn of<K: Stored>(object: &K) -> (Kind, &ObjectMeta) {
+            (K::KIND, object.meta())
+        }
         match self {
-            Object::Ingress(_) => Kind::Ingress,
-            Object::IngressClass(_) => Kind::IngressClass,
-            Object::Service(_) => Kind::Service,
-            Object::EndpointSlice(_) => Kind::EndpointSlice,
-            Object::Secret(_) => Kind::Secret,
+            Object::Ingress(o) => of(&**o),
+            Object::IngressClass(o) => of(&**o),
+            Object::Service(o) => of(&**o),
+            Object::EndpointSlice(o) => of(&**o),
+            Object::Secret(o) => of(&**o),
         }
     }
 
-    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-        match self {
-            Object::Ingress(o) => &o.metadata,
-            Object::IngressClass(o) => &o.metadata,
-            Object::Service(o) => &o.metadata,
-            Object::EndpointSlice(o) => &o.metadata,
-            Object::Secret(o) => &o.metadata,
-        }
+    /// The object's kind.
+    pub fn kind(&self) -> Kind {
+        self.parts().0
     }
 
     /// The object's key (a missing namespace is `default` for namespaced kinds).
     pub fn key(&self) -> ObjectKey {
-        let kind = self.kind();
-        let meta = self.meta();
+        let (kind, meta) = self.parts();
         let namespace = if kind.namespaced() {
             meta.namespace.as_deref().unwrap_or("default")
         } else {
             ""
         };
         ObjectKey::new(kind, namespace, meta.name.as_deref().unwrap_or_default())
+    }
+
+    /// Stores the object in `index`; what that means for the snapshot.
+    fn store_in(self, index: &mut Index, file: Option<Arc<Path>>) -> Impact {
+        let key = self.key().ns_name();
+        match self {
+            Object::Ingress(o) => index.put(key, o, file),
+            Object::IngressClass(o) => index.put(key, o, file),
+            Object::Service(o) => index.put(key, o, file),
+            Object::EndpointSlice(o) => index.put(key, o, file),
+            Object::Secret(o) => index.put(key, o, file),
+        }
     }
 }
 
@@ -249,18 +200,6 @@ impl Impact {
     }
 }
 
-/// What the current routes use: set after each route build, so that the index can tell whether
-/// a change matters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct References {
-    /// Our Ingresses.
-    pub ingresses: BTreeSet<NsName>,
-    /// Services our Ingresses name, whether they exist or not.
-    pub services: BTreeSet<NsName>,
-    /// TLS Secrets our Ingresses name, whether they exist or not.
-    pub secrets: BTreeSet<NsName>,
-}
-
 /// A stored object with the file it came from.
 #[derive(Clone, Debug)]
 pub struct Entry<T> {
@@ -290,13 +229,6 @@ pub struct Index {
     pub secrets: Store<Secret>,
 }
 
-/// The Service an EndpointSlice belongs to (its `kubernetes.io/service-name` label).
-pub fn slice_service(slice: &EndpointSlice) -> Option<NsName> {
-    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
-    Some(NsName::new(namespace, name.clone()))
-}
-
 impl Index {
     /// An empty index deciding ownership with `class`.
     pub fn new(class: ClassConfig) -> Index {
@@ -318,14 +250,14 @@ impl Index {
 
     /// The manifest file an object came from, when known.
     pub fn file_of(&self, key: &ObjectKey) -> Option<&Arc<Path>> {
-        let k = key.ns_name();
-        match key.kind {
-            Kind::Ingress => self.ingresses.get(&k)?.file.as_ref(),
-            Kind::IngressClass => self.ingress_classes.get(&k)?.file.as_ref(),
-            Kind::Service => self.services.get(&k)?.file.as_ref(),
-            Kind::EndpointSlice => self.endpoint_slices.get(&k)?.file.as_ref(),
-            Kind::Secret => self.secrets.get(&k)?.file.as_ref(),
+        struct FileOf<'a>(&'a Index, NsName);
+        impl<'a> PerKind for FileOf<'a> {
+            type Output = Option<&'a Arc<Path>>;
+            fn run<K: Stored>(self) -> Self::Output {
+                K::store(self.0).get(&self.1)?.file.as_ref()
+            }
         }
+        for_kind(key.kind, FileOf(self, key.ns_name()))
     }
 
     /// Stores a change and says what it means for the snapshot. Re-applying an identical object
@@ -333,8 +265,7 @@ impl Index {
     pub fn apply(&mut self, change: Change) -> Impact {
         match change {
             Change::Replace { kind, objects } => {
-                let keep: std::collections::BTreeSet<ObjectKey> =
-                    objects.iter().map(|(o, _)| o.key()).collect();
+                let keep: BTreeSet<ObjectKey> = objects.iter().map(|(o, _)| o.key()).collect();
                 let gone: Vec<ObjectKey> = self.keys(kind).filter(|k| !keep.contains(k)).collect();
                 let mut impact = Impact::default();
                 for key in gone {
@@ -345,57 +276,30 @@ impl Index {
                 }
                 impact
             }
-            Change::Apply { object, file } => {
-                let key = object.key().ns_name();
-                match object {
-                    Object::Ingress(new) => {
-                        let old = put(&mut self.ingresses, key.clone(), new.clone(), file);
-                        self.ingress_impact(&key, old.as_deref(), Some(&new))
-                    }
-                    Object::IngressClass(new) => {
-                        let old = put(&mut self.ingress_classes, key, new.clone(), file);
-                        self.class_impact(old.as_deref(), Some(&new))
-                    }
-                    Object::Service(new) => {
-                        let old = put(&mut self.services, key.clone(), new.clone(), file);
-                        self.service_impact(&key, old.as_deref(), Some(&new))
-                    }
-                    Object::EndpointSlice(new) => {
-                        let old = put(&mut self.endpoint_slices, key, new.clone(), file);
-                        self.slice_impact(old.as_deref(), Some(&new))
-                    }
-                    Object::Secret(new) => {
-                        let old = put(&mut self.secrets, key.clone(), new.clone(), file);
-                        self.secret_impact(&key, old.as_deref(), Some(&new))
-                    }
-                }
-            }
+            Change::Apply { object, file } => object.store_in(self, file),
             Change::Delete(key) => {
-                let k = key.ns_name();
-                match key.kind {
-                    Kind::Ingress => {
-                        let old = self.ingresses.remove(&k).map(|e| e.object);
-                        self.ingress_impact(&k, old.as_deref(), None)
-                    }
-                    Kind::IngressClass => {
-                        let old = self.ingress_classes.remove(&k).map(|e| e.object);
-                        self.class_impact(old.as_deref(), None)
-                    }
-                    Kind::Service => {
-                        let old = self.services.remove(&k).map(|e| e.object);
-                        self.service_impact(&k, old.as_deref(), None)
-                    }
-                    Kind::EndpointSlice => {
-                        let old = self.endpoint_slices.remove(&k).map(|e| e.object);
-                        self.slice_impact(old.as_deref(), None)
-                    }
-                    Kind::Secret => {
-                        let old = self.secrets.remove(&k).map(|e| e.object);
-                        self.secret_impact(&k, old.as_deref(), None)
+                struct Remove<'a>(&'a mut Index, NsName);
+                impl PerKind for Remove<'_> {
+                    type Output = Impact;
+                    fn run<K: Stored>(self) -> Impact {
+                        let Remove(index, key) = self;
+                        let old = K::store_mut(index).remove(&key).map(|e| e.object);
+                        K::impact(index, &key, old.as_deref(), None)
                     }
                 }
+                for_kind(key.kind, Remove(self, key.ns_name()))
             }
         }
+    }
+
+    /// Stores one object; the impact of replacing what was stored under its key.
+    fn put<K: Stored>(&mut self, key: NsName, object: Arc<K>, file: Option<Arc<Path>>) -> Impact {
+        let entry = Entry {
+            object: object.clone(),
+            file,
+        };
+        let old = K::store_mut(self).insert(key.clone(), entry);
+        K::impact(self, &key, old.as_ref().map(|e| &*e.object), Some(&object))
     }
 
     fn ingress_impact(&self, key: &NsName, old: Option<&Ingress>, new: Option<&Ingress>) -> Impact {
@@ -414,7 +318,12 @@ impl Index {
         }
     }
 
-    fn class_impact(&self, old: Option<&IngressClass>, new: Option<&IngressClass>) -> Impact {
+    fn class_impact(
+        &self,
+        _: &NsName,
+        old: Option<&IngressClass>,
+        new: Option<&IngressClass>,
+    ) -> Impact {
         if old == new {
             return Impact::default();
         }
@@ -435,7 +344,12 @@ impl Index {
         }
     }
 
-    fn slice_impact(&self, old: Option<&EndpointSlice>, new: Option<&EndpointSlice>) -> Impact {
+    fn slice_impact(
+        &self,
+        _: &NsName,
+        old: Option<&EndpointSlice>,
+        new: Option<&EndpointSlice>,
+    ) -> Impact {
         let mut impact = Impact::default();
         if old == new {
             return impact;
@@ -458,24 +372,32 @@ impl Index {
 
     /// The keys of every stored object of a kind.
     pub fn keys(&self, kind: Kind) -> impl Iterator<Item = ObjectKey> + '_ {
-        let names: Box<dyn Iterator<Item = &NsName>> = match kind {
-            Kind::Ingress => Box::new(self.ingresses.keys()),
-            Kind::IngressClass => Box::new(self.ingress_classes.keys()),
-            Kind::Service => Box::new(self.services.keys()),
-            Kind::EndpointSlice => Box::new(self.endpoint_slices.keys()),
-            Kind::Secret => Box::new(self.secrets.keys()),
-        };
-        names.map(move |n| ObjectKey::new(kind, n.namespace.clone(), n.name.clone()))
+        struct Keys<'a>(&'a Index);
+        impl PerKind for Keys<'_> {
+            type Output = Vec<ObjectKey>;
+            fn run<K: Stored>(self) -> Vec<ObjectKey> {
+                K::store(self.0)
+                    .keys()
+                    .map(|n| ObjectKey::new(K::KIND, n.namespace.clone(), n.name.clone()))
+                    .collect()
+            }
+        }
+        for_kind(kind, Keys(self)).into_iter()
+    }
+
+    /// The stored objects of one type.
+    fn objects<K: Stored>(&self) -> Vec<&K> {
+        K::store(self).values().map(|e| &*e.object).collect()
     }
 
     /// The stored objects as translation input.
-    pub fn inputs(&self) -> crate::translate::Inputs<'_> {
-        crate::translate::Inputs {
-            ingresses: self.ingresses.values().map(|e| &*e.object).collect(),
-            ingress_classes: self.ingress_classes.values().map(|e| &*e.object).collect(),
-            services: self.services.values().map(|e| &*e.object).collect(),
-            endpoint_slices: self.endpoint_slices.values().map(|e| &*e.object).collect(),
-            secrets: self.secrets.values().map(|e| &*e.object).collect(),
+    pub fn inputs(&self) -> Inputs<'_> {
+        Inputs {
+            ingresses: self.objects(),
+            ingress_classes: self.objects(),
+            services: self.objects(),
+            endpoint_slices: self.objects(),
+            secrets: self.objects(),
         }
     }
 }
@@ -492,15 +414,6 @@ fn same_routing(old: Option<&Ingress>, new: Option<&Ingress>) -> bool {
         (None, None) => true,
         _ => false,
     }
-}
-
-fn put<T>(
-    store: &mut Store<T>,
-    key: NsName,
-    object: Arc<T>,
-    file: Option<Arc<Path>>,
-) -> Option<Arc<T>> {
-    store.insert(key, Entry { object, file }).map(|e| e.object)
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
+pub mod object;
 pub mod source;
 pub mod status;
 pub mod translate;
+pub mod units;

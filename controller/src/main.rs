@@ -15,6 +15,7 @@ use controller::config::{self, Config, ConfigError, Invocation, Listen, MigrateC
 use controller::metrics::ControllerMetrics;
 use controller::source::files;
 use dataplane::access_log::{AccessLog, AccessLogFormat};
+use dataplane::admin::DebugExtra;
 use dataplane::listen::{self, BindError, ServeOptions};
 use dataplane::metrics::Metrics;
 use dataplane::observe::Telemetry;
@@ -154,12 +155,31 @@ enum Source {
     Kube(cluster::Cluster),
 }
 
-async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
-    let http = bind_all("HTTP", &config.http_listen)?;
-    let admin = bind_all("admin", &config.admin_listen)?;
-    let https = bind_all("HTTPS", &config.https_listen)?;
-    let debug_bound = bind_debug(&config.debug_listen)?;
+/// Every listener, bound.
+struct Bound {
+    http: Vec<(SocketAddr, std::net::TcpListener)>,
+    https: Vec<(SocketAddr, std::net::TcpListener)>,
+    admin: Vec<(SocketAddr, std::net::TcpListener)>,
+    debug: Vec<(SocketAddr, std::net::TcpListener)>,
+}
 
+impl Bound {
+    /// Binds every listener of the command line (before anything else starts: a bad address
+    /// fails the start).
+    fn new(config: &Config) -> anyhow::Result<Bound> {
+        Ok(Bound {
+            http: bind_all("HTTP", &config.http_listen)?,
+            admin: bind_all("admin", &config.admin_listen)?,
+            https: bind_all("HTTPS", &config.https_listen)?,
+            debug: bind_debug(&config.debug_listen)?,
+        })
+    }
+}
+
+/// Runs duet until a signal and its drain: listeners bound, the dataplane runtime and the
+/// control loop started, every listener served.
+async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
+    let bound = Bound::new(&config)?;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let controller_metrics = ControllerMetrics::register(&mut registry);
@@ -171,119 +191,25 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     };
     let telemetry = Telemetry::new(registry, metrics.clone(), access_log);
     let mut proxy_config = config.proxy.clone();
-    proxy_config.https_listen = https.iter().map(|(addr, _)| *addr).collect();
+    proxy_config.https_listen = bound.https.iter().map(|(addr, _)| *addr).collect();
     let runtime = Runtime::with_telemetry(proxy_config, telemetry);
-    let proxy = Proxy::new(runtime.clone());
-    let tunnels = proxy.tunnels().clone();
-    let options = ServeOptions {
-        header_read_timeout: config.proxy.header_read_timeout,
-        keepalive_timeout: config.proxy.keepalive_timeout,
-        drain_timeout: config.proxy.drain_timeout,
-        tls: None,
-        proxy_protocol: None,
-        trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
-        connections: None,
-        proxy_protocol_from: None,
-        max_connections: None,
-    };
-    let edge = &config.edge;
-    let proxy_protocol_from = if edge.proxy_protocol_from.0.is_empty() {
-        if edge.proxy_protocol_http || edge.proxy_protocol_https {
-            tracing::warn!("PROXY protocol headers are accepted from any peer; set --proxy-protocol-from to the load balancers' addresses");
-        }
-        None
-    } else {
-        Some(Arc::new(edge.proxy_protocol_from.clone()))
-    };
-    let limit = listen::ConnectionLimit::new(config.max_connections);
-    let pp_timeout = config.proxy.proxy_protocol_timeout;
-    let http_options = ServeOptions {
-        proxy_protocol: config.edge.proxy_protocol_http.then_some(pp_timeout),
-        ..options.clone()
-    };
-    let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
-    let tls_options = ServeOptions {
-        tls: Some(dataplane::tls::server_config(runtime.clone(), &fallback)),
-        proxy_protocol: config.edge.proxy_protocol_https.then_some(pp_timeout),
-        ..options.clone()
-    };
-
-    let (events_tx, events_rx) = mpsc::channel(64);
-    let mut app = App::new(AppConfig::new(config.translate.clone()), runtime.clone())
-        .with_metrics(controller_metrics);
-    let mut extra = app.diagnostics().debug_extra();
-    // Kept for the life of the process: the Kubernetes mode tasks.
-    let cluster = match source {
-        Source::Files(dir) => {
-            files::spawn(dir, events_tx)?;
-            None
-        }
-        Source::Kube(c) => {
-            let running = c.start(&config.kube, events_tx, &mut app);
-            extra = running.debug_extra(extra);
-            Some(running)
-        }
-    };
-    tokio::spawn(app.run(events_rx));
-
-    let (proxy_stop, proxy_stopped) = watch::channel(false);
-    let (admin_stop, admin_stopped) = watch::channel(false);
+    let options = Options::new(&config, &runtime)?;
+    let (cluster, extra) = start_control(&config, source, &runtime, controller_metrics)?;
     // Registered before "Listening" is logged: a SIGTERM right after it drains, never kills.
     let mut signals = Signals::new()?;
-    tracing::info!(http = %list(&http), https = %list(&https), admin = %list(&admin), debug = %list(&debug_bound), "Listening");
-
-    // One task per accept loop on the worker threads; `serve` spawns every connection.
-    let plain = http.into_iter().map(|l| (l, http_options.clone()));
-    let secure = https.into_iter().map(|l| (l, tls_options.clone()));
-    let proxies = plain.chain(secure).map(|((addr, listener), options)| {
-        let proxy = proxy.clone();
-        let handler = move |req, conn| proxy.clone().handle(req, conn);
-        let options = ServeOptions {
-            connections: Some(metrics.listener(addr)),
-            proxy_protocol_from: proxy_protocol_from.clone(),
-            max_connections: Some(limit.clone()),
-            ..options.clone()
-        };
-        let task = tokio::spawn(listen::serve(
-            listener,
-            options,
-            handler,
-            proxy_stopped.clone(),
-        ));
-        async move { report(addr, task.await) }
-    });
-    let probes = admin.into_iter().map(|(addr, listener)| {
-        let runtime = runtime.clone();
-        let handler = move |req, conn| dataplane::admin::handle(runtime.clone(), req, conn);
-        let task = tokio::spawn(listen::serve(
-            listener,
-            options.clone(),
-            handler,
-            admin_stopped.clone(),
-        ));
-        async move { report(addr, task.await) }
-    });
-    let debugs = debug_bound.into_iter().map(|(addr, listener)| {
-        let runtime = runtime.clone();
-        let extra = extra.clone();
-        let handler = move |req, conn| {
-            dataplane::admin::debug(runtime.clone(), Some(extra.clone()), req, conn)
-        };
-        let task = tokio::spawn(listen::serve(
-            listener,
-            options.clone(),
-            handler,
-            admin_stopped.clone(),
-        ));
-        async move { report(addr, task.await) }
-    });
-    let admins = async move { tokio::join!(join_all(probes), join_all(debugs)) };
-    let proxies = async move {
-        join_all(proxies).await;
-        // The admin endpoints stay up (answering /readyz 503) until the proxies have drained.
-        let _ = admin_stop.send(true);
-    };
-    let listeners = async move { tokio::join!(proxies, admins) };
+    tracing::info!(http = %list(&bound.http), https = %list(&bound.https), admin = %list(&bound.admin), debug = %list(&bound.debug), "Listening");
+    let proxy = Proxy::new(runtime.clone());
+    let tunnels = proxy.tunnels().clone();
+    let (proxy_stop, proxy_stopped) = watch::channel(false);
+    let listeners = serve_all(
+        bound,
+        options,
+        proxy,
+        &runtime,
+        &metrics,
+        extra,
+        proxy_stopped,
+    );
     tokio::pin!(listeners);
 
     tokio::select! {
@@ -322,12 +248,175 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
             tracing::warn!(signal = second, "Second signal; exiting without waiting");
         }
     }
+    flush_access_log(&runtime).await;
+    Ok(())
+}
+
+/// How each kind of listener serves.
+struct Options {
+    /// The admin and debug listeners'.
+    base: ServeOptions,
+    /// The plain HTTP listeners' (PROXY protocol if `--proxy-protocol-http`).
+    http: ServeOptions,
+    /// The HTTPS listeners' (PROXY protocol if `--proxy-protocol-https`).
+    tls: ServeOptions,
+    /// `--proxy-protocol-from`, for every proxy listener.
+    proxy_protocol_from: Option<Arc<dataplane::forwarded::TrustedProxies>>,
+    /// `--max-connections`, shared by every proxy listener.
+    limit: listen::ConnectionLimit,
+}
+
+impl Options {
+    fn new(config: &Config, runtime: &Arc<Runtime>) -> anyhow::Result<Options> {
+        let base = ServeOptions {
+            header_read_timeout: config.proxy.header_read_timeout,
+            keepalive_timeout: config.proxy.keepalive_timeout,
+            drain_timeout: config.proxy.drain_timeout,
+            tls: None,
+            proxy_protocol: None,
+            trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
+            connections: None,
+            proxy_protocol_from: None,
+            max_connections: None,
+        };
+        let edge = &config.edge;
+        let proxy_protocol_from = if edge.proxy_protocol_from.0.is_empty() {
+            if edge.proxy_protocol_http || edge.proxy_protocol_https {
+                tracing::warn!("PROXY protocol headers are accepted from any peer; set --proxy-protocol-from to the load balancers' addresses");
+            }
+            None
+        } else {
+            Some(Arc::new(edge.proxy_protocol_from.clone()))
+        };
+        let pp_timeout = config.proxy.proxy_protocol_timeout;
+        let http = ServeOptions {
+            proxy_protocol: edge.proxy_protocol_http.then_some(pp_timeout),
+            ..base.clone()
+        };
+        let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
+        let tls = ServeOptions {
+            tls: Some(dataplane::tls::server_config(runtime.clone(), &fallback)),
+            proxy_protocol: edge.proxy_protocol_https.then_some(pp_timeout),
+            ..base.clone()
+        };
+        Ok(Options {
+            base,
+            http,
+            tls,
+            proxy_protocol_from,
+            limit: listen::ConnectionLimit::new(config.max_connections),
+        })
+    }
+}
+
+/// Starts the control loop over the source (in Kubernetes mode with leader election, status and
+/// Events); returns the Kubernetes mode tasks, kept for the life of the process, and what
+/// `/debug/routes` adds to the snapshot.
+fn start_control(
+    config: &Config,
+    source: Source,
+    runtime: &Arc<Runtime>,
+    metrics: ControllerMetrics,
+) -> anyhow::Result<(Option<cluster::Running>, DebugExtra)> {
+    let (events_tx, events_rx) = mpsc::channel(64);
+    let mut app =
+        App::new(AppConfig::new(config.translate.clone()), runtime.clone()).with_metrics(metrics);
+    let mut extra = app.diagnostics().debug_extra();
+    let cluster = match source {
+        Source::Files(dir) => {
+            files::spawn(dir, events_tx)?;
+            None
+        }
+        Source::Kube(c) => {
+            let running = c.start(&config.kube, events_tx, &mut app);
+            extra = running.debug_extra(extra);
+            Some(running)
+        }
+    };
+    tokio::spawn(app.run(events_rx));
+    Ok((cluster, extra))
+}
+
+/// Serves every listener, one task per accept loop on the worker threads (`listen::serve` spawns
+/// every connection); ends when all have stopped. The admin endpoints stay up (answering
+/// `/readyz` 503) until the proxies have drained.
+fn serve_all(
+    bound: Bound,
+    options: Options,
+    proxy: Arc<Proxy>,
+    runtime: &Arc<Runtime>,
+    metrics: &Metrics,
+    extra: DebugExtra,
+    proxy_stopped: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> {
+    let (admin_stop, admin_stopped) = watch::channel(false);
+    let plain = bound.http.into_iter().map(|l| (l, options.http.clone()));
+    let secure = bound.https.into_iter().map(|l| (l, options.tls.clone()));
+    let proxies: Vec<_> = plain
+        .chain(secure)
+        .map(|((addr, listener), serve_options)| {
+            let proxy = proxy.clone();
+            let handler = move |req, conn| proxy.clone().handle(req, conn);
+            let serve_options = ServeOptions {
+                connections: Some(metrics.listener(addr)),
+                proxy_protocol_from: options.proxy_protocol_from.clone(),
+                max_connections: Some(options.limit.clone()),
+                ..serve_options
+            };
+            let stopped = proxy_stopped.clone();
+            ended(
+                addr,
+                tokio::spawn(listen::serve(listener, serve_options, handler, stopped)),
+            )
+        })
+        .collect();
+    let probes: Vec<_> = bound
+        .admin
+        .into_iter()
+        .map(|(addr, listener)| {
+            let runtime = runtime.clone();
+            let handler = move |req, conn| dataplane::admin::handle(runtime.clone(), req, conn);
+            let stopped = admin_stopped.clone();
+            let serving = listen::serve(listener, options.base.clone(), handler, stopped);
+            ended(addr, tokio::spawn(serving))
+        })
+        .collect();
+    let debugs: Vec<_> = bound
+        .debug
+        .into_iter()
+        .map(|(addr, listener)| {
+            let runtime = runtime.clone();
+            let extra = extra.clone();
+            let handler = move |req, conn| {
+                dataplane::admin::debug(runtime.clone(), Some(extra.clone()), req, conn)
+            };
+            let stopped = admin_stopped.clone();
+            let serving = listen::serve(listener, options.base.clone(), handler, stopped);
+            ended(addr, tokio::spawn(serving))
+        })
+        .collect();
+    let admins = async move { tokio::join!(join_all(probes), join_all(debugs)) };
+    let proxies = async move {
+        join_all(proxies).await;
+        let _ = admin_stop.send(true);
+    };
+    async move {
+        tokio::join!(proxies, admins);
+    }
+}
+
+/// Waits for one listener's accept loop to end, and reports how it ended.
+async fn ended(addr: SocketAddr, task: tokio::task::JoinHandle<std::io::Result<()>>) {
+    report(addr, task.await);
+}
+
+/// Flushes the access log's last lines (at most 2 s).
+async fn flush_access_log(runtime: &Runtime) {
     if let Some(log) = runtime.telemetry().access_log() {
         let log = log.clone();
         let _ =
             tokio::task::spawn_blocking(move || log.flush(std::time::Duration::from_secs(2))).await;
     }
-    Ok(())
 }
 
 fn report(addr: SocketAddr, result: Result<std::io::Result<()>, tokio::task::JoinError>) {

@@ -97,7 +97,7 @@ impl ControllerMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{Kind, ObjectKey};
+    use crate::object::{Kind, ObjectKey};
 
     #[test]
     fn diagnostics_by_reason_and_build_time() {

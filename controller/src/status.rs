@@ -5,8 +5,9 @@
 //! Written only by the leader, only once the Ingress's routes are live (the control loop reports
 //! the Ingresses of each applied snapshot), only when the value differs from what the API holds,
 //! as a JSON merge patch of the `status` subresource. An Ingress that stops being ours gets its
-//! status cleared. A publish Service with a single IP family (one `spec.ipFamilies` entry) is
-//! logged as a warning and shown on `/debug/routes`.
+//! status cleared. A publish Service with a single IP family (one `spec.ipFamilies` entry) by its
+//! own `SingleStack` policy (or none) is logged as a warning and shown on `/debug/routes`; one with
+//! a dual-stack policy that got one family is on a single-stack cluster, and gets no warning.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -22,7 +23,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::index::NsName;
+use crate::object::NsName;
 use crate::source::kube::{trim, Stores};
 
 /// Where the published addresses come from.
@@ -68,7 +69,8 @@ pub fn entries<'a>(
 /// The addresses of a publish Service: for `type: LoadBalancer` every entry of its
 /// `status.loadBalancer.ingress` (IPs of both families and host names), otherwise every
 /// `spec.clusterIPs` entry (`spec.clusterIP` when the list is missing), for `ExternalName` the
-/// external name. Also a warning when the Service has a single IP family.
+/// external name. Also a warning when the Service has a single IP family by its own
+/// `SingleStack` policy (not when a dual-stack policy got one family: a single-stack cluster).
 pub fn service_addresses(service: &Service) -> (Vec<IngressLoadBalancerIngress>, Option<String>) {
     let spec = service.spec.clone().unwrap_or_default();
     let name = format!(
@@ -100,9 +102,14 @@ pub fn service_addresses(service: &Service) -> (Vec<IngressLoadBalancerIngress>,
         }
     }
     let families = spec.ip_families.unwrap_or_default();
-    let warning = (families.len() == 1).then(|| {
+    // A dual-stack policy that got one family means a single-stack cluster: nothing to fix.
+    let single_stack_policy = !matches!(
+        spec.ip_family_policy.as_deref(),
+        Some("PreferDualStack" | "RequireDualStack")
+    );
+    let warning = (families.len() == 1 && single_stack_policy).then(|| {
         format!(
-            "publish Service {name} has a single IP family ({}): Ingress status lists no {} address; make it dual-stack (ipFamilyPolicy: PreferDualStack or RequireDualStack)",
+            "publish Service {name} has a single IP family ({}, ipFamilyPolicy SingleStack): Ingress status lists no {} address; set ipFamilyPolicy: PreferDualStack",
             families[0],
             if families[0] == "IPv6" { "IPv4" } else { "IPv6" }
         )
@@ -282,6 +289,23 @@ pub fn desired(
     (now != want).then_some(want)
 }
 
+/// Writes `status.loadBalancer.ingress` of one Ingress (cleared when `want` is empty).
+async fn patch_status(
+    client: &kube::Client,
+    key: &NsName,
+    want: &[IngressLoadBalancerIngress],
+) -> Result<Ingress, kube::Error> {
+    let api = Api::<Ingress>::namespaced(client.clone(), &key.namespace);
+    let value = if want.is_empty() {
+        Value::Null
+    } else {
+        serde_json::to_value(want).unwrap_or(Value::Null)
+    };
+    let patch = json!({ "status": { "loadBalancer": { "ingress": value } } });
+    api.patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
 async fn write_loop(
     inputs: StatusInputs,
     mut addresses: watch::Receiver<Option<Vec<IngressLoadBalancerIngress>>>,
@@ -328,17 +352,7 @@ async fn write_loop(
                 if written.get(&key) == Some(&(want.clone(), version.clone())) {
                     continue; // our write is on its way back through the watch
                 }
-                let api = Api::<Ingress>::namespaced(client.clone(), &key.namespace);
-                let value = if want.is_empty() {
-                    Value::Null
-                } else {
-                    serde_json::to_value(&want).unwrap_or(Value::Null)
-                };
-                let patch = json!({ "status": { "loadBalancer": { "ingress": value } } });
-                match api
-                    .patch_status(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
+                match patch_status(&client, &key, &want).await {
                     Ok(_) => {
                         tracing::info!(ingress = %key, addresses = ?shown(&want), "Ingress status updated");
                         written.insert(key, (want, version));

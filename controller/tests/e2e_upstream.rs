@@ -401,32 +401,31 @@ async fn grpc_round_trips_keep_trailers_over_prior_knowledge_and_tls() -> anyhow
     Ok(())
 }
 
+/// Kubernetes mode on the real control plane (`kube_support`): a Service port's `appProtocol:
+/// h2` and an Opaque CA Secret named by the Ingress make duet speak HTTP/2 over TLS to the pod.
 #[tokio::test]
 async fn kubernetes_mode_reads_appprotocol_and_an_opaque_ca_secret() -> anyhow::Result<()> {
-    let api = kube_support::api(Family::V6)?;
+    let env = kube_support::env(conformance::cluster::Stack::Dual, &["upstream"]).await?;
     let ca = TestCa::new("kube CA");
-    let cert = ca.issue(&["secure.kube.svc"]);
+    let cert = ca.issue(&["secure.upstream.svc"]);
     let options = EchoOptions {
         tls: Some(tls::server_config(&cert, &["h2", "http/1.1"])),
         ..EchoOptions::default()
     };
-    let fleet = Fleet::start_with("kube", "secure", &[PodSpec::dual("a")], options)?;
-    kube_support::apply(&api, &fleet.manifests_with_app_protocol("h2"))?;
-    kube_support::apply(
-        &api,
-        &[
-            tls::ca_secret("kube", "ca", &ca.cert_pem),
-            Ingress::new("kube", "secure")
-                .annotation("duet.dev/backend-ca-secret", "ca")
-                .host("kube-secure.test", "secure")
-                .build(),
-        ],
-    )?;
-    let duet = kube_support::duet(&api, &[]).await?;
+    let _pod = kube_support::tls_pod(&env, 10, "h2", options).await?;
+    env.apply(&[
+        tls::ca_secret("upstream", "ca", &ca.cert_pem),
+        Ingress::new("upstream", "secure")
+            .annotation("duet.dev/backend-ca-secret", "ca")
+            .host("kube-secure.test", "secure")
+            .build(),
+    ])
+    .await?;
+    let duet = env.duet(Family::V6, &[]).await?;
     kube_support::until_status(&duet, "kube-secure.test", 200).await?;
     for family in Family::BOTH {
         let reply = client::get(duet.http(family), "kube-secure.test", "/").await?;
-        let echo = echo_of(&reply, "kube")?;
+        let echo = echo_of(&reply, "upstream")?;
         assert_eq!((echo.proto.as_str(), echo.family), ("HTTP/2.0", family));
     }
     Ok(())

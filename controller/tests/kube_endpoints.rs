@@ -1,15 +1,27 @@
-//! Kubernetes mode end to end: EndpointSlice addresses duet never proxies to. Loopback pods
-//! (127.0.0.1, ::1) are dropped unless `--allow-loopback-endpoints` (the test-only flag);
-//! unspecified, link-local (169.254.169.254, fe80::/10) and multicast addresses always. Each
-//! dropped endpoint is a `ForbiddenEndpointAddress` diagnostic on `/debug/routes` and a Warning
-//! Event regarding its EndpointSlice. Clients of both families, API server on 127.0.0.1 and [::1].
+//! Kubernetes mode end to end: which EndpointSlice addresses duet proxies to. On the real
+//! control plane: the pods of a real Deployment, listed by the real endpointslice controller, are
+//! served to clients of both families without any test-only flag; global multicast endpoints
+//! (239.255.255.250, ff05::2, which the real API server accepts) are refused, each a
+//! `ForbiddenEndpointAddress` diagnostic on `/debug/routes` and a Warning Event regarding its
+//! EndpointSlice; on an IPv4-only and on an IPv6-only cluster the Service gets the cluster's one
+//! family, its one slice, and clients of both families reach the pods over that family.
+//! The real API server refuses slices with loopback, link-local, link-local multicast and
+//! unspecified addresses (422, asserted); duet refuses them too, tested on the stand-in API server
+//! (`conformance::apiserver`), which stores them: loopback pods unless
+//! `--allow-loopback-endpoints` (the test-only flag), the others always. API server reached over
+//! 127.0.0.1 and [::1].
 
 mod kube_support;
 
 use std::collections::BTreeSet;
 
+use anyhow::Context;
+
+use conformance::apiserver::ApiServer;
 use conformance::client;
-use conformance::manifests::{endpoint_slice, service, Endpoint};
+use conformance::cluster::Stack;
+use conformance::manifests::{endpoint_slice, service as selectorless, Endpoint};
+use conformance::manifests::{ingress_class, CONTROLLER};
 use conformance::{Duet, DuetBuilder, Family, Fleet, Ingress, PodSpec};
 use kube_support::*;
 use serde_json::Value;
@@ -17,7 +29,7 @@ use serde_json::Value;
 const REASON: &str = "ForbiddenEndpointAddress";
 
 /// A Service `meta` whose slices list only addresses duet always refuses.
-fn refused_everywhere() -> Vec<Value> {
+fn refused_everywhere(ns: &str) -> Vec<Value> {
     let endpoint = |pod: &str, ip: &str| Endpoint {
         pod: pod.to_owned(),
         uid: format!("uid-{pod}"),
@@ -25,9 +37,9 @@ fn refused_everywhere() -> Vec<Value> {
         ready: true,
     };
     vec![
-        service("kube", "meta", &[("http", 8080)]),
+        selectorless(ns, "meta", &[("http", 8080)]),
         endpoint_slice(
-            "kube",
+            ns,
             "meta",
             "meta-ipv4",
             Family::V4,
@@ -40,7 +52,7 @@ fn refused_everywhere() -> Vec<Value> {
             ],
         ),
         endpoint_slice(
-            "kube",
+            ns,
             "meta",
             "meta-ipv6",
             Family::V6,
@@ -113,11 +125,116 @@ const ALWAYS: [&str; 6] = [
     "meta-ipv6 ff02::1",
 ];
 
+/// Global multicast endpoints (the real API server refuses only link-local multicast).
+fn multicast(ns: &str) -> Vec<Value> {
+    let endpoint = |pod: &str, ip: &str| Endpoint {
+        pod: pod.to_owned(),
+        uid: format!("uid-{pod}"),
+        ip: ip.parse().unwrap(),
+        ready: true,
+    };
+    vec![
+        selectorless(ns, "mcast", &[("http", 8080)]),
+        endpoint_slice(
+            ns,
+            "mcast",
+            "mcast-ipv4",
+            Family::V4,
+            "http",
+            80,
+            &[endpoint("ssdp", "239.255.255.250")],
+        ),
+        endpoint_slice(
+            ns,
+            "mcast",
+            "mcast-ipv6",
+            Family::V6,
+            "http",
+            80,
+            &[endpoint("site", "ff05::2")],
+        ),
+    ]
+}
+
 async fn forbidden_addresses_are_not_proxied_to(api_family: Family) -> anyhow::Result<()> {
-    let api = api(api_family)?;
+    let env = env(Stack::Dual, &[&format!("ep-{api_family}")]).await?;
+    let ns = env.ns.clone();
+    env.web(&ns, "web", 1).await?;
+    let web = env.ready_pods(&ns, "web", 1).await?;
+    // What the real API server itself refuses never reaches duet: every slice of
+    // `refused_everywhere` is invalid (422).
+    for slice in refused_everywhere(&ns).into_iter().skip(1) {
+        let refused = env.api.apply(slice.clone()).await;
+        let message = format!("{:#}", refused.as_ref().err().context("accepted")?);
+        anyhow::ensure!(message.contains("Invalid value"), "{message}");
+    }
+    env.apply(&multicast(&ns)).await?;
+    env.apply(&[Ingress::new(&ns, "web")
+        .host("web.test", "web")
+        .host("mcast.test", "mcast")
+        .build()])
+        .await?;
+
+    // Kubernetes mode without the test-only flag: the real pods are served, multicast refused.
+    let duet = env.duet(api_family, &[]).await?;
+    let want = ["mcast-ipv4 239.255.255.250", "mcast-ipv6 ff05::2"];
+    until_refused(&duet, &want).await?;
+    until_pods(&duet, "web.test", &web).await?;
+    until_status(&duet, "mcast.test", 503).await?;
+    // The leader writes one Warning Event per refused endpoint, regarding its EndpointSlice.
+    client::eventually("Events regard the EndpointSlices", LIVE, || async {
+        let mut regarding: BTreeSet<String> = BTreeSet::new();
+        for event in env.events(&ns).await? {
+            if event["reason"] == REASON && event["regarding"]["kind"] == "EndpointSlice" {
+                anyhow::ensure!(event["type"] == "Warning", "{event}");
+                let name = event["regarding"]["name"].as_str().unwrap_or_default();
+                let note = event["note"].as_str().unwrap_or_default();
+                let address = note.split(' ').nth(1).unwrap_or_default();
+                regarding.insert(format!("{name} {address}"));
+            }
+        }
+        let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
+        anyhow::ensure!(regarding == want, "Events for {regarding:?}");
+        Ok(())
+    })
+    .await?;
+    env.cluster.check_running()
+}
+
+#[tokio::test]
+async fn forbidden_endpoint_addresses_are_dropped_api_on_ipv4() -> anyhow::Result<()> {
+    forbidden_addresses_are_not_proxied_to(Family::V4).await
+}
+
+#[tokio::test]
+async fn forbidden_endpoint_addresses_are_dropped_api_on_ipv6() -> anyhow::Result<()> {
+    forbidden_addresses_are_not_proxied_to(Family::V6).await
+}
+
+/// The stand-in API server (`conformance::apiserver`) on `family`'s loopback, with our
+/// IngressClass: it serves EndpointSlices the real one refuses (422, `ValidateEndpointIP`).
+fn standin(family: Family) -> anyhow::Result<ApiServer> {
+    let api = ApiServer::start(family.loopback())?;
+    api.apply(ingress_class("duet", CONTROLLER))?;
+    Ok(api)
+}
+
+fn apply(api: &ApiServer, objects: &[Value]) -> anyhow::Result<()> {
+    for object in objects {
+        api.apply(object.clone())
+            .map_err(|e| anyhow::anyhow!("apply failed: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// Loopback, link-local, unspecified and link-local multicast endpoints: the real API server
+/// refuses such slices (asserted in the real-cluster test), so a cluster holds them only when
+/// something else wrote them; duet still refuses them (here on the stand-in, which stores them).
+async fn standin_forbidden_addresses(api_family: Family) -> anyhow::Result<()> {
+    let api = standin(api_family)?;
     let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
     apply(&api, &pods.manifests())?;
-    apply(&api, &refused_everywhere())?;
+    apply(&api, &refused_everywhere("kube"))?;
     apply(
         &api,
         &[Ingress::new("kube", "web")
@@ -162,7 +279,10 @@ async fn forbidden_addresses_are_not_proxied_to(api_family: Family) -> anyhow::R
     drop(strict);
 
     // With the flag, loopback pods are served over both families; the rest is still refused.
-    let lenient = duet(&api, &["--election-namespace", "default"]).await?;
+    let lenient = DuetBuilder::kube(DUET, api.kubeconfig())
+        .args([LOOPBACK_PODS, "--election-namespace", "default"])
+        .start()
+        .await?;
     until_refused(&lenient, &ALWAYS).await?;
     until_status(&lenient, "web.test", 200).await?;
     until_status(&lenient, "meta.test", 503).await?;
@@ -170,11 +290,77 @@ async fn forbidden_addresses_are_not_proxied_to(api_family: Family) -> anyhow::R
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forbidden_endpoint_addresses_are_dropped_api_on_ipv4() -> anyhow::Result<()> {
-    forbidden_addresses_are_not_proxied_to(Family::V4).await
+async fn standin_forbidden_endpoint_addresses_are_dropped_api_on_ipv4() -> anyhow::Result<()> {
+    standin_forbidden_addresses(Family::V4).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forbidden_endpoint_addresses_are_dropped_api_on_ipv6() -> anyhow::Result<()> {
-    forbidden_addresses_are_not_proxied_to(Family::V6).await
+async fn standin_forbidden_endpoint_addresses_are_dropped_api_on_ipv6() -> anyhow::Result<()> {
+    standin_forbidden_addresses(Family::V6).await
+}
+
+/// On a single-stack cluster a `PreferDualStack` Service gets the cluster's family only, the
+/// endpointslice controller writes a slice of that family only, and duet serves the pod to
+/// clients of both families over it.
+async fn single_stack_endpoints(stack: Stack) -> anyhow::Result<()> {
+    let family = stack.families()[0];
+    let env = env(stack, &[&format!("single-{family}")]).await?;
+    let ns = env.ns.clone();
+    env.web(&ns, "web", 2).await?;
+    let pods = env.ready_pods(&ns, "web", 2).await?;
+    let svc = env
+        .api
+        .get("v1", "Service", Some(&ns), "web")
+        .await?
+        .context("the Service")?;
+    let want_family = match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    };
+    anyhow::ensure!(
+        svc["spec"]["ipFamilies"] == serde_json::json!([want_family]),
+        "{}",
+        svc["spec"]
+    );
+    let slices = env
+        .api
+        .list(
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            Some(&ns),
+            "kubernetes.io/service-name=web",
+        )
+        .await?;
+    let types: Vec<&str> = slices
+        .iter()
+        .filter_map(|s| s["addressType"].as_str())
+        .collect();
+    anyhow::ensure!(types == [want_family], "slices of {types:?}");
+    env.apply(&[Ingress::new(&ns, "web").host("web.test", "web").build()])
+        .await?;
+    let duet = env.duet(family, &[]).await?;
+    until_pods(&duet, "web.test", &pods).await?;
+    for client_family in Family::BOTH {
+        let echo = client::get(duet.http(client_family), "web.test", "/")
+            .await?
+            .echo()?;
+        anyhow::ensure!(
+            echo.family == family,
+            "a {client_family} client reached the pod over {}",
+            echo.family
+        );
+    }
+    let refused = refused(&duet).await?;
+    anyhow::ensure!(refused.is_empty(), "refused {refused:?}");
+    env.cluster.check_running()
+}
+
+#[tokio::test]
+async fn single_stack_ipv4_cluster_serves_the_ipv4_slice_to_both_families() -> anyhow::Result<()> {
+    single_stack_endpoints(Stack::Ipv4).await
+}
+
+#[tokio::test]
+async fn single_stack_ipv6_cluster_serves_the_ipv6_slice_to_both_families() -> anyhow::Result<()> {
+    single_stack_endpoints(Stack::Ipv6).await
 }

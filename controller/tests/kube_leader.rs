@@ -1,50 +1,49 @@
 //! Kubernetes mode end to end: a leader whose API server hangs (requests held unanswered, the
 //! connections open) steps down on its own timer, before the lease it last renewed could expire
 //! for another replica, and leads again once the API answers; the Lease is named by
-//! `--election-id`. The API server runs on 127.0.0.1 and [::1].
+//! `--election-id`. On the real control plane; the hang is the fault proxy holding every request
+//! (`FaultProxy::stall_for`), reached on 127.0.0.1 and [::1].
 
 mod kube_support;
 
 use std::time::{Duration, Instant};
 
-use conformance::apiserver::ApiServer;
 use conformance::client;
+use conformance::cluster::Stack;
 use conformance::Family;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube_support::*;
-use serde_json::json;
 
 const LEASE: &str = "edge-duet";
 const LEASE_SECONDS: u64 = 6;
 
-fn lease(api: &ApiServer) -> Option<serde_json::Value> {
-    api.get("coordination.k8s.io/v1", "Lease", Some("duet"), LEASE)
+async fn lease(env: &Env) -> anyhow::Result<Option<serde_json::Value>> {
+    env.api
+        .get("coordination.k8s.io/v1", "Lease", Some(&env.ns), LEASE)
+        .await
 }
 
 async fn leader_steps_down_when_the_api_hangs(api_family: Family) -> anyhow::Result<()> {
-    let api = api(api_family)?;
-    apply(
-        &api,
-        &[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "duet"}})],
-    )?;
+    let env = env(Stack::Dual, &[&format!("leader-{api_family}")]).await?;
     let lease_duration = format!("{LEASE_SECONDS}s");
-    let duet = duet(
-        &api,
-        &[
-            "--publish-status-address",
-            "192.0.2.1,2001:db8::1",
-            "--election-namespace",
-            "duet",
-            "--election-id",
-            LEASE,
-            "--election-lease-duration",
-            &lease_duration,
-        ],
-    )
-    .await?;
+    let duet = env
+        .duet(
+            api_family,
+            &[
+                "--publish-status-address",
+                "192.0.2.1,2001:db8::1",
+                "--election-id",
+                LEASE,
+                "--election-lease-duration",
+                &lease_duration,
+            ],
+        )
+        .await?;
     client::eventually("duet leads, holding its named Lease", LIVE, || async {
         anyhow::ensure!(duet.logs().contains("Leading"), "not leading yet");
-        let holder = lease(&api).map(|l| l["spec"]["holderIdentity"].clone());
+        let holder = lease(&env)
+            .await?
+            .map(|l| l["spec"]["holderIdentity"].clone());
         anyhow::ensure!(
             holder.as_ref().and_then(|h| h.as_str()).is_some(),
             "Lease {LEASE}: {holder:?}"
@@ -52,24 +51,24 @@ async fn leader_steps_down_when_the_api_hangs(api_family: Family) -> anyhow::Res
         Ok(())
     })
     .await?;
-    assert!(
-        api.get(
+    let default_lease = env
+        .api
+        .get(
             "coordination.k8s.io/v1",
             "Lease",
-            Some("duet"),
-            "duet-leader"
+            Some(&env.ns),
+            "duet-leader",
         )
-        .is_none(),
-        "--election-id names the Lease"
-    );
+        .await?;
+    assert!(default_lease.is_none(), "--election-id names the Lease");
 
     // The API server hangs: nothing is answered for three lease durations.
-    api.stall_for(Duration::from_secs(3 * LEASE_SECONDS));
-    let stalled = Instant::now();
-    let renewed: Timestamp = lease(&api).expect("the Lease")["spec"]["renewTime"]
+    let renewed: Timestamp = lease(&env).await?.expect("the Lease")["spec"]["renewTime"]
         .as_str()
         .expect("renewTime")
         .parse()?;
+    env.proxy.stall_for(Duration::from_secs(3 * LEASE_SECONDS));
+    let stalled = Instant::now();
     // From the last renewal the API holds, another replica waits at least a lease duration.
     let expires = renewed + SignedDuration::from_secs(LEASE_SECONDS as i64);
     let stepped_down = loop {
@@ -108,13 +107,13 @@ async fn leader_steps_down_when_the_api_hangs(api_family: Family) -> anyhow::Res
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn a_leader_whose_api_hangs_steps_down_before_its_lease_expires_api_on_ipv4(
 ) -> anyhow::Result<()> {
     leader_steps_down_when_the_api_hangs(Family::V4).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn a_leader_whose_api_hangs_steps_down_before_its_lease_expires_api_on_ipv6(
 ) -> anyhow::Result<()> {
     leader_steps_down_when_the_api_hangs(Family::V6).await

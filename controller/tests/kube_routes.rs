@@ -1,27 +1,36 @@
-//! Kubernetes mode end to end: the real `duet` binary watching the test API server (on
-//! 127.0.0.1 and on [::1]), clients of both families. `/readyz` is 503 until every watch has
-//! listed; `--watch-namespace` scopes the watches; routes go live after creating an Ingress (the time is
-//! printed, not asserted); scaling EndpointSlices swaps targets without rebuilding routes; a relist after
-//! `410 Gone` that hides a delete converges; an API outage of 10 s leaves traffic served from the
-//! last snapshot and the controller catches up once the API is back.
+//! Kubernetes mode end to end on the real control plane: the real `duet` binary watching
+//! kube-apiserver through the fault proxy (reached on 127.0.0.1 and on [::1]), clients of both
+//! families, backends run by a real Deployment whose EndpointSlices come from the real
+//! endpointslice controller. `/readyz` is 503 until every watch has listed; `--watch-namespace`
+//! scopes the watches; routes go live after creating an Ingress (the time is printed, not
+//! asserted); scaling the Deployment swaps targets without rebuilding routes. Faults: every
+//! connection dropped and refused for 10 s; watches cut mid-stream with every request answered
+//! `429 Too Many Requests` with `Retry-After: 2` (each retry waits as told), then `503`, then
+//! `500` (which reaches duet's own watch back-off): duet keeps serving the last good routes to
+//! both families all along, and once the API answers again it picks up what changed
+//! meanwhile (an Ingress deleted, one created, the Deployment scaled). The real `410 Gone` relist
+//! is in `kube_real_cluster.rs` (it needs kube-apiserver without its watch cache).
 
 mod kube_support;
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use conformance::client;
-use conformance::{Family, Fleet, Ingress, PodSpec};
+use conformance::cluster::faults::Record;
+use conformance::cluster::{Fault, Stack};
+use conformance::{Duet, Family, Ingress};
 use kube_support::*;
 
 /// Creates an Ingress and measures how long until both client families get 200 from it.
 async fn route_latency(
-    api: &conformance::apiserver::ApiServer,
-    duet: &conformance::Duet,
+    env: &Env,
+    duet: &Duet,
     ingress: serde_json::Value,
     host: &str,
 ) -> anyhow::Result<Duration> {
     let start = Instant::now();
-    apply(api, &[ingress])?;
+    env.apply(&[ingress]).await?;
     let mut live = [false, false];
     loop {
         for (i, family) in Family::BOTH.into_iter().enumerate() {
@@ -42,81 +51,81 @@ async fn route_latency(
 async fn routes_go_live_and_endpoint_changes_keep_the_routes(
     api_family: Family,
 ) -> anyhow::Result<()> {
-    let api = api(api_family)?;
-    let first = Fleet::start("kube", "web", &[PodSpec::dual("first")])?;
-    apply(&api, &first.manifests())?;
-    let duet = duet(&api, &[]).await?;
+    let env = env(Stack::Dual, &[&format!("routes-{api_family}")]).await?;
+    let ns = env.ns.clone();
+    env.web(&ns, "web", 1).await?;
+    let first = env.ready_pods(&ns, "web", 1).await?;
+    let duet = env.duet(api_family, &[]).await?;
 
     let latency = route_latency(
-        &api,
+        &env,
         &duet,
-        Ingress::new("kube", "web").host("a.test", "web").build(),
+        Ingress::new(&ns, "web").host("a.test", "web").build(),
         "a.test",
     )
     .await?;
     println!(
         "API on {api_family}: Ingress created -> served to IPv4 and IPv6 clients in {latency:?}"
     );
-    // No speed goal here (that is for benchmarks): `route_latency` only fails after LIVE (15 s),
-    // many times the sub-second this takes, as a hang guard.
-    let echo = client::get(duet.http(Family::V6), "a.test", "/")
-        .await?
-        .echo()?;
-    assert_eq!((echo.pod.as_str(), echo.family), ("first", Family::V6));
+    // No speed goal here (that is for benchmarks): `route_latency` only fails after LIVE, many
+    // times the sub-second this takes, as a hang guard.
+    for family in Family::BOTH {
+        let echo = client::get(duet.http(family), "a.test", "/")
+            .await?
+            .echo()?;
+        anyhow::ensure!(first.contains(&echo.pod), "{} answered", echo.pod);
+        anyhow::ensure!(echo.family == family, "{family} client reached {echo:?}");
+    }
 
-    // Scale up: a second pod's EndpointSlices. Only the backend changes.
+    // Scale up: the endpointslice controller adds the second pod to both slices. Only the
+    // backend changes.
     let before = snapshot_lines(&duet).len();
-    let second = Fleet::start("kube", "web", &[PodSpec::dual("second")])?;
     let start = Instant::now();
-    apply(&api, &second.slices())?;
-    until_pods(&duet, "a.test", &["first", "second"]).await?;
+    env.scale(&ns, "web", 2).await?;
+    let both = env.ready_pods(&ns, "web", 2).await?;
+    until_pods(&duet, "a.test", &both).await?;
     println!(
-        "API on {api_family}: EndpointSlice added -> new pod served in {:?}",
+        "API on {api_family}: Deployment scaled to 2 -> new pod served in {:?}",
         start.elapsed()
     );
-    // Scale down: the first pod's slices go.
-    for slice in first.slices() {
-        let name = slice["metadata"]["name"].as_str().unwrap_or_default();
-        api.delete("discovery.k8s.io/v1", "EndpointSlice", Some("kube"), name)
-            .map_err(|e| anyhow::anyhow!("delete {name}: {e:?}"))?;
-    }
-    until_pods(&duet, "a.test", &["second"]).await?;
+    // Scale down: one pod goes, and leaves the slices.
+    env.scale(&ns, "web", 1).await?;
+    let left = env.ready_pods(&ns, "web", 1).await?;
+    until_pods(&duet, "a.test", &left).await?;
     let changes = &snapshot_lines(&duet)[before..];
-    assert!(
+    anyhow::ensure!(
         !changes.is_empty(),
         "no snapshot after the endpoint changes"
     );
     for line in changes {
-        assert!(
+        anyhow::ensure!(
             line.contains("routes.rebuilt=false"),
             "an endpoint-only change rebuilt the routes: {line}"
         );
     }
-    Ok(())
+    env.cluster.check_running()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn routes_go_live_and_endpoint_changes_keep_the_routes_api_on_ipv4() -> anyhow::Result<()> {
     routes_go_live_and_endpoint_changes_keep_the_routes(Family::V4).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn routes_go_live_and_endpoint_changes_keep_the_routes_api_on_ipv6() -> anyhow::Result<()> {
     routes_go_live_and_endpoint_changes_keep_the_routes(Family::V6).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn readyz_is_503_until_every_watch_has_listed() -> anyhow::Result<()> {
-    let api = api(Family::V6)?;
-    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
-    apply(&api, &pods.manifests())?;
-    apply(
-        &api,
-        &[Ingress::new("kube", "a").host("a.test", "web").build()],
-    )?;
-    api.fail_for(503, Duration::from_secs(60));
-    let duet = conformance::DuetBuilder::kube(DUET, api.kubeconfig())
-        .args([LOOPBACK_PODS])
+    let env = env(Stack::Dual, &["readyz"]).await?;
+    env.web("readyz", "web", 1).await?;
+    env.ready_pods("readyz", "web", 1).await?;
+    env.apply(&[Ingress::new("readyz", "a").host("a.test", "web").build()])
+        .await?;
+    env.proxy.fail(Fault::status(503));
+    let duet = env
+        .builder(Family::V6, &[])
         .without_waiting_for_ready()
         .start()
         .await?;
@@ -128,158 +137,256 @@ async fn readyz_is_503_until_every_watch_has_listed() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    api.heal();
+    env.proxy.heal();
     client::eventually("ready once the API answers", LIVE, || async {
         client::expect_status(&duet.admin_get(Family::V4, "/readyz").await?, 200)
     })
     .await?;
     // The first snapshot is complete: the route works from the moment duet is ready.
-    for family in Family::BOTH {
-        let reply = client::get(duet.http(family), "a.test", "/").await?;
-        client::expect_status(&reply, 200)?;
-    }
-    Ok(())
+    expect_now(&duet, "a.test", 200).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn watch_namespace_scopes_what_is_served() -> anyhow::Result<()> {
-    let api = api(Family::V4)?;
-    let shop = Fleet::start("shop", "web", &[PodSpec::dual("shop-pod")])?;
-    let blog = Fleet::start("blog", "web", &[PodSpec::dual("blog-pod")])?;
-    let news = Fleet::start("news", "web", &[PodSpec::dual("news-pod")])?;
-    for fleet in [&shop, &blog, &news] {
-        apply(&api, &fleet.manifests())?;
-        let ns = fleet.namespace();
+    let namespaces = ["ws-shop", "ws-blog", "ws-news"];
+    let env = env(Stack::Dual, &namespaces).await?;
+    for ns in namespaces {
+        env.web(ns, "web", 1).await?;
         let host = format!("{ns}.test");
-        apply(&api, &[Ingress::new(ns, "web").host(&host, "web").build()])?;
+        env.apply(&[Ingress::new(ns, "web").host(&host, "web").build()])
+            .await?;
     }
-    let duet = duet(
-        &api,
-        &["--watch-namespace", "shop", "--watch-namespace", "news"],
-    )
-    .await?;
-    until_pods(&duet, "shop.test", &["shop-pod"]).await?;
-    until_pods(&duet, "news.test", &["news-pod"]).await?;
-    until_status(&duet, "blog.test", 404).await?;
+    let duet = conformance::DuetBuilder::kube(DUET, env.kubeconfig(Family::V4))
+        .args([
+            "--watch-namespace",
+            "ws-shop",
+            "--watch-namespace",
+            "ws-news",
+            "--election-namespace",
+            "ws-shop",
+        ])
+        .die_with_parent()
+        .start()
+        .await?;
+    for ns in ["ws-shop", "ws-news"] {
+        let pods = env.ready_pods(ns, "web", 1).await?;
+        until_pods(&duet, &format!("{ns}.test"), &pods).await?;
+    }
+    until_status(&duet, "ws-blog.test", 404).await?;
     // Watches are per namespace: nothing asks for the whole cluster's Ingresses.
-    let cluster_wide = api
+    let cluster_wide = env
+        .proxy
         .requests()
         .iter()
         .filter(|r| r.path == "/apis/networking.k8s.io/v1/ingresses")
         .count();
-    assert_eq!(cluster_wide, 0);
+    anyhow::ensure!(
+        cluster_wide == 0,
+        "{cluster_wide} cluster-wide Ingress requests"
+    );
     // A later change in a watched namespace still arrives.
-    apply(
-        &api,
-        &[Ingress::new("news", "more")
-            .host("more.test", "web")
-            .build()],
-    )?;
-    until_pods(&duet, "more.test", &["news-pod"]).await?;
-    Ok(())
+    env.apply(&[Ingress::new("ws-news", "more")
+        .host("more.test", "web")
+        .build()])
+        .await?;
+    let news = env.ready_pods("ws-news", "web", 1).await?;
+    until_pods(&duet, "more.test", &news).await
 }
 
-async fn relist_after_410_converges(api_family: Family) -> anyhow::Result<()> {
-    let api = api(api_family)?;
-    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
-    apply(&api, &pods.manifests())?;
-    apply(
-        &api,
-        &[
-            Ingress::new("kube", "a").host("a.test", "web").build(),
-            Ingress::new("kube", "b").host("b.test", "web").build(),
-        ],
-    )?;
-    let duet = duet(&api, &[]).await?;
+/// Checks every `period` for `span` that `hosts` answer 200 to both families and `/readyz` is
+/// 200; how many rounds passed.
+async fn keeps_serving(duet: &Duet, hosts: &[&str], span: Duration) -> anyhow::Result<usize> {
+    let start = Instant::now();
+    let mut rounds = 0;
+    while start.elapsed() < span {
+        for host in hosts {
+            expect_now(duet, host, 200).await?;
+        }
+        for family in Family::BOTH {
+            client::expect_status(&duet.admin_get(family, "/readyz").await?, 200)?;
+        }
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(rounds)
+}
+
+/// A test's namespace with the Deployment `web` (1 pod) and the Ingresses `a` and `b`, served.
+async fn served(env: &Env, api_family: Family) -> anyhow::Result<Duet> {
+    let ns = &env.ns;
+    env.web(ns, "web", 1).await?;
+    env.ready_pods(ns, "web", 1).await?;
+    env.apply(&[
+        Ingress::new(ns, "a").host("a.test", "web").build(),
+        Ingress::new(ns, "b").host("b.test", "web").build(),
+    ])
+    .await?;
+    let duet = env.duet(api_family, &[]).await?;
     until_status(&duet, "a.test", 200).await?;
     until_status(&duet, "b.test", 200).await?;
-
-    // While no watch is open: delete b, add c, and compact the history. The watchers resume
-    // from their last resourceVersion, get the 410 ERROR event and relist; the relist shows c
-    // and lacks b, and no DELETED event for b ever arrives.
-    api.with_store(|s| {
-        s.drop_watches();
-        s.delete_object("networking.k8s.io/v1", "Ingress", Some("kube"), "b")
-            .map_err(|e| anyhow::anyhow!("delete: {e:?}"))?;
-        s.apply(Ingress::new("kube", "c").host("c.test", "web").build())
-            .map_err(|e| anyhow::anyhow!("apply: {e:?}"))?;
-        s.expire_history();
-        anyhow::Ok(())
-    })?;
-    until_status(&duet, "c.test", 200).await?;
-    until_status(&duet, "b.test", 404).await?;
-    until_status(&duet, "a.test", 200).await?;
-    let relisted = api
-        .requests()
-        .iter()
-        .filter(|r| r.path.ends_with("/ingresses") && !r.is_watch())
-        .count();
-    assert!(relisted >= 2, "Ingresses were listed {relisted} times");
-    Ok(())
+    Ok(duet)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relist_after_410_hiding_a_delete_converges_api_on_ipv4() -> anyhow::Result<()> {
-    relist_after_410_converges(Family::V4).await
+/// Made while duet cannot reach the API: Ingress `b` deleted, `c` created, `web` scaled to 2.
+async fn change_behind_its_back(env: &Env) -> anyhow::Result<()> {
+    let ns = &env.ns;
+    env.api
+        .delete("networking.k8s.io/v1", "Ingress", Some(ns), "b")
+        .await?;
+    env.apply(&[Ingress::new(ns, "c").host("c.test", "web").build()])
+        .await?;
+    env.scale(ns, "web", 2).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relist_after_410_hiding_a_delete_converges_api_on_ipv6() -> anyhow::Result<()> {
-    relist_after_410_converges(Family::V6).await
+/// What [`change_behind_its_back`] did is served: `b` gone, `c` and both pods there.
+async fn caught_up(env: &Env, duet: &Duet) -> anyhow::Result<()> {
+    until_status(duet, "c.test", 200).await?;
+    until_status(duet, "b.test", 404).await?;
+    let both = env.ready_pods(&env.ns, "web", 2).await?;
+    until_pods(duet, "a.test", &both).await
 }
 
 async fn api_outage_keeps_the_last_snapshot(api_family: Family) -> anyhow::Result<()> {
-    let api = api(api_family)?;
-    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
-    apply(&api, &pods.manifests())?;
-    apply(
-        &api,
-        &[Ingress::new("kube", "a").host("a.test", "web").build()],
-    )?;
-    let mut duet = duet(&api, &[]).await?;
-    until_status(&duet, "a.test", 200).await?;
+    let env = env(Stack::Dual, &[&format!("outage-{api_family}")]).await?;
+    let mut duet = served(&env, api_family).await?;
 
-    api.stop();
-    let outage = Instant::now();
-    let mut checks = 0;
-    while outage.elapsed() < Duration::from_secs(10) {
-        for family in Family::BOTH {
-            let reply = client::get(duet.http(family), "a.test", "/").await?;
-            client::expect_status(&reply, 200)?;
-            let ready = duet.admin_get(family, "/readyz").await?;
-            client::expect_status(&ready, 200)?;
-        }
-        checks += 1;
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    // Every connection to the API dropped, new ones closed at once, for 10 s.
+    let outage = Duration::from_secs(10);
+    env.proxy.outage(outage);
+    let down = Instant::now();
+    change_behind_its_back(&env).await?;
+    // The old routes, served as they were: b is still there, c not yet.
+    let rounds = keeps_serving(&duet, &["a.test", "b.test"], outage - down.elapsed()).await?;
+    expect_now(&duet, "c.test", 404).await?;
     duet.check_running()?;
-    assert!(checks >= 10, "only {checks} checks in 10 s");
-    assert!(
+    anyhow::ensure!(rounds >= 10, "only {rounds} checks during the outage");
+    anyhow::ensure!(
         duet.logs().contains("Watch failed"),
         "the outage was not noticed"
     );
 
-    api.restart()?;
     let back = Instant::now();
-    apply(
-        &api,
-        &[Ingress::new("kube", "b").host("b.test", "web").build()],
-    )?;
-    until_status(&duet, "b.test", 200).await?;
+    caught_up(&env, &duet).await?;
     println!(
-        "API on {api_family}: back after a 10 s outage -> new Ingress served in {:?}",
+        "API on {api_family}: back after a 10 s outage -> changes made meanwhile served in {:?}",
         back.elapsed()
     );
-    until_status(&duet, "a.test", 200).await?;
-    Ok(())
+    env.apply(&[Ingress::new(&env.ns, "d").host("d.test", "web").build()])
+        .await?;
+    until_status(&duet, "d.test", 200).await?;
+    until_status(&duet, "a.test", 200).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn api_outage_of_10s_keeps_serving_and_recovers_api_on_ipv4() -> anyhow::Result<()> {
     api_outage_keeps_the_last_snapshot(Family::V4).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn api_outage_of_10s_keeps_serving_and_recovers_api_on_ipv6() -> anyhow::Result<()> {
     api_outage_keeps_the_last_snapshot(Family::V6).await
+}
+
+/// Watches cut mid-stream, then every request answered `fault`'s status for `span`: the routes
+/// stay, and the changes made meanwhile are served once the API answers. The requests refused.
+async fn cut_watches_then_refused(
+    env: &Env,
+    duet: &Duet,
+    fault: Fault,
+    status: u16,
+) -> anyhow::Result<Vec<Record>> {
+    let span = Duration::from_secs(6);
+    let from = env.proxy.requests().len();
+    env.proxy.fail(fault.lasting(span));
+    let open = env.proxy.open_watches(&format!("/namespaces/{}/", env.ns));
+    anyhow::ensure!(open >= 3, "only {open} watches open before the cut");
+    env.proxy.cut_watches();
+    let start = Instant::now();
+    change_behind_its_back(env).await?;
+    keeps_serving(duet, &["a.test", "b.test"], span - start.elapsed()).await?;
+    let refused: Vec<Record> = env.proxy.requests()[from..]
+        .iter()
+        .filter(|r| r.status == status)
+        .cloned()
+        .collect();
+    anyhow::ensure!(
+        !refused.is_empty(),
+        "duet asked nothing during the fault: {:#?}",
+        &env.proxy.requests()[from..]
+    );
+    println!("{} requests of duet answered {status}", refused.len());
+    caught_up(env, duet).await?;
+    client::eventually("watches streaming again", LIVE, || async {
+        let open = env.proxy.open_watches(&format!("/namespaces/{}/", env.ns));
+        anyhow::ensure!(open >= 3, "{open} watches open");
+        Ok(())
+    })
+    .await?;
+    undo_the_changes(env, duet).await?;
+    Ok(refused)
+}
+
+/// Back to the state before [`change_behind_its_back`], served.
+async fn undo_the_changes(env: &Env, duet: &Duet) -> anyhow::Result<()> {
+    let ns = &env.ns;
+    env.api
+        .delete("networking.k8s.io/v1", "Ingress", Some(ns), "c")
+        .await?;
+    env.apply(&[Ingress::new(ns, "b").host("b.test", "web").build()])
+        .await?;
+    env.scale(ns, "web", 1).await?;
+    until_status(duet, "b.test", 200).await?;
+    until_status(duet, "c.test", 404).await?;
+    let one = env.ready_pods(ns, "web", 1).await?;
+    until_pods(duet, "a.test", &one).await
+}
+
+/// The shortest time between two refusals of the same request (a retry), if any was retried.
+fn shortest_retry(refused: &[Record]) -> Option<Duration> {
+    let mut last: std::collections::HashMap<String, Instant> = Default::default();
+    let mut shortest: Option<Duration> = None;
+    for r in refused {
+        let key = format!("{} {}?{}", r.method, r.path, r.query);
+        if let Some(before) = last.insert(key, r.at) {
+            let gap = r.at - before;
+            shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+        }
+    }
+    shortest
+}
+
+async fn cut_watches_429_503_500(api_family: Family) -> anyhow::Result<()> {
+    let env = env(Stack::Dual, &[&format!("cut-{api_family}")]).await?;
+    let duet = served(&env, api_family).await?;
+
+    // 429 with Retry-After: 2. The client waits as told before each retry.
+    let refused =
+        cut_watches_then_refused(&env, &duet, Fault::status(429).retry_after(2), 429).await?;
+    let shortest = shortest_retry(&refused);
+    println!("429: shortest time between retries of one request {shortest:?}");
+    let shortest = shortest.context("no request was retried after its 429")?;
+    anyhow::ensure!(
+        shortest >= Duration::from_millis(1900),
+        "a request retried {shortest:?} after a 429 with Retry-After: 2"
+    );
+
+    // 503 (the client retries it by itself, backing off).
+    cut_watches_then_refused(&env, &duet, Fault::status(503), 503).await?;
+
+    // 500, which no client retries by itself: duet's own watch back-off, the errors in its log.
+    let failed_before = duet.logs().matches("Watch failed").count();
+    cut_watches_then_refused(&env, &duet, Fault::status(500), 500).await?;
+    let failed = duet.logs().matches("Watch failed").count() - failed_before;
+    anyhow::ensure!(failed >= 1, "no watch failure logged during the 500s");
+    env.cluster.check_running()
+}
+
+#[tokio::test]
+async fn cut_watches_429_503_500_keep_the_routes_and_catch_up_api_on_ipv4() -> anyhow::Result<()> {
+    cut_watches_429_503_500(Family::V4).await
+}
+
+#[tokio::test]
+async fn cut_watches_429_503_500_keep_the_routes_and_catch_up_api_on_ipv6() -> anyhow::Result<()> {
+    cut_watches_429_503_500(Family::V6).await
 }

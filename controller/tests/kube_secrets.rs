@@ -12,63 +12,24 @@ mod kube_support;
 
 use std::time::Duration;
 
-use conformance::apiserver::{ApiServer, RequestRecord};
 use conformance::client;
+use conformance::cluster::{Fault, Stack};
 use conformance::echo::EchoOptions;
+use conformance::http::Method;
 use conformance::tls::{self, TestCa};
-use conformance::{Duet, Family, Fleet, Ingress, PodSpec};
+use conformance::{Duet, Family, Ingress};
 use kube_support::*;
 
-/// `%XX` escapes decoded (field selectors arrive percent-encoded).
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The field selector of a request, decoded.
-fn field_selector(request: &RequestRecord) -> String {
-    request
-        .query
-        .split('&')
-        .find_map(|p| p.strip_prefix("fieldSelector="))
-        .map(decode)
-        .unwrap_or_default()
-}
-
-/// Every Secret request duet made, as `WATCH|LIST selector`.
-fn secret_requests(api: &ApiServer) -> Vec<String> {
-    api.requests()
+/// Every Secret request duet made, as `WATCH|GET path fieldSelector`.
+fn secret_requests(env: &Env) -> Vec<String> {
+    env.proxy
+        .requests()
         .iter()
         .filter(|r| r.path.ends_with("/secrets") || r.path.contains("/secrets/"))
         .map(|r| {
-            let verb = if r.is_watch() {
-                "WATCH"
-            } else {
-                r.method.as_str()
-            };
-            format!("{verb} {} {}", r.path, field_selector(r))
+            let verb = if r.is_watch() { "WATCH" } else { &r.method };
+            let selector = r.param("fieldSelector").unwrap_or_default();
+            format!("{verb} {} {selector}", r.path)
         })
         .collect()
 }
@@ -86,75 +47,85 @@ async fn until(duet: &Duet, host: &str, status: u16, why: &str) -> anyhow::Resul
 }
 
 async fn only_tls_and_named_ca_secrets_are_read(api_family: Family) -> anyhow::Result<()> {
-    let api = api(api_family)?;
+    let env = env(Stack::Dual, &[&format!("sec-{api_family}")]).await?;
+    let ns = env.ns.clone();
     let right = TestCa::new("right CA");
     let wrong = TestCa::new("wrong CA");
-    let cert = right.issue(&["secure.kube.svc"]);
+    let cert = right.issue(&[&format!("secure.{ns}.svc")]);
     let options = EchoOptions {
         tls: Some(tls::server_config(&cert, &["http/1.1"])),
         ..EchoOptions::default()
     };
-    let fleet = Fleet::start_with("kube", "secure", &[PodSpec::dual("a")], options)?;
-    apply(
-        &api,
-        &fleet.manifests_with_app_protocol("kubernetes.io/wss"),
-    )?;
+    let n = if api_family == Family::V4 { 4 } else { 6 };
+    let _pod = tls_pod(&env, n, "kubernetes.io/wss", options).await?;
     // A password nobody names, and the CA Secret, holding the wrong CA for now.
-    let mut password = tls::ca_secret("kube", "db-password", "hunter2");
+    let mut password = tls::ca_secret(&ns, "db-password", "hunter2");
     password["data"] = serde_json::json!({"password": tls::base64(b"hunter2")});
-    apply(
-        &api,
-        &[
-            password,
-            tls::ca_secret("kube", "upstream-ca", &wrong.cert_pem),
-        ],
-    )?;
+    env.apply(&[
+        password,
+        tls::ca_secret(&ns, "upstream-ca", &wrong.cert_pem),
+    ])
+    .await?;
     // The Ingress routes to the TLS Service but names no CA Secret yet.
     let ingress = |ca: Option<&str>| {
-        let mut ingress = Ingress::new("kube", "secure");
+        let mut ingress = Ingress::new(&ns, "secure");
         if let Some(ca) = ca {
             ingress = ingress.annotation("duet.dev/backend-ca-secret", ca);
         }
         ingress.host("secure.test", "secure").build()
     };
-    apply(&api, &[ingress(None)])?;
-    let duet = duet(&api, &[]).await?;
+    env.apply(&[ingress(None)]).await?;
+    let duet = env.duet(api_family, &[]).await?;
     // Without a CA, the pod's certificate is checked against the system roots: refused.
     until(&duet, "secure.test", 502, "no CA Secret named").await?;
 
     // Named: the watch of that Secret starts; its (wrong) CA is used.
-    apply(&api, &[ingress(Some("upstream-ca"))])?;
-    assert!(
-        api.wait_for_watches(Some("secrets"), 2, LIVE).await,
-        "a watch for the named Secret"
-    );
+    env.apply(&[ingress(Some("upstream-ca"))]).await?;
+    client::eventually("a watch for the named Secret", LIVE, || async {
+        let open = env.proxy.watches("/secrets?");
+        anyhow::ensure!(open.len() == 2, "Secret watches open: {open:#?}");
+        Ok(())
+    })
+    .await?;
     until(&duet, "secure.test", 502, "the wrong CA").await?;
     // Updated to the right CA: applied live.
-    apply(
-        &api,
-        &[tls::ca_secret("kube", "upstream-ca", &right.cert_pem)],
-    )?;
+    env.apply(&[tls::ca_secret(&ns, "upstream-ca", &right.cert_pem)])
+        .await?;
     until(&duet, "secure.test", 200, "the right CA after the update").await?;
     // A duet started now waits for the named Secret before it is ready, even when reading it
-    // fails for a while (the TLS watch, cluster-wide, is served): its first answers use it.
-    api.fail_matching(
-        500,
-        Duration::from_secs(2),
-        "GET",
-        "/namespaces/kube/secrets",
+    // fails for a while (the TLS Secrets are served): its first answers use it.
+    env.proxy.fail(
+        Fault::status(500)
+            .method(Method::GET)
+            .query("metadata.name=upstream-ca")
+            .lasting(Duration::from_secs(2)),
     );
-    let second = kube_support::duet(&api, &[]).await?;
+    let second = env.duet(api_family, &[]).await?;
     for family in Family::BOTH {
         let reply = client::get(second.http(family), "secure.test", "/").await?;
         client::expect_status(&reply, 200)?;
     }
     drop(second);
+    let refused = env
+        .proxy
+        .requests()
+        .iter()
+        .filter(|r| r.status == 500)
+        .filter(|r| {
+            r.param("fieldSelector")
+                .is_some_and(|f| f.contains("upstream-ca"))
+        })
+        .count();
+    anyhow::ensure!(
+        refused >= 1,
+        "the second duet's read of the named Secret was not refused"
+    );
 
     // No longer named: its watch stops, and the route has no CA again.
-    apply(&api, &[ingress(None)])?;
+    env.apply(&[ingress(None)]).await?;
     until(&duet, "secure.test", 502, "the CA Secret no longer named").await?;
     client::eventually("the named watch stopped", LIVE, || async {
-        let open = api.open_watches(Some("secrets"));
+        let open = env.proxy.open_watches("/secrets?");
         anyhow::ensure!(open == 1, "{open} Secret watches open");
         Ok(())
     })
@@ -163,7 +134,7 @@ async fn only_tls_and_named_ca_secrets_are_read(api_family: Family) -> anyhow::R
 
     // Every Secret request selected TLS Secrets or the one named Secret: the password was never
     // listed or watched.
-    let requests = secret_requests(&api);
+    let requests = secret_requests(&env);
     let named = "metadata.name=upstream-ca,type!=kubernetes.io/tls";
     for request in &requests {
         assert!(
@@ -179,12 +150,12 @@ async fn only_tls_and_named_ca_secrets_are_read(api_family: Family) -> anyhow::R
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn only_tls_and_named_ca_secrets_are_read_api_on_ipv4() -> anyhow::Result<()> {
     only_tls_and_named_ca_secrets_are_read(Family::V4).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn only_tls_and_named_ca_secrets_are_read_api_on_ipv6() -> anyhow::Result<()> {
     only_tls_and_named_ca_secrets_are_read(Family::V6).await
 }
@@ -195,7 +166,7 @@ async fn login(duet: &Duet, family: Family, password: &str) -> anyhow::Result<u1
         "Basic {}",
         tls::base64(format!("ann:{password}").as_bytes())
     );
-    let req = client::request(conformance::http::Method::GET, "guarded.test", "/")
+    let req = client::request(Method::GET, "guarded.test", "/")
         .header("authorization", authorization)
         .body(conformance::http_body_util::Full::new(
             conformance::bytes::Bytes::new(),
@@ -208,30 +179,34 @@ async fn login(duet: &Duet, family: Family, password: &str) -> anyhow::Result<u1
 /// `nginx.ingress.kubernetes.io/auth-secret` is watched by name (and nothing else is read): the
 /// routes fail closed (503) until it exists, then check its users, and follow its updates, for
 /// clients of both families.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn the_basic_auth_secret_is_read_by_name_and_followed() -> anyhow::Result<()> {
-    let api = api(Family::V6)?;
-    let fleet = Fleet::start("kube", "echo", &[PodSpec::dual("a")])?;
-    apply(&api, &fleet.manifests())?;
-    let ingress = Ingress::new("kube", "guarded")
+    let env = env(Stack::Dual, &["sec-auth"]).await?;
+    let ns = env.ns.clone();
+    env.web(&ns, "echo", 1).await?;
+    env.ready_pods(&ns, "echo", 1).await?;
+    let ingress = Ingress::new(&ns, "guarded")
         .annotation("nginx.ingress.kubernetes.io/auth-type", "basic")
-        .annotation("nginx.ingress.kubernetes.io/auth-secret", "kube/htpasswd")
+        .annotation(
+            "nginx.ingress.kubernetes.io/auth-secret",
+            &format!("{ns}/htpasswd"),
+        )
         .host("guarded.test", "echo")
         .build();
-    apply(&api, &[ingress])?;
-    let duet = duet(&api, &[]).await?;
+    env.apply(&[ingress]).await?;
+    let duet = env.duet(Family::V6, &[]).await?;
     until(&duet, "guarded.test", 503, "the Secret does not exist yet").await?;
     let htpasswd = |line: &str| {
-        let mut secret = tls::ca_secret("kube", "htpasswd", "");
+        let mut secret = tls::ca_secret(&ns, "htpasswd", "");
         secret["data"] = serde_json::json!({"auth": tls::base64(line.as_bytes())});
         secret
     };
-    apply(&api, &[htpasswd("ann:{PLAIN}first\n")])?;
+    env.apply(&[htpasswd("ann:{PLAIN}first\n")]).await?;
     until(&duet, "guarded.test", 401, "the Secret created").await?;
     for family in Family::BOTH {
         assert_eq!(login(&duet, family, "first").await?, 200, "{family}");
     }
-    apply(&api, &[htpasswd("ann:{PLAIN}second\n")])?;
+    env.apply(&[htpasswd("ann:{PLAIN}second\n")]).await?;
     for family in Family::BOTH {
         client::eventually("the rotated password", LIVE, || async {
             let (old, new) = (
@@ -243,7 +218,7 @@ async fn the_basic_auth_secret_is_read_by_name_and_followed() -> anyhow::Result<
         })
         .await?;
     }
-    let requests = secret_requests(&api);
+    let requests = secret_requests(&env);
     let named = "metadata.name=htpasswd,type!=kubernetes.io/tls";
     assert!(requests.iter().any(|r| r.ends_with(named)), "{requests:#?}");
     for request in &requests {

@@ -1,6 +1,10 @@
 //! A test Kubernetes API server: real HTTP/1.1 on a loopback address (IPv4 or IPv6), faithful
 //! enough that the unmodified kube 5 client and kube-runtime watcher cannot tell it from the
-//! real one (see `shared/kube-api-notes.md` for what they rely on), with fault injection.
+//! real one (see `shared/kube-api-notes.md` for what they rely on). It stays for what the real
+//! kube-apiserver cannot do: store EndpointSlices its validation refuses (loopback, link-local,
+//! unspecified addresses), and its own protocol tests (the chart's Helm install test runs on the
+//! real control plane now; `duet-apiserver` stays for trying duet by hand). Faults on the
+//! real control plane are the fault proxy's (`conformance::cluster::faults`).
 //!
 //! # Using it from a test
 //!
@@ -24,10 +28,6 @@
 //!     s.delete_object("v1", "Service", Some("demo"), "echo").unwrap();
 //!     s.expire_history();
 //! });
-//! // Faults.
-//! api.fail_next(503, 2); // the next two requests get 503 (kube's client retries them)
-//! api.stop(); // the listener and every connection go away ...
-//! api.restart()?; // ... and come back on the same port with the same state
 //! # Ok(()) }
 //! ```
 //!
@@ -62,20 +62,14 @@
 //!   takes its objects with it at once, without a Terminating phase), DELETE on a collection.
 //!   `dryRun=All` runs the write on a throwaway copy (answered, not stored, no event).
 //!
-//! # Faults
+//! # Test controls
 //!
 //! Through the handle, or over HTTP on the same listener (for the `duet-apiserver` binary):
 //!
 //! | handle | HTTP | effect |
 //! |---|---|---|
 //! | [`ApiServer::drop_watches`] | `POST /_test/drop-watches` | every open watch response ends cleanly |
-//! | [`ApiServer::reset_watches`] | `POST /_test/reset-watches` | every open watch connection is cut mid-body |
 //! | [`ApiServer::expire_history`] | `POST /_test/expire[?drop=true]` | the next watch from an older RV gets the 410 ERROR event |
-//! | [`ApiServer::fail_next`] / [`ApiServer::fail_for`] | `POST /_test/fail?status=429&count=N` or `&ms=D` (`&retryAfter=S`) | requests answered with that status |
-//! | [`ApiServer::fail_matching`] | `POST /_test/fail?status=503&ms=D&method=POST&path=/events` | only matching requests fail |
-//! | [`ApiServer::stall_for`] | `POST /_test/stall?ms=D` | requests are held, unanswered, for D (a slow API server) |
-//! | [`ApiServer::heal`] | `POST /_test/heal` | stop failing (and stalling) |
-//! | [`ApiServer::stop`] / [`ApiServer::restart`] | `POST /_test/outage?ms=D` | listener and connections gone, then back on the same port |
 //! | [`ApiServer::requests`] | `GET /_test/requests` | what was asked and answered |
 //! | [`ApiServer::apply_manifests`] | `POST /_test/apply` (YAML documents or JSON) | objects created or replaced, namespaces too |
 //! | [`ApiServer::resource_version`] | `GET /_test/state` | latest and compacted resourceVersion, open watches |
@@ -101,7 +95,7 @@ use tokio::task::{JoinHandle, JoinSet};
 pub use registry::Resource;
 pub use store::{ApiError, Store};
 
-use serve::{FailRule, Shared};
+use serve::Shared;
 
 /// Tunables of a test API server.
 #[derive(Clone, Debug)]
@@ -168,8 +162,7 @@ pub struct ApiServer {
     addr: SocketAddr,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
-    accept: Arc<Mutex<Option<JoinHandle<()>>>>,
-    outage: JoinHandle<()>,
+    accept: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ApiServer {
@@ -183,39 +176,17 @@ impl ApiServer {
     pub fn start_with(addr: SocketAddr, options: Options) -> io::Result<ApiServer> {
         let listener = bind(addr)?;
         let addr = listener.local_addr()?;
-        let (outage_tx, mut outage_rx) = tokio::sync::mpsc::unbounded_channel();
         let store = Store::new(options.history_limit, options.require_namespaces);
         let shared = Arc::new(Shared {
             store: Mutex::new(store),
             options,
-            fail: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             addr,
-            outage: outage_tx,
-            resets: tokio::sync::watch::channel(0).0,
-            stall: Mutex::new(None),
         });
         let dir = tempfile::tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
         write_kubeconfig(&kubeconfig, addr, shared.options.token.as_deref())?;
-        let accept = Arc::new(Mutex::new(Some(tokio::spawn(accept_loop(
-            listener,
-            shared.clone(),
-        )))));
-        // `/_test/outage?ms=D`: answer first, then go away for D and come back.
-        let outage = {
-            let (accept, shared) = (accept.clone(), shared.clone());
-            tokio::spawn(async move {
-                while let Some(down) = outage_rx.recv().await {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    stop(&accept, &shared);
-                    tokio::time::sleep(down).await;
-                    if let Err(e) = start_listener(&accept, &shared) {
-                        tracing::warn!(error = %e, "Cannot listen again after an outage");
-                    }
-                }
-            })
-        };
+        let accept = Mutex::new(Some(tokio::spawn(accept_loop(listener, shared.clone()))));
         tracing::debug!(listen.addr = %addr, "Test API server listening");
         Ok(ApiServer {
             shared,
@@ -223,7 +194,6 @@ impl ApiServer {
             kubeconfig,
             _dir: dir,
             accept,
-            outage,
         })
     }
 
@@ -308,12 +278,6 @@ impl ApiServer {
         self.with_store(Store::drop_watches);
     }
 
-    /// Cuts every open watch connection abruptly (the response body ends without its final
-    /// chunk): the client sees a stream error, then resumes from its last resourceVersion.
-    pub fn reset_watches(&self) {
-        self.shared.resets.send_modify(|n| *n += 1);
-    }
-
     /// Forgets the event history: the next watch from an older resourceVersion gets the 410
     /// ERROR event and the client relists. Open watches keep streaming.
     pub fn expire_history(&self) {
@@ -344,71 +308,6 @@ impl ApiServer {
         }
     }
 
-    /// Answers the next `count` requests (control endpoints excepted) with `status` (e.g. 429,
-    /// 503) and a JSON Status.
-    pub fn fail_next(&self, status: u16, count: u32) {
-        self.set_fail(Some(FailRule {
-            status,
-            remaining: Some(count),
-            until: None,
-            retry_after: None,
-            method: None,
-            path: None,
-        }));
-    }
-
-    /// Answers every request with `status` for `duration`.
-    pub fn fail_for(&self, status: u16, duration: Duration) {
-        self.set_fail(Some(FailRule {
-            status,
-            remaining: None,
-            until: Some(Instant::now() + duration),
-            retry_after: None,
-            method: None,
-            path: None,
-        }));
-    }
-
-    /// Answers requests with `method` whose path contains `path` with `status` for `duration`;
-    /// other requests are served.
-    pub fn fail_matching(&self, status: u16, duration: Duration, method: &str, path: &str) {
-        self.set_fail(Some(FailRule {
-            status,
-            remaining: None,
-            until: Some(Instant::now() + duration),
-            retry_after: None,
-            method: method.parse().ok(),
-            path: Some(path.to_owned()),
-        }));
-    }
-
-    /// Holds every request (control endpoints excepted) unanswered for `duration`, then serves
-    /// it: a slow or hung API server whose connections stay open.
-    pub fn stall_for(&self, duration: Duration) {
-        *self.shared.stall.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Instant::now() + duration);
-    }
-
-    /// Stops failing and stalling requests.
-    pub fn heal(&self) {
-        self.set_fail(None);
-        *self.shared.stall.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    fn set_fail(&self, rule: Option<FailRule>) {
-        *self.shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = rule;
-    }
-
-    /// Closes the listener and every connection (watches included): the API server is gone.
-    pub fn stop(&self) {
-        stop(&self.accept, &self.shared);
-    }
-
-    /// Listens again on the same address, with the same state.
-    pub fn restart(&self) -> io::Result<()> {
-        start_listener(&self.accept, &self.shared)
-    }
-
     /// Every request answered so far (at most 10 000 are kept).
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.shared
@@ -430,7 +329,6 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
-        self.outage.abort();
         stop(&self.accept, &self.shared);
     }
 }
@@ -440,16 +338,6 @@ fn stop(accept: &Mutex<Option<JoinHandle<()>>>, shared: &Shared) {
         task.abort();
     }
     shared.store().drop_watches();
-}
-
-fn start_listener(accept: &Mutex<Option<JoinHandle<()>>>, shared: &Arc<Shared>) -> io::Result<()> {
-    let mut slot = accept.lock().unwrap_or_else(|e| e.into_inner());
-    if slot.is_some() {
-        return Ok(());
-    }
-    let listener = bind(shared.addr)?;
-    *slot = Some(tokio::spawn(accept_loop(listener, shared.clone())));
-    Ok(())
 }
 
 fn bind(addr: SocketAddr) -> io::Result<TcpListener> {

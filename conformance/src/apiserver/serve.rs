@@ -1,11 +1,11 @@
 //! The HTTP face of the test API server: path routing, discovery documents, LIST/WATCH/CRUD
-//! handlers, the streaming watch body, injected failures and the `/_test/` control endpoints.
+//! handlers, the streaming watch body and the `/_test/` control endpoints.
 
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -22,40 +22,13 @@ use super::{Options, RequestRecord};
 /// A response body: a whole JSON document or a watch stream.
 pub(crate) type Body = UnsyncBoxBody<Bytes, io::Error>;
 
-/// A rule that answers requests with an error status instead of serving them.
-#[derive(Clone, Debug)]
-pub(crate) struct FailRule {
-    pub status: u16,
-    pub remaining: Option<u32>,
-    pub until: Option<Instant>,
-    pub retry_after: Option<u32>,
-    /// Only requests with this method (any when `None`).
-    pub method: Option<Method>,
-    /// Only requests whose path contains this (any when `None`).
-    pub path: Option<String>,
-}
-
-impl FailRule {
-    fn matches(&self, method: &Method, path: &str) -> bool {
-        self.method.as_ref().is_none_or(|m| m == method)
-            && self.path.as_deref().is_none_or(|p| path.contains(p))
-    }
-}
-
 /// State shared by the listener, every connection and the test handle.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub store: Mutex<Store>,
     pub options: Options,
-    pub fail: Mutex<Option<FailRule>>,
     pub requests: Mutex<Vec<RequestRecord>>,
     pub addr: SocketAddr,
-    /// Set by the `/_test/outage` endpoint; the handle owning the listener acts on it.
-    pub outage: tokio::sync::mpsc::UnboundedSender<Duration>,
-    /// Bumped to cut every open watch connection abruptly.
-    pub resets: tokio::sync::watch::Sender<u64>,
-    /// Until when requests are held before they are served (a slow API server).
-    pub stall: Mutex<Option<Instant>>,
 }
 
 const MAX_RECORDS: usize = 10_000;
@@ -63,31 +36,6 @@ const MAX_RECORDS: usize = 10_000;
 impl Shared {
     pub fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The injected failure this request gets, if any (consuming one of a counted rule).
-    /// Waits while the server is stalled.
-    async fn stalled(&self) {
-        let until = *self.stall.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(until) = until {
-            tokio::time::sleep_until(until.into()).await;
-        }
-    }
-
-    fn injected(&self, method: &Method, path: &str) -> Option<FailRule> {
-        let mut fail = self.fail.lock().unwrap_or_else(|e| e.into_inner());
-        let rule = fail.as_mut()?;
-        if rule.until.is_some_and(|u| Instant::now() >= u) || rule.remaining == Some(0) {
-            *fail = None;
-            return None;
-        }
-        if !rule.matches(method, path) {
-            return None;
-        }
-        if let Some(n) = rule.remaining.as_mut() {
-            *n -= 1;
-        }
-        Some(rule.clone())
     }
 }
 
@@ -143,30 +91,6 @@ pub(crate) async fn handle(
             Err(_) => Bytes::new(),
         };
         control_endpoint(&shared, &method, control, &query, &body)
-    } else if let Some(rule) = {
-        shared.stalled().await;
-        shared.injected(&method, &path)
-    } {
-        let reason = match rule.status {
-            429 => "TooManyRequests",
-            503 => "ServiceUnavailable",
-            504 => "Timeout",
-            500 => "InternalError",
-            _ => "Injected",
-        };
-        let mut resp = json_response(
-            StatusCode::from_u16(rule.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
-            &status_json(
-                rule.status,
-                reason,
-                "injected failure (duet test API server)",
-            ),
-        );
-        if let Some(secs) = rule.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        resp
     } else if shared
         .options
         .token
@@ -834,7 +758,6 @@ async fn run_watch(
         rv,
         mut live,
     } = opened;
-    let mut resets = shared.resets.subscribe();
     for ev in &backlog {
         if let Some(line) = spec.line(ev) {
             if tx.send(Ok(line)).await.is_err() {
@@ -856,11 +779,6 @@ async fn run_watch(
         let lines: Vec<Bytes> = tokio::select! {
             _ = &mut deadline => break,
             _ = tx.closed() => break,
-            _ = resets.changed() => {
-                // An error frame makes hyper abort the connection mid-body.
-                let _ = tx.send(Err(io::Error::new(io::ErrorKind::ConnectionReset, "watch reset"))).await;
-                break;
-            }
             ev = live.recv() => match ev {
                 Some(ev) => spec.line(&ev).into_iter().collect(),
                 None => break,
@@ -947,10 +865,6 @@ fn control_endpoint(
                 &json!({"resourceVersion": store.resource_version(), "compacted": store.compacted(), "watches": store.open_watches(None)}),
             )
         }
-        (Method::POST, "reset-watches") => {
-            shared.resets.send_modify(|n| *n += 1);
-            ok()
-        }
         (Method::POST, "drop-watches") => {
             shared.store().drop_watches();
             ok()
@@ -963,55 +877,6 @@ fn control_endpoint(
             }
             ok()
         }
-        (Method::POST, "fail") => {
-            let status: u16 = match q.get("status").unwrap_or("503").parse() {
-                Ok(s) if (400..600).contains(&s) => s,
-                _ => return bad("status must be an HTTP error code".into()),
-            };
-            let remaining = q.get("count").and_then(|c| c.parse().ok());
-            let until = q
-                .get("ms")
-                .and_then(|m| m.parse().ok())
-                .map(|ms| Instant::now() + Duration::from_millis(ms));
-            if remaining.is_none() && until.is_none() {
-                return bad("give count=N or ms=DURATION".into());
-            }
-            let retry_after = q.get("retryAfter").and_then(|r| r.parse().ok());
-            let method = match q.get("method").map(|m| m.parse::<Method>()) {
-                None => None,
-                Some(Ok(m)) => Some(m),
-                Some(Err(_)) => return bad("method must be an HTTP method".into()),
-            };
-            *shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(FailRule {
-                status,
-                remaining,
-                until,
-                retry_after,
-                method,
-                path: q.get("path").map(str::to_owned),
-            });
-            ok()
-        }
-        (Method::POST, "stall") => match q.get("ms").and_then(|m| m.parse().ok()) {
-            Some(ms) => {
-                *shared.stall.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(Instant::now() + Duration::from_millis(ms));
-                ok()
-            }
-            None => bad("give ms=DURATION".into()),
-        },
-        (Method::POST, "heal") => {
-            *shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            *shared.stall.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            ok()
-        }
-        (Method::POST, "outage") => match q.get("ms").and_then(|m| m.parse().ok()) {
-            Some(ms) => {
-                let _ = shared.outage.send(Duration::from_millis(ms));
-                ok()
-            }
-            None => bad("give ms=DURATION".into()),
-        },
         (Method::POST, "apply") => {
             let objects = match objects_of(body) {
                 Ok(objects) => objects,

@@ -1,11 +1,10 @@
 //! `duet-apiserver`: the test Kubernetes API server as a process, for trying duet by hand or from
-//! scripts. It prints its URL, writes a kubeconfig, and takes faults on `/_test/` endpoints
-//! (see `conformance::apiserver`).
+//! scripts (the chart's Helm install test). It prints its URL, writes a kubeconfig, and takes
+//! objects and history expiry on `/_test/` endpoints (see `conformance::apiserver`).
 //!
 //! ```text
 //! duet-apiserver --listen [::1]:6443 --kubeconfig /tmp/kubeconfig
-//! curl -X POST 'http://[::1]:6443/_test/fail?status=503&count=3'
-//! curl -X POST 'http://[::1]:6443/_test/outage?ms=10000'
+//! curl -X POST 'http://[::1]:6443/_test/expire'
 //! ```
 
 use std::net::SocketAddr;

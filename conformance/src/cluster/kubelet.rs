@@ -9,7 +9,7 @@
 //! the addresses and finalizes the deletion (grace period 0).
 //!
 //! A Pod may ask for its families with the annotation [`POD_SHAPE_ANNOTATION`]:
-//! `{"ipv4": "listen", "ipv6": "absent"}` (words of [`crate::runner::standin::PodShape`]:
+//! `{"ipv4": "listen", "ipv6": "absent"}` (words of [`crate::runner::pod_shape::PodShape`]:
 //! `listen`, `closed`: an address whose ports refuse connections, `absent`: no address). A family
 //! the cluster does not have is absent. A pod it cannot run (a bad annotation or port) stays
 //! `Pending` with `Ready=False`, reason `DuetKubeletRefused` and the error as message.
@@ -33,7 +33,7 @@ use super::{Stack, NODE_IP_V4, NODE_IP_V6, NODE_NAME, POD_CIDR_V4, POD_CIDR_V6, 
 use crate::echo::{EchoOptions, EchoServer, Family, Identity};
 use crate::fleet::Port;
 use crate::runner::kube_api::KubeApi;
-use crate::runner::standin::port_of;
+use crate::runner::pod_shape::port_of;
 
 /// The Pod annotation choosing its families (see the module documentation).
 pub const POD_SHAPE_ANNOTATION: &str = "conformance.duet.dev/pod-shape";

@@ -13,9 +13,11 @@
 //! started it however that thread ends; dropping the [`Cluster`] kills them at once. The
 //! namespace has no name and disappears with its last member.
 
+pub mod faults;
 pub mod kubelet;
 pub mod netns;
 mod pki;
+pub mod shared;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -26,8 +28,10 @@ use http::Method;
 
 use crate::echo::Family;
 use crate::runner::kube_api::KubeApi;
+pub use faults::{Fault, FaultProxy};
 pub use kubelet::POD_SHAPE_ANNOTATION;
 pub use netns::NetNs;
+pub use shared::{shared, SharedCluster};
 
 /// The one node's name.
 pub const NODE_NAME: &str = "duet-node";

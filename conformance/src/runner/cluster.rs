@@ -8,10 +8,6 @@
 //!   ([`crate::cluster`]), in a network namespace the runner's thread joins; the real controllers
 //!   make the pods (each [`PodShape`] of duet's features a Deployment of its own), and duet runs
 //!   there, publishing the addresses of [`PUBLISH_SERVICE`] as Ingress status.
-//! - **Mini cluster** (`--mini-cluster`): the test API server, the stand-in deployment and endpoint
-//!   controllers of [`super::standin`] realising Deployments as loopback echo pods, the
-//!   IngressClass created by the runner, and the real `duet` in Kubernetes mode publishing the
-//!   addresses of a dual-stack LoadBalancer Service, [`PUBLISH_SERVICE`], as Ingress status.
 //! - **Real cluster** (`--kubeconfig`): the same requests against that cluster, whose own
 //!   controllers run the echo image; the controller under test and its IngressClass are already
 //!   there, and its status addresses are reached on `--http-port` / `--https-port`.
@@ -19,15 +15,13 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use serde_json::{json, Value};
 
 use super::kube_api::KubeApi;
-use super::standin::{PodShape, StandIn, PODS_ANNOTATION};
-use crate::apiserver::ApiServer;
+use super::pod_shape::PodShape;
 use crate::duet::{Duet, DuetBuilder};
 use crate::echo::Family;
 use crate::fleet::{PodSpec, Port};
@@ -51,8 +45,6 @@ pub const ECHO_PORT: u16 = 3000;
 pub struct Options {
     /// `--kubeconfig`: a real cluster; `None` starts a control plane and duet.
     pub kubeconfig: Option<PathBuf>,
-    /// `--mini-cluster`: start the mini cluster instead of the real control plane.
-    pub mini_cluster: bool,
     /// The `duet` binary (not with `--kubeconfig`).
     pub duet: PathBuf,
     /// The IngressClass name Ingresses get by default.
@@ -66,18 +58,13 @@ pub struct Options {
     /// How long a Deployment may take to become available.
     pub ready_timeout: Duration,
     /// After scaling on a real cluster, how long the controller gets to pick up the endpoints
-    /// (upstream sleeps 60 s); the mini cluster asks duet's `/debug/routes` instead.
+    /// (upstream sleeps 60 s); with the runner's own duet it asks `/debug/routes` instead.
     pub scale_settle: Duration,
 }
 
 /// What runs where.
 #[derive(Debug)]
 enum Mode {
-    Mini {
-        api: Arc<ApiServer>,
-        duet: Box<Duet>,
-        _standin: StandIn,
-    },
     Local {
         duet: Box<Duet>,
         _cluster: Box<crate::cluster::Cluster>,
@@ -105,37 +92,8 @@ pub struct Cluster {
 /// (`--publish-service`).
 pub const PUBLISH_SERVICE: (&str, &str) = ("default", "duet");
 
-/// The publish Service as a dual-stack cluster shows it: `PreferDualStack` with a cluster IP of
-/// each family (the API server allocates those) and a load balancer address of each family in
-/// `status.loadBalancer.ingress` (the load balancer controller writes those; the runner stands
-/// in for it). The load balancer addresses are the loopbacks duet listens on, so that scenarios
-/// connect to what the status says ([`Cluster::listener`]).
-fn publish_service() -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": PUBLISH_SERVICE.1, "namespace": PUBLISH_SERVICE.0},
-        "spec": {
-            "type": "LoadBalancer",
-            "ipFamilyPolicy": "PreferDualStack",
-            "ipFamilies": ["IPv4", "IPv6"],
-            "clusterIP": "10.96.0.80",
-            "clusterIPs": ["10.96.0.80", "fd00:10:96::80"],
-            "selector": {"app.kubernetes.io/name": "duet"},
-            "ports": [
-                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
-                {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"},
-            ],
-        },
-        "status": {"loadBalancer": {"ingress": [
-            {"ip": "127.0.0.1", "ipMode": "VIP"},
-            {"ip": "::1", "ipMode": "VIP"},
-        ]}},
-    })
-}
-
 impl Cluster {
-    /// Connects to the cluster (starting the real control plane, or the mini cluster, unless
+    /// Connects to the cluster (starting the real control plane unless
     /// `--kubeconfig` was given) and deletes namespaces an earlier run left behind.
     pub async fn start(opts: &Options) -> anyhow::Result<Cluster> {
         let (kube, mode) = match &opts.kubeconfig {
@@ -168,7 +126,7 @@ impl Cluster {
                 };
                 (kube, mode)
             }
-            None if !opts.mini_cluster => {
+            None => {
                 let cluster =
                     crate::cluster::Cluster::start(crate::cluster::Options::default()).await?;
                 println!("control plane: {}", cluster.control_plane());
@@ -186,34 +144,6 @@ impl Cluster {
                 let mode = Mode::Local {
                     duet: Box::new(duet),
                     _cluster: Box::new(cluster),
-                };
-                (kube, mode)
-            }
-            None => {
-                let api = Arc::new(ApiServer::start(Family::V4.loopback())?);
-                let standin = StandIn::start(api.clone());
-                let kube = KubeApi::from_kubeconfig(api.kubeconfig()).await?;
-                api.apply(publish_service())
-                    .map_err(|e| anyhow::anyhow!("creating the publish Service: {e:?}"))?;
-                // The mini cluster's pods listen on 127.0.0.1 and ::1 (test-only flag).
-                let duet = start_duet(
-                    opts,
-                    &kube,
-                    api.kubeconfig(),
-                    &["--allow-loopback-endpoints"],
-                )
-                .await?;
-                println!(
-                    "mini cluster: API server {}, duet pid {} on {} and {}",
-                    api.addr(),
-                    duet.pid(),
-                    duet.http(Family::V4),
-                    duet.http(Family::V6)
-                );
-                let mode = Mode::Mini {
-                    api,
-                    duet: Box::new(duet),
-                    _standin: standin,
                 };
                 (kube, mode)
             }
@@ -240,16 +170,8 @@ impl Cluster {
     /// The `duet` the runner started, if any.
     fn duet(&self) -> Option<&Duet> {
         match &self.mode {
-            Mode::Mini { duet, .. } | Mode::Local { duet, .. } => Some(duet),
+            Mode::Local { duet, .. } => Some(duet),
             Mode::Real { .. } => None,
-        }
-    }
-
-    /// The mini cluster's test API server, if this is one.
-    pub fn mini_api(&self) -> Option<&ApiServer> {
-        match &self.mode {
-            Mode::Mini { api, .. } => Some(api),
-            Mode::Local { .. } | Mode::Real { .. } => None,
         }
     }
 
@@ -257,7 +179,7 @@ impl Cluster {
     pub fn listener(&self, ip: IpAddr, scheme: &str) -> SocketAddr {
         let https = scheme == "https";
         match &self.mode {
-            Mode::Mini { duet, .. } | Mode::Local { duet, .. } => {
+            Mode::Local { duet, .. } => {
                 let family = Family::of(&SocketAddr::new(ip, 0));
                 if https {
                     duet.https(family)
@@ -352,7 +274,7 @@ impl Cluster {
             return Ok(());
         }
         self.kube
-            .create(self.deployment(ns, &name, ingress, service, 1, None))
+            .create(self.deployment(ns, &name, ingress, service, 1))
             .await?;
         self.kube
             .create(service_object(ns, service, &name, None))
@@ -361,8 +283,9 @@ impl Cluster {
         Ok(())
     }
 
-    /// Creates Service `service` with exactly these pods (mini cluster only: its stand-in
-    /// realises the Deployment's [`PODS_ANNOTATION`]), its `ipFamilies` those of its pods.
+    /// Creates Service `service` with exactly these pods (on the real control plane the runner
+    /// started: the stand-in kubelet gives each pod its families), its `ipFamilies` those of its
+    /// pods.
     pub async fn service_with_pods(
         &self,
         ns: &str,
@@ -373,32 +296,12 @@ impl Cluster {
             .into_iter()
             .filter(|f| specs.iter().any(|s| s.port(*f) != Port::Absent))
             .collect();
-        if let Mode::Local { .. } = self.mode {
-            return self
-                .service_with_shaped_pods(ns, service, specs, &families)
-                .await;
-        }
         ensure!(
-            self.mini_api().is_some(),
-            "a Service with pods of chosen families needs the real control plane or the mini cluster (not --kubeconfig)"
+            matches!(self.mode, Mode::Local { .. }),
+            "a Service with pods of chosen families needs the real control plane the runner starts (not --kubeconfig)"
         );
-        let shapes: Vec<PodShape> = specs.iter().map(PodShape::of).collect();
-        self.kube
-            .create(self.deployment(
-                ns,
-                service,
-                "",
-                service,
-                specs.len(),
-                Some(serde_json::to_string(&shapes)?),
-            ))
-            .await?;
-        self.kube
-            .create(service_object(ns, service, service, Some(&families)))
-            .await?;
-        self.wait_available(ns, service, service, specs.len())
-            .await?;
-        Ok(())
+        self.service_with_shaped_pods(ns, service, specs, &families)
+            .await
     }
 
     /// On the real control plane: a Deployment `<service>-<pod>` of one replica per pod, its
@@ -419,7 +322,7 @@ impl Cluster {
         for spec in specs {
             let shape = PodShape::of(spec);
             let name = format!("{service}-{}", spec.name);
-            let mut d = self.deployment(ns, &name, "", service, 1, None);
+            let mut d = self.deployment(ns, &name, "", service, 1);
             let template = &mut d["spec"]["template"];
             template["metadata"]["labels"] = json!({"app": service, "duet-pod": spec.name});
             template["metadata"]["annotations"] = json!({crate::cluster::POD_SHAPE_ANNOTATION:
@@ -475,7 +378,7 @@ impl Cluster {
             .await?;
         let addrs = self.wait_available(ns, name, service, replicas).await?;
         match &self.mode {
-            Mode::Mini { duet, .. } | Mode::Local { duet, .. } => wait_routed(duet, &addrs).await,
+            Mode::Local { duet, .. } => wait_routed(duet, &addrs).await,
             Mode::Real { scale_settle, .. } => {
                 tokio::time::sleep(*scale_settle).await;
                 Ok(())
@@ -490,7 +393,6 @@ impl Cluster {
         ingress: &str,
         service: &str,
         replicas: usize,
-        pods: Option<String>,
     ) -> Value {
         let probe = json!({
             "httpGet": {"path": "/health", "port": ECHO_PORT, "scheme": "HTTP"},
@@ -498,7 +400,7 @@ impl Cluster {
             "successThreshold": 1, "failureThreshold": 10,
         });
         let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
-        let mut d = json!({
+        json!({
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
@@ -522,11 +424,7 @@ impl Cluster {
                     }]},
                 },
             },
-        });
-        if let Some(pods) = pods {
-            d["metadata"]["annotations"] = json!({ PODS_ANNOTATION: pods });
-        }
-        d
+        })
     }
 
     /// Waits until Deployment `name` reports `replicas` available (for its current generation)
@@ -540,7 +438,7 @@ impl Cluster {
         replicas: usize,
     ) -> anyhow::Result<Vec<SocketAddr>> {
         let deadline = Instant::now() + self.ready_timeout;
-        // Quick at first (the mini cluster answers in milliseconds), then once a second.
+        // Quick at first (the API server often answers in milliseconds), then once a second.
         let mut poll = Duration::from_millis(20);
         let selector = format!("kubernetes.io/service-name={service}");
         loop {
@@ -693,24 +591,37 @@ async fn start_duet(
         .await
 }
 
-/// The publish Service on a real API server: created as [`publish_service`] without its cluster
-/// IPs (the API server allocates them from its ranges), then its load balancer status written
-/// through the status subresource, as a load balancer controller would.
+/// The publish Service as a dual-stack cluster shows it: `PreferDualStack` with a cluster IP of
+/// each family (the API server allocates them from its ranges) and a load balancer address of
+/// each family, written through the status subresource as a load balancer controller would. The
+/// load balancer addresses are the loopbacks duet listens on, so that scenarios connect to what
+/// the status says ([`Cluster::listener`]).
 async fn create_publish_service(kube: &KubeApi) -> anyhow::Result<()> {
-    let mut service = publish_service();
-    let status = service["status"].take();
-    let spec = service["spec"]
-        .as_object_mut()
-        .expect("the Service has a spec");
-    spec.remove("clusterIP");
-    spec.remove("clusterIPs");
-    kube.create(service).await?;
+    kube.create(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": PUBLISH_SERVICE.1, "namespace": PUBLISH_SERVICE.0},
+        "spec": {
+            "type": "LoadBalancer",
+            "ipFamilyPolicy": "PreferDualStack",
+            "ipFamilies": ["IPv4", "IPv6"],
+            "selector": {"app.kubernetes.io/name": "duet"},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+                {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"},
+            ],
+        },
+    }))
+    .await?;
     kube.merge_patch(
         "v1",
         "Service",
         Some(PUBLISH_SERVICE.0),
         &format!("{}/status", PUBLISH_SERVICE.1),
-        &json!({ "status": status }),
+        &json!({"status": {"loadBalancer": {"ingress": [
+            {"ip": "127.0.0.1", "ipMode": "VIP"},
+            {"ip": "::1", "ipMode": "VIP"},
+        ]}}}),
     )
     .await?;
     Ok(())

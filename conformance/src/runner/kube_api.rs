@@ -1,6 +1,6 @@
 //! The runner's Kubernetes API client: objects as JSON over the unmodified kube client, for the
-//! few kinds the conformance steps create, read and delete. The same code talks to the test API
-//! server of the mini cluster and to a real cluster (`--kubeconfig`).
+//! few kinds the conformance steps create, read and delete. The same code talks to the real
+//! control plane the runner starts and to a cluster of `--kubeconfig`.
 
 use std::path::Path;
 
@@ -23,6 +23,8 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         true,
     ),
     ("networking.k8s.io/v1", "Ingress", "ingresses", true),
+    ("coordination.k8s.io/v1", "Lease", "leases", true),
+    ("events.k8s.io/v1", "Event", "events", true),
     (
         "networking.k8s.io/v1",
         "IngressClass",
@@ -117,6 +119,21 @@ impl KubeApi {
         self.send(Method::POST, &path, "application/json", body)
             .await
             .with_context(|| format!("cannot create {k} {}", name_of(&obj)))
+    }
+
+    /// Creates or updates an object by server-side apply (field manager `duet-test`, forced):
+    /// the object ends up with exactly the fields given.
+    pub async fn apply(&self, obj: Value) -> anyhow::Result<Value> {
+        let (v, k) = kind_of(&obj)?;
+        let name = name_of(&obj);
+        let path = format!(
+            "{}/{name}?fieldManager=duet-test&force=true",
+            collection(&v, &k, obj["metadata"]["namespace"].as_str())?
+        );
+        let body = serde_json::to_vec(&obj)?;
+        self.send(Method::PATCH, &path, "application/apply-patch+yaml", body)
+            .await
+            .with_context(|| format!("cannot apply {k} {name}"))
     }
 
     /// One object, `None` when it does not exist.

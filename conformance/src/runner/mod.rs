@@ -1,12 +1,12 @@
 //! `duet-conformance`: runs Ingress conformance `.feature` files (the upstream ones unmodified,
-//! and duet's own) with cucumber against the real control plane (or the mini cluster), once per
+//! and duet's own) with cucumber against the real control plane (or a `--kubeconfig` cluster), once per
 //! address family.
 
 pub mod cluster;
 pub mod expect;
 pub mod kube_api;
 pub mod parse;
-pub mod standin;
+pub mod pod_shape;
 pub mod steps;
 
 use std::fmt::Write as _;
@@ -59,11 +59,6 @@ pub struct Cli {
     /// under test writes, instead of starting a control plane and duet.
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
-    /// Run on the mini cluster (the test API server and stand-in controllers, no root or Go
-    /// needed) instead of the real control plane (kube-apiserver, etcd, kube-controller-manager
-    /// built from conformance/cluster, the stand-in kubelet; needs root and Go).
-    #[arg(long, conflicts_with = "kubeconfig")]
-    pub mini_cluster: bool,
     /// The IngressClass Ingresses name by default (with --kubeconfig it must exist).
     #[arg(long, value_name = "NAME", default_value = cluster::INGRESS_CLASS)]
     pub ingress_class: String,
@@ -134,7 +129,6 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
     }
     let cluster = cluster::Cluster::start(&cluster::Options {
         kubeconfig: cli.kubeconfig.clone(),
-        mini_cluster: cli.mini_cluster,
         duet,
         ingress_class: cli.ingress_class.clone(),
         echo_image: cli.echo_image.clone(),

@@ -1,5 +1,5 @@
 //! The step definitions: the upstream patterns (NOTES.md §3), with the upstream semantics, run
-//! against the mini cluster over the profile's address family.
+//! against the cluster over the profile's address family.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -16,7 +16,7 @@ use regex::Regex;
 use serde_json::Value;
 
 use super::cluster::Cluster;
-use super::standin::PodShape;
+use super::pod_shape::PodShape;
 use crate::client::{self, Conn, Reply};
 use crate::echo::Family;
 use crate::fleet::{PodSpec, Port};

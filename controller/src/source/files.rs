@@ -24,7 +24,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::SourceEvent;
-use crate::index::{Change, Kind, Object, ObjectKey};
+use crate::index::{Change, Object};
+use crate::object::{Kind, ObjectKey};
 
 /// How long to wait after a file event for more events before rescanning (an editor's save is
 /// often several events).
@@ -284,6 +285,27 @@ impl FileSource {
     /// Reads the folder again and returns the changes since the last scan. Files whose content
     /// is unchanged are not parsed; problems in changed files are logged (warn), once.
     pub fn scan(&mut self) -> Result<Vec<Change>, FilesError> {
+        let present = self.list()?;
+        self.files.retain(|path, _| {
+            // `present` is sorted: a linear `contains` here made a rescan quadratic (77 s at
+            // 40,000 files, benches/load/scale.sh).
+            let keep = present.binary_search(path).is_ok();
+            if !keep {
+                tracing::info!(file = %path.display(), "Manifest removed");
+            }
+            keep
+        });
+        let changed: Vec<PathBuf> = present
+            .iter()
+            .filter(|path| self.reread(path))
+            .cloned()
+            .collect();
+        let wanted = self.union(&changed);
+        Ok(self.changes_to(wanted))
+    }
+
+    /// The manifest files in the folder, sorted.
+    fn list(&self) -> Result<Vec<PathBuf>, FilesError> {
         let read_dir = |source| FilesError::ReadDir {
             dir: self.dir.clone(),
             source,
@@ -298,77 +320,58 @@ impl FileSource {
             }
         }
         present.sort();
+        Ok(present)
+    }
 
-        let mut changed: Vec<PathBuf> = Vec::new();
-        self.files.retain(|path, _| {
-            // `present` is sorted: a linear `contains` here made a rescan quadratic (77 s at
-            // 40,000 files, benches/load/scale.sh).
-            let keep = present.binary_search(path).is_ok();
-            if !keep {
-                tracing::info!(file = %path.display(), "Manifest removed");
+    /// Reads one file again; parses it when its content changed. Returns whether it changed.
+    fn reread(&mut self, path: &Path) -> bool {
+        let content = match std::fs::read(path) {
+            Ok(content) => content,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                // Gone between listing and reading: the next event rescans.
+                self.files.remove(path);
+                return false;
             }
-            keep
-        });
-        for path in &present {
-            let content = match std::fs::read(path) {
-                Ok(content) => content,
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                    // Gone between listing and reading: the next event rescans.
-                    self.files.remove(path);
-                    continue;
+            Err(error) => {
+                if self.files.get(path).is_none_or(|f| !f.content.is_empty()) {
+                    tracing::warn!(file = %path.display(), %error, "Cannot read manifest; keeping its last good objects");
                 }
-                Err(error) => {
-                    if self.files.get(path).is_none_or(|f| !f.content.is_empty()) {
-                        tracing::warn!(file = %path.display(), %error, "Cannot read manifest; keeping its last good objects");
-                    }
-                    continue;
-                }
-            };
-            if self.files.get(path).is_some_and(|f| f.content == content) {
-                continue;
+                return false;
             }
-            let previous = self
-                .files
-                .get(path)
-                .map(|f| f.objects.as_slice())
-                .unwrap_or_default();
-            let parsed = match std::str::from_utf8(&content) {
-                Ok(text) => parse(text, previous),
-                Err(_) => Parsed {
-                    objects: previous.to_vec(),
-                    problems: vec![Problem {
-                        object: None,
-                        error: "not UTF-8 text; keeping the file's last good objects".to_owned(),
-                    }],
-                },
-            };
-            for problem in &parsed.problems {
-                match &problem.object {
-                    Some(object) => tracing::warn!(
-                        file = %path.display(),
-                        object = %object,
-                        error = %problem.error,
-                        "Manifest object skipped"
-                    ),
-                    None => tracing::warn!(
-                        file = %path.display(),
-                        error = %problem.error,
-                        "Manifest skipped"
-                    ),
-                }
-            }
-            tracing::debug!(file = %path.display(), objects = parsed.objects.len(), "Manifest read");
-            changed.push(path.clone());
-            self.files.insert(
-                path.clone(),
-                FileState {
-                    content,
-                    objects: parsed.objects,
-                },
-            );
+        };
+        if self.files.get(path).is_some_and(|f| f.content == content) {
+            return false;
         }
+        let previous = self
+            .files
+            .get(path)
+            .map(|f| f.objects.as_slice())
+            .unwrap_or_default();
+        let parsed = match std::str::from_utf8(&content) {
+            Ok(text) => parse(text, previous),
+            Err(_) => Parsed {
+                objects: previous.to_vec(),
+                problems: vec![Problem {
+                    object: None,
+                    error: "not UTF-8 text; keeping the file's last good objects".to_owned(),
+                }],
+            },
+        };
+        log_problems(path, &parsed.problems);
+        tracing::debug!(file = %path.display(), objects = parsed.objects.len(), "Manifest read");
+        self.files.insert(
+            path.to_owned(),
+            FileState {
+                content,
+                objects: parsed.objects,
+            },
+        );
+        true
+    }
 
-        // The union over files; the first file (by name) defining an object wins.
+    /// The union over files; the first file (by name) defining an object wins. A second
+    /// definition is logged when either file is among the `changed` ones.
+    fn union(&self, changed: &[PathBuf]) -> BTreeMap<ObjectKey, (Object, Arc<Path>)> {
         let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
         for (path, state) in &self.files {
             let file: Arc<Path> = Arc::from(path.as_path());
@@ -388,7 +391,11 @@ impl FileSource {
                 wanted.insert(key, (object.clone(), file.clone()));
             }
         }
+        wanted
+    }
 
+    /// The changes from what was last emitted to `wanted`, which is emitted from now on.
+    fn changes_to(&mut self, wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)>) -> Vec<Change> {
         let mut changes = Vec::new();
         for key in self.emitted.keys() {
             if !wanted.contains_key(key) {
@@ -408,7 +415,26 @@ impl FileSource {
             }
         }
         self.emitted = wanted;
-        Ok(changes)
+        changes
+    }
+}
+
+/// Logs the problems of one manifest file (warn).
+fn log_problems(path: &Path, problems: &[Problem]) {
+    for problem in problems {
+        match &problem.object {
+            Some(object) => tracing::warn!(
+                file = %path.display(),
+                object = %object,
+                error = %problem.error,
+                "Manifest object skipped"
+            ),
+            None => tracing::warn!(
+                file = %path.display(),
+                error = %problem.error,
+                "Manifest skipped"
+            ),
+        }
     }
 }
 

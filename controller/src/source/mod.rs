@@ -6,6 +6,7 @@
 pub mod files;
 pub mod kube;
 pub mod secrets;
+pub mod watch;
 
 use crate::index::Change;
 

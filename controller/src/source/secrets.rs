@@ -8,31 +8,32 @@
 //!
 //! Every (re)list of any of these watches, and every stopped named watch, replaces the Secret
 //! kind with the union of all their stores. The Secrets are synced once every TLS watch has
-//! listed, the Ingresses have listed (they say which CA Secrets are named) and every named
-//! watch started then has listed.
+//! listed, the Ingresses have listed (they say which CA and htpasswd Secrets are named) and every
+//! named watch started then has listed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures_util::stream::{AbortHandle, BoxStream, SelectAll};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
-use super::kube::{namespaced, trim, Stores, SyncCountdown, WatchBackoff};
+use super::watch::{namespaced, seen, trim, Seen, Stores, SyncCountdown, Task, WatchBackoff};
 use super::SourceEvent;
-use crate::config::is_dns_subdomain;
-use crate::index::{Change, Kind, NsName, Object};
+use crate::index::{Change, Object};
+use crate::object::{is_dns_subdomain, Kind, NsName};
+use crate::translate::nginx::access::AUTH_SECRET_ANNOTATION;
 use crate::translate::BACKEND_CA_SECRET_ANNOTATION;
 
 /// The field selector of the certificate watch.
 pub const TLS_SELECTOR: &str = "type=kubernetes.io/tls";
 
-/// The field selector of the watch of one named CA Secret (TLS Secrets come from the other).
+/// The field selector of the watch of one named CA or htpasswd Secret (TLS Secrets come from the
+/// other).
 pub fn named_selector(name: &str) -> String {
     format!("metadata.name={name},type!=kubernetes.io/tls")
 }
@@ -42,18 +43,15 @@ pub fn named_selector(name: &str) -> String {
 enum WatchOf {
     /// The certificate watch of one namespace (index into the namespaces).
     Tls(usize),
-    /// The watch of one named CA Secret.
+    /// The watch of one named CA or htpasswd Secret.
     Named(NsName),
 }
 
 type Events = BoxStream<'static, (WatchOf, Result<watcher::Event<Secret>, watcher::Error>)>;
 
-/// ingress-nginx's basic-auth Secret annotation (`name` or `namespace/name`).
-const AUTH_SECRET_ANNOTATION: &str = "nginx.ingress.kubernetes.io/auth-secret";
-
 /// The CA Secrets and basic-auth Secrets the cached Ingresses name (invalid names are skipped:
 /// no Secret has them).
-pub fn named_ca_secrets(ingresses: &Stores) -> BTreeSet<NsName> {
+pub fn named_secrets(ingresses: &Stores) -> BTreeSet<NsName> {
     ingresses
         .ingresses()
         .iter()
@@ -153,15 +151,15 @@ impl Watches {
     }
 }
 
-/// Starts the Secret watches in `namespaces` (all when empty), following the CA Secrets the
-/// Ingresses of `ingresses` name.
-pub(super) fn spawn(
+/// The Secret watches in `namespaces` (all when empty), following the CA and htpasswd Secrets the
+/// Ingresses of `ingresses` name: one watcher to run.
+pub(super) fn watch(
     client: Client,
     namespaces: &[String],
     ingresses: Stores,
     tx: mpsc::Sender<SourceEvent>,
     countdown: Arc<SyncCountdown>,
-) {
+) -> Task {
     let mut watches = Watches {
         client: client.clone(),
         stores: BTreeMap::new(),
@@ -178,7 +176,7 @@ pub(super) fn spawn(
         watches.stores.insert(WatchOf::Tls(i), store);
         watches.all.push(stream);
     }
-    tokio::spawn(run(watches, ingresses, tx, countdown));
+    run(watches, ingresses, tx, countdown).boxed()
 }
 
 async fn run(
@@ -202,11 +200,11 @@ async fn run(
             Some((from, event)) = watches.all.next() => handle(&mut watches, from, event),
             () = &mut ingresses_ready, if !ingresses_listed => {
                 ingresses_listed = true;
-                watches.follow(&named_ca_secrets(&ingresses)).then(|| watches.replace())
+                watches.follow(&named_secrets(&ingresses)).then(|| watches.replace())
             }
             changed = changes.changed(), if changes_open && ingresses_listed => {
                 changes_open = changed.is_ok();
-                watches.follow(&named_ca_secrets(&ingresses)).then(|| watches.replace())
+                watches.follow(&named_secrets(&ingresses)).then(|| watches.replace())
             }
         };
         if let Some(change) = change {
@@ -217,9 +215,7 @@ async fn run(
         if !synced && ingresses_listed && watches.all_listed() {
             synced = true;
             tracing::info!(kind = %Kind::Secret, "Watch synced");
-            if countdown.0.fetch_sub(1, Ordering::AcqRel) == 1
-                && tx.send(SourceEvent::Synced).await.is_err()
-            {
+            if countdown.listed(&tx).await.is_err() {
                 return;
             }
         }
@@ -236,22 +232,14 @@ fn handle(
         return None; // a stopped named watch
     };
     match event {
-        Ok(watcher::Event::Apply(object)) => {
-            let key = ObjectRef::from_obj(&object);
-            let shared = store.get(&key).unwrap_or_else(|| Arc::new(object));
-            Some(Change::Apply {
-                object: Object::Secret(shared),
-                file: None,
-            })
-        }
-        Ok(watcher::Event::Delete(object)) => {
-            Some(Change::Delete(Object::Secret(Arc::new(object)).key()))
-        }
-        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
-        Ok(watcher::Event::InitDone) => {
-            watches.listed.insert(from);
-            Some(watches.replace())
-        }
+        Ok(event) => match seen(store, event) {
+            Seen::Change(change) => Some(change),
+            Seen::Nothing => None,
+            Seen::Listed => {
+                watches.listed.insert(from);
+                Some(watches.replace())
+            }
+        },
         Err(error) => {
             tracing::warn!(kind = %Kind::Secret, watch = ?from, %error, "Watch failed; retrying with backoff");
             None

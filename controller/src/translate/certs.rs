@@ -18,8 +18,9 @@ use dataplane::table::{CertTable, TlsCert};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 
-use super::{Diagnostic, Reason};
-use crate::index::{Kind, NsName, ObjectKey, References};
+use super::annotation::{annotation, parse_true_false, Annotated};
+use super::{Diagnostic, Reason, References};
+use crate::object::{by_name, Kind, NsName, ObjectKey};
 
 /// The per-Ingress annotation that turns the HTTPS redirect off (`"false"`).
 pub const SSL_REDIRECT_ANNOTATION: &str = "duet.dev/ssl-redirect";
@@ -48,20 +49,6 @@ impl TlsHosts {
                 self.hosts.contains(host)
             }
     }
-}
-
-/// Secrets by namespace and name, for the lookups of one translation.
-pub(crate) fn by_name<'a>(secrets: &[&'a Secret]) -> BTreeMap<NsName, &'a Secret> {
-    secrets
-        .iter()
-        .map(|s| {
-            let ns = s.metadata.namespace.as_deref().unwrap_or("default");
-            (
-                NsName::new(ns, s.metadata.name.clone().unwrap_or_default()),
-                *s,
-            )
-        })
-        .collect()
 }
 
 /// Builds the certificate table while the route phase walks the Ingresses (oldest first).
@@ -126,27 +113,14 @@ impl<'a> CertBuilder<'a> {
         diagnostics: &mut Vec<Diagnostic>,
         references: &mut References,
     ) -> TlsHosts {
-        let namespace = ingress.metadata.namespace.as_deref().unwrap_or("default");
-        let redirect = match ingress
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SSL_REDIRECT_ANNOTATION))
-            .map(|v| v.trim())
-        {
-            None | Some("true") => true,
-            Some("false") => false,
-            Some(other) => {
-                diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::InvalidAnnotation,
-                    format!(
-                        "{SSL_REDIRECT_ANNOTATION}: {other:?} is not \"true\" or \"false\"; redirecting"
-                    ),
-                ));
-                true
-            }
-        };
+        let obj = Annotated::new(key, &ingress.metadata);
+        let redirect = annotation(
+            &obj,
+            SSL_REDIRECT_ANNOTATION,
+            parse_true_false,
+            (true, "redirecting"),
+            diagnostics,
+        );
         let mut out = TlsHosts {
             redirect,
             ..TlsHosts::default()
@@ -167,43 +141,55 @@ impl<'a> CertBuilder<'a> {
             let Some(secret) = tls.secret_name.as_deref().filter(|s| !s.is_empty()) else {
                 continue;
             };
-            let name = NsName::new(namespace, secret);
+            let name = NsName::new(&*key.namespace, secret);
             references.secrets.insert(name.clone());
-            let cert = match self.load(&name) {
-                None => {
-                    diagnostics.push(Diagnostic::new(
-                        key.clone(),
-                        Reason::MissingSecret,
-                        format!("TLS secret {name} does not exist"),
-                    ));
-                    continue;
-                }
-                Some(Err(message)) => {
-                    diagnostics.push(Diagnostic::new(
-                        key.clone(),
-                        Reason::InvalidCertificate,
-                        format!("{message}; its hosts get the default certificate"),
-                    ));
-                    continue;
-                }
-                Some(Ok(cert)) => cert,
-            };
-            for host in &hosts {
-                if !dataplane::tls::covers(&cert, host) {
-                    diagnostics.push(Diagnostic::new(
-                        key.clone(),
-                        Reason::CertificateHostMismatch,
-                        format!(
-                            "the certificate in {name} does not cover host {host}; it gets the default certificate"
-                        ),
-                    ));
-                    continue;
-                }
-                // Ingresses come oldest first: a host already claimed stays with its owner.
-                self.table.insert(host, cert.clone());
-            }
+            self.entry(key, &name, &hosts, diagnostics);
         }
         out
+    }
+
+    /// Takes the certificate of Secret `name` for `hosts` (those it covers), from one `spec.tls`
+    /// entry of the Ingress `key`.
+    fn entry(
+        &mut self,
+        key: &ObjectKey,
+        name: &NsName,
+        hosts: &[String],
+        diagnostics: &mut Vec<Diagnostic>,
+    ) {
+        let cert = match self.load(name) {
+            None => {
+                diagnostics.push(Diagnostic::new(
+                    key.clone(),
+                    Reason::MissingSecret,
+                    format!("TLS secret {name} does not exist"),
+                ));
+                return;
+            }
+            Some(Err(message)) => {
+                diagnostics.push(Diagnostic::new(
+                    key.clone(),
+                    Reason::InvalidCertificate,
+                    format!("{message}; its hosts get the default certificate"),
+                ));
+                return;
+            }
+            Some(Ok(cert)) => cert,
+        };
+        for host in hosts {
+            if !dataplane::tls::covers(&cert, host) {
+                diagnostics.push(Diagnostic::new(
+                    key.clone(),
+                    Reason::CertificateHostMismatch,
+                    format!(
+                        "the certificate in {name} does not cover host {host}; it gets the default certificate"
+                    ),
+                ));
+                continue;
+            }
+            // Ingresses come oldest first: a host already claimed stays with its owner.
+            self.table.insert(host, cert.clone());
+        }
     }
 
     pub(crate) fn finish(self) -> CertTable {

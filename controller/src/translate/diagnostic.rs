@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::index::ObjectKey;
+use crate::object::ObjectKey;
 
 /// Why part of an object was skipped or overridden.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -148,7 +148,7 @@ impl fmt::Display for Diagnostic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::Kind;
+    use crate::object::Kind;
 
     #[test]
     fn display_names_object_reason_and_message() {

@@ -7,16 +7,19 @@
 //! always, loopback (`127.0.0.0/8`, `::1`) unless [`Config::allow_loopback_endpoints`] (set in
 //! `--manifests` mode). Whoever can write an EndpointSlice must not make duet reach the node's
 //! own services or the metadata server (the class of CVE-2021-25740).
+//!
+//! A `service-upstream` backend (its spec holds the Service's cluster IPs) is one target holding
+//! the cluster IP of each family instead of the pods.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use dataplane::{Backend, BackendId, Family, Target, TargetId};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use super::{Config, Diagnostic, Inputs, Reason, RoutePlan};
-use crate::index::{slice_service, Kind, NsName, ObjectKey};
+use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
+use crate::object::{slice_service, Kind, NsName, ObjectKey};
 
 /// The backend phase: builds every backend the plan uses from the EndpointSlices. A backend equal
 /// by value to its entry in `previous` keeps the previous `Arc` (so the dataplane keeps its live
@@ -46,7 +49,7 @@ pub fn build_backends(
         let (targets, mut found) = if spec.cluster_ips.is_empty() {
             join_targets(of_service, &spec.port_name, config.allow_loopback_endpoints)
         } else {
-            super::nginx::routing::cluster_target(spec, config.allow_loopback_endpoints)
+            cluster_target(spec, config.allow_loopback_endpoints)
         };
         diagnostics.append(&mut found);
         let backend = Backend {
@@ -64,6 +67,40 @@ pub fn build_backends(
     diagnostics.sort();
     diagnostics.dedup();
     (backends, diagnostics)
+}
+
+/// The one target of a `service-upstream` backend: the Service's cluster IP of each family at the
+/// Service port; forbidden addresses are dropped with a diagnostic.
+fn cluster_target(spec: &BackendSpec, allow_loopback: bool) -> (Vec<Target>, Vec<Diagnostic>) {
+    let mut diagnostics = Vec::new();
+    let port = u16::try_from(spec.port).unwrap_or_default();
+    let mut target = Target {
+        id: TargetId(format!("service/{}", spec.service).into()),
+        v4: None,
+        v6: None,
+        zone: None,
+    };
+    for ip in &spec.cluster_ips {
+        if let Some(class) = forbidden(*ip, allow_loopback) {
+            diagnostics.push(Diagnostic::new(
+                ObjectKey::new(Kind::Service, &*spec.service.namespace, &*spec.service.name),
+                Reason::ForbiddenEndpointAddress,
+                format!("cluster IP {ip} is {class}; duet does not proxy to it (service-upstream)"),
+            ));
+            continue;
+        }
+        let slot = match ip {
+            IpAddr::V4(_) => &mut target.v4,
+            IpAddr::V6(_) => &mut target.v6,
+        };
+        slot.get_or_insert(SocketAddr::new(*ip, port));
+    }
+    let targets = if target.v4.is_some() || target.v6.is_some() {
+        vec![target]
+    } else {
+        Vec::new()
+    };
+    (targets, diagnostics)
 }
 
 #[derive(Default)]
@@ -104,98 +141,21 @@ pub fn join_targets(
             namespace,
             slice.metadata.name.as_deref().unwrap_or_default(),
         );
-        let family = match slice.address_type.as_str() {
-            "IPv4" => Family::V4,
-            "IPv6" => Family::V6,
-            other => {
-                diagnostics.push(Diagnostic::new(
-                    key,
-                    Reason::UnsupportedAddressType,
-                    format!("addressType {other:?} is not supported (only IPv4 and IPv6); slice skipped"),
-                ));
-                continue;
-            }
-        };
-        // The endpointslice controller keeps an empty slice per family, without ports, when no
-        // pod has an address of that family (or none is left): nothing to route, nothing wrong.
-        if slice.endpoints.as_ref().is_none_or(Vec::is_empty) {
-            continue;
-        }
-        let port = slice.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or_default() == port_name
-                && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
-        });
-        let Some(port) = port
-            .and_then(|p| p.port)
-            .and_then(|p| u16::try_from(p).ok())
-        else {
-            diagnostics.push(Diagnostic::new(
-                key,
-                Reason::UnknownEndpointPort,
-                format!("no TCP port named {port_name:?} (the Service port's name); slice skipped for it"),
-            ));
+        let Some((family, port)) = family_and_port(slice, &key, port_name, &mut diagnostics) else {
             continue;
         };
         for endpoint in slice.endpoints.iter().flatten() {
-            let conditions = endpoint.conditions.as_ref();
-            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-            if !ready || terminating {
-                continue;
-            }
-            let Some(written) = endpoint.addresses.first() else {
+            let Some(addr) = serving_address(
+                endpoint,
+                (&key, &slice.address_type),
+                (family, port),
+                allow_loopback,
+                &mut diagnostics,
+            ) else {
                 continue;
             };
-            let ip = match written.parse::<IpAddr>() {
-                Ok(ip) if Family::of_ip(&ip) == family => ip.to_canonical(),
-                _ => {
-                    diagnostics.push(Diagnostic::new(
-                        key.clone(),
-                        Reason::InvalidEndpoint,
-                        format!(
-                            "address {written:?} is not an {} address; endpoint skipped",
-                            slice.address_type
-                        ),
-                    ));
-                    continue;
-                }
-            };
-            if let Some(class) = forbidden(ip, allow_loopback) {
-                diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::ForbiddenEndpointAddress,
-                    format!("address {ip} is {class}; duet does not proxy to it, endpoint dropped"),
-                ));
-                continue;
-            }
-            let addr = SocketAddr::new(ip, port);
-            let id = endpoint
-                .target_ref
-                .as_ref()
-                .and_then(|r| {
-                    if let Some(uid) = r.uid.as_deref().filter(|u| !u.is_empty()) {
-                        return Some(uid.to_owned());
-                    }
-                    let name = r.name.as_deref().filter(|n| !n.is_empty())?;
-                    Some(format!(
-                        "{}/{}/{}",
-                        r.kind.as_deref().unwrap_or("Pod"),
-                        r.namespace.as_deref().unwrap_or(namespace),
-                        name
-                    ))
-                })
-                .unwrap_or_else(|| addr.to_string());
-            let target = joined.entry(id).or_default();
-            let slot = match family {
-                Family::V4 => &mut target.v4,
-                Family::V6 => &mut target.v6,
-            };
-            if slot.is_none() {
-                *slot = Some(addr);
-            }
-            if target.zone.is_none() {
-                target.zone = endpoint.zone.as_deref().map(Arc::from);
-            }
+            let id = target_id(endpoint, namespace, addr);
+            joined.entry(id).or_default().add(family, addr, endpoint);
         }
     }
     let targets = joined
@@ -208,6 +168,128 @@ pub fn join_targets(
         })
         .collect();
     (targets, diagnostics)
+}
+
+impl Joined {
+    /// Adds an endpoint's address of `family` (the first one of each family wins) and zone.
+    fn add(&mut self, family: Family, addr: SocketAddr, endpoint: &Endpoint) {
+        let slot = match family {
+            Family::V4 => &mut self.v4,
+            Family::V6 => &mut self.v6,
+        };
+        if slot.is_none() {
+            *slot = Some(addr);
+        }
+        if self.zone.is_none() {
+            self.zone = endpoint.zone.as_deref().map(Arc::from);
+        }
+    }
+}
+
+/// The family of a slice and its TCP port named `port_name`; `None`, with a diagnostic unless
+/// the slice is simply empty, when the slice has nothing to serve.
+fn family_and_port(
+    slice: &EndpointSlice,
+    key: &ObjectKey,
+    port_name: &str,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<(Family, u16)> {
+    let family = match slice.address_type.as_str() {
+        "IPv4" => Family::V4,
+        "IPv6" => Family::V6,
+        other => {
+            diagnostics.push(Diagnostic::new(
+                key.clone(),
+                Reason::UnsupportedAddressType,
+                format!(
+                    "addressType {other:?} is not supported (only IPv4 and IPv6); slice skipped"
+                ),
+            ));
+            return None;
+        }
+    };
+    // The endpointslice controller keeps an empty slice per family, without ports, when no
+    // pod has an address of that family (or none is left): nothing to route, nothing wrong.
+    if slice.endpoints.as_ref().is_none_or(Vec::is_empty) {
+        return None;
+    }
+    let port = slice.ports.iter().flatten().find(|p| {
+        p.name.as_deref().unwrap_or_default() == port_name
+            && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+    });
+    let Some(port) = port
+        .and_then(|p| p.port)
+        .and_then(|p| u16::try_from(p).ok())
+    else {
+        diagnostics.push(Diagnostic::new(
+            key.clone(),
+            Reason::UnknownEndpointPort,
+            format!(
+                "no TCP port named {port_name:?} (the Service port's name); slice skipped for it"
+            ),
+        ));
+        return None;
+    };
+    Some((family, port))
+}
+
+/// The address an endpoint serves on, if it serves: ready, not terminating, an address of the
+/// slice's family that duet may proxy to (a diagnostic otherwise).
+fn serving_address(
+    endpoint: &Endpoint,
+    (key, address_type): (&ObjectKey, &str),
+    (family, port): (Family, u16),
+    allow_loopback: bool,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<SocketAddr> {
+    let conditions = endpoint.conditions.as_ref();
+    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+    if !ready || terminating {
+        return None;
+    }
+    let written = endpoint.addresses.first()?;
+    let ip = match written.parse::<IpAddr>() {
+        Ok(ip) if Family::of_ip(&ip) == family => ip.to_canonical(),
+        _ => {
+            diagnostics.push(Diagnostic::new(
+                key.clone(),
+                Reason::InvalidEndpoint,
+                format!("address {written:?} is not an {address_type} address; endpoint skipped"),
+            ));
+            return None;
+        }
+    };
+    if let Some(class) = forbidden(ip, allow_loopback) {
+        diagnostics.push(Diagnostic::new(
+            key.clone(),
+            Reason::ForbiddenEndpointAddress,
+            format!("address {ip} is {class}; duet does not proxy to it, endpoint dropped"),
+        ));
+        return None;
+    }
+    Some(SocketAddr::new(ip, port))
+}
+
+/// The target an endpoint belongs to: its `targetRef`'s uid, else `kind/namespace/name`, else
+/// (no `targetRef`) its address.
+fn target_id(endpoint: &Endpoint, namespace: &str, addr: SocketAddr) -> String {
+    endpoint
+        .target_ref
+        .as_ref()
+        .and_then(|r| {
+            if let Some(uid) = r.uid.as_deref().filter(|u| !u.is_empty()) {
+                return Some(uid.to_owned());
+            }
+            let name = r.name.as_deref().filter(|n| !n.is_empty())?;
+            Some(format!(
+                "{}/{}/{}",
+                r.kind.as_deref().unwrap_or("Pod"),
+                r.namespace.as_deref().unwrap_or(namespace),
+                name
+            ))
+        })
+        .unwrap_or_else(|| addr.to_string())
 }
 
 /// Why duet refuses to proxy to `ip` (already canonical: IPv4-mapped addresses are IPv4), or

@@ -11,15 +11,18 @@
 //!
 //! [`build`] runs both for a one-shot translation.
 
+mod annotation;
 mod certs;
 mod diagnostic;
 mod endpoints;
+mod ingress;
 pub mod nginx;
 mod routes;
 mod timeouts;
+mod translation;
 mod upstream;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use dataplane::table::CertTable;
@@ -31,7 +34,7 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{build_backends, forbidden, join_targets};
-pub use routes::{plan_routes, BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
+pub use ingress::{BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
 pub use timeouts::{CONNECT_TIMEOUT_ANNOTATION, READ_TIMEOUT_ANNOTATION};
 pub use upstream::{
     app_protocol, BACKEND_CA_SECRET_ANNOTATION, BACKEND_TLS_SERVER_NAME_ANNOTATION,
@@ -39,7 +42,7 @@ pub use upstream::{
 };
 
 use crate::class::ClassConfig;
-use crate::index::{self, NsName, References};
+use crate::object::NsName;
 
 /// What translation needs from the command line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -85,6 +88,18 @@ pub struct Inputs<'a> {
     pub endpoint_slices: Vec<&'a EndpointSlice>,
     /// Every Secret.
     pub secrets: Vec<&'a Secret>,
+}
+
+/// What the current routes use: set after each route build, so that the index can tell whether
+/// a change matters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct References {
+    /// Our Ingresses.
+    pub ingresses: BTreeSet<NsName>,
+    /// Services our Ingresses name, whether they exist or not.
+    pub services: BTreeSet<NsName>,
+    /// TLS Secrets our Ingresses name, whether they exist or not.
+    pub secrets: BTreeSet<NsName>,
 }
 
 /// A Service port a route uses, resolved from the Ingress backend.
@@ -133,6 +148,15 @@ pub fn snapshot(
     }
 }
 
+/// The route phase: builds the route table from our Ingresses. Never fails; every skipped part
+/// becomes a diagnostic. Each processor feeds one [`Translation`](translation::Translation);
+/// a `GatewayProcessor` will feed the same one.
+pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
+    let mut translation = translation::Translation::new(inputs, config);
+    ingress::IngressProcessor::new(inputs, config).run(&mut translation);
+    translation.finish()
+}
+
 /// Translates everything in one go: route phase, then backend phase, version 0 (the app numbers
 /// what it publishes). Diagnostics are sorted and free of duplicates.
 pub fn build(inputs: &Inputs<'_>, config: &Config) -> (Snapshot, Vec<Diagnostic>) {
@@ -140,43 +164,6 @@ pub fn build(inputs: &Inputs<'_>, config: &Config) -> (Snapshot, Vec<Diagnostic>
     let (backends, backend_diagnostics) = build_backends(&plan, inputs, config, &HashMap::new());
     let diagnostics = merge_diagnostics(&plan.diagnostics, backend_diagnostics);
     (snapshot(&plan, backends, 0), diagnostics)
-}
-
-/// Reads an Ingress's ingress-nginx annotations: records its report and diagnostics, and returns
-/// the settings to apply; `None` when `--strict-annotations` refuses the Ingress for a snippet.
-fn nginx_compat(
-    key: &index::ObjectKey,
-    ingress: &Ingress,
-    config: &Config,
-    diagnostics: &mut Vec<Diagnostic>,
-    reports: &mut Vec<AnnotationReport>,
-) -> Option<nginx::Settings> {
-    let read = nginx::read(
-        ingress
-            .metadata
-            .annotations
-            .as_ref()
-            .unwrap_or(&BTreeMap::new()),
-    );
-    diagnostics.extend(nginx::diagnostics(key, &read.findings));
-    if !read.findings.is_empty() {
-        reports.push(AnnotationReport {
-            ingress: NsName::new(key.namespace.clone(), key.name.clone()),
-            annotations: read.findings,
-        });
-    }
-    if config.strict_annotations && !read.settings.snippets.is_empty() {
-        diagnostics.push(Diagnostic::new(
-            key.clone(),
-            Reason::SnippetAnnotation,
-            format!(
-                "refused whole (--strict-annotations): it carries {}; none of its routes are served",
-                read.settings.snippets.join(", ")
-            ),
-        ));
-        return None;
-    }
-    Some(read.settings)
 }
 
 /// Both phases' diagnostics, sorted, without duplicates.

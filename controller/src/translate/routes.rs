@@ -1,45 +1,26 @@
-//! The route phase: our Ingresses -> hosts, path rules and the default backend, per the Ingress v1
-//! spec, plus the Service ports they use.
+//! The route model every processor feeds, and the route table it becomes. Hosts are keyed by
+//! [`HostKey`]: lower case, `*.suffix` wildcards by their suffix, no host for rules that apply to
+//! hosts without an entry of their own.
 //!
-//! - Hosts are lower-cased; `*.suffix` goes to the wildcard map under `suffix`; rules without a
-//!   host apply to hosts without an entry of their own. Rules of one host are merged across
-//!   Ingresses and sorted by precedence; an identical match of lower precedence is a
-//!   `ConflictingPath` diagnostic.
-//! - A missing path is `/`; a missing `pathType` is `ImplementationSpecific` (treated as
-//!   `Prefix`); a path not starting with `/` or an unknown `pathType` is skipped (`InvalidPath`).
-//! - A backend whose Service or port (by number or name) does not exist is skipped with a
-//!   diagnostic; the rest of the Ingress is served. `BackendId`s use the port as written.
-//! - The default backend is the `defaultBackend` of the oldest Ingress whose `defaultBackend`
-//!   resolves (creationTimestamp, then namespace/name); later ones get `DuplicateDefaultBackend`.
-//! - `duet.dev/upstream-family` sets the route's family policy per Ingress; an invalid value is an
-//!   `InvalidAnnotation` diagnostic and the global policy applies.
-//! - `duet.dev/proxy-body-size` sets the route's request body limit per Ingress; the upstream
-//!   timeout annotations are read by `timeouts`.
-//! - `spec.tls` feeds the certificate table and the HTTPS redirect (see `certs`).
+//! - Rules of one host are merged across objects and sorted by precedence; an identical match of
+//!   lower precedence is a `ConflictingPath` diagnostic.
+//! - The default backend is the first one claimed (processors claim oldest first); later ones get
+//!   `DuplicateDefaultBackend`.
+//! - A host where any rule asks for regexes (ingress-nginx's `use-regex` or `rewrite-target`)
+//!   matches every one of its paths as a case-insensitive regex prefix; a path that does not
+//!   compile is skipped (`InvalidPath`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use dataplane::table::HostRules;
-use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, PathRule, RouteAction, RouteTable};
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
+use dataplane::{Origin, PathMatch, PathRule, RouteAction, RouteTable};
 
-use super::certs::CertBuilder;
-use super::upstream::{app_protocol, UpstreamTlsBuilder};
-use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
-use crate::class::Classes;
-use crate::index::{Kind, NsName, ObjectKey, References};
-
-/// The per-Ingress annotation overriding `--upstream-family`.
-pub const UPSTREAM_FAMILY_ANNOTATION: &str = "duet.dev/upstream-family";
-
-/// The per-Ingress annotation overriding `--max-body-size` (`512`, `8k`, `10m`, `0` = unlimited).
-pub const BODY_SIZE_ANNOTATION: &str = "duet.dev/proxy-body-size";
+use super::{AnnotationReport, Diagnostic, Reason};
+use crate::object::{Kind, ObjectKey};
 
 /// Where a rule's host puts it in the table.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum HostKey {
+pub(crate) enum HostKey {
     /// An exact host, lower case.
     Exact(String),
     /// A `*.` wildcard, by the suffix after `*.`, lower case.
@@ -49,7 +30,7 @@ enum HostKey {
 }
 
 impl HostKey {
-    fn parse(host: Option<&str>) -> Result<HostKey, String> {
+    pub(crate) fn parse(host: Option<&str>) -> Result<HostKey, String> {
         let host = host.unwrap_or_default().trim();
         if host.is_empty() {
             return Ok(HostKey::Any);
@@ -79,15 +60,7 @@ impl HostKey {
         })
     }
 
-    /// The other spelling of an exact host for `from-to-www-redirect`.
-    fn twin(&self) -> Option<HostKey> {
-        match self {
-            HostKey::Exact(h) => super::nginx::traffic::www_twin(h).map(HostKey::Exact),
-            _ => None,
-        }
-    }
-
-    fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         match self {
             HostKey::Exact(h) => h.clone(),
             HostKey::Wildcard(s) => format!("*.{s}"),
@@ -95,7 +68,7 @@ impl HostKey {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             HostKey::Any => "any host".to_owned(),
             other => format!("host {}", other.display()),
@@ -103,313 +76,135 @@ impl HostKey {
     }
 }
 
-/// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
-pub(crate) fn origin(ingress: &Ingress) -> Origin {
-    Origin {
-        namespace: ingress
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or("default")
-            .into(),
-        name: ingress.metadata.name.as_deref().unwrap_or_default().into(),
-        created: ingress
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or(0, |t| t.0.as_second()),
+/// Hosts and paths as the processors add them, before precedence and conflicts are settled.
+#[derive(Debug, Default)]
+pub(crate) struct RouteModel {
+    /// Each rule with the regex it becomes if its host turns to regexes.
+    hosts: BTreeMap<HostKey, Vec<(PathRule, String)>>,
+    /// Hosts whose paths are regexes.
+    regex_hosts: BTreeSet<HostKey>,
+    /// The default backend, once claimed.
+    default_backend: Option<RouteAction>,
+}
+
+impl RouteModel {
+    /// Adds a path rule on `host`; `pattern` is the regex it becomes where the host's paths are
+    /// regexes, and `own_regex` says that this rule turns them so.
+    pub(crate) fn add(&mut self, host: &HostKey, rule: PathRule, pattern: &str, own_regex: bool) {
+        if own_regex {
+            self.use_regex(host);
+        }
+        self.hosts
+            .entry(host.clone())
+            .or_default()
+            .push((rule, pattern.to_owned()));
+    }
+
+    /// Turns the paths of `host` to regexes (a rule asking for them, added or not).
+    pub(crate) fn use_regex(&mut self, host: &HostKey) {
+        self.regex_hosts.insert(host.clone());
+    }
+
+    /// Whether `host` has rules.
+    pub(crate) fn has_host(&self, host: &HostKey) -> bool {
+        self.hosts.contains_key(host)
+    }
+
+    /// The rules added on `host` so far, to change their actions.
+    pub(crate) fn rules_mut(&mut self, host: &HostKey) -> impl Iterator<Item = &mut PathRule> {
+        self.hosts
+            .get_mut(host)
+            .into_iter()
+            .flatten()
+            .map(|(rule, _)| rule)
+    }
+
+    /// Who holds the default backend, if anyone does yet.
+    pub(crate) fn default_holder(&self) -> Option<&Origin> {
+        self.default_backend.as_ref().map(|a| &a.origin)
+    }
+
+    /// Sets the default backend (the caller has checked [`default_holder`](Self::default_holder)).
+    pub(crate) fn set_default(&mut self, action: RouteAction) {
+        self.default_backend = Some(action);
+    }
+
+    /// The route table: each host's rules in precedence order, conflicts and paths that do not
+    /// compile as regexes reported.
+    pub(crate) fn build(
+        self,
+        diagnostics: &mut Vec<Diagnostic>,
+        reports: &mut [AnnotationReport],
+    ) -> RouteTable {
+        let mut table = RouteTable {
+            default_backend: self.default_backend,
+            ..RouteTable::default()
+        };
+        for (host, rules) in self.hosts {
+            let rules = if self.regex_hosts.contains(&host) {
+                regex_rules(&host, rules, diagnostics, reports)
+            } else {
+                rules.into_iter().map(|(rule, _)| rule).collect()
+            };
+            let entry = host_rules(&host, rules, diagnostics);
+            match host {
+                HostKey::Exact(h) => {
+                    table.exact.insert(h.into(), entry);
+                }
+                HostKey::Wildcard(s) => {
+                    table.wildcard.insert(s.into(), entry);
+                }
+                HostKey::Any => table.any_host = entry,
+            }
+        }
+        table
     }
 }
 
-fn age_key(o: &Origin) -> (i64, &str, &str) {
-    (o.created, &o.namespace, &o.name)
+/// One host's rules in precedence order; each rule that loses to an identical match is a
+/// `ConflictingPath` diagnostic.
+fn host_rules(
+    host: &HostKey,
+    mut rules: Vec<PathRule>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> HostRules {
+    // Rules of equal precedence that cannot match the same request (same length, different
+    // paths) would otherwise keep input order: order them by path so the table is the same
+    // whatever the input order. The sort is stable, so of two rules with the same match in
+    // one Ingress the first written still wins.
+    rules.sort_by(|a, b| tie_key(a).cmp(&tie_key(b)));
+    let (entry, conflicts) = HostRules::new(&host.display(), rules);
+    for lost in conflicts {
+        let winner = entry.rules.iter().find(|k| k.same_match(&lost));
+        diagnostics.push(conflict(host, &lost, winner));
+    }
+    entry
 }
 
-/// The route phase: builds the route table from our Ingresses. Never fails; every skipped part
-/// becomes a diagnostic.
-pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
-    let classes = Classes::new(inputs.ingress_classes.iter().copied());
-    let services: BTreeMap<NsName, &Service> = inputs
-        .services
-        .iter()
-        .map(|s| {
-            let ns = s.metadata.namespace.as_deref().unwrap_or("default");
-            (
-                NsName::new(ns, s.metadata.name.clone().unwrap_or_default()),
-                *s,
-            )
-        })
-        .collect();
-    let mut certs = CertBuilder::new(&inputs.secrets);
-    let mut upstream_tls = UpstreamTlsBuilder::new(&inputs.secrets);
-    let mut ours: Vec<(Origin, &Ingress)> = inputs
-        .ingresses
-        .iter()
-        .filter(|i| config.class.is_ours(i, &classes))
-        .map(|i| (origin(i), *i))
-        .collect();
-    ours.sort_by(|a, b| age_key(&a.0).cmp(&age_key(&b.0)));
-
-    let mut b = Builder {
-        services: &services,
-        diagnostics: Vec::new(),
-        references: References::default(),
-        specs: BTreeMap::new(),
+/// The diagnostic of a rule that lost to `winner`'s identical match.
+fn conflict(host: &HostKey, lost: &PathRule, winner: Option<&PathRule>) -> Diagnostic {
+    let by = match winner {
+        Some(w) if w.action.origin == lost.action.origin => {
+            "an earlier rule of the same Ingress".to_owned()
+        }
+        Some(w) => format!("Ingress {}", w.action.origin),
+        None => "another rule".to_owned(),
     };
-    // Each rule with the regex it becomes if its host turns to regexes.
-    let mut hosts: BTreeMap<HostKey, Vec<(PathRule, String)>> = BTreeMap::new();
-    let mut regex_hosts: BTreeSet<HostKey> = BTreeSet::new();
-    let mut default_backend: Option<RouteAction> = None;
+    Diagnostic::new(
+        origin_key(&lost.action.origin),
+        Reason::ConflictingPath,
+        format!(
+            "{} path {} on {} is already routed by {by}; this rule is ignored",
+            match_kind(&lost.matcher),
+            lost.matcher.path(),
+            host.describe(),
+        ),
+    )
+}
 
-    let mut annotation_reports = Vec::new();
-    let mut traffic = super::nginx::routing::Pending::default();
-    for (origin, ingress) in &ours {
-        let key = ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name);
-        let Some(nginx) = super::nginx_compat(
-            &key,
-            ingress,
-            config,
-            &mut b.diagnostics,
-            &mut annotation_reports,
-        ) else {
-            continue;
-        };
-        b.references
-            .ingresses
-            .insert(NsName::new(&*origin.namespace, &*origin.name));
-        let policy = b.policy(&key, ingress, config.family_policy);
-        let max_body_bytes = b.body_size(&key, ingress, config.max_body_bytes);
-        // `nginx` leaves a setting unset when the `duet.dev/` annotation for it is present.
-        let max_body_bytes = nginx.body_size.unwrap_or(max_body_bytes);
-        let mut timeouts = super::timeouts::upstream_timeouts(&key, ingress, &mut b.diagnostics);
-        timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
-        timeouts.read = timeouts.read.or(nginx.read_timeout);
-        timeouts.send = nginx.traffic.send_timeout;
-        let redirect = nginx.redirect();
-        let source_ranges = nginx.source_ranges();
-        let annotations = ingress.metadata.annotations.as_ref();
-        let access = super::nginx::access::resolve(
-            &nginx,
-            annotations,
-            &key,
-            &inputs.secrets,
-            &mut b.diagnostics,
-            &mut b.references,
-        );
-        let Some(spec) = ingress.spec.as_ref() else {
-            continue;
-        };
-
-        let tls = certs.ingress(&key, ingress, &mut b.diagnostics, &mut b.references);
-
-        if let Some(backend) = spec.default_backend.as_ref() {
-            if let Some(id) = b.resolve(&key, backend, "default backend") {
-                let id = traffic.backend(
-                    &nginx.traffic,
-                    id,
-                    &mut b.specs,
-                    b.services,
-                    &mut b.diagnostics,
-                    &key,
-                );
-                match &default_backend {
-                    None => {
-                        let upstream_tls = b.upstream_tls(&mut upstream_tls, &key, ingress, &id, nginx.backend_protocol);
-                        default_backend = Some(RouteAction {
-                            backend: id,
-                            policy,
-                            origin: origin.clone(),
-                            redirect_https: nginx.redirects(tls.redirects("")),
-                            max_body_bytes,
-                            upstream_tls,
-                            timeouts,
-                            protocol: nginx.backend_protocol,
-                            redirect: redirect.clone(),
-                            source_ranges: source_ranges.clone(),
-                            rewrite: None,
-                            access: access.clone(),
-                            choice: nginx.traffic.choice("/").map(Arc::new),
-                        });
-                    }
-                    Some(winner) => b.diagnostics.push(Diagnostic::new(
-                        key.clone(),
-                        Reason::DuplicateDefaultBackend,
-                        format!(
-                            "the older Ingress {} already sets the default backend; this one is ignored",
-                            winner.origin
-                        ),
-                    )),
-                }
-            }
-        }
-
-        for rule in spec.rules.iter().flatten() {
-            let host = match HostKey::parse(rule.host.as_deref()) {
-                Ok(host) => host,
-                Err(message) => {
-                    b.diagnostics
-                        .push(Diagnostic::new(key.clone(), Reason::InvalidHost, message));
-                    continue;
-                }
-            };
-            for path in rule.http.iter().flat_map(|h| &h.paths) {
-                let written = path
-                    .path
-                    .as_deref()
-                    .filter(|p| !p.is_empty())
-                    .unwrap_or("/");
-                if !written.starts_with('/') {
-                    b.diagnostics.push(Diagnostic::new(
-                        key.clone(),
-                        Reason::InvalidPath,
-                        format!("path {written:?} does not start with \"/\"; skipped"),
-                    ));
-                    continue;
-                }
-                let matcher = match path.path_type.as_str() {
-                    "Exact" => PathMatch::exact(written),
-                    "Prefix" => PathMatch::prefix(written),
-                    "ImplementationSpecific" | "" => PathMatch::implementation_specific(written),
-                    other => {
-                        b.diagnostics.push(Diagnostic::new(
-                            key.clone(),
-                            Reason::InvalidPath,
-                            format!(
-                                "pathType {other:?} of path {written} is not Exact, Prefix or ImplementationSpecific; skipped"
-                            ),
-                        ));
-                        continue;
-                    }
-                };
-                let what = format!("path {written} on {}", host.describe());
-                let Some(id) = b.resolve(&key, &path.backend, &what) else {
-                    continue;
-                };
-                let id = traffic.backend(
-                    &nginx.traffic,
-                    id,
-                    &mut b.specs,
-                    b.services,
-                    &mut b.diagnostics,
-                    &key,
-                );
-                let upstream_tls = b.upstream_tls(
-                    &mut upstream_tls,
-                    &key,
-                    ingress,
-                    &id,
-                    nginx.backend_protocol,
-                );
-                let own_regex = nginx.forces_regex(written);
-                if own_regex {
-                    regex_hosts.insert(host.clone());
-                }
-                let pattern = super::nginx::regex_pattern(written, &path.path_type, own_regex);
-                let rule = PathRule {
-                    matcher,
-                    action: RouteAction {
-                        backend: id,
-                        policy,
-                        origin: origin.clone(),
-                        redirect_https: nginx.redirects(tls.redirects(&host.display())),
-                        max_body_bytes,
-                        upstream_tls,
-                        timeouts,
-                        protocol: nginx.backend_protocol,
-                        redirect: redirect.clone(),
-                        source_ranges: source_ranges.clone(),
-                        rewrite: nginx.rewrite_for(written),
-                        access: access.clone(),
-                        choice: nginx.traffic.choice(written).map(Arc::new),
-                    },
-                };
-                if traffic.defer(&nginx.traffic, &host, &rule, written) {
-                    continue;
-                }
-                hosts
-                    .entry(host.clone())
-                    .or_default()
-                    .push((rule, pattern.to_owned()));
-            }
-        }
-    }
-
-    traffic.apply(&mut hosts, &mut b.diagnostics, |h: &HostKey| {
-        h.twin().map(|t| (t, h.display()))
-    });
-
-    if let Some(name) = &config.default_tls_secret {
-        certs.default_secret(name, &mut b.diagnostics, &mut b.references);
-    }
-
-    let mut table = RouteTable {
-        default_backend,
-        ..RouteTable::default()
-    };
-    for (host, rules) in hosts {
-        let mut rules = if regex_hosts.contains(&host) {
-            regex_rules(&host, rules, &mut b.diagnostics, &mut annotation_reports)
-        } else {
-            rules.into_iter().map(|(rule, _)| rule).collect()
-        };
-        // Rules of equal precedence that cannot match the same request (same length, different
-        // paths) would otherwise keep input order: order them by path so the table is the same
-        // whatever the input order. The sort is stable, so of two rules with the same match in
-        // one Ingress the first written still wins.
-        rules.sort_by(|a, b| tie_key(a).cmp(&tie_key(b)));
-        let (entry, conflicts) = HostRules::new(&host.display(), rules);
-        for lost in conflicts {
-            let winner = entry.rules.iter().find(|k| k.same_match(&lost));
-            let by = match winner {
-                Some(w) if w.action.origin == lost.action.origin => {
-                    "an earlier rule of the same Ingress".to_owned()
-                }
-                Some(w) => format!("Ingress {}", w.action.origin),
-                None => "another rule".to_owned(),
-            };
-            b.diagnostics.push(Diagnostic::new(
-                ObjectKey::new(
-                    Kind::Ingress,
-                    &*lost.action.origin.namespace,
-                    &*lost.action.origin.name,
-                ),
-                Reason::ConflictingPath,
-                format!(
-                    "{} path {} on {} is already routed by {by}; this rule is ignored",
-                    match_kind(&lost.matcher),
-                    lost.matcher.path(),
-                    host.describe(),
-                ),
-            ));
-        }
-        match host {
-            HostKey::Exact(h) => {
-                table.exact.insert(h.into(), entry);
-            }
-            HostKey::Wildcard(s) => {
-                table.wildcard.insert(s.into(), entry);
-            }
-            HostKey::Any => table.any_host = entry,
-        }
-    }
-
-    let used: BTreeSet<&BackendId> = table.backend_ids().collect();
-    let backends = b
-        .specs
-        .into_iter()
-        .filter(|(id, _)| used.contains(id))
-        .collect();
-    let mut diagnostics = b.diagnostics;
-    diagnostics.sort();
-    diagnostics.dedup();
-    RoutePlan {
-        table: Arc::new(table),
-        backends,
-        references: b.references,
-        diagnostics,
-        certs: Arc::new(certs.finish()),
-        annotations: annotation_reports,
-    }
+/// The key of the Ingress a route came from.
+pub(crate) fn origin_key(origin: &Origin) -> ObjectKey {
+    ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name)
 }
 
 /// The rules of a host where an Ingress says `use-regex` or `rewrite-target`: every path becomes
@@ -420,7 +215,7 @@ fn regex_rules(
     host: &HostKey,
     rules: Vec<(PathRule, String)>,
     diagnostics: &mut Vec<Diagnostic>,
-    reports: &mut [super::AnnotationReport],
+    reports: &mut [AnnotationReport],
 ) -> Vec<PathRule> {
     let mut kept = Vec::with_capacity(rules.len());
     for (mut rule, pattern) in rules {
@@ -433,7 +228,7 @@ fn regex_rules(
                 let error = super::nginx::regex_error(&pattern).unwrap_or_default();
                 let origin = &rule.action.origin;
                 diagnostics.push(Diagnostic::new(
-                    ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name),
+                    origin_key(origin),
                     Reason::InvalidPath,
                     format!(
                         "path {pattern:?} on {} is a regex there (use-regex or rewrite-target on the host) that does not compile: {error}; skipped",
@@ -465,171 +260,6 @@ fn match_kind(m: &PathMatch) -> &'static str {
         PathMatch::Prefix(_) => "Prefix",
         PathMatch::ImplementationSpecific(_) => "ImplementationSpecific",
         PathMatch::Regex(_) => "regex",
-    }
-}
-
-struct Builder<'a> {
-    services: &'a BTreeMap<NsName, &'a Service>,
-    diagnostics: Vec<Diagnostic>,
-    references: References,
-    specs: BTreeMap<BackendId, BackendSpec>,
-}
-
-impl Builder<'_> {
-    /// The family policy of an Ingress: its annotation, else the global one.
-    fn policy(&mut self, key: &ObjectKey, ingress: &Ingress, global: FamilyPolicy) -> FamilyPolicy {
-        let value = ingress
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(UPSTREAM_FAMILY_ANNOTATION));
-        match value.map(|v| v.trim().parse::<FamilyPolicy>()) {
-            None => global,
-            Some(Ok(policy)) => policy,
-            Some(Err(error)) => {
-                self.diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::InvalidAnnotation,
-                    format!("{UPSTREAM_FAMILY_ANNOTATION}: {error}; using {global:?}"),
-                ));
-                global
-            }
-        }
-    }
-
-    /// The largest request body of an Ingress: its `duet.dev/proxy-body-size`, else the global.
-    fn body_size(&mut self, key: &ObjectKey, ingress: &Ingress, global: u64) -> u64 {
-        let value = ingress
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(BODY_SIZE_ANNOTATION));
-        let bounded = |v: &str| {
-            dataplane::limits::parse_size(v).filter(|&n| n <= crate::config::MAX_BODY_SIZE)
-        };
-        match value.map(|v| (v, bounded(v))) {
-            None => global,
-            Some((_, Some(size))) => size,
-            Some((v, None)) => {
-                self.diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::InvalidAnnotation,
-                    format!(
-                        "{BODY_SIZE_ANNOTATION}: {v:?} is not a size like 512, 8k or 10m of at most 64g; using {global} bytes"
-                    ),
-                ));
-                global
-            }
-        }
-    }
-
-    /// Resolves an Ingress backend to a Service port; a diagnostic and `None` when it cannot.
-    fn resolve(
-        &mut self,
-        key: &ObjectKey,
-        backend: &IngressBackend,
-        what: &str,
-    ) -> Option<BackendId> {
-        let Some(svc) = backend.service.as_ref() else {
-            self.diagnostics.push(Diagnostic::new(
-                key.clone(),
-                Reason::UnsupportedBackend,
-                format!("{what}: resource backends are not supported; skipped"),
-            ));
-            return None;
-        };
-        let name = NsName::new(key.namespace.clone(), svc.name.clone());
-        self.references.services.insert(name.clone());
-        let Some(service) = self.services.get(&name) else {
-            self.diagnostics.push(Diagnostic::new(
-                key.clone(),
-                Reason::MissingService,
-                format!("{what}: Service {name} does not exist; skipped"),
-            ));
-            return None;
-        };
-        let spec = service.spec.as_ref();
-        if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
-            self.diagnostics.push(Diagnostic::new(
-                key.clone(),
-                Reason::UnsupportedBackend,
-                format!("{what}: Service {name} is of type ExternalName, which is not supported; skipped"),
-            ));
-            return None;
-        }
-        let ports = spec.and_then(|s| s.ports.as_deref()).unwrap_or_default();
-        let wanted = svc.port.as_ref();
-        let (written, found) = match (
-            wanted.and_then(|p| p.number),
-            wanted.and_then(|p| p.name.as_deref()),
-        ) {
-            (Some(number), _) => (number.to_string(), ports.iter().find(|p| p.port == number)),
-            (None, Some(port_name)) => (
-                port_name.to_owned(),
-                ports.iter().find(|p| p.name.as_deref() == Some(port_name)),
-            ),
-            (None, None) => {
-                self.diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::UnknownServicePort,
-                    format!("{what}: no port given for Service {name}; skipped"),
-                ));
-                return None;
-            }
-        };
-        let Some(port) = found else {
-            self.diagnostics.push(Diagnostic::new(
-                key.clone(),
-                Reason::UnknownServicePort,
-                format!("{what}: Service {name} has no port {written}; skipped"),
-            ));
-            return None;
-        };
-        let id = BackendId::new(&name.namespace, &name.name, &written);
-        let protocol = app_protocol(port.app_protocol.as_deref()).unwrap_or_else(|| {
-            self.diagnostics.push(Diagnostic::new(
-                ObjectKey::new(Kind::Service, &*name.namespace, &*name.name),
-                Reason::UnsupportedAppProtocol,
-                format!(
-                    "port {written}: appProtocol {:?} is not supported; served as HTTP/1.1",
-                    port.app_protocol.as_deref().unwrap_or_default()
-                ),
-            ));
-            dataplane::table::UpstreamProtocol::Http1
-        });
-        self.specs.entry(id.clone()).or_insert_with(|| BackendSpec {
-            service: name,
-            port_name: port.name.clone().unwrap_or_default(),
-            port: port.port,
-            protocol,
-            cluster_ips: Vec::new(),
-        });
-        Some(id)
-    }
-
-    /// The upstream TLS settings of a route of `ingress` to a resolved backend, spoken in
-    /// `backend-protocol`'s protocol when the Ingress sets it (then unverified without a CA
-    /// Secret, as in ingress-nginx).
-    fn upstream_tls(
-        &mut self,
-        builder: &mut UpstreamTlsBuilder<'_>,
-        key: &ObjectKey,
-        ingress: &Ingress,
-        id: &BackendId,
-        nginx_protocol: Option<dataplane::table::UpstreamProtocol>,
-    ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
-        let spec = self.specs.get(id)?;
-        builder.route(
-            key,
-            ingress,
-            &spec.service,
-            (
-                nginx_protocol.unwrap_or(spec.protocol),
-                nginx_protocol.is_some(),
-            ),
-            &mut self.diagnostics,
-            &mut self.references,
-        )
     }
 }
 

@@ -4,11 +4,10 @@
 //! flag applies; the Ingress is still served.
 
 use dataplane::table::UpstreamTimeouts;
-use k8s_openapi::api::networking::v1::Ingress;
 
-use super::diagnostic::{Diagnostic, Reason};
-use crate::config::parse_duration;
-use crate::index::ObjectKey;
+use super::annotation::{annotation, Annotated};
+use super::diagnostic::Diagnostic;
+use crate::units::parse_duration;
 
 /// The per-Ingress annotation overriding `--connect-timeout`.
 pub const CONNECT_TIMEOUT_ANNOTATION: &str = "duet.dev/proxy-connect-timeout";
@@ -17,26 +16,20 @@ pub const CONNECT_TIMEOUT_ANNOTATION: &str = "duet.dev/proxy-connect-timeout";
 /// reads).
 pub const READ_TIMEOUT_ANNOTATION: &str = "duet.dev/proxy-read-timeout";
 
-/// The upstream timeouts an Ingress sets; invalid values are reported and left to the globals.
-pub fn upstream_timeouts(
-    key: &ObjectKey,
-    ingress: &Ingress,
+/// The upstream timeouts an object sets; invalid values are reported and left to the globals.
+pub(crate) fn upstream_timeouts(
+    obj: &Annotated<'_>,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> UpstreamTimeouts {
-    let annotations = ingress.metadata.annotations.as_ref();
     let mut read = |name: &str, flag: &str| {
-        let value = annotations.and_then(|a| a.get(name))?;
-        match parse_duration(value) {
-            Ok(duration) => Some(duration),
-            Err(error) => {
-                diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::InvalidAnnotation,
-                    format!("{name}: {error}; using {flag}"),
-                ));
-                None
-            }
-        }
+        let parse = |v: &str| parse_duration(v).map(Some);
+        annotation(
+            obj,
+            name,
+            parse,
+            (None, format_args!("using {flag}")),
+            diagnostics,
+        )
     };
     UpstreamTimeouts {
         connect: read(CONNECT_TIMEOUT_ANNOTATION, "--connect-timeout"),

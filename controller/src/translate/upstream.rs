@@ -22,8 +22,9 @@ use dataplane::upstream::{UpstreamTls, UpstreamTrust};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 
-use super::{Diagnostic, Reason};
-use crate::index::{NsName, ObjectKey, References};
+use super::annotation::{annotation, Annotated};
+use super::{Diagnostic, Reason, References};
+use crate::object::{by_name, NsName, ObjectKey};
 
 /// The per-Ingress annotation naming the Secret (key `ca.crt`) that verifies TLS upstreams.
 pub const BACKEND_CA_SECRET_ANNOTATION: &str = "duet.dev/backend-ca-secret";
@@ -51,6 +52,41 @@ pub fn app_protocol(value: Option<&str>) -> Option<UpstreamProtocol> {
     })
 }
 
+/// The server name (`duet.dev/backend-tls-server-name`, else `SERVICE.NAMESPACE.svc`) and whether
+/// verification is off (`duet.dev/backend-tls-skip-verify`) for routes of `obj` to `service`. An
+/// empty value counts as absent.
+fn verification(
+    obj: &Annotated<'_>,
+    service: &NsName,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> (String, bool) {
+    let default_name = format!("{}.{}.svc", service.name, service.namespace);
+    let server_name = annotation(
+        obj,
+        BACKEND_TLS_SERVER_NAME_ANNOTATION,
+        |v| match v.trim() {
+            "" => Ok(default_name.clone()),
+            name if dataplane::upstream::valid_server_name(name) => Ok(name.to_owned()),
+            name => Err(format!("{name:?} is neither a DNS name nor an IP address")),
+        },
+        (default_name.clone(), format_args!("using {default_name}")),
+        diagnostics,
+    );
+    let skip = annotation(
+        obj,
+        BACKEND_TLS_SKIP_VERIFY_ANNOTATION,
+        |v| match v.trim() {
+            "" => Ok(false),
+            v if v.eq_ignore_ascii_case("true") => Ok(true),
+            v if v.eq_ignore_ascii_case("false") => Ok(false),
+            v => Err(format!("{v:?} is not \"true\" or \"false\"")),
+        },
+        (false, "certificates are verified"),
+        diagnostics,
+    );
+    (server_name, skip)
+}
+
 /// Builds the TLS settings of routes while the route phase walks the Ingresses.
 pub(crate) struct UpstreamTlsBuilder<'a> {
     secrets: BTreeMap<NsName, &'a Secret>,
@@ -59,7 +95,7 @@ pub(crate) struct UpstreamTlsBuilder<'a> {
 
 impl<'a> UpstreamTlsBuilder<'a> {
     pub(crate) fn new(secrets: &[&'a Secret]) -> UpstreamTlsBuilder<'a> {
-        let secrets = super::certs::by_name(secrets);
+        let secrets = by_name(secrets);
         UpstreamTlsBuilder {
             secrets,
             built: BTreeMap::new(),
@@ -89,40 +125,12 @@ impl<'a> UpstreamTlsBuilder<'a> {
         if let Some(done) = self.built.get(&cache_key) {
             return Some(done.clone());
         }
-        let annotations = ingress.metadata.annotations.as_ref();
-        let annotation = |name: &str| {
-            annotations
-                .and_then(|a| a.get(name))
-                .map(|v| v.trim())
-                .filter(|v| !v.is_empty())
-        };
-        let default_name = format!("{}.{}.svc", service.name, service.namespace);
-        let server_name = match annotation(BACKEND_TLS_SERVER_NAME_ANNOTATION) {
-            Some(name) if dataplane::upstream::valid_server_name(name) => name.to_owned(),
-            Some(name) => {
-                diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::InvalidAnnotation,
-                    format!("{BACKEND_TLS_SERVER_NAME_ANNOTATION}: {name:?} is neither a DNS name nor an IP address; using {default_name}"),
-                ));
-                default_name
-            }
-            None => default_name,
-        };
-        let skip = match annotation(BACKEND_TLS_SKIP_VERIFY_ANNOTATION) {
-            None => false,
-            Some(v) if v.eq_ignore_ascii_case("true") => true,
-            Some(v) if v.eq_ignore_ascii_case("false") => false,
-            Some(v) => {
-                diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::InvalidAnnotation,
-                    format!("{BACKEND_TLS_SKIP_VERIFY_ANNOTATION}: {v:?} is not \"true\" or \"false\"; certificates are verified"),
-                ));
-                false
-            }
-        };
-        let ca = annotation(BACKEND_CA_SECRET_ANNOTATION);
+        let obj = Annotated::new(key, &ingress.metadata);
+        let (server_name, skip) = verification(&obj, service, diagnostics);
+        let ca = obj
+            .get(BACKEND_CA_SECRET_ANNOTATION)
+            .map(str::trim)
+            .filter(|v| !v.is_empty());
         let trust = if skip {
             diagnostics.push(Diagnostic::new(
                 key.clone(),

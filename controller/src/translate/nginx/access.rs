@@ -19,13 +19,18 @@ use dataplane::policy::ext_auth::{self, ExternalAuth};
 use dataplane::policy::{Access, BasicAuth, RateLimit};
 use k8s_openapi::api::core::v1::Secret;
 
+use super::super::annotation::{annotation, Annotated};
+use super::super::{Diagnostic, Reason, References};
 use super::{Read, Settings, Status, PREFIX};
-use crate::index::{NsName, ObjectKey, References};
-use crate::translate::{Diagnostic, Reason};
+use crate::object::{NsName, ObjectKey};
 
 /// The duet annotation setting the prefix length IPv6 clients are rate limited by (`1`..`128`;
 /// 128 unless set, ingress-nginx's per-address keying; `64` keys an IPv6 host by the /64 it owns).
 pub const LIMIT_IPV6_PREFIX_ANNOTATION: &str = "duet.dev/limit-ipv6-prefix";
+
+/// ingress-nginx's basic-auth Secret annotation (`name` or `namespace/name`, the Ingress's own
+/// namespace only): the source watches the Secret it names.
+pub const AUTH_SECRET_ANNOTATION: &str = "nginx.ingress.kubernetes.io/auth-secret";
 
 /// The keys this module reads (after the prefix).
 pub const KEYS: [&str; 15] = [
@@ -314,23 +319,20 @@ pub fn settle(read: &mut Read) {
 
 /// The route's access policy: resolves the basic-auth Secret (recording the reference so its
 /// changes are picked up) and reads `duet.dev/limit-ipv6-prefix`.
-pub fn resolve(
+pub(crate) fn resolve(
     settings: &Settings,
-    annotations: Option<&BTreeMap<String, String>>,
-    key: &ObjectKey,
-    secrets: &[&Secret],
+    obj: &Annotated<'_>,
+    secrets: &BTreeMap<NsName, &Secret>,
     diagnostics: &mut Vec<Diagnostic>,
     references: &mut References,
 ) -> Option<Arc<Access>> {
     let a = &settings.access;
     let access = Access {
-        rate_limit: a
-            .limited()
-            .then(|| rate_limit(a, annotations, key, diagnostics)),
+        rate_limit: a.limited().then(|| rate_limit(a, obj, diagnostics)),
         basic_auth: a
             .auth_type
             .as_ref()
-            .map(|t| basic(a, t, key, secrets, diagnostics, references)),
+            .map(|t| basic(a, t, obj.key, secrets, diagnostics, references)),
         external_auth: a.auth_url.as_ref().map(|url| external(a, url)),
     };
     (access != Access::default()).then(|| Arc::new(access))
@@ -338,21 +340,19 @@ pub fn resolve(
 
 fn rate_limit(
     a: &Annotations,
-    annotations: Option<&BTreeMap<String, String>>,
-    key: &ObjectKey,
+    obj: &Annotated<'_>,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> RateLimit {
-    let mut ipv6_prefix = 128;
-    if let Some(value) = annotations.and_then(|m| m.get(LIMIT_IPV6_PREFIX_ANNOTATION)) {
-        match value.trim().parse::<u8>() {
-            Ok(n) if (1..=128).contains(&n) => ipv6_prefix = n,
-            _ => diagnostics.push(Diagnostic::new(
-                key.clone(),
-                Reason::InvalidAnnotation,
-                format!("{LIMIT_IPV6_PREFIX_ANNOTATION}: {value:?} is not a prefix length from 1 to 128; per address (128) applies"),
-            )),
-        }
-    }
+    let ipv6_prefix = annotation(
+        obj,
+        LIMIT_IPV6_PREFIX_ANNOTATION,
+        |v| match v.trim().parse::<u8>() {
+            Ok(n) if (1..=128).contains(&n) => Ok(n),
+            _ => Err(format!("{v:?} is not a prefix length from 1 to 128")),
+        },
+        (128, "per address (128) applies"),
+        diagnostics,
+    );
     let positive = |n: Option<u32>| n.filter(|n| *n > 0);
     RateLimit {
         rps: positive(a.rps),
@@ -390,7 +390,7 @@ fn basic(
     a: &Annotations,
     auth_type: &Result<(), String>,
     key: &ObjectKey,
-    secrets: &[&Secret],
+    secrets: &BTreeMap<NsName, &Secret>,
     diagnostics: &mut Vec<Diagnostic>,
     references: &mut References,
 ) -> BasicAuth {
@@ -418,11 +418,7 @@ fn basic(
     }
     let wanted = NsName::new(namespace, name);
     references.secrets.insert(wanted.clone());
-    let secret = secrets.iter().find(|s| {
-        s.metadata.namespace.as_deref().unwrap_or("default") == namespace
-            && s.metadata.name.as_deref() == Some(name)
-    });
-    let Some(secret) = secret else {
+    let Some(secret) = secrets.get(&wanted) else {
         let reason = format!("{PREFIX}auth-secret: Secret {wanted} does not exist: the Ingress's routes answer 503 (fail closed, as ingress-nginx)");
         diagnostics.push(Diagnostic::new(
             key.clone(),
@@ -497,8 +493,10 @@ mod tests {
     use k8s_openapi::ByteString;
 
     use super::super::Finding;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
     use super::*;
-    use crate::index::Kind;
+    use crate::object::{by_name, Kind};
 
     fn finding<'a>(findings: &'a [Finding], name: &str) -> Option<&'a Finding> {
         findings.iter().find(|f| f.key == format!("{PREFIX}{name}"))
@@ -534,13 +532,13 @@ mod tests {
 
     fn resolve_with(read: &Read, secrets: &[&Secret]) -> (Option<Arc<Access>>, Vec<Diagnostic>) {
         let key = ObjectKey::new(Kind::Ingress, "ns", "ing");
+        let meta = ObjectMeta::default();
         let mut diagnostics = Vec::new();
         let mut references = References::default();
         let access = resolve(
             &read.settings,
-            None,
-            &key,
-            secrets,
+            &Annotated::new(&key, &meta),
+            &by_name(secrets),
             &mut diagnostics,
             &mut references,
         );
@@ -713,14 +711,18 @@ mod tests {
             ("0", 128, true),
             ("x", 128, true),
         ] {
-            let annotations =
-                BTreeMap::from([(LIMIT_IPV6_PREFIX_ANNOTATION.to_owned(), value.to_owned())]);
+            let meta = ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    LIMIT_IPV6_PREFIX_ANNOTATION.to_owned(),
+                    value.to_owned(),
+                )])),
+                ..Default::default()
+            };
             let mut diagnostics = Vec::new();
             let access = resolve(
                 &read(&[("limit-rpm", "60")]).settings,
-                Some(&annotations),
-                &key,
-                &[],
+                &Annotated::new(&key, &meta),
+                &BTreeMap::new(),
                 &mut diagnostics,
                 &mut References::default(),
             )

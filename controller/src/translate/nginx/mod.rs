@@ -27,7 +27,7 @@ use serde::Serialize;
 pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED};
 
 use super::diagnostic::{Diagnostic, Reason};
-use crate::index::ObjectKey;
+use crate::object::ObjectKey;
 
 /// The annotation prefix of ingress-nginx.
 pub const PREFIX: &str = "nginx.ingress.kubernetes.io/";
@@ -511,7 +511,7 @@ fn parse_bool(value: &str) -> Result<bool, String> {
 
 /// A size in nginx syntax: bytes, or a number with `k`, `m` or `g` (powers of 1024); `0` unlimited.
 fn parse_size(value: &str) -> Result<u64, String> {
-    dataplane::limits::parse_size(value).ok_or_else(|| {
+    crate::units::parse_size(value).ok_or_else(|| {
         format!("{value:?} is not a size like 512, 8k, 10m or 1g; the default applies")
     })
 }

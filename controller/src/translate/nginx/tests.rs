@@ -425,7 +425,7 @@ fn snippets_are_never_honoured_and_listed() {
         status_of(&read, "server-snippet").0,
         Status::IgnoredUnsupported
     );
-    let object = ObjectKey::new(crate::index::Kind::Ingress, "a", "b");
+    let object = ObjectKey::new(crate::object::Kind::Ingress, "a", "b");
     let diagnostics = diagnostics(&object, &read.findings);
     let reasons: Vec<Reason> = diagnostics.iter().map(|d| d.reason).collect();
     assert_eq!(
@@ -464,7 +464,7 @@ fn diagnostics_name_key_status_and_detail_and_skip_honoured_keys() {
         ("mirror-target", "https://mirror.example.com/"),
         ("secure-backends", "true"),
     ]);
-    let object = ObjectKey::new(crate::index::Kind::Ingress, "shop", "web");
+    let object = ObjectKey::new(crate::object::Kind::Ingress, "shop", "web");
     let d = diagnostics(&object, &read.findings);
     let got: Vec<(Reason, &str)> = d.iter().map(|d| (d.reason, d.message.as_str())).collect();
     assert_eq!(got.len(), 3, "{got:#?}");

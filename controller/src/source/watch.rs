@@ -1,0 +1,259 @@
+//! What every watcher of the Kubernetes API source shares: the [`Watched`] kinds, objects
+//! trimmed before caching ([`trim`]), the retry delays ([`WatchBackoff`]), one API per watched
+//! namespace ([`namespaced`]), what one watch event means ([`seen`]), the reflector stores other
+//! tasks read ([`Stores`]) and the count of watchers still to list ([`SyncCountdown`]).
+
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::NamespaceResourceScope;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+use super::SourceEvent;
+use crate::index::{Change, Stored};
+use crate::units::Doubling;
+
+/// The annotation `kubectl apply` leaves on objects: a full copy of the object, dropped.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what duet never reads and what makes objects large: `managedFields` and the
+/// last-applied annotation.
+pub fn trim<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+/// The retry delays of a failing watch: 0.5 s doubling up to 5 s, each with up to 25 % jitter,
+/// back to 0.5 s after a good event. Shorter than kube-runtime's default (up to 30 s), so routes
+/// catch up within seconds once the API server is back; five watches at most every 5 s are
+/// still gentle on a struggling API server.
+#[derive(Clone, Debug)]
+pub struct WatchBackoff(Doubling);
+
+impl WatchBackoff {
+    /// The first delay.
+    pub const MIN: Duration = Duration::from_millis(500);
+    /// The longest delay (before jitter).
+    pub const MAX: Duration = Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff(Doubling::new(Self::MIN, Self::MAX))
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.0.next_delay();
+        Some(delay + delay.mul_f64(fastrand::f64() * 0.25))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+}
+
+/// A kind the source watches: a stored kind that kube-runtime can watch.
+pub(super) trait Watched:
+    Stored + Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug
+{
+}
+
+impl<K> Watched for K where K: Stored + Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug
+{}
+
+/// A watcher built but not yet running.
+pub(super) type Task = BoxFuture<'static, ()>;
+
+/// What one watch event means for the index.
+pub(super) enum Seen {
+    /// An object changed or went away.
+    Change(Change),
+    /// A (re)list ended: the caller replaces the kind with its stores' state.
+    Listed,
+    /// Nothing (the start of a list, or an object of it: the end of the list carries them all).
+    Nothing,
+}
+
+/// What a watch event of `K` means, sharing the object `store` (the event's reflector store)
+/// already holds.
+pub(super) fn seen<K: Watched>(store: &Store<K>, event: watcher::Event<K>) -> Seen {
+    match event {
+        watcher::Event::Apply(object) => {
+            let key = ObjectRef::from_obj(&object);
+            let shared = store.get(&key).unwrap_or_else(|| Arc::new(object));
+            Seen::Change(Change::Apply {
+                object: K::wrap(shared),
+                file: None,
+            })
+        }
+        watcher::Event::Delete(object) => {
+            Seen::Change(Change::Delete(K::wrap(Arc::new(object)).key()))
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => Seen::Nothing,
+        watcher::Event::InitDone => Seen::Listed,
+    }
+}
+
+/// The reflector stores of the running source, for readers outside the control loop (the
+/// status writer reads Ingresses from them).
+#[derive(Clone)]
+pub struct Stores {
+    /// One store per watched namespace (one in all when unscoped).
+    pub ingresses: Vec<Store<Ingress>>,
+    /// Bumped after every Ingress event.
+    pub ingress_changes: watch::Receiver<u64>,
+}
+
+impl Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("ingresses", &self.ingresses.len())
+            .finish()
+    }
+}
+
+impl Stores {
+    /// Every cached Ingress.
+    pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
+        self.ingresses.iter().flat_map(|s| s.state()).collect()
+    }
+
+    /// One cached Ingress.
+    pub fn ingress(&self, namespace: &str, name: &str) -> Option<Arc<Ingress>> {
+        let key = ObjectRef::new(name).within(namespace);
+        self.ingresses.iter().find_map(|s| s.get(&key))
+    }
+}
+
+/// Counts down the watchers still to list; the last one sends [`SourceEvent::Synced`]. Set to
+/// the number of watchers once they are all built and before any runs, so that the count comes
+/// from the list of watchers, never from a number kept equal to it by hand.
+#[derive(Debug, Default)]
+pub(super) struct SyncCountdown(AtomicUsize);
+
+impl SyncCountdown {
+    /// Sets how many watchers must list (before any of them runs).
+    pub(super) fn expect(&self, watchers: usize) {
+        self.0.store(watchers, Ordering::Release);
+    }
+
+    /// One watcher has listed: sends [`SourceEvent::Synced`] when it was the last. `Err` when the
+    /// receiver is gone.
+    pub(super) async fn listed(&self, tx: &mpsc::Sender<SourceEvent>) -> Result<(), ()> {
+        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
+            tx.send(SourceEvent::Synced).await.map_err(|_| ())?;
+        }
+        Ok(())
+    }
+}
+
+/// One API of `K` per watched namespace, or one for all namespaces when none is given.
+pub fn namespaced<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+{
+    if namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+
+    #[test]
+    fn trim_drops_managed_fields_and_last_applied() {
+        let mut ingress = Ingress {
+            metadata: ObjectMeta {
+                name: Some("web".to_owned()),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                annotations: Some(
+                    [
+                        (LAST_APPLIED_ANNOTATION.to_owned(), "{...}".to_owned()),
+                        (
+                            "duet.dev/upstream-family".to_owned(),
+                            "PreferIPv6".to_owned(),
+                        ),
+                    ]
+                    .into_iter()
+                    .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        trim(&mut ingress);
+        assert_eq!(ingress.metadata.managed_fields, None);
+        let annotations = ingress.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations.len(), 1);
+        assert!(annotations.contains_key("duet.dev/upstream-family"));
+
+        let mut only_last_applied = Service {
+            metadata: ObjectMeta {
+                annotations: Some(
+                    [(LAST_APPLIED_ANNOTATION.to_owned(), "{}".to_owned())]
+                        .into_iter()
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        trim(&mut only_last_applied);
+        assert_eq!(only_last_applied.metadata.annotations, None);
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_seconds_with_jitter_and_resets() {
+        use kube::runtime::utils::Backoff as _;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = b.by_ref().take(6).collect();
+        let bases = [500, 1000, 2000, 4000, 5000, 5000].map(Duration::from_millis);
+        for (delay, base) in delays.iter().zip(bases) {
+            assert!(
+                *delay >= base && *delay <= base.mul_f64(1.25),
+                "{delay:?} vs {base:?}"
+            );
+        }
+        b.reset();
+        assert!(b.next().unwrap() < Duration::from_millis(700));
+    }
+
+    #[tokio::test]
+    async fn synced_once_every_expected_watcher_has_listed() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let countdown = SyncCountdown::default();
+        countdown.expect(2);
+        countdown.listed(&tx).await.unwrap();
+        assert!(rx.try_recv().is_err(), "synced after one of two watchers");
+        countdown.listed(&tx).await.unwrap();
+        assert_eq!(rx.try_recv(), Ok(SourceEvent::Synced));
+    }
+}

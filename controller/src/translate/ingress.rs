@@ -1,0 +1,442 @@
+//! The Ingress processor: our Ingresses, oldest first (creationTimestamp, then namespace/name),
+//! into the [`Translation`], per the Ingress v1 spec.
+//!
+//! - A missing path is `/`; a missing `pathType` is `ImplementationSpecific` (treated as
+//!   `Prefix`); a path not starting with `/` or an unknown `pathType` is skipped (`InvalidPath`);
+//!   a host that is neither a DNS name nor a `*.` wildcard is skipped (`InvalidHost`).
+//! - A backend whose Service or port (by number or name) does not exist is skipped with a
+//!   diagnostic; the rest of the Ingress is served. `BackendId`s use the port as written.
+//!   `resource` backends are not served (`UnsupportedBackend`).
+//! - The default backend is the `defaultBackend` of the oldest Ingress whose `defaultBackend`
+//!   resolves; later ones get `DuplicateDefaultBackend`.
+//! - `duet.dev/upstream-family` sets the route's family policy per Ingress; an invalid value is an
+//!   `InvalidAnnotation` diagnostic and the global policy applies.
+//! - `duet.dev/proxy-body-size` sets the route's request body limit per Ingress; the upstream
+//!   timeout annotations are read by `timeouts`, the upstream TLS ones by `upstream`, and the
+//!   `nginx.ingress.kubernetes.io/` ones by `nginx` (a `duet.dev/` annotation wins over its
+//!   ingress-nginx twin).
+//! - `spec.tls` feeds the certificate table and the HTTPS redirect (see `certs`).
+//! - ingress-nginx's access annotations (limits, basic and external auth) resolve to one access
+//!   policy per Ingress, its basic-auth Secret among the references (`nginx::access`); its
+//!   traffic annotations choose per path (`nginx::traffic`); `service-upstream` sends a backend
+//!   to its Service's cluster IPs ([`Translation::cluster_ip_backend`]); the rules of a canary
+//!   Ingress and the other spelling of a `from-to-www-redirect` host are held back and settled
+//!   once every Ingress is read (`nginx::routing`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dataplane::policy::Access;
+use dataplane::table::{Redirect, SourceRanges, UpstreamTimeouts};
+use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, PathRule, RouteAction};
+use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend, IngressRule};
+
+use super::annotation::{annotation, Annotated};
+use super::certs::TlsHosts;
+use super::nginx::routing::Pending;
+use super::routes::HostKey;
+use super::translation::{PortRef, Translation};
+use super::{nginx, timeouts, AnnotationReport, Config, Diagnostic, Inputs, Reason};
+use crate::class::Classes;
+use crate::object::{Kind, NsName, ObjectKey};
+use crate::units::{parse_body_size, MAX_BODY_SIZE};
+
+/// The per-Ingress annotation overriding `--upstream-family`.
+pub const UPSTREAM_FAMILY_ANNOTATION: &str = "duet.dev/upstream-family";
+
+/// The per-Ingress annotation overriding `--max-body-size` (`512`, `8k`, `10m`, `0` = unlimited).
+pub const BODY_SIZE_ANNOTATION: &str = "duet.dev/proxy-body-size";
+
+/// Feeds our Ingresses into a translation.
+pub(crate) struct IngressProcessor<'a> {
+    /// Our Ingresses, oldest first.
+    ours: Vec<(Origin, &'a Ingress)>,
+}
+
+impl<'a> IngressProcessor<'a> {
+    /// The processor of the Ingresses of `inputs` that are ours.
+    pub(crate) fn new(inputs: &Inputs<'a>, config: &Config) -> IngressProcessor<'a> {
+        let classes = Classes::new(inputs.ingress_classes.iter().copied());
+        let mut ours: Vec<(Origin, &Ingress)> = inputs
+            .ingresses
+            .iter()
+            .filter(|i| config.class.is_ours(i, &classes))
+            .map(|i| (origin(i), *i))
+            .collect();
+        ours.sort_by(|a, b| age_key(&a.0).cmp(&age_key(&b.0)));
+        IngressProcessor { ours }
+    }
+
+    /// Adds every Ingress, oldest first, then the rules held back for canaries and
+    /// `from-to-www-redirect`.
+    pub(crate) fn run(self, t: &mut Translation<'_>) {
+        let mut held = Pending::default();
+        for (origin, ingress) in self.ours {
+            add_ingress(t, &mut held, origin, ingress);
+        }
+        settle(t, held);
+    }
+}
+
+/// Attaches each canary to its main rules, then gives each `from-to-www-redirect` host's other
+/// spelling, unless it has rules of its own, one rule answering 308 to the host.
+fn settle(t: &mut Translation<'_>, held: Pending<HostKey>) {
+    let (canaries, www) = held.into_parts();
+    for canary in canaries {
+        canary.attach(t.routes.rules_mut(&canary.host), &mut t.diagnostics);
+    }
+    for (host, rule) in www {
+        let HostKey::Exact(name) = &host else {
+            continue;
+        };
+        let Some(other) = nginx::traffic::www_twin(name).map(HostKey::Exact) else {
+            continue;
+        };
+        if !t.routes.has_host(&other) {
+            let rule = nginx::routing::www_rule(&rule, &host.display());
+            t.routes.add(&other, rule, "/", false);
+        }
+    }
+}
+
+/// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
+fn origin(ingress: &Ingress) -> Origin {
+    Origin {
+        namespace: ingress
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("default")
+            .into(),
+        name: ingress.metadata.name.as_deref().unwrap_or_default().into(),
+        created: ingress
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+    }
+}
+
+fn age_key(o: &Origin) -> (i64, &str, &str) {
+    (o.created, &o.namespace, &o.name)
+}
+
+/// What one Ingress sets for all of its routes.
+struct IngressRoutes<'i> {
+    key: ObjectKey,
+    ingress: &'i Ingress,
+    origin: Origin,
+    policy: FamilyPolicy,
+    max_body_bytes: u64,
+    timeouts: UpstreamTimeouts,
+    redirect: Option<Arc<Redirect>>,
+    source_ranges: Option<Arc<SourceRanges>>,
+    access: Option<Arc<Access>>,
+    nginx: nginx::Settings,
+    tls: TlsHosts,
+}
+
+impl IngressRoutes<'_> {
+    /// The backend of a route of this Ingress, resolved (for messages, `what` the route is);
+    /// with `service-upstream`, the Service's cluster IPs instead of its pods. Not on a canary
+    /// Ingress, whose `service-upstream` is reported ignored (the main Ingress's keys apply).
+    fn backend(
+        &self,
+        t: &mut Translation<'_>,
+        backend: &IngressBackend,
+        what: &str,
+    ) -> Option<BackendId> {
+        let id = resolve(t, &self.key, backend, what)?;
+        let traffic = &self.nginx.traffic;
+        Some(if traffic.service_upstream && !traffic.canary {
+            t.cluster_ip_backend(&self.key, id)
+        } else {
+            id
+        })
+    }
+
+    /// The action of a route of this Ingress to `backend` on `host` (`""`: host-less) for the
+    /// path as written (`None`: the default backend), resolved.
+    fn action(
+        &self,
+        t: &mut Translation<'_>,
+        backend: BackendId,
+        host: &str,
+        path: Option<&str>,
+    ) -> RouteAction {
+        let protocol = self.nginx.backend_protocol;
+        let upstream_tls = t.upstream_tls(&self.key, self.ingress, &backend, protocol);
+        RouteAction {
+            backend,
+            policy: self.policy,
+            origin: self.origin.clone(),
+            redirect_https: self.nginx.redirects(self.tls.redirects(host)),
+            max_body_bytes: self.max_body_bytes,
+            upstream_tls,
+            timeouts: self.timeouts,
+            protocol,
+            redirect: self.redirect.clone(),
+            source_ranges: self.source_ranges.clone(),
+            rewrite: path.and_then(|p| self.nginx.rewrite_for(p)),
+            access: self.access.clone(),
+            choice: self.nginx.traffic.choice(path.unwrap_or("/")).map(Arc::new),
+        }
+    }
+}
+
+/// Adds one Ingress: its settings, certificates, default backend and rules.
+fn add_ingress(
+    t: &mut Translation<'_>,
+    held: &mut Pending<HostKey>,
+    origin: Origin,
+    ingress: &Ingress,
+) {
+    let key = ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name);
+    let Some(nginx) = nginx_compat(
+        &key,
+        ingress,
+        t.config,
+        &mut t.diagnostics,
+        &mut t.annotations,
+    ) else {
+        return;
+    };
+    t.references
+        .ingresses
+        .insert(NsName::new(&*origin.namespace, &*origin.name));
+    let Some(routes) = settings(t, key, origin, ingress, nginx) else {
+        return;
+    };
+    let Some(spec) = ingress.spec.as_ref() else {
+        return;
+    };
+    if let Some(backend) = spec.default_backend.as_ref() {
+        default_backend(t, &routes, backend);
+    }
+    for rule in spec.rules.iter().flatten() {
+        add_rule(t, held, &routes, rule);
+    }
+}
+
+/// What an Ingress sets for its routes, its `spec.tls` taken into the certificates; `None` for
+/// an Ingress without a spec (after its annotations are read, so their problems are reported).
+fn settings<'i>(
+    t: &mut Translation<'_>,
+    key: ObjectKey,
+    origin: Origin,
+    ingress: &'i Ingress,
+    nginx: nginx::Settings,
+) -> Option<IngressRoutes<'i>> {
+    let obj = Annotated::new(&key, &ingress.metadata);
+    let global = t.config.family_policy;
+    let policy = annotation(
+        &obj,
+        UPSTREAM_FAMILY_ANNOTATION,
+        |v| v.trim().parse::<FamilyPolicy>().map_err(|e| e.to_string()),
+        (global, format_args!("using {global:?}")),
+        &mut t.diagnostics,
+    );
+    let global = t.config.max_body_bytes;
+    let max_body_bytes = annotation(
+        &obj,
+        BODY_SIZE_ANNOTATION,
+        |v| {
+            parse_body_size(v).map_err(|_| {
+                format!(
+                    "{v:?} is not a size like 512, 8k or 10m of at most {}g",
+                    MAX_BODY_SIZE >> 30
+                )
+            })
+        },
+        (global, format_args!("using {global} bytes")),
+        &mut t.diagnostics,
+    );
+    // `nginx` leaves a setting unset when the `duet.dev/` annotation for it is present.
+    let max_body_bytes = nginx.body_size.unwrap_or(max_body_bytes);
+    let mut timeouts = timeouts::upstream_timeouts(&obj, &mut t.diagnostics);
+    timeouts.connect = timeouts.connect.or(nginx.connect_timeout);
+    timeouts.read = timeouts.read.or(nginx.read_timeout);
+    timeouts.send = nginx.traffic.send_timeout;
+    let access = nginx::access::resolve(
+        &nginx,
+        &obj,
+        &t.secrets,
+        &mut t.diagnostics,
+        &mut t.references,
+    );
+    ingress.spec.as_ref()?;
+    let tls = t
+        .certs
+        .ingress(&key, ingress, &mut t.diagnostics, &mut t.references);
+    Some(IngressRoutes {
+        key,
+        ingress,
+        origin,
+        policy,
+        max_body_bytes,
+        timeouts,
+        redirect: nginx.redirect(),
+        source_ranges: nginx.source_ranges(),
+        access,
+        nginx,
+        tls,
+    })
+}
+
+/// The Ingress's `defaultBackend`: the table's default backend unless an older Ingress's is.
+fn default_backend(t: &mut Translation<'_>, routes: &IngressRoutes<'_>, backend: &IngressBackend) {
+    let Some(id) = routes.backend(t, backend, "default backend") else {
+        return;
+    };
+    if let Some(winner) = t.routes.default_holder() {
+        let message = format!(
+            "the older Ingress {winner} already sets the default backend; this one is ignored"
+        );
+        t.diagnose(&routes.key, Reason::DuplicateDefaultBackend, message);
+        return;
+    }
+    let action = routes.action(t, id, "", None);
+    t.routes.set_default(action);
+}
+
+/// One rule of the Ingress: each of its paths on its host.
+fn add_rule(
+    t: &mut Translation<'_>,
+    held: &mut Pending<HostKey>,
+    routes: &IngressRoutes<'_>,
+    rule: &IngressRule,
+) {
+    let host = match HostKey::parse(rule.host.as_deref()) {
+        Ok(host) => host,
+        Err(message) => {
+            t.diagnose(&routes.key, Reason::InvalidHost, message);
+            return;
+        }
+    };
+    for path in rule.http.iter().flat_map(|h| &h.paths) {
+        add_path(t, held, routes, &host, path);
+    }
+}
+
+/// One path of a rule on `host`: skipped with a diagnostic when the path or its backend is bad,
+/// held back when it is a canary's.
+fn add_path(
+    t: &mut Translation<'_>,
+    held: &mut Pending<HostKey>,
+    routes: &IngressRoutes<'_>,
+    host: &HostKey,
+    path: &HTTPIngressPath,
+) {
+    let written = path
+        .path
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .unwrap_or("/");
+    let Some(matcher) = path_match(t, &routes.key, written, &path.path_type) else {
+        return;
+    };
+    let what = format!("path {written} on {}", host.describe());
+    let Some(id) = routes.backend(t, &path.backend, &what) else {
+        return;
+    };
+    let own_regex = routes.nginx.forces_regex(written);
+    let pattern = nginx::regex_pattern(written, &path.path_type, own_regex);
+    let action = routes.action(t, id, &host.display(), Some(written));
+    let rule = PathRule { matcher, action };
+    if held.defer(&routes.nginx.traffic, host, &rule, written) {
+        if own_regex {
+            t.routes.use_regex(host);
+        }
+        return;
+    }
+    t.routes.add(host, rule, pattern, own_regex);
+}
+
+/// The match of a path as written with its `pathType`; a diagnostic and `None` when either is
+/// invalid.
+fn path_match(
+    t: &mut Translation<'_>,
+    key: &ObjectKey,
+    written: &str,
+    path_type: &str,
+) -> Option<PathMatch> {
+    if !written.starts_with('/') {
+        let message = format!("path {written:?} does not start with \"/\"; skipped");
+        t.diagnose(key, Reason::InvalidPath, message);
+        return None;
+    }
+    Some(match path_type {
+        "Exact" => PathMatch::exact(written),
+        "Prefix" => PathMatch::prefix(written),
+        "ImplementationSpecific" | "" => PathMatch::implementation_specific(written),
+        other => {
+            let message = format!(
+                "pathType {other:?} of path {written} is not Exact, Prefix or ImplementationSpecific; skipped"
+            );
+            t.diagnose(key, Reason::InvalidPath, message);
+            return None;
+        }
+    })
+}
+
+/// Resolves an Ingress backend to a Service port; a diagnostic and `None` when it cannot.
+fn resolve(
+    t: &mut Translation<'_>,
+    key: &ObjectKey,
+    backend: &IngressBackend,
+    what: &str,
+) -> Option<BackendId> {
+    let Some(svc) = backend.service.as_ref() else {
+        let message = format!("{what}: resource backends are not supported; skipped");
+        t.diagnose(key, Reason::UnsupportedBackend, message);
+        return None;
+    };
+    let name = NsName::new(key.namespace.clone(), svc.name.clone());
+    let wanted = svc.port.as_ref();
+    let port = match (
+        wanted.and_then(|p| p.number),
+        wanted.and_then(|p| p.name.as_deref()),
+    ) {
+        (Some(number), _) => PortRef::Number(number),
+        (None, Some(port_name)) => PortRef::Name(port_name),
+        (None, None) => PortRef::Missing,
+    };
+    t.service_port(key, name, port, what)
+}
+
+/// Reads an Ingress's ingress-nginx annotations: records its report and diagnostics, and returns
+/// the settings to apply; `None` when `--strict-annotations` refuses the Ingress for a snippet.
+fn nginx_compat(
+    key: &ObjectKey,
+    ingress: &Ingress,
+    config: &Config,
+    diagnostics: &mut Vec<Diagnostic>,
+    reports: &mut Vec<AnnotationReport>,
+) -> Option<nginx::Settings> {
+    let read = nginx::read(
+        ingress
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap_or(&BTreeMap::new()),
+    );
+    diagnostics.extend(nginx::diagnostics(key, &read.findings));
+    if !read.findings.is_empty() {
+        reports.push(AnnotationReport {
+            ingress: NsName::new(key.namespace.clone(), key.name.clone()),
+            annotations: read.findings,
+        });
+    }
+    if config.strict_annotations && !read.settings.snippets.is_empty() {
+        diagnostics.push(Diagnostic::new(
+            key.clone(),
+            Reason::SnippetAnnotation,
+            format!(
+                "refused whole (--strict-annotations): it carries {}; none of its routes are served",
+                read.settings.snippets.join(", ")
+            ),
+        ));
+        return None;
+    }
+    Some(read.settings)
+}

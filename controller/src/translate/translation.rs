@@ -1,0 +1,253 @@
+//! One translation's shared state, in the spirit of Contour's `internal/dag` builder: what every
+//! processor reads (the config, Services, Secrets) and what they all feed (diagnostics, the
+//! objects routes reference, certificates, upstream TLS, the Service ports routes use and the
+//! [`RouteModel`]). A processor ([`IngressProcessor`](super::ingress::IngressProcessor) today)
+//! walks its API's objects and adds to it; [`Translation::finish`] turns it into a [`RoutePlan`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use dataplane::table::UpstreamProtocol;
+use dataplane::BackendId;
+use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
+use k8s_openapi::api::networking::v1::Ingress;
+
+use super::certs::CertBuilder;
+use super::routes::RouteModel;
+use super::upstream::{app_protocol, UpstreamTlsBuilder};
+use super::{
+    AnnotationReport, BackendSpec, Config, Diagnostic, Inputs, Reason, References, RoutePlan,
+};
+use crate::object::{by_name, Kind, NsName, ObjectKey};
+
+/// A Service port as a route names it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PortRef<'a> {
+    /// By number.
+    Number(i32),
+    /// By name.
+    Name(&'a str),
+    /// Not given.
+    Missing,
+}
+
+/// The state of one translation; see the module documentation.
+pub(crate) struct Translation<'a> {
+    /// The command line's part.
+    pub(crate) config: &'a Config,
+    services: BTreeMap<NsName, &'a Service>,
+    /// Every Secret, by name (for the Secrets routes name beyond certificates and upstream TLS).
+    pub(crate) secrets: BTreeMap<NsName, &'a Secret>,
+    /// Problems found so far.
+    pub(crate) diagnostics: Vec<Diagnostic>,
+    /// What the routes reference so far.
+    pub(crate) references: References,
+    /// The certificate table being built.
+    pub(crate) certs: CertBuilder<'a>,
+    upstream_tls: UpstreamTlsBuilder<'a>,
+    backends: BTreeMap<BackendId, BackendSpec>,
+    /// Hosts, paths and the default backend so far.
+    pub(crate) routes: RouteModel,
+    /// The ingress-nginx annotation reports so far.
+    pub(crate) annotations: Vec<AnnotationReport>,
+}
+
+impl<'a> Translation<'a> {
+    /// An empty translation of `inputs`.
+    pub(crate) fn new(inputs: &Inputs<'a>, config: &'a Config) -> Translation<'a> {
+        Translation {
+            config,
+            services: by_name(&inputs.services),
+            secrets: by_name(&inputs.secrets),
+            diagnostics: Vec::new(),
+            references: References::default(),
+            certs: CertBuilder::new(&inputs.secrets),
+            upstream_tls: UpstreamTlsBuilder::new(&inputs.secrets),
+            backends: BTreeMap::new(),
+            routes: RouteModel::default(),
+            annotations: Vec::new(),
+        }
+    }
+
+    /// Records a problem of `object`.
+    pub(crate) fn diagnose(&mut self, object: &ObjectKey, reason: Reason, message: String) {
+        self.diagnostics
+            .push(Diagnostic::new(object.clone(), reason, message));
+    }
+
+    /// Resolves a Service port that a route of `from` names (for messages, `what` the route is);
+    /// a diagnostic and `None` when the Service, or the port, does not exist or cannot be served.
+    pub(crate) fn service_port(
+        &mut self,
+        from: &ObjectKey,
+        name: NsName,
+        port: PortRef<'_>,
+        what: &str,
+    ) -> Option<BackendId> {
+        self.references.services.insert(name.clone());
+        let Some(service) = self.services.get(&name) else {
+            let message = format!("{what}: Service {name} does not exist; skipped");
+            self.diagnose(from, Reason::MissingService, message);
+            return None;
+        };
+        let spec = service.spec.as_ref();
+        if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+            let message = format!(
+                "{what}: Service {name} is of type ExternalName, which is not supported; skipped"
+            );
+            self.diagnose(from, Reason::UnsupportedBackend, message);
+            return None;
+        }
+        let ports = spec.and_then(|s| s.ports.as_deref()).unwrap_or_default();
+        let (written, found) = match port {
+            PortRef::Number(number) => {
+                (number.to_string(), ports.iter().find(|p| p.port == number))
+            }
+            PortRef::Name(port_name) => (
+                port_name.to_owned(),
+                ports.iter().find(|p| p.name.as_deref() == Some(port_name)),
+            ),
+            PortRef::Missing => {
+                let message = format!("{what}: no port given for Service {name}; skipped");
+                self.diagnose(from, Reason::UnknownServicePort, message);
+                return None;
+            }
+        };
+        let Some(port) = found else {
+            let message = format!("{what}: Service {name} has no port {written}; skipped");
+            self.diagnose(from, Reason::UnknownServicePort, message);
+            return None;
+        };
+        let id = BackendId::new(&name.namespace, &name.name, &written);
+        if !self.backends.contains_key(&id) {
+            let spec = self.backend_spec(name, &written, port);
+            self.backends.insert(id.clone(), spec);
+        }
+        Some(id)
+    }
+
+    /// The spec of a backend on a Service port; an `appProtocol` duet does not know is a
+    /// diagnostic of the Service, and HTTP/1.1 applies.
+    fn backend_spec(&mut self, service: NsName, written: &str, port: &ServicePort) -> BackendSpec {
+        let protocol = app_protocol(port.app_protocol.as_deref()).unwrap_or_else(|| {
+            self.diagnostics.push(Diagnostic::new(
+                ObjectKey::new(Kind::Service, &*service.namespace, &*service.name),
+                Reason::UnsupportedAppProtocol,
+                format!(
+                    "port {written}: appProtocol {:?} is not supported; served as HTTP/1.1",
+                    port.app_protocol.as_deref().unwrap_or_default()
+                ),
+            ));
+            UpstreamProtocol::Http1
+        });
+        BackendSpec {
+            service,
+            port_name: port.name.clone().unwrap_or_default(),
+            port: port.port,
+            protocol,
+            cluster_ips: Vec::new(),
+        }
+    }
+
+    /// The backend sending the requests of the resolved backend `id` to its Service's cluster IPs
+    /// (one target) instead of its pods: ingress-nginx's `service-upstream` on a route of `from`.
+    /// A headless Service keeps its pods, with a diagnostic.
+    pub(crate) fn cluster_ip_backend(&mut self, from: &ObjectKey, id: BackendId) -> BackendId {
+        let Some(spec) = self.backends.get(&id) else {
+            return id;
+        };
+        let ips = self
+            .services
+            .get(&spec.service)
+            .map(|s| cluster_ips(s))
+            .unwrap_or_default();
+        if ips.is_empty() {
+            let message = format!(
+                "nginx.ingress.kubernetes.io/service-upstream: Service {} has no cluster IP (headless); requests go to its pods",
+                spec.service
+            );
+            self.diagnose(from, Reason::InvalidAnnotation, message);
+            return id;
+        }
+        let cluster = BackendId(format!("{id}/cluster-ip").into());
+        let spec = BackendSpec {
+            cluster_ips: ips,
+            ..spec.clone()
+        };
+        self.backends.entry(cluster.clone()).or_insert(spec);
+        cluster
+    }
+
+    /// The upstream TLS settings of a route of `ingress` to a resolved backend, spoken in
+    /// `backend-protocol`'s protocol when the Ingress sets it (then unverified without a CA
+    /// Secret, as in ingress-nginx).
+    pub(crate) fn upstream_tls(
+        &mut self,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        id: &BackendId,
+        nginx_protocol: Option<UpstreamProtocol>,
+    ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
+        let spec = self.backends.get(id)?;
+        self.upstream_tls.route(
+            key,
+            ingress,
+            &spec.service,
+            (
+                nginx_protocol.unwrap_or(spec.protocol),
+                nginx_protocol.is_some(),
+            ),
+            &mut self.diagnostics,
+            &mut self.references,
+        )
+    }
+
+    /// The plan: the route table built from the model, the backends it uses, the certificates
+    /// (with `--default-tls-secret`), and every diagnostic sorted, without duplicates.
+    pub(crate) fn finish(mut self) -> RoutePlan {
+        if let Some(name) = &self.config.default_tls_secret {
+            self.certs
+                .default_secret(name, &mut self.diagnostics, &mut self.references);
+        }
+        let table = self
+            .routes
+            .build(&mut self.diagnostics, &mut self.annotations);
+        let used: BTreeSet<&BackendId> = table.backend_ids().collect();
+        let backends = self
+            .backends
+            .into_iter()
+            .filter(|(id, _)| used.contains(id))
+            .collect();
+        let mut diagnostics = self.diagnostics;
+        diagnostics.sort();
+        diagnostics.dedup();
+        RoutePlan {
+            table: Arc::new(table),
+            backends,
+            references: self.references,
+            diagnostics,
+            certs: Arc::new(self.certs.finish()),
+            annotations: self.annotations,
+        }
+    }
+}
+
+/// The cluster IPs of a Service (`spec.clusterIPs`, else `spec.clusterIP`), parsed; none for a
+/// headless Service.
+fn cluster_ips(service: &Service) -> Vec<IpAddr> {
+    let Some(spec) = service.spec.as_ref() else {
+        return Vec::new();
+    };
+    let listed = spec.cluster_ips.clone().unwrap_or_default();
+    let listed = if listed.is_empty() {
+        spec.cluster_ip.iter().cloned().collect()
+    } else {
+        listed
+    };
+    listed
+        .iter()
+        .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
+        .map(|ip| ip.to_canonical())
+        .collect()
+}
