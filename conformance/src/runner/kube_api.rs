@@ -29,6 +29,13 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         "ingressclasses",
         false,
     ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "GatewayClass",
+        "gatewayclasses",
+        false,
+    ),
+    ("gateway.networking.k8s.io/v1", "Gateway", "gateways", true),
 ];
 
 /// A client for one API server.
