@@ -16,9 +16,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use conformance::client;
 use conformance::cluster::{loadbalancer, Cluster, Options, Stack};
 use conformance::runner::kube_api::KubeApi;
+use conformance::{client, tls};
 use conformance::{Duet, DuetBuilder, Family};
 use kube_support::{DUET, LIVE};
 use serde_json::{json, Value};
@@ -370,4 +370,129 @@ async fn gateway_service_and_addresses_ipv4_primary() {
 async fn gateway_service_and_addresses_ipv6_primary() {
     let _one = ONE_AT_A_TIME.lock().await;
     gateway_addresses(Stack::DualIpv6).await.unwrap();
+}
+
+/// The condition `kind` of listener `name` of a Gateway.
+fn listener_condition<'a>(gateway: &'a Value, name: &str, kind: &str) -> Option<&'a Value> {
+    let listeners = gateway["status"]["listeners"].as_array()?;
+    condition(
+        &listeners.iter().find(|l| l["name"] == name)?["conditions"],
+        kind,
+    )
+}
+
+fn resolved_refs_reason(gateway: &Value, listener: &str, want: &str) -> anyhow::Result<()> {
+    let c = listener_condition(gateway, listener, "ResolvedRefs").context("no ResolvedRefs")?;
+    anyhow::ensure!(c["reason"] == want, "ResolvedRefs is {c}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn https_certificates_in_another_namespace_need_a_reference_grant() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = async {
+        let (cluster, api) = start(Stack::Dual).await?;
+        let _duet = duet(cluster.kubeconfig()).await?;
+        api.create(class("duet", "duet.dev/gateway-controller"))
+            .await?;
+        api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "certs"}}))
+            .await?;
+        api.create(tls::secret("certs", "cert", &tls::cert(&["example.org"])))
+            .await?;
+        api.create(tls::secret_raw(
+            "certs",
+            "garbage",
+            b"not a certificate",
+            b"nor a key",
+        ))
+        .await?;
+        let https = |name: &str| {
+            json!([
+                {"name": "http", "port": 80, "protocol": "HTTP"},
+                {"name": "https", "port": 443, "protocol": "HTTPS",
+                 "tls": {"certificateRefs": [{"name": name, "namespace": "certs"}]}},
+            ])
+        };
+        api.create(gateway("tls", https("cert"))).await?;
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "tls",
+            "RefNotPermitted without a grant",
+            |g| resolved_refs_reason(g, "https", "RefNotPermitted"),
+        )
+        .await?;
+        let service = get(&api, "Service", Some(NS), "duet-tls").await?;
+        anyhow::ensure!(
+            target_ports(&service) == [(80, 20000)],
+            "{:?}",
+            target_ports(&service)
+        );
+        // A grant for another Secret does not do; one for every Secret of the namespace does.
+        let grant = |name: &str, to: Value| {
+            json!({
+                "apiVersion": GW, "kind": "ReferenceGrant",
+                "metadata": {"namespace": "certs", "name": name},
+                "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": NS}],
+                         "to": [to]},
+            })
+        };
+        api.create(grant(
+            "other",
+            json!({"group": "", "kind": "Secret", "name": "other"}),
+        ))
+        .await?;
+        api.create(gateway("tls-other", https("cert"))).await?;
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "tls-other",
+            "still RefNotPermitted",
+            |g| resolved_refs_reason(g, "https", "RefNotPermitted"),
+        )
+        .await?;
+        api.create(grant("all", json!({"group": "", "kind": "Secret"})))
+            .await?;
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "tls",
+            "resolved with the grant",
+            |g| resolved_refs_reason(g, "https", "ResolvedRefs"),
+        )
+        .await?;
+        until(
+            &api,
+            "Service",
+            Some(NS),
+            "duet-tls",
+            "port 443 served",
+            |s| {
+                anyhow::ensure!(
+                    target_ports(s) == [(80, 20000), (443, 20001)],
+                    "{:?}",
+                    target_ports(s)
+                );
+                Ok(())
+            },
+        )
+        .await?;
+        for (gw, secret) in [("tls-garbage", "garbage"), ("tls-missing", "missing")] {
+            api.create(gateway(gw, https(secret))).await?;
+            until(
+                &api,
+                "Gateway",
+                Some(NS),
+                gw,
+                "InvalidCertificateRef",
+                |g| resolved_refs_reason(g, "https", "InvalidCertificateRef"),
+            )
+            .await?;
+        }
+        anyhow::Ok(())
+    };
+    run.await.unwrap();
 }

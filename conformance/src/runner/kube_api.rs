@@ -36,6 +36,12 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         false,
     ),
     ("gateway.networking.k8s.io/v1", "Gateway", "gateways", true),
+    (
+        "gateway.networking.k8s.io/v1",
+        "ReferenceGrant",
+        "referencegrants",
+        true,
+    ),
 ];
 
 /// A client for one API server.

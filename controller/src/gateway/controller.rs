@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt as _};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
@@ -40,12 +40,12 @@ use super::api::gateways::{
     GatewayStatus, GatewayStatusAddresses, GatewayStatusListeners,
     GatewayStatusListenersSupportedKinds,
 };
-use super::api::{Gateway, GatewayClass, GROUP};
+use super::api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
 use super::conditions::{dated, Cond};
 use super::listeners::{self, Verdict};
 use super::ports::{self, Allocation, Claim, GatewayKey};
 use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
-use super::{class, GatewayConfig};
+use super::{class, refs, GatewayConfig};
 
 /// The field manager of duet's server-side applies.
 pub const FIELD_MANAGER: &str = "duet-gateway";
@@ -68,6 +68,7 @@ struct Ctx {
     leading: watch::Receiver<bool>,
     gateways: Store<DynamicObject>,
     classes: Store<DynamicObject>,
+    grants: Store<DynamicObject>,
     services: Store<Service>,
     pods: Store<Pod>,
     /// Assignments this process wrote, which the Service store may not show yet.
@@ -92,6 +93,10 @@ pub fn spawn(
         class_ar.clone(),
     );
     let (services, _) = spawn_reflector(Api::<Service>::all(client.clone()), managed.clone(), ());
+    let grant_ar = ApiResource::erase::<ReferenceGrant>(&());
+    let grants_api = Api::<DynamicObject>::all_with(client.clone(), &grant_ar);
+    let (grants, grants_changed) =
+        spawn_reflector(grants_api, watcher::Config::default(), grant_ar);
     let pods_wc = watcher::Config::default().labels(&config.selector_string());
     let pods_api = Api::<Pod>::namespaced(client.clone(), &pod_namespace);
     let (pods, pods_changed) = spawn_reflector(pods_api, pods_wc, ());
@@ -105,6 +110,7 @@ pub fn spawn(
         leading: leading.clone(),
         gateways: gateway_controller.store(),
         classes,
+        grants,
         services,
         pods,
         written: Mutex::new(HashMap::new()),
@@ -119,6 +125,7 @@ pub fn spawn(
             move |c| gateways_of_class(&by_class, &c.name_any()),
         )
         .reconcile_all_on(changes(pods_changed))
+        .reconcile_all_on(changes(grants_changed))
         .reconcile_all_on(leadership_gained(leading.clone()))
         .run(reconcile_gateway, error_policy, ctx.clone());
     tokio::spawn(gateway_controller.for_each(log_result("Gateway")));
@@ -358,9 +365,16 @@ async fn reconcile_gateway(
         }
         return Ok(Action::await_change());
     }
-    let verdicts = listeners::check(&gateway.spec);
+    let mut verdicts = listeners::check(&gateway.spec);
+    let unresolved = resolve_certificates(&ctx, &gateway, &mut verdicts).await?;
     let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts);
-    let ports = ctx.allocate().remove(&key).unwrap_or_default();
+    let mut ports = ctx.allocate().remove(&key).unwrap_or_default();
+    // Listeners whose certificates do not resolve keep their pod port but get no Service port.
+    ports.retain(|p, _| {
+        verdicts
+            .iter()
+            .any(|v| v.valid() && v.port == i32::from(*p))
+    });
     let placed = place_service(&ctx, &gateway, &ports).await?;
     let status = gateway_status(
         &gateway,
@@ -373,7 +387,48 @@ async fn reconcile_gateway(
     if gateway.status.as_ref() != Some(&status) {
         write_status(&ctx, &gateway, &status).await?;
     }
-    Ok(Action::await_change())
+    // Secrets are not watched: look again while a certificate does not resolve.
+    Ok(if unresolved {
+        Action::requeue(SECRET_RECHECK)
+    } else {
+        Action::await_change()
+    })
+}
+
+/// How often a Gateway whose certificates do not resolve is looked at again.
+const SECRET_RECHECK: Duration = Duration::from_secs(10);
+
+/// Checks the Secrets of HTTPS listeners ([`super::refs`]), marking those that do not resolve;
+/// returns whether one did not.
+async fn resolve_certificates(
+    ctx: &Ctx,
+    gateway: &Gateway,
+    verdicts: &mut [Verdict],
+) -> Result<bool, GatewayError> {
+    let namespace = gateway.namespace().unwrap_or_default();
+    let grants: Vec<ReferenceGrant> = ctx
+        .grants
+        .state()
+        .iter()
+        .filter_map(|g| decode(g))
+        .collect();
+    let mut unresolved = false;
+    for (listener, verdict) in gateway.spec.listeners.iter().zip(verdicts.iter_mut()) {
+        if listener.protocol != "HTTPS" || !verdict.resolved.status {
+            continue;
+        }
+        let mut secrets = BTreeMap::new();
+        for key in refs::to_fetch(listener, &namespace, &grants) {
+            let api = Api::<Secret>::namespaced(ctx.client.clone(), &key.0);
+            let secret = api.get_opt(&key.1).await?;
+            secrets.insert(key, secret);
+        }
+        if let Some(problem) = refs::problem(listener, &namespace, &grants, &secrets) {
+            verdict.resolved = problem;
+            unresolved = true;
+        }
+    }
+    Ok(unresolved)
 }
 
 /// What became of a Gateway's Service.

@@ -10,6 +10,7 @@ pub mod config;
 pub mod controller;
 pub mod listeners;
 pub mod ports;
+pub mod refs;
 pub mod service;
 
 pub use config::{GatewayArgs, GatewayConfig, DEFAULT_CONTROLLER_NAME};
