@@ -12,13 +12,17 @@
 //! replaced whole in one `nft -f` transaction whenever they change. The client's address is kept
 //! (DNAT, no SNAT), as a load balancer with `externalTrafficPolicy: Local` keeps it.
 //!
+//! A Service whose `status.loadBalancer.ingress` someone else wrote (a test standing in for a
+//! load balancer of its own) is left to them: its addresses are released and it is skipped from
+//! then on. Status writes carry the `resourceVersion` read, so a write racing theirs loses.
+//!
 //! Without the `nft` binary (Debian package `nftables`) addresses and status are still assigned,
 //! and the failure to program rules is logged on every pass.
 //!
 //! It runs on a thread of its own inside the cluster's network namespace, polling Services and
 //! EndpointSlices every 200 ms, as the stand-in kubelet does.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
@@ -133,6 +137,8 @@ struct State {
     api: KubeApi,
     /// By Service uid.
     assigned: HashMap<String, Assigned>,
+    /// Services whose status someone else writes, by uid.
+    foreign: HashSet<String>,
     /// The ruleset last applied.
     ruleset: String,
 }
@@ -309,6 +315,7 @@ impl State {
         State {
             api,
             assigned: HashMap::new(),
+            foreign: HashSet::new(),
             ruleset: String::new(),
         }
     }
@@ -321,6 +328,11 @@ impl State {
             .into_iter()
             .flatten()
             .filter(|s| is_load_balancer(s))
+            .collect();
+        self.mark_foreign(&services);
+        let services: Vec<&Value> = services
+            .into_iter()
+            .filter(|s| !self.foreign.contains(str_at(s, "/metadata/uid")))
             .collect();
         self.release_gone(&services);
         let slices = self
@@ -362,6 +374,30 @@ impl State {
             self.ruleset = text;
         }
         Ok(())
+    }
+
+    /// Notes the Services whose status holds addresses this controller did not give.
+    fn mark_foreign(&mut self, services: &[&Value]) {
+        for service in services {
+            let uid = str_at(service, "/metadata/uid");
+            let ingress = &service["status"]["loadBalancer"]["ingress"];
+            let written = ingress.as_array().is_some_and(|i| !i.is_empty());
+            let mine = self
+                .assigned
+                .get(uid)
+                .is_some_and(|a| *ingress == Value::Array(ingress_of(service, a)));
+            if written && !mine && self.foreign.insert(uid.to_owned()) {
+                tracing::info!(
+                    service = %format!("{}/{}", str_at(service, "/metadata/namespace"), str_at(service, "/metadata/name")),
+                    "Load-balancer status written by someone else; left to them"
+                );
+            }
+        }
+        let live: HashSet<&str> = services
+            .iter()
+            .map(|s| str_at(s, "/metadata/uid"))
+            .collect();
+        self.foreign.retain(|uid| live.contains(uid.as_str()));
     }
 
     /// Frees the addresses of Services that are gone or no longer LoadBalancers.
@@ -425,15 +461,7 @@ impl State {
 
     /// `status.loadBalancer.ingress` in the Service's family order, written when it differs.
     async fn write_status(&self, service: &Value, assigned: &Assigned) -> anyhow::Result<()> {
-        let ingress: Vec<Value> = families(service)
-            .iter()
-            .filter_map(|f| match f.as_str() {
-                "IPv4" => assigned.v4.map(|ip| ip.to_string()),
-                "IPv6" => assigned.v6.map(|ip| ip.to_string()),
-                _ => None,
-            })
-            .map(|ip| json!({"ip": ip, "ipMode": "VIP"}))
-            .collect();
+        let ingress = ingress_of(service, assigned);
         let current = &service["status"]["loadBalancer"]["ingress"];
         if *current == Value::Array(ingress.clone()) {
             return Ok(());
@@ -443,18 +471,41 @@ impl State {
             str_at(service, "/metadata/namespace"),
             str_at(service, "/metadata/name")
         );
-        let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
-        self.api
+        let patch = json!({
+            "metadata": {"resourceVersion": str_at(service, "/metadata/resourceVersion")},
+            "status": {"loadBalancer": {"ingress": ingress}},
+        });
+        let written = self
+            .api
             .send(
                 Method::PATCH,
                 &path,
                 "application/merge-patch+json",
                 serde_json::to_vec(&patch)?,
             )
-            .await
-            .with_context(|| format!("cannot write the load-balancer status of {path}"))?;
-        Ok(())
+            .await;
+        match written {
+            Ok(_) => Ok(()),
+            // Changed since it was read: the next pass looks again.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot write the load-balancer status of {path}"))
+            }
+        }
     }
+}
+
+/// The `status.loadBalancer.ingress` entries for a Service's addresses, in its family order.
+fn ingress_of(service: &Value, assigned: &Assigned) -> Vec<Value> {
+    families(service)
+        .iter()
+        .filter_map(|f| match f.as_str() {
+            "IPv4" => assigned.v4.map(|ip| ip.to_string()),
+            "IPv6" => assigned.v6.map(|ip| ip.to_string()),
+            _ => None,
+        })
+        .map(|ip| json!({"ip": ip, "ipMode": "VIP"}))
+        .collect()
 }
 
 #[cfg(test)]
