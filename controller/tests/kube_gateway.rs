@@ -295,6 +295,18 @@ async fn gateway_addresses(stack: Stack) -> anyhow::Result<()> {
         );
     }
 
+    // Nothing is rewritten in a loop: the status written is the status read back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = duet
+        .logs()
+        .matches("Gateway status written gateway=gw/first ")
+        .count();
+    anyhow::ensure!(
+        (1..10).contains(&writes),
+        "{writes} status writes:\n{}",
+        duet.logs()
+    );
+
     // A second, younger Gateway; then duet stops, the first Gateway goes, duet starts again:
     // the second keeps its ports (a fresh allocation would give it 20000).
     api.create(gateway(

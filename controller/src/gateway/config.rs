@@ -82,7 +82,7 @@ pub fn is_controller_name(s: &str) -> bool {
         return false;
     };
     s.len() <= 253
-        && crate::config::is_dns_subdomain(domain)
+        && is_dns_subdomain(domain)
         && !path.is_empty()
         && path
             .bytes()
@@ -108,6 +108,22 @@ pub fn parse_selector(s: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(labels)
 }
 
+/// Whether `s` is a DNS-1123 subdomain: dot-separated DNS labels, at most 253 characters.
+/// (The same rule as `crate::config`'s; kept here so this module imports nothing above it.)
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// Whether `s` is a DNS label: lowercase letters, digits and `-`, at most 63, no `-` at an end.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 fn is_label_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
@@ -119,7 +135,7 @@ fn is_label_name(s: &str) -> bool {
 
 fn is_label_key(s: &str) -> bool {
     match s.rsplit_once('/') {
-        Some((prefix, name)) => crate::config::is_dns_subdomain(prefix) && is_label_name(name),
+        Some((prefix, name)) => is_dns_subdomain(prefix) && is_label_name(name),
         None => is_label_name(s),
     }
 }

@@ -42,7 +42,7 @@ pub struct Owner {
 /// whole name (Gateway names may be 253 characters and hold dots; Service names may not).
 pub fn service_name(gateway: &str) -> String {
     let plain = format!("duet-{gateway}");
-    if crate::config::is_dns_label(&plain) {
+    if super::config::is_dns_label(&plain) {
         return plain;
     }
     let cut: String = gateway
@@ -241,7 +241,7 @@ pub fn desired_slice(
         })
         .collect();
     endpoints.sort_by(|a, b| a.addresses.cmp(&b.addresses));
-    let mut labels = labels(&name);
+    let mut labels = service.metadata.labels.clone().unwrap_or_default();
     labels.insert("kubernetes.io/service-name".to_owned(), name.clone());
     labels.insert(
         "endpointslice.kubernetes.io/managed-by".to_owned(),
@@ -296,7 +296,7 @@ mod tests {
         assert_eq!(service_name("web"), "duet-web");
         let long = "a.".repeat(100) + "b";
         let name = service_name(&long);
-        assert!(crate::config::is_dns_label(&name), "{name}");
+        assert!(super::config::is_dns_label(&name), "{name}");
         assert_ne!(name, service_name(&("a.".repeat(100) + "c")));
         let ports = BTreeMap::from([(80, 20000), (443, 20001)]);
         let service = desired_service(&owner("web"), &ports);
