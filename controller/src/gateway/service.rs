@@ -296,7 +296,7 @@ mod tests {
         assert_eq!(service_name("web"), "duet-web");
         let long = "a.".repeat(100) + "b";
         let name = service_name(&long);
-        assert!(super::config::is_dns_label(&name), "{name}");
+        assert!(crate::gateway::config::is_dns_label(&name), "{name}");
         assert_ne!(name, service_name(&("a.".repeat(100) + "c")));
         let ports = BTreeMap::from([(80, 20000), (443, 20001)]);
         let service = desired_service(&owner("web"), &ports);
