@@ -11,7 +11,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::Request;
 
-use crate::listen::ConnInfo;
+use crate::conn::ConnInfo;
 use crate::runtime::Runtime;
 
 /// Extra JSON that the controller adds to `/debug/routes` (diagnostics, warnings).

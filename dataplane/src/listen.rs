@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
 use crate::idle;
 use crate::metrics::ConnectionMetrics;
@@ -77,72 +78,6 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
 
 const EAFNOSUPPORT: i32 = 97;
 const EADDRNOTAVAIL: i32 = 99;
-
-/// Who is on the other end of an accepted connection.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConnInfo {
-    /// The client's address, IPv4-mapped IPv6 normalised to IPv4.
-    pub peer: SocketAddr,
-    /// The local address the connection was accepted on.
-    pub local: SocketAddr,
-    /// The client's family (of `peer`).
-    pub family: Family,
-    /// Whether the connection is TLS (an HTTPS listener).
-    pub tls: bool,
-    /// Whether the peer is a trusted proxy (`--trusted-proxies`): its forwarding headers are
-    /// appended to instead of replaced.
-    pub trusted: bool,
-    /// The negotiated TLS version (`TLSv1.3`), for TLS connections.
-    pub tls_version: Option<&'static str>,
-    /// The server name (SNI) the TLS client asked for.
-    pub sni: Option<Arc<str>>,
-    /// What every request of the connection forwards about `peer`, formatted once per
-    /// connection rather than per request (by [`ConnInfo::new`], from the same address).
-    pub(crate) forwarded: crate::forwarded::PeerHeaders,
-}
-
-impl ConnInfo {
-    /// Describes a connection from its two addresses.
-    pub fn new(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
-        let peer = normalize_addr(peer);
-        ConnInfo {
-            family: Family::of(&peer),
-            peer,
-            local: normalize_addr(local),
-            tls: false,
-            trusted: false,
-            tls_version: None,
-            sni: None,
-            forwarded: crate::forwarded::PeerHeaders::new(peer),
-        }
-    }
-
-    /// The same connection with what its TLS handshake negotiated (version and SNI).
-    pub fn with_tls_session(mut self, session: &rustls::ServerConnection) -> ConnInfo {
-        self.tls_version = session.protocol_version().map(|v| match v {
-            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
-            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
-            _ => "TLS",
-        });
-        self.sni = session.server_name().map(Arc::from);
-        self
-    }
-
-    /// The same connection, marked as TLS.
-    pub fn with_tls(mut self, tls: bool) -> ConnInfo {
-        self.tls = tls;
-        self
-    }
-
-    /// The scheme the client used: `https` or `http`.
-    pub fn scheme(&self) -> &'static str {
-        if self.tls {
-            "https"
-        } else {
-            "http"
-        }
-    }
-}
 
 /// Settings of the HTTP server side of a listener.
 #[derive(Clone, Debug)]

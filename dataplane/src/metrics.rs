@@ -14,7 +14,6 @@
 //! codes.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -28,6 +27,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::ptr_key::{addr_of, AddrMap};
 use crate::table::{BackendId, Family, RouteAction, RouteTable, Snapshot};
 
 /// Buckets of the request and upstream latency histograms, in seconds: 0.5 ms to 60 s.
@@ -417,7 +417,11 @@ impl Metrics {
         if certs_changed {
             self.clear_certificate_expiries();
             for cert in snapshot.certs.certs() {
-                let leaf = cert.key.cert.first().and_then(|c| not_after(c));
+                let leaf = cert
+                    .key
+                    .cert
+                    .first()
+                    .and_then(|c| crate::x509::not_after(c));
                 if let Some(expires) = leaf {
                     self.set_certificate_expiry(&cert.source, expires);
                 }
@@ -459,65 +463,6 @@ impl Metrics {
             }
         }
     }
-}
-
-/// The `notAfter` time of an X.509 certificate (DER), read from its `validity`.
-pub fn not_after(der: &[u8]) -> Option<SystemTime> {
-    /// One DER element: (tag, content, the bytes after it).
-    fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, rest) = b.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        let (len, rest) = if first < 0x80 {
-            (usize::from(first), rest)
-        } else {
-            let n = usize::from(first & 0x7f);
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
-            }
-            let len = rest[..n]
-                .iter()
-                .fold(0usize, |a, &b| (a << 8) | usize::from(b));
-            (len, &rest[n..])
-        };
-        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-    }
-    let (_, cert, _) = tlv(der)?;
-    let (_, tbs, _) = tlv(cert)?;
-    let mut rest = tbs;
-    let (tag, _, after) = tlv(rest)?;
-    if tag == 0xa0 {
-        rest = after; // [0] version
-    }
-    for _ in 0..3 {
-        rest = tlv(rest)?.2; // serial, signature algorithm, issuer
-    }
-    let (_, validity, _) = tlv(rest)?;
-    let (_, after_not_before) = tlv(validity).map(|(_, _, r)| ((), r))?;
-    let (tag, time, _) = tlv(after_not_before)?;
-    let text = std::str::from_utf8(time).ok()?.strip_suffix('Z')?;
-    let (year, rest) = match tag {
-        0x17 => {
-            let yy: i64 = text.get(..2)?.parse().ok()?;
-            (if yy < 50 { 2000 + yy } else { 1900 + yy }, text.get(2..)?)
-        }
-        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
-        _ => return None,
-    };
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { rest.get(r)?.parse().ok() };
-    let (month, day) = (num(0..2)?, num(2..4)?);
-    let (hour, minute, second) = (num(4..6)?, num(6..8)?, num(8..10)?);
-    let time = jiff::civil::DateTime::new(
-        i16::try_from(year).ok()?,
-        i8::try_from(month).ok()?,
-        i8::try_from(day).ok()?,
-        i8::try_from(hour).ok()?,
-        i8::try_from(minute).ok()?,
-        i8::try_from(second).ok()?,
-        0,
-    )
-    .ok()?;
-    let at = time.to_zoned(jiff::tz::TimeZone::UTC).ok()?.timestamp();
-    (at >= jiff::Timestamp::UNIX_EPOCH).then(|| SystemTime::from(at))
 }
 
 /// `namespace/service:port` -> (`namespace`, `service`).
@@ -800,32 +745,10 @@ impl RouteMetrics {
     }
 }
 
-/// Hashes a `usize` key (an address) with one multiply; keys are distinct pointers.
-#[derive(Debug, Default)]
-pub struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(20);
-    }
-}
-
 #[derive(Debug, Default)]
 struct RouteIndex {
     /// Route handles by the address of the route's `RouteAction` in the snapshot's table.
-    by_action: HashMap<usize, Arc<RouteMetrics>, BuildHasherDefault<AddrHasher>>,
+    by_action: AddrMap<Arc<RouteMetrics>>,
     /// The same handles by labels, to carry them over to the next snapshot.
     by_key: HashMap<RouteKey, Arc<RouteMetrics>>,
     /// The table the addresses belong to.
@@ -836,10 +759,6 @@ struct RouteIndex {
 #[derive(Clone, Debug, Default)]
 pub struct LiveMetrics {
     index: Arc<RouteIndex>,
-}
-
-fn action_addr(action: &RouteAction) -> usize {
-    std::ptr::from_ref(action) as usize
 }
 
 impl LiveMetrics {
@@ -861,16 +780,8 @@ impl LiveMetrics {
             ..RouteIndex::default()
         };
         let mut services: HashMap<&BackendId, Arc<str>> = HashMap::new();
-        let hosts = routes
-            .exact
-            .values()
-            .chain(routes.wildcard.values())
-            .chain(std::iter::once(&routes.any_host));
-        let actions = hosts
-            .flat_map(|h| h.rules.iter().map(move |r| (&*h.host, &r.action)))
-            .chain(routes.default_backend.iter().map(|a| ("", a)));
         let mut host_labels: HashMap<&str, Arc<str>> = HashMap::new();
-        for (host, action) in actions {
+        for (host, action) in routes.actions() {
             let service = services
                 .entry(&action.backend)
                 .or_insert_with(|| split_backend_id(&action.backend).1.into())
@@ -899,7 +810,7 @@ impl LiveMetrics {
                     h
                 }
             };
-            index.by_action.insert(action_addr(action), handles);
+            index.by_action.insert(addr_of(action), handles);
         }
         // Routes that left the table take their series with them, and so do Services no
         // route uses any more: a long-running controller does not grow an exposition of dead
@@ -924,7 +835,7 @@ impl LiveMetrics {
 
     /// The handles of a matched route of this snapshot.
     pub fn route(&self, action: &RouteAction) -> Option<&Arc<RouteMetrics>> {
-        self.index.by_action.get(&action_addr(action))
+        self.index.by_action.get(&addr_of(action))
     }
 
     /// How many distinct routes (label sets) have handles.
@@ -1221,23 +1132,6 @@ mod tests {
             text.contains(r#"duet_connections_total{listener="[::1]:8080",family="ipv6"} 2"#),
             "{text}"
         );
-    }
-
-    #[test]
-    fn certificate_expiry_from_der() {
-        for (y, m, d, unix) in [(2031, 5, 6, 1_935_792_000u64), (2051, 1, 2, 2_556_230_400)] {
-            let mut params = rcgen::CertificateParams::new(vec!["a.test".to_owned()]).unwrap();
-            params.not_after = rcgen::date_time_ymd(y, m, d);
-            let key = rcgen::KeyPair::generate().unwrap();
-            let cert = params.self_signed(&key).unwrap();
-            assert_eq!(
-                not_after(cert.der()),
-                Some(UNIX_EPOCH + Duration::from_secs(unix)),
-                "{y}-{m}-{d}"
-            );
-        }
-        assert_eq!(not_after(b"\x30\x03\x02\x01\x00"), None);
-        assert_eq!(not_after(&[]), None);
     }
 
     #[test]

@@ -294,7 +294,7 @@ pub struct RouteAction {
     /// How to speak TLS to the backend when its protocol is `https` or `h2` (server name, trust;
     /// per Ingress and Service); `None` for plain backends.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream_tls: Option<Arc<crate::upstream::UpstreamTls>>,
+    pub upstream_tls: Option<Arc<crate::upstream_tls::UpstreamTls>>,
     /// Upstream timeouts of the Ingress that declared the route, where it sets them.
     #[serde(skip_serializing_if = "UpstreamTimeouts::is_default")]
     pub timeouts: UpstreamTimeouts,
@@ -378,10 +378,10 @@ impl Rewrite {
 pub struct SourceRanges {
     /// Refused (403), checked first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub deny: Vec<crate::forwarded::Cidr>,
+    pub deny: Vec<crate::cidr::Cidr>,
     /// When set, only these are admitted; everyone else gets 403.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub allow: Option<Vec<crate::forwarded::Cidr>>,
+    pub allow: Option<Vec<crate::cidr::Cidr>>,
     /// A list did not parse: the route answers 503 to everyone (fail closed).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub invalid: bool,
@@ -787,14 +787,20 @@ impl RouteTable {
         }
     }
 
-    /// Every backend id the table refers to.
-    pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
+    /// Every action of the table with its host entry as written (empty for the host-less rules
+    /// and the default backend).
+    pub fn actions(&self) -> impl Iterator<Item = (&str, &RouteAction)> {
         self.exact
             .values()
             .chain(self.wildcard.values())
             .chain(std::iter::once(&self.any_host))
-            .flat_map(|h| h.rules.iter().map(|r| &r.action.backend))
-            .chain(self.default_backend.iter().map(|a| &a.backend))
+            .flat_map(|h| h.rules.iter().map(move |r| (&*h.host, &r.action)))
+            .chain(self.default_backend.iter().map(|a| ("", a)))
+    }
+
+    /// Every backend id the table refers to.
+    pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
+        self.actions().map(|(_, action)| &action.backend)
     }
 }
 

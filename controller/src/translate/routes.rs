@@ -570,7 +570,7 @@ impl Builder<'_> {
         ingress: &Ingress,
         id: &BackendId,
         nginx_protocol: Option<dataplane::table::UpstreamProtocol>,
-    ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
+    ) -> Option<Arc<dataplane::upstream_tls::UpstreamTls>> {
         let spec = self.specs.get(id)?;
         builder.route(
             key,

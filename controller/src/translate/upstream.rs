@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dataplane::table::UpstreamProtocol;
-use dataplane::upstream::{UpstreamTls, UpstreamTrust};
+use dataplane::upstream_tls::{UpstreamTls, UpstreamTrust};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 
@@ -98,7 +98,7 @@ impl<'a> UpstreamTlsBuilder<'a> {
         };
         let default_name = format!("{}.{}.svc", service.name, service.namespace);
         let server_name = match annotation(BACKEND_TLS_SERVER_NAME_ANNOTATION) {
-            Some(name) if dataplane::upstream::valid_server_name(name) => name.to_owned(),
+            Some(name) if dataplane::upstream_tls::valid_server_name(name) => name.to_owned(),
             Some(name) => {
                 diagnostics.push(Diagnostic::new(
                     key.clone(),
