@@ -744,32 +744,10 @@ impl RouteTable {
     /// port and a trailing dot are ignored; case-insensitive); `path` excludes the query.
     /// Allocates nothing for hosts of up to 255 bytes.
     pub fn find<'a>(&'a self, host: &str, path: &str) -> Option<Matched<'a>> {
-        let host = strip_port(host);
-        let host = host.strip_suffix('.').unwrap_or(host);
-        let mut buf = [0u8; 255];
-        let lowered: &str =
-            if host.len() <= buf.len() && !host.bytes().any(|b| b.is_ascii_uppercase()) {
-                host
-            } else if host.len() <= buf.len() {
-                let out = &mut buf[..host.len()];
-                out.copy_from_slice(host.as_bytes());
-                out.make_ascii_lowercase();
-                // ASCII lowercasing keeps UTF-8 valid.
-                std::str::from_utf8(out).unwrap_or(host)
-            } else {
-                return self.within(&self.any_host, path);
-            };
-        if let Some(rules) = self.exact.get(lowered) {
-            return self.within(rules, path);
-        }
-        if let Some((label, suffix)) = lowered.split_once('.') {
-            if !label.is_empty() {
-                if let Some(rules) = self.wildcard.get(suffix) {
-                    return self.within(rules, path);
-                }
-            }
-        }
-        self.within(&self.any_host, path)
+        let mut buf = [0u8; crate::host::MAX_NAME];
+        let rules = crate::host::normalize_name(strip_port(host), &mut buf)
+            .and_then(|name| crate::host::lookup(&self.exact, &self.wildcard, name));
+        self.within(rules.unwrap_or(&self.any_host), path)
     }
 
     fn within<'a>(&'a self, rules: &'a HostRules, path: &str) -> Option<Matched<'a>> {
@@ -875,20 +853,12 @@ impl CertTable {
     }
 
     /// The certificate for a TLS client: the exact SNI name, then the wildcard covering its first
-    /// label, then the default. `None` SNI (an IP-literal client) gets the default.
+    /// label ([`crate::host::lookup`], as routes match), then the default. `None` SNI (an IP-literal client) gets the default.
     pub fn find(&self, sni: Option<&str>) -> Option<&Arc<TlsCert>> {
-        if let Some(name) = sni {
-            let name = name.trim_end_matches('.');
-            if let Some(cert) = self.exact.get(name) {
-                return Some(cert);
-            }
-            if let Some((_, suffix)) = name.split_once('.') {
-                if let Some(cert) = self.wildcard.get(suffix) {
-                    return Some(cert);
-                }
-            }
-        }
-        self.default.as_ref()
+        let mut buf = [0u8; crate::host::MAX_NAME];
+        sni.and_then(|name| crate::host::normalize_name(name, &mut buf))
+            .and_then(|name| crate::host::lookup(&self.exact, &self.wildcard, name))
+            .or(self.default.as_ref())
     }
 
     /// Every certificate of the table (one per host entry, plus the default).
