@@ -355,3 +355,304 @@ fn attempt_failed(
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{
+        Backend, BackendId, HostRules, Origin, PathMatch, PathRule, Rewrite, RouteAction,
+        RouteTable, Snapshot, SourceRanges, Target, TargetId,
+    };
+    use crate::upstream_tls::{UpstreamTls, UpstreamTrust};
+    use std::net::SocketAddr;
+
+    fn action(backend: &str) -> RouteAction {
+        RouteAction {
+            backend: BackendId(backend.into()),
+            policy: FamilyPolicy::PreferSameFamily,
+            origin: Origin {
+                namespace: "ns".into(),
+                name: "ing".into(),
+                created: 0,
+            },
+            redirect_https: false,
+            max_body_bytes: 0,
+            upstream_tls: None,
+            timeouts: Default::default(),
+            protocol: None,
+            redirect: None,
+            source_ranges: None,
+            rewrite: None,
+        }
+    }
+
+    /// A runtime whose table routes `a.test` to `action` (and whose backend `ns/svc:80` has one
+    /// target at `v4`/`v6`).
+    fn runtime(
+        action: RouteAction,
+        v4: Option<SocketAddr>,
+        v6: Option<SocketAddr>,
+    ) -> Arc<Runtime> {
+        let mut routes = RouteTable::default();
+        let rule = PathRule {
+            matcher: PathMatch::prefix("/"),
+            action,
+        };
+        routes
+            .exact
+            .insert("a.test".into(), HostRules::new("a.test", vec![rule]).0);
+        let backend = Backend {
+            id: BackendId("ns/svc:80".into()),
+            targets: vec![Target {
+                id: TargetId("pod".into()),
+                v4,
+                v6,
+                zone: None,
+            }]
+            .into(),
+            lb: Default::default(),
+            protocol: UpstreamProtocol::Http1,
+        };
+        let snapshot = Snapshot {
+            version: 1,
+            routes: Arc::new(routes),
+            backends: [(backend.id.clone(), Arc::new(backend))].into(),
+            certs: Default::default(),
+        };
+        let config = ProxyConfig {
+            https_listen: vec![
+                "127.0.0.1:8443".parse().unwrap(),
+                "[::1]:9443".parse().unwrap(),
+            ],
+            ..ProxyConfig::default()
+        };
+        let runtime = Runtime::new(config);
+        runtime.apply(Arc::new(snapshot));
+        runtime
+    }
+
+    fn conn(peer: &str) -> ConnInfo {
+        let local = if peer.starts_with('[') {
+            "[::1]:80"
+        } else {
+            "127.0.0.1:80"
+        };
+        ConnInfo::new(peer.parse().unwrap(), local.parse().unwrap())
+    }
+
+    fn get(host: &str, target: &str) -> Request<()> {
+        Request::builder()
+            .uri(target)
+            .header(header::HOST, host)
+            .body(())
+            .unwrap()
+    }
+
+    /// Runs the admit phase on a request; the status and `Location` of an answer.
+    fn admitted(
+        runtime: &Runtime,
+        mut req: Request<()>,
+        conn: &ConnInfo,
+    ) -> Result<Option<(u16, String)>, ProxyError> {
+        let live = runtime.load_full();
+        let mut routed = route(&live, &req)?;
+        let mut admission = Admission {
+            routed: &mut routed,
+            headers: req.headers_mut(),
+            conn,
+            config: &runtime.config,
+        };
+        Ok(admit::admit(&mut admission)?.map(|res| {
+            let location = res.headers().get(header::LOCATION);
+            let location = location.map_or("", |v| v.to_str().unwrap()).to_owned();
+            (res.status().as_u16(), location)
+        }))
+    }
+
+    #[test]
+    fn route_finds_the_host_and_normalises_the_target() {
+        let runtime = runtime(action("ns/svc:80"), None, None);
+        let live = runtime.load_full();
+        let routed = route(&live, &get("A.test:80", "/x/../y?q")).unwrap();
+        assert_eq!(routed.target, "/y?q");
+        assert_eq!(routed.matched.action.backend.0.as_ref(), "ns/svc:80");
+        let no_route = route(&live, &get("b.test", "/")).unwrap_err();
+        assert_eq!(no_route.status(), StatusCode::NOT_FOUND);
+        let bad_host = route(&live, &get("a test", "/")).unwrap_err();
+        assert_eq!(bad_host.status(), StatusCode::BAD_REQUEST);
+        let bad_path = route(&live, &get("a.test", "/%2e%2e/x")).unwrap_err();
+        assert_eq!(bad_path.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn admit_redirects_to_https_on_the_port_of_the_client_family() {
+        let mut a = action("ns/svc:80");
+        a.redirect_https = true;
+        let runtime = runtime(a, None, None);
+        for (peer, location) in [
+            ("192.0.2.1:5000", "https://a.test:8443/p?q"),
+            ("[2001:db8::1]:5000", "https://a.test:9443/p?q"),
+        ] {
+            let answer = admitted(&runtime, get("a.test", "/p?q"), &conn(peer)).unwrap();
+            assert_eq!(answer, Some((308, location.to_owned())), "{peer}");
+        }
+        let tls = conn("192.0.2.1:5000").with_tls(true);
+        assert_eq!(admitted(&runtime, get("a.test", "/"), &tls).unwrap(), None);
+    }
+
+    #[test]
+    fn admit_runs_rewrite_before_the_https_redirect_and_source_ranges_after_both() {
+        let mut a = action("ns/svc:80");
+        a.redirect_https = true;
+        a.rewrite = Some(Arc::new(Rewrite {
+            target: "https://elsewhere.test/".into(),
+            forwarded_prefix: None,
+        }));
+        a.source_ranges = Some(Arc::new(SourceRanges {
+            allow: Some(vec!["10.0.0.0/8".parse().unwrap()]),
+            ..SourceRanges::default()
+        }));
+        let outsider = conn("192.0.2.1:5000");
+        let rewriting = runtime(a.clone(), None, None);
+        let answer = admitted(&rewriting, get("a.test", "/p"), &outsider).unwrap();
+        assert_eq!(answer, Some((302, "https://elsewhere.test/".to_owned())));
+        a.rewrite = None;
+        let redirecting = runtime(a.clone(), None, None);
+        let answer = admitted(&redirecting, get("a.test", "/p"), &outsider).unwrap();
+        assert_eq!(answer.map(|(code, _)| code), Some(308));
+        a.redirect_https = false;
+        let guarded = runtime(a, None, None);
+        for peer in ["192.0.2.1:5000", "[2001:db8::1]:5000"] {
+            let refused = admitted(&guarded, get("a.test", "/p"), &conn(peer)).unwrap_err();
+            assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{peer}");
+        }
+        let insider = conn("10.1.2.3:5000");
+        assert_eq!(
+            admitted(&guarded, get("a.test", "/p"), &insider).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn admit_refuses_declared_bodies_over_the_limit() {
+        let mut a = action("ns/svc:80");
+        a.max_body_bytes = 10;
+        let runtime = runtime(a, None, None);
+        let mut req = get("a.test", "/");
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("11"));
+        let refused = admitted(&runtime, req, &conn("192.0.2.1:5000")).unwrap_err();
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let mut req = get("a.test", "/");
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        assert_eq!(admitted(&runtime, req, &conn("[::1]:5000")).unwrap(), None);
+    }
+
+    #[test]
+    fn choose_needs_a_backend_and_usable_tls_and_takes_the_route_timeouts() {
+        let req = get("a.test", "/");
+        let c = conn("[::1]:5000");
+        let missing_backend = runtime(action("ns/gone:80"), None, None);
+        let live = missing_backend.load_full();
+        let mut exchange = missing_backend.telemetry().exchange(&req, &c);
+        let routed = route(&live, &req).unwrap();
+        let config = &missing_backend.config;
+        let missing = choose(&live, &routed, &c, config, &mut exchange).unwrap_err();
+        assert_eq!(missing.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+        let mut a = action("ns/svc:80");
+        a.protocol = Some(UpstreamProtocol::Https);
+        let reason = "CA Secret ns/ca does not exist";
+        let trust = UpstreamTrust::SystemRoots;
+        a.upstream_tls = Some(Arc::new(UpstreamTls::unusable(
+            "svc.ns.svc",
+            &trust,
+            reason,
+        )));
+        a.timeouts.read = Some(Duration::from_secs(7));
+        let unusable_tls = runtime(a.clone(), None, None);
+        let live = unusable_tls.load_full();
+        let routed = route(&live, &req).unwrap();
+        let config = &unusable_tls.config;
+        let unusable = choose(&live, &routed, &c, config, &mut exchange).unwrap_err();
+        assert_eq!(unusable.status(), StatusCode::BAD_GATEWAY);
+
+        let skip = UpstreamTrust::SkipVerify;
+        a.upstream_tls = Some(Arc::new(
+            UpstreamTls::new("svc.ns.svc", &skip, false).unwrap(),
+        ));
+        let usable_tls = runtime(a, None, None);
+        let live = usable_tls.load_full();
+        let routed = route(&live, &req).unwrap();
+        let config = &usable_tls.config;
+        let plan = choose(&live, &routed, &c, config, &mut exchange).unwrap();
+        assert!(plan.tls.is_some());
+        assert_eq!(plan.protocol, UpstreamProtocol::Https);
+        assert_eq!(plan.read_timeout, Duration::from_secs(7));
+        assert_eq!(plan.connect_timeout, config.connect_timeout);
+        assert_eq!(plan.preferred, Family::V6);
+    }
+
+    /// An HTTP/1.1 server on `ip` answering 200 to everything.
+    async fn ok_server(ip: &str) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(|_req| async {
+                    let empty = http_body_util::Empty::<bytes::Bytes>::new();
+                    Ok::<_, Infallible>(Response::new(empty))
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let builder = hyper::server::conn::http1::Builder::new();
+                tokio::spawn(builder.serve_connection(io, service));
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_closed_family_falls_back_and_every_failed_attempt_counts_toward_ejection() {
+        // A pod whose IPv4 port is closed and whose IPv6 port answers, and the other way round;
+        // the client is of the closed family, so that family is tried first.
+        for (closed, open, client) in [
+            ("127.0.0.1", "::1", "192.0.2.1:5000"),
+            ("::1", "127.0.0.1", "[2001:db8::1]:5000"),
+        ] {
+            let closed_addr = std::net::TcpListener::bind((closed, 0))
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            let open_addr = ok_server(open).await;
+            let (v4, v6) = match Family::of(&closed_addr) {
+                Family::V4 => (closed_addr, open_addr),
+                Family::V6 => (open_addr, closed_addr),
+            };
+            let runtime = runtime(action("ns/svc:80"), Some(v4), Some(v6));
+            let proxy = Proxy::new(runtime.clone());
+            let client = conn(client);
+            let live = runtime.load_full();
+            let req = get("a.test", "/");
+            let routed = route(&live, &req).unwrap();
+            let mut exchange = runtime.telemetry().exchange(&req, &client);
+            let plan = choose(&live, &routed, &client, &runtime.config, &mut exchange).unwrap();
+            let state = &plan.backend.states[0];
+            for attempt in 1..=crate::balance::EJECT_AFTER_FAILURES {
+                let request = Request::builder()
+                    .uri("/")
+                    .header(header::HOST, "a.test")
+                    .body(Either::Right(http_body_util::Empty::new()))
+                    .unwrap();
+                let sent = proxy
+                    .send_with_fallback(&plan, request, &client, &mut exchange)
+                    .await;
+                let (sent, _in_flight) = sent.unwrap_or_else(|e| panic!("{closed}: {e}"));
+                assert_eq!(sent.response.status(), StatusCode::OK, "{closed}");
+                let ejected = state.is_ejected(Family::of(&closed_addr));
+                let last = attempt == crate::balance::EJECT_AFTER_FAILURES;
+                assert_eq!(ejected, last, "{closed}: attempt {attempt}");
+            }
+        }
+    }
+}
