@@ -207,20 +207,93 @@ impl Target {
     }
 }
 
-/// The identity of a backend: `namespace/service:port`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct BackendId(pub Arc<str>);
+/// The identity of a backend: `namespace/service:port`, with its namespace and Service kept
+/// apart (metrics label by them without taking the id apart again). Compared, hashed, ordered
+/// and serialised as the whole id.
+#[derive(Clone, Debug)]
+pub struct BackendId {
+    id: Arc<str>,
+    namespace: Arc<str>,
+    service: Arc<str>,
+}
 
 impl BackendId {
     /// The id of a Service port; `port` is the port's number or name as the Ingress wrote it.
     pub fn new(namespace: &str, service: &str, port: &str) -> BackendId {
-        BackendId(format!("{namespace}/{service}:{port}").into())
+        BackendId {
+            id: format!("{namespace}/{service}:{port}").into(),
+            namespace: namespace.into(),
+            service: service.into(),
+        }
+    }
+
+    /// `namespace/service:port`.
+    pub fn as_str(&self) -> &str {
+        &self.id
+    }
+
+    /// The Service's namespace.
+    pub fn namespace(&self) -> &Arc<str> {
+        &self.namespace
+    }
+
+    /// The Service's name.
+    pub fn service(&self) -> &Arc<str> {
+        &self.service
+    }
+}
+
+impl FromStr for BackendId {
+    type Err = std::convert::Infallible;
+
+    /// Reads an id as written (tests, tools): the whole text is the id; the namespace is what
+    /// comes before its `/` (none without one), the Service what follows, up to a last `:`.
+    fn from_str(s: &str) -> Result<BackendId, Self::Err> {
+        let (namespace, rest) = s.split_once('/').unwrap_or(("", s));
+        let service = rest.rsplit_once(':').map_or(rest, |(service, _)| service);
+        Ok(BackendId {
+            id: s.into(),
+            namespace: namespace.into(),
+            service: service.into(),
+        })
+    }
+}
+
+impl PartialEq for BackendId {
+    fn eq(&self, other: &BackendId) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for BackendId {}
+
+impl std::hash::Hash for BackendId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl PartialOrd for BackendId {
+    fn partial_cmp(&self, other: &BackendId) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BackendId {
+    fn cmp(&self, other: &BackendId) -> Ordering {
+        self.id.cmp(&other.id)
+    }
+}
+
+impl Serialize for BackendId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.id)
     }
 }
 
 impl fmt::Display for BackendId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
     }
 }
 
@@ -941,7 +1014,7 @@ mod tests {
         PathRule {
             matcher: m,
             action: RouteAction {
-                backend: BackendId(backend.into()),
+                backend: backend.parse::<BackendId>().unwrap(),
                 policy: FamilyPolicy::default(),
                 origin: origin(backend, created),
                 redirect_https: false,
@@ -1001,7 +1074,7 @@ mod tests {
         let (host, _) = HostRules::new("h", rules);
         let order: Vec<&str> = host.rules.iter().map(|r| r.matcher.path()).collect();
         assert_eq!(order, ["/abcd/", "/abc", "/a.c", "/ab", "/"]);
-        let hit = |p: &str| host.find(p).map(|r| r.action.backend.0.to_string());
+        let hit = |p: &str| host.find(p).map(|r| r.action.backend.to_string());
         assert_eq!(hit("/ABCD/x").as_deref(), Some("long"));
         assert_eq!(hit("/abcd").as_deref(), Some("abc"));
         // `/abc` sorts before `/a.c` (both match `/abc`); `/axc` is only `/a.c`'s.
@@ -1062,7 +1135,7 @@ mod tests {
             "foo.com".into(),
             HostRules::new("*.foo.com", vec![rule(PathMatch::prefix("/"), "wild", 0)]).0,
         );
-        let get = |h: &str| t.find(h, "/x").map(|m| m.action.backend.0.to_string());
+        let get = |h: &str| t.find(h, "/x").map(|m| m.action.backend.to_string());
         assert_eq!(get("Foo.Bar.com:8080").as_deref(), Some("exact"));
         assert_eq!(get("foo.bar.com.").as_deref(), Some("exact"));
         assert_eq!(get("bar.foo.com").as_deref(), Some("wild"));

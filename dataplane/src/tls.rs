@@ -268,7 +268,7 @@ mod tests {
         let mut routes = RouteTable::default();
         let rules = |host: &str, backend: &str| {
             let action = RouteAction {
-                backend: BackendId(backend.into()),
+                backend: backend.parse::<BackendId>().unwrap(),
                 policy: Default::default(),
                 origin: Origin {
                     namespace: "ns".into(),

@@ -368,7 +368,7 @@ mod tests {
 
     fn action(backend: &str) -> RouteAction {
         RouteAction {
-            backend: BackendId(backend.into()),
+            backend: backend.parse::<BackendId>().unwrap(),
             policy: FamilyPolicy::PreferSameFamily,
             origin: Origin {
                 namespace: "ns".into(),
@@ -402,7 +402,7 @@ mod tests {
             .exact
             .insert("a.test".into(), HostRules::new("a.test", vec![rule]).0);
         let backend = Backend {
-            id: BackendId("ns/svc:80".into()),
+            id: "ns/svc:80".parse::<BackendId>().unwrap(),
             targets: vec![Target {
                 id: TargetId("pod".into()),
                 v4,
@@ -475,7 +475,7 @@ mod tests {
         let live = runtime.load_full();
         let routed = route(&live, &get("A.test:80", "/x/../y?q")).unwrap();
         assert_eq!(routed.target, "/y?q");
-        assert_eq!(routed.matched.action.backend.0.as_ref(), "ns/svc:80");
+        assert_eq!(routed.matched.action.backend.as_str(), "ns/svc:80");
         let no_route = route(&live, &get("b.test", "/")).unwrap_err();
         assert_eq!(no_route.status(), StatusCode::NOT_FOUND);
         let bad_host = route(&live, &get("a test", "/")).unwrap_err();
