@@ -127,14 +127,25 @@ impl ConnectionLimit {
     }
 }
 
-/// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
-/// `shutdown` turns true; then stops accepting and drains open connections gracefully.
-pub async fn serve<H, F, B>(
-    listener: std::net::TcpListener,
-    options: ServeOptions,
-    handler: H,
-    mut shutdown: watch::Receiver<bool>,
-) -> io::Result<()>
+/// What a listener serves each request with: a function of the request and its connection,
+/// answering with any body hyper can send.
+pub trait Handler: Clone + Send + Sync + 'static {
+    /// The response body.
+    type Body: hyper::body::Body<Data = Self::Data, Error = Self::Error> + Send + Unpin + 'static;
+    /// The body's chunks.
+    type Data: bytes::Buf + Send;
+    /// The body's error.
+    type Error: Into<Box<dyn std::error::Error + Send + Sync>>;
+    /// The answer in the making.
+    type Future: Future<Output = Result<Response<Self::Body>, std::convert::Infallible>>
+        + Send
+        + 'static;
+
+    /// Answers one request.
+    fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Self::Future;
+}
+
+impl<H, F, B> Handler for H
 where
     H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<B>, std::convert::Infallible>> + Send + 'static,
@@ -142,6 +153,24 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    type Body = B;
+    type Data = B::Data;
+    type Error = B::Error;
+    type Future = F;
+
+    fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> F {
+        self(req, conn)
+    }
+}
+
+/// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
+/// `shutdown` turns true; then stops accepting and drains open connections gracefully.
+pub async fn serve<H: Handler>(
+    listener: std::net::TcpListener,
+    options: ServeOptions,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
     let listener = TcpListener::from_std(listener)?;
     let local_default = listener.local_addr()?;
     let each = Arc::new(PerConnection::new(&options, handler));
@@ -232,13 +261,9 @@ impl<H> PerConnection<H> {
 
     /// Serves one accepted connection: its PROXY protocol header where expected, its TLS
     /// handshake on an HTTPS listener, then HTTP until it ends, idles or is too slow.
-    async fn serve<F, B>(self: Arc<Self>, stream: TcpStream, info: ConnInfo, watcher: Watcher)
+    async fn serve(self: Arc<Self>, stream: TcpStream, info: ConnInfo, watcher: Watcher)
     where
-        H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
-        F: Future<Output = Result<Response<B>, std::convert::Infallible>> + Send + 'static,
-        B: hyper::body::Body + Send + Unpin + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        H: Handler,
     {
         let mut stream = stream;
         let Some(mut info) = self.proxy_header(&mut stream, info).await else {
@@ -258,7 +283,7 @@ impl<H> PerConnection<H> {
         let handler = self.handler.clone();
         let service = service_fn(move |req| {
             let busy = activity.begin();
-            let response = handler(req, info.clone());
+            let response = handler.call(req, info.clone());
             async move {
                 let response = response.await?;
                 Ok::<_, std::convert::Infallible>(response.map(|body| busy.body(body)))
