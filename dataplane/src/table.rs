@@ -999,6 +999,31 @@ impl Snapshot {
 }
 
 #[cfg(test)]
+impl RouteAction {
+    /// A plain route to `backend` (an id as written) declared by the Ingress `ns/ing`, for the
+    /// tests of every module.
+    pub(crate) fn to(backend: &str) -> RouteAction {
+        RouteAction {
+            backend: backend.parse().unwrap_or_else(|never| match never {}),
+            policy: FamilyPolicy::default(),
+            origin: Origin {
+                namespace: "ns".into(),
+                name: "ing".into(),
+                created: 0,
+            },
+            redirect_https: false,
+            max_body_bytes: 0,
+            upstream_tls: None,
+            timeouts: UpstreamTimeouts::default(),
+            protocol: None,
+            redirect: None,
+            source_ranges: None,
+            rewrite: None,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1014,17 +1039,8 @@ mod tests {
         PathRule {
             matcher: m,
             action: RouteAction {
-                backend: backend.parse::<BackendId>().unwrap(),
-                policy: FamilyPolicy::default(),
                 origin: origin(backend, created),
-                redirect_https: false,
-                max_body_bytes: 0,
-                upstream_tls: None,
-                timeouts: UpstreamTimeouts::default(),
-                protocol: None,
-                redirect: None,
-                source_ranges: None,
-                rewrite: None,
+                ..RouteAction::to(backend)
             },
         }
     }

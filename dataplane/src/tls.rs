@@ -257,9 +257,7 @@ mod tests {
 
     #[test]
     fn routes_and_certificates_find_the_same_host_entries() {
-        use crate::table::{
-            BackendId, HostRules, Origin, PathMatch, PathRule, RouteAction, RouteTable,
-        };
+        use crate::table::{HostRules, PathMatch, PathRule, RouteAction, RouteTable};
         let (crt, key) = generated(&["*.example.com"], &rcgen::PKCS_ECDSA_P256_SHA256);
         let mut certs = CertTable::default();
         let wild = Arc::new(load_pem("ns/wild", crt.as_bytes(), key.as_bytes()).unwrap());
@@ -267,23 +265,7 @@ mod tests {
         assert!(certs.insert("exact.example.com", wild));
         let mut routes = RouteTable::default();
         let rules = |host: &str, backend: &str| {
-            let action = RouteAction {
-                backend: backend.parse::<BackendId>().unwrap(),
-                policy: Default::default(),
-                origin: Origin {
-                    namespace: "ns".into(),
-                    name: "ing".into(),
-                    created: 0,
-                },
-                redirect_https: false,
-                max_body_bytes: 0,
-                upstream_tls: None,
-                timeouts: Default::default(),
-                protocol: None,
-                redirect: None,
-                source_ranges: None,
-                rewrite: None,
-            };
+            let action = RouteAction::to(backend);
             let rule = PathRule {
                 matcher: PathMatch::prefix("/"),
                 action,

@@ -149,8 +149,7 @@ impl Metrics {
 mod tests {
     use super::*;
     use crate::table::{
-        BackendId, FamilyPolicy, HostRules, Origin, PathMatch, PathRule, RouteAction, RouteTable,
-        Snapshot,
+        BackendId, HostRules, Origin, PathMatch, PathRule, RouteAction, RouteTable, Snapshot,
     };
     use std::time::Duration;
 
@@ -162,21 +161,12 @@ mod tests {
 
     fn action(ns: &str, ingress: &str, backend: &str) -> RouteAction {
         RouteAction {
-            backend: backend.parse::<BackendId>().unwrap(),
-            policy: FamilyPolicy::default(),
             origin: Origin {
                 namespace: ns.into(),
                 name: ingress.into(),
                 created: 0,
             },
-            redirect_https: false,
-            max_body_bytes: 0,
-            upstream_tls: None,
-            timeouts: Default::default(),
-            protocol: None,
-            redirect: None,
-            source_ranges: None,
-            rewrite: None,
+            ..RouteAction::to(backend)
         }
     }
 

@@ -360,30 +360,14 @@ fn attempt_failed(
 mod tests {
     use super::*;
     use crate::table::{
-        Backend, BackendId, HostRules, Origin, PathMatch, PathRule, Rewrite, RouteAction,
-        RouteTable, Snapshot, SourceRanges, Target, TargetId,
+        Backend, BackendId, HostRules, PathMatch, PathRule, Rewrite, RouteAction, RouteTable,
+        Snapshot, SourceRanges, Target, TargetId,
     };
     use crate::upstream_tls::{UpstreamTls, UpstreamTrust};
     use std::net::SocketAddr;
 
     fn action(backend: &str) -> RouteAction {
-        RouteAction {
-            backend: backend.parse::<BackendId>().unwrap(),
-            policy: FamilyPolicy::PreferSameFamily,
-            origin: Origin {
-                namespace: "ns".into(),
-                name: "ing".into(),
-                created: 0,
-            },
-            redirect_https: false,
-            max_body_bytes: 0,
-            upstream_tls: None,
-            timeouts: Default::default(),
-            protocol: None,
-            redirect: None,
-            source_ranges: None,
-            rewrite: None,
-        }
+        RouteAction::to(backend)
     }
 
     /// A runtime whose table routes `a.test` to `action` (and whose backend `ns/svc:80` has one

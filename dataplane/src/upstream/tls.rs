@@ -233,21 +233,13 @@ mod tests {
             .map(|(i, tls)| PathRule {
                 matcher: PathMatch::prefix(&format!("/{i}")),
                 action: RouteAction {
-                    backend: crate::table::BackendId::new("ns", "svc", "443"),
-                    policy: Default::default(),
                     origin: Origin {
                         namespace: "ns".into(),
                         name: format!("ing{i}").into(),
                         created: 0,
                     },
-                    redirect_https: false,
-                    max_body_bytes: 0,
                     upstream_tls: Some(tls.clone()),
-                    timeouts: Default::default(),
-                    protocol: None,
-                    redirect: None,
-                    source_ranges: None,
-                    rewrite: None,
+                    ..RouteAction::to("ns/svc:443")
                 },
             })
             .collect();
