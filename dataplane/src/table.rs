@@ -208,11 +208,14 @@ impl Target {
 }
 
 /// The identity of a backend: `namespace/service:port`, with its namespace and Service kept
-/// apart (metrics label by them without taking the id apart again). Compared, hashed, ordered
-/// and serialised as the whole id.
+/// apart (metrics label by them without taking the id apart again). One pointer wide; compared,
+/// hashed, ordered and serialised as the whole id.
 #[derive(Clone, Debug)]
-pub struct BackendId {
-    id: Arc<str>,
+pub struct BackendId(Arc<BackendName>);
+
+#[derive(Debug)]
+struct BackendName {
+    id: Box<str>,
     namespace: Arc<str>,
     service: Arc<str>,
 }
@@ -220,26 +223,26 @@ pub struct BackendId {
 impl BackendId {
     /// The id of a Service port; `port` is the port's number or name as the Ingress wrote it.
     pub fn new(namespace: &str, service: &str, port: &str) -> BackendId {
-        BackendId {
+        BackendId(Arc::new(BackendName {
             id: format!("{namespace}/{service}:{port}").into(),
             namespace: namespace.into(),
             service: service.into(),
-        }
+        }))
     }
 
     /// `namespace/service:port`.
     pub fn as_str(&self) -> &str {
-        &self.id
+        &self.0.id
     }
 
     /// The Service's namespace.
     pub fn namespace(&self) -> &Arc<str> {
-        &self.namespace
+        &self.0.namespace
     }
 
     /// The Service's name.
     pub fn service(&self) -> &Arc<str> {
-        &self.service
+        &self.0.service
     }
 }
 
@@ -251,17 +254,17 @@ impl FromStr for BackendId {
     fn from_str(s: &str) -> Result<BackendId, Self::Err> {
         let (namespace, rest) = s.split_once('/').unwrap_or(("", s));
         let service = rest.rsplit_once(':').map_or(rest, |(service, _)| service);
-        Ok(BackendId {
+        Ok(BackendId(Arc::new(BackendName {
             id: s.into(),
             namespace: namespace.into(),
             service: service.into(),
-        })
+        })))
     }
 }
 
 impl PartialEq for BackendId {
     fn eq(&self, other: &BackendId) -> bool {
-        self.id == other.id
+        Arc::ptr_eq(&self.0, &other.0) || self.0.id == other.0.id
     }
 }
 
@@ -269,7 +272,7 @@ impl Eq for BackendId {}
 
 impl std::hash::Hash for BackendId {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
+        self.0.id.hash(state);
     }
 }
 
@@ -281,19 +284,19 @@ impl PartialOrd for BackendId {
 
 impl Ord for BackendId {
     fn cmp(&self, other: &BackendId) -> Ordering {
-        self.id.cmp(&other.id)
+        self.0.id.cmp(&other.0.id)
     }
 }
 
 impl Serialize for BackendId {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.id)
+        s.serialize_str(&self.0.id)
     }
 }
 
 impl fmt::Display for BackendId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.id)
+        f.write_str(&self.0.id)
     }
 }
 

@@ -16,9 +16,27 @@ use crate::table::{Refusal, Rewritten};
 
 static X_FORWARDED_PREFIX: HeaderName = HeaderName::from_static("x-forwarded-prefix");
 
-/// What a check decides: `Ok(None)` lets the request go on, `Ok(Some(response))` answers it,
-/// `Err` refuses it.
-pub(crate) type Verdict = Result<Option<Response<ProxyBody>>, ProxyError>;
+/// Why a check stops a request: it answers it (a redirect) or refuses it (an error).
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// Answer with this (boxed: the request path moves only a pointer through the checks).
+    Answer(Box<Response<ProxyBody>>),
+    /// Refuse with this error.
+    Refuse(ProxyError),
+}
+
+impl From<ProxyError> for Stop {
+    fn from(error: ProxyError) -> Stop {
+        Stop::Refuse(error)
+    }
+}
+
+/// What a check decides: `Ok(())` lets the request go on.
+pub(crate) type Verdict = Result<(), Stop>;
+
+fn answer(response: Response<ProxyBody>) -> Verdict {
+    Err(Stop::Answer(Box::new(response)))
+}
 
 /// What a check sees: the routed request (which it may change, as `rewrite-target` does), the
 /// request headers, the connection and the proxy's settings.
@@ -47,29 +65,24 @@ pub(crate) const CHECKS: [Check; 5] = [
 
 /// Runs the checks until one answers or refuses.
 pub(crate) fn admit(admission: &mut Admission<'_, '_>) -> Verdict {
-    for check in CHECKS {
-        if let Some(answer) = check(admission)? {
-            return Ok(Some(answer));
-        }
-    }
-    Ok(None)
+    CHECKS.iter().try_for_each(|check| check(admission))
 }
 
 /// ingress-nginx's redirect annotations (`permanent-redirect`, `app-root`, …).
 fn redirect(a: &mut Admission<'_, '_>) -> Verdict {
     let Some(r) = a.routed.matched.action.redirect.as_deref() else {
-        return Ok(None);
+        return Ok(());
     };
     let scheme = crate::forwarded::request_scheme(a.headers, a.conn);
     let host = a.routed.host.as_str();
     let Some((code, location)) = r.answer(a.routed.target.path(), scheme, host) else {
-        return Ok(None);
+        return Ok(());
     };
     // A status or Location that cannot be sent redirects nothing.
     let (Ok(status), Ok(_)) = (StatusCode::from_u16(code), HeaderValue::from_str(&location)) else {
-        return Ok(None);
+        return Ok(());
     };
-    Ok(Some(ProxyBody::redirect(status, &location)))
+    answer(ProxyBody::redirect(status, &location))
 }
 
 /// `rewrite-target`: a new upstream target (with `X-Forwarded-Prefix` when the route says so), or
@@ -79,15 +92,13 @@ fn rewrite_target(a: &mut Admission<'_, '_>) -> Verdict {
     let routed = &mut *a.routed;
     let (Some(rewrite), Some(matcher)) = (&routed.matched.action.rewrite, routed.matched.matcher)
     else {
-        return Ok(None);
+        return Ok(());
     };
     let target = &routed.target;
     match rewrite.apply(matcher, target.path(), target.query()) {
-        Rewritten::Redirect(location) => {
-            Ok(Some(ProxyBody::redirect(StatusCode::FOUND, &location)))
-        }
+        Rewritten::Redirect(location) => answer(ProxyBody::redirect(StatusCode::FOUND, &location)),
         Rewritten::Target(rewritten) => {
-            let uri = Uri::try_from(rewritten).map_err(|_| ProxyError::BadRewrite)?;
+            let uri = Uri::try_from(rewritten).map_err(|_| Stop::Refuse(ProxyError::BadRewrite))?;
             if let Some(v) = rewrite
                 .forwarded_prefix
                 .as_deref()
@@ -96,7 +107,7 @@ fn rewrite_target(a: &mut Admission<'_, '_>) -> Verdict {
                 a.headers.insert(X_FORWARDED_PREFIX.clone(), v);
             }
             routed.upstream_target = Some(uri);
-            Ok(None)
+            Ok(())
         }
     }
 }
@@ -108,40 +119,43 @@ fn https_redirect(a: &mut Admission<'_, '_>) -> Verdict {
     if !routed.matched.action.redirect_https
         || crate::forwarded::request_scheme(a.headers, a.conn) == "https"
     {
-        return Ok(None);
+        return Ok(());
     }
     let port = a.config.https_port(a.conn.family);
     let path = routed.target.path_and_query().map_or("/", |pq| pq.as_str());
     let location = crate::tls::redirect_location(routed.host.as_str(), port, path);
-    Ok(Some(ProxyBody::redirect(
+    answer(ProxyBody::redirect(
         StatusCode::PERMANENT_REDIRECT,
         &location,
-    )))
+    ))
 }
 
 /// The route's source ranges, after the redirects (nginx's access phase follows its rewrite
 /// phase).
 fn source_ranges(a: &mut Admission<'_, '_>) -> Verdict {
     let Some(ranges) = a.routed.matched.action.source_ranges.as_deref() else {
-        return Ok(None);
+        return Ok(());
     };
     match ranges.admit(a.conn.peer.ip()) {
-        Ok(()) => Ok(None),
-        Err(Refusal::Forbidden) => Err(ProxyError::Forbidden),
-        Err(Refusal::Misconfigured) => Err(ProxyError::InvalidSourceRanges),
+        Ok(()) => Ok(()),
+        Err(Refusal::Forbidden) => Err(ProxyError::Forbidden.into()),
+        Err(Refusal::Misconfigured) => Err(ProxyError::InvalidSourceRanges.into()),
     }
 }
 
 /// A declared `Content-Length` over the route's limit (0: no limit) is refused with 413.
 fn body_limit(a: &mut Admission<'_, '_>) -> Verdict {
     let max = a.routed.matched.action.max_body_bytes;
+    if max == 0 {
+        return Ok(());
+    }
     let declared = a
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     match declared {
-        Some(len) if max > 0 && len > max => Err(ProxyError::BodyTooLarge),
-        _ => Ok(None),
+        Some(len) if len > max => Err(ProxyError::BodyTooLarge.into()),
+        _ => Ok(()),
     }
 }

@@ -38,7 +38,7 @@ use crate::table::{Family, FamilyPolicy, Matched, UpstreamProtocol};
 use crate::tunnel::Tunnels;
 use crate::upstream::tls::LiveTls;
 use crate::upstream::{Peer, SendError, Sent, Upstream, UpstreamBody};
-use admit::Admission;
+use admit::{Admission, Stop};
 
 /// The proxy, shared by every listener.
 #[derive(Debug)]
@@ -152,8 +152,10 @@ impl Proxy {
             conn,
             config,
         };
-        if let Some(answer) = admit::admit(&mut admission)? {
-            return Ok(answer);
+        match admit::admit(&mut admission) {
+            Ok(()) => {}
+            Err(Stop::Answer(answer)) => return Ok(*answer),
+            Err(Stop::Refuse(error)) => return Err(error),
         }
         let plan = choose(&live, &routed, conn, config, exchange)?;
         let (request, client_upgrade) = upstream_request(req, routed, &plan, conn);
@@ -446,11 +448,15 @@ mod tests {
             conn,
             config: &runtime.config,
         };
-        Ok(admit::admit(&mut admission)?.map(|res| {
-            let location = res.headers().get(header::LOCATION);
-            let location = location.map_or("", |v| v.to_str().unwrap()).to_owned();
-            (res.status().as_u16(), location)
-        }))
+        match admit::admit(&mut admission) {
+            Ok(()) => Ok(None),
+            Err(Stop::Refuse(error)) => Err(error),
+            Err(Stop::Answer(res)) => {
+                let location = res.headers().get(header::LOCATION);
+                let location = location.map_or("", |v| v.to_str().unwrap()).to_owned();
+                Ok(Some((res.status().as_u16(), location)))
+            }
+        }
     }
 
     #[test]

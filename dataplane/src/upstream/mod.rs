@@ -19,6 +19,7 @@ use http::{Request, Response, StatusCode, Version};
 use http_body_util::{Either, Empty};
 use hyper::body::{Body, Incoming};
 use hyper::client::conn::{http1, http2, TrySendError};
+use tokio::time::timeout;
 
 pub(crate) use h1::PoolReturn;
 pub(crate) use h2::{keep_trailers, wants_trailers};
@@ -65,18 +66,6 @@ enum Conn {
     H1(http1::SendRequest<UpstreamBody>),
     /// HTTP/2: shared by every request to the address.
     H2(http2::SendRequest<UpstreamBody>),
-}
-
-impl Conn {
-    async fn try_send(
-        &mut self,
-        request: Request<UpstreamBody>,
-    ) -> Result<Response<Incoming>, TrySendError<Request<UpstreamBody>>> {
-        match self {
-            Conn::H1(sender) => sender.try_send_request(request).await,
-            Conn::H2(sender) => sender.try_send_request(request).await,
-        }
-    }
 }
 
 /// A response from a peer.
@@ -206,7 +195,11 @@ impl Upstream {
         };
         let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
         loop {
-            let sent = tokio::time::timeout(peer.read_timeout, conn.try_send(request)).await;
+            // Each protocol's future awaited in place: no wrapper moves the request or response.
+            let sent = match &mut conn {
+                Conn::H1(s) => timeout(peer.read_timeout, s.try_send_request(request)).await,
+                Conn::H2(s) => timeout(peer.read_timeout, s.try_send_request(request)).await,
+            };
             let error = match sent {
                 Err(_) => return Err(SendError::Failed(ProxyError::Timeout)),
                 Ok(Ok(response)) => return Ok(self.sent(peer, conn, response, fresh)),
