@@ -158,7 +158,7 @@ impl Proxy {
             Err(Stop::Refuse(error)) => return Err(error),
         }
         let plan = choose(&live, &routed, conn, config, exchange)?;
-        let (request, client_upgrade) = upstream_request(req, routed, &plan, conn);
+        let (request, client_upgrade) = upstream_request(req, &mut routed, &plan, conn);
         let (sent, in_flight) = self
             .send_with_fallback(&plan, request, conn, exchange)
             .await?;
@@ -227,6 +227,7 @@ impl Proxy {
     /// Phase 5: the upstream's response for the client: a 101 only for the WebSocket upgrade
     /// asked for (then the tunnel starts), hop-by-hop headers removed, the body read under the
     /// read timeout and holding the target's in-flight mark.
+    #[inline(always)] // Called once; inlined, the response is not copied into and out of it.
     fn respond(
         &self,
         sent: Sent,
@@ -253,6 +254,7 @@ impl Proxy {
 
 /// Phase 1: the request's host and normalised target, and the route of `live` they match (404
 /// when none does).
+#[inline(always)] // Called once; inlined, its result is built in place.
 pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a>, ProxyError> {
     let host = crate::host::request_host(req)?;
     let target = headers::origin_form(req.uri())?;
@@ -272,6 +274,7 @@ pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a
 /// Phase 3: the backend of the route (503 when the snapshot has none), the protocol (the
 /// route's, else the backend's; recorded for the access log), its TLS configuration (502 when
 /// unusable) and the timeouts (the route's, else the flags').
+#[inline(always)] // Called once; inlined, its result is built in place.
 pub(crate) fn choose<'a>(
     live: &'a Live,
     routed: &Routed<'_>,
@@ -315,9 +318,10 @@ pub(crate) fn choose<'a>(
 /// The client request made into the upstream one (before phase 4): the routed target, clean
 /// headers (`te: trailers` kept for HTTP/2), one framing, the body counted against the route's
 /// limit; and the client's side of a WebSocket upgrade it asks for.
+#[inline(always)] // Called once; inlined, the request is not copied into and out of it.
 fn upstream_request(
     mut req: Request<Incoming>,
-    routed: Routed<'_>,
+    routed: &mut Routed<'_>,
     plan: &Plan<'_>,
     conn: &ConnInfo,
 ) -> (Request<UpstreamBody>, Option<OnUpgrade>) {
@@ -325,7 +329,10 @@ fn upstream_request(
     let upgrade = headers::is_websocket_upgrade(req.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let length = req.body().size_hint().exact();
-    let target = routed.upstream_target.unwrap_or(routed.target);
+    let target = match routed.upstream_target.take() {
+        Some(rewritten) => rewritten,
+        None => std::mem::take(&mut routed.target),
+    };
     headers::prepare_request(&mut req, &routed.host, target, conn, upgrade);
     headers::declare_length(req.headers_mut(), length);
     if trailers {

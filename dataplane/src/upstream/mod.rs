@@ -239,6 +239,7 @@ impl Upstream {
 
     /// The response of a connection: an HTTP/1.1 one goes back to the pool with its body (not
     /// after a 101: the connection becomes the tunnel); an HTTP/2 one stays shared.
+    #[inline(always)] // Called once; inlined, the response is not copied into and out of it.
     fn sent(
         &self,
         peer: &Peer<'_>,
