@@ -159,8 +159,9 @@ impl Proxy {
         }
         let plan = choose(&live, &routed, conn, config, exchange)?;
         let (request, client_upgrade) = upstream_request(req, &mut routed, &plan, conn);
+        let mut slot = Some(request);
         let (sent, in_flight) = self
-            .send_with_fallback(&plan, request, conn, exchange)
+            .send_with_fallback(&plan, &mut slot, conn, exchange)
             .await?;
         self.respond(sent, in_flight, client_upgrade, &plan, conn)
     }
@@ -171,7 +172,7 @@ impl Proxy {
     async fn send_with_fallback(
         &self,
         plan: &Plan<'_>,
-        mut request: Request<UpstreamBody>,
+        request: &mut Option<Request<UpstreamBody>>,
         conn: &ConnInfo,
         exchange: &mut Exchange,
     ) -> Result<(Sent, InFlight), ProxyError> {
@@ -207,9 +208,8 @@ impl Proxy {
                         exchange.upstream_done(family, addr, plan.preferred);
                         return Err(error.body_limit_checked());
                     }
-                    Err(SendError::Unsent(unsent, error)) => {
+                    Err(SendError::Unsent(error)) => {
                         attempt_failed(exchange, backend, pick.index, &peer, &error);
-                        request = *unsent;
                         last_error = Some(error);
                     }
                 }
@@ -642,7 +642,7 @@ mod tests {
                     .body(Either::Right(http_body_util::Empty::new()))
                     .unwrap();
                 let sent = proxy
-                    .send_with_fallback(&plan, request, &client, &mut exchange)
+                    .send_with_fallback(&plan, &mut Some(request), &client, &mut exchange)
                     .await;
                 let (sent, _in_flight) = sent.unwrap_or_else(|e| panic!("{closed}: {e}"));
                 assert_eq!(sent.response.status(), StatusCode::OK, "{closed}");

@@ -255,7 +255,7 @@ mod tests {
                 .body(UpstreamBody::Right(http_body_util::Empty::new()))
                 .unwrap();
             let second = Duration::from_secs(5);
-            let Ok(sent) = upstream.send(&peer(addr, second), request).await else {
+            let Ok(sent) = upstream.send(&peer(addr, second), &mut Some(request)).await else {
                 panic!("request to {addr} failed");
             };
             let (res, fresh) = (sent.response, sent.connected);
@@ -304,7 +304,7 @@ mod tests {
             let second = Duration::from_secs(5);
             let sent = tokio::spawn(async move {
                 upstream
-                    .send(&peer(addr, second), request)
+                    .send(&peer(addr, second), &mut Some(request))
                     .await
                     .map(|sent| (sent.response.status(), sent.connected))
                     .map_err(|_| "send failed")

@@ -82,8 +82,8 @@ pub(crate) struct Sent {
 /// Why a send gave no response.
 #[derive(Debug)]
 pub(crate) enum SendError {
-    /// The request was not written; it can go elsewhere.
-    Unsent(Box<Request<UpstreamBody>>, io::Error),
+    /// The request was not written (it is back in the caller's slot); it can go elsewhere.
+    Unsent(io::Error),
     /// The request may have reached the upstream; answer the client with this.
     Failed(ProxyError),
 }
@@ -150,6 +150,11 @@ fn after_failure(
     }
 }
 
+/// An empty slot: nothing was sent (a caller's mistake, not the peer's).
+fn no_request() -> SendError {
+    SendError::Unsent(io::Error::other("no request to send"))
+}
+
 /// The upstream connection pools, shared by every listener.
 #[derive(Debug)]
 pub(crate) struct Upstream {
@@ -175,26 +180,30 @@ impl Upstream {
         self.h2.reap(self.idle_timeout);
     }
 
-    /// Sends a request to a peer over a pooled connection, or a new one when there is none, and
-    /// applies [`after_failure`] when the send fails. `Unsent` errors leave the request to be
-    /// sent elsewhere.
+    /// Sends the request in `slot` to a peer over a pooled connection, or a new one when there is
+    /// none, and applies [`after_failure`] when the send fails. After `Unsent` the request is back
+    /// in `slot`, to be sent elsewhere. (The request stays in the caller's slot until hyper takes
+    /// it: no future in between copies it.)
     pub(crate) async fn send(
         &self,
         peer: &Peer<'_>,
-        mut request: Request<UpstreamBody>,
+        slot: &mut Option<Request<UpstreamBody>>,
     ) -> Result<Sent, SendError> {
+        let Some(request) = slot.as_mut() else {
+            return Err(no_request());
+        };
         if peer.protocol.is_h2() {
-            h2::to_h2_request(&mut request, peer.tls.is_some());
+            h2::to_h2_request(request, peer.tls.is_some());
         }
         let (mut conn, mut fresh) = match self.checkout(peer) {
             Some(conn) => (conn, false),
-            None => match self.connect(peer).await {
-                Ok(conn) => (conn, true),
-                Err(error) => return Err(SendError::Unsent(Box::new(request), error)),
-            },
+            None => (self.connect(peer).await.map_err(SendError::Unsent)?, true),
         };
-        let mut replay = (!fresh).then(|| Replay::of(&request)).flatten();
+        let mut replay = (!fresh)
+            .then(|| slot.as_ref().and_then(Replay::of))
+            .flatten();
         loop {
+            let request = slot.take().ok_or_else(no_request)?;
             // Each protocol's future awaited in place: no wrapper moves the request or response.
             let sent = match &mut conn {
                 Conn::H1(s) => timeout(peer.read_timeout, s.try_send_request(request)).await,
@@ -205,15 +214,15 @@ impl Upstream {
                 Ok(Ok(response)) => return Ok(self.sent(peer, conn, response, fresh)),
                 Ok(Err(error)) => error,
             };
-            request = match after_failure(error, fresh, &mut replay) {
-                Retry::Again(request) => request,
-                Retry::Unsent(request, e) => return Err(SendError::Unsent(Box::new(request), e)),
+            match after_failure(error, fresh, &mut replay) {
+                Retry::Again(again) => *slot = Some(again),
+                Retry::Unsent(unsent, e) => {
+                    *slot = Some(unsent);
+                    return Err(SendError::Unsent(e));
+                }
                 Retry::Failed(e) => return Err(SendError::Failed(ProxyError::Upstream(e))),
-            };
-            match self.connect(peer).await {
-                Ok(c) => (conn, fresh) = (c, true),
-                Err(e) => return Err(SendError::Unsent(Box::new(request), e)),
             }
+            (conn, fresh) = (self.connect(peer).await.map_err(SendError::Unsent)?, true);
         }
     }
 
