@@ -5,7 +5,10 @@
 pub mod access_log;
 pub mod admin;
 pub mod balance;
+pub mod cidr;
 pub mod clock;
+pub mod conn;
+pub mod error;
 pub mod forwarded;
 pub mod host;
 pub mod idle;
@@ -16,12 +19,15 @@ pub mod observe;
 pub mod path;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod ptr_key;
 pub mod read_timeout;
 pub mod runtime;
 pub mod table;
 pub mod tls;
 pub mod tunnel;
 pub mod upstream;
+pub mod upstream_tls;
+pub mod x509;
 
 pub use runtime::{Live, ProxyConfig, Runtime};
 pub use table::{

@@ -154,7 +154,7 @@ impl<'a> Translation<'a> {
         ingress: &Ingress,
         id: &BackendId,
         nginx_protocol: Option<UpstreamProtocol>,
-    ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
+    ) -> Option<Arc<dataplane::upstream_tls::UpstreamTls>> {
         let spec = self.backends.get(id)?;
         self.upstream_tls.route(
             key,
