@@ -38,6 +38,13 @@ if ! command -v ip >/dev/null 2>&1; then
   apt_install iproute2
 fi
 
+# nft (nftables) lets the test cluster's stand-in load balancer forward LoadBalancer addresses
+# to endpoints (conformance/src/cluster/loadbalancer.rs; controller/tests/kube_gateway.rs).
+if ! command -v nft >/dev/null 2>&1; then
+  echo "== apt-get install nftables"
+  apt_install nftables
+fi
+
 # Go also builds h2spec for the HTTP/2 conformance test (controller/tests/e2e_h2spec.rs calls
 # conformance/tools/h2spec/build.sh itself).
 # The real control plane (kube-apiserver, kube-controller-manager v1.37.2, etcd v3.7.0) built

@@ -60,7 +60,7 @@ fn request(c: &mut Criterion) {
                     .find("host-7342.example.com", black_box(req.uri().path()))
                     .expect("route");
                 let mut exchange = telemetry.exchange(black_box(&req), &conn);
-                exchange.matched(&live, matched.action);
+                exchange.matched(&live.metrics, matched.action);
                 exchange.upstream_begin();
                 exchange.upstream_done(Family::V6, upstream, Family::V6);
                 exchange.set_status(200);

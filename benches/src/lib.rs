@@ -45,7 +45,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
     PathRule {
         matcher,
         action: RouteAction {
-            backend: BackendId(backend.into()),
+            backend: backend.parse::<BackendId>().unwrap(),
             policy: FamilyPolicy::PreferSameFamily,
             origin: Origin {
                 namespace: "ns".into(),
@@ -81,7 +81,7 @@ pub fn backend(n: usize, lb: LbPolicy) -> Arc<Backend> {
         })
         .collect();
     Arc::new(Backend {
-        id: BackendId("ns/svc:80".into()),
+        id: "ns/svc:80".parse::<BackendId>().unwrap(),
         targets: targets.into(),
         lb,
         protocol: UpstreamProtocol::Http1,

@@ -94,10 +94,12 @@ def rules_of(role: dict) -> set:
     }
 
 
-def selected(cluster: RealCluster, prefix: str, plural: str, selector: dict) -> list[str]:
-    """Names of the objects in the release namespace matching a Deployment's selector."""
+def owned(cluster: RealCluster, selector: dict) -> list[str]:
+    """The ReplicaSets and Pods in the release namespace matching a Deployment's selector."""
     query = urllib.parse.urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())})
-    return [o["metadata"]["name"] for o in get(cluster, f"{prefix}{NS}/{plural}?{query}")["items"]]
+    return [f"{kind}/{o['metadata']['name']}"
+            for kind, path in (("replicaset", f"/apis/apps/v1{NS}/replicasets"), ("pod", f"/api/v1{NS}/pods"))
+            for o in get(cluster, f"{path}?{query}")["items"]]
 
 
 def test_helm_install_stores_what_the_cluster_allocates_and_uninstall_removes_it(cluster, tmp_path):
@@ -111,14 +113,13 @@ def test_helm_install_stores_what_the_cluster_allocates_and_uninstall_removes_it
         check_installed_objects(cluster)
         selector = get(cluster, f"/apis/apps/v1{NS}/deployments/{FULLNAME}")["spec"]["selector"]["matchLabels"]
         # The real deployment and replicaset controllers make the Deployment's Pods.
-        until(60, "2 chart pods", lambda: len(selected(cluster, "/api/v1", "pods", selector)) == 2 or selected(cluster, "/api/v1", "pods", selector))
-        assert len(selected(cluster, "/apis/apps/v1", "replicasets", selector)) == 1
+        until(60, "a ReplicaSet and 2 Pods of the chart", lambda: (
+            True if [o.split("/")[0] for o in owned(cluster, selector)] == ["replicaset", "pod", "pod"] else owned(cluster, selector)))
         cfg.uninstall(RELEASE)
     for path in INSTALLED:
         assert cluster.request("GET", path)[0] == 404, f"{path} left after helm uninstall"
     # The garbage collector removes what the Deployment owned.
-    until(60, "ReplicaSets and Pods of the uninstalled Deployment", lambda: (
-        selected(cluster, "/apis/apps/v1", "replicasets", selector) + selected(cluster, "/api/v1", "pods", selector)) or True)
+    until(60, "no ReplicaSet or Pod of the uninstalled Deployment", lambda: owned(cluster, selector) or True)
 
 
 def check_installed_objects(cluster: RealCluster):

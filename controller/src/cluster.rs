@@ -103,11 +103,18 @@ impl Cluster {
         );
         let stores = kube_source::spawn(self.client.clone(), &config.settings.namespaces, tx);
         let identity = election.identity.clone();
+        let gateway_pods_namespace = election.namespace.clone();
         let elector = leader::spawn(
             kube::Api::namespaced(self.client.clone(), &election.namespace),
             election,
         );
 
+        crate::gateway::spawn(
+            self.client.clone(),
+            config.gateway.clone(),
+            gateway_pods_namespace,
+            elector.leading(),
+        );
         let (live_tx, live) = watch::channel(Arc::new(BTreeSet::new()));
         let (diagnostics_tx, diagnostics_rx) = watch::channel(Arc::new(Vec::new()));
         app.observe(live_tx, diagnostics_tx);

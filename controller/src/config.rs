@@ -510,6 +510,10 @@ pub struct KubeArgs {
     /// Name of the leader-election Lease; controllers sharing a namespace need distinct names.
     #[arg(long, value_name = "NAME", default_value = crate::leader::LEASE_NAME)]
     pub election_id: String,
+
+    /// Gateway API flags.
+    #[command(flatten)]
+    pub gateway: crate::gateway::GatewayArgs,
 }
 
 /// Kubernetes mode settings, validated.
@@ -525,6 +529,8 @@ pub struct KubeConfig {
     pub lease_duration: Duration,
     /// The Lease's name (`--election-id`).
     pub election_id: String,
+    /// Gateway API settings.
+    pub gateway: crate::gateway::GatewayConfig,
 }
 
 fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
@@ -579,6 +585,7 @@ fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
         election_namespace: args.election_namespace,
         lease_duration: args.election_lease_duration,
         election_id: args.election_id,
+        gateway: crate::gateway::config::from_args(args.gateway).map_err(ConfigError::Usage)?,
     })
 }
 

@@ -75,6 +75,31 @@ fn bad_flags_and_values_exit_64_with_one_line() {
 }
 
 #[test]
+fn bad_gateway_flags_exit_64_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let line = usage_error(&[
+        "serve",
+        "--manifests",
+        d,
+        "--gateway-controller-name",
+        "duet",
+    ]);
+    assert!(
+        line.starts_with("duet: invalid value 'duet' for '--gateway-controller-name': "),
+        "{line}"
+    );
+    let line = usage_error(&[
+        "serve",
+        "--manifests",
+        d,
+        "--gateway-pod-selector",
+        "app duet",
+    ]);
+    assert!(line.contains("'--gateway-pod-selector'"), "{line}");
+}
+
+#[test]
 fn out_of_range_durations_sizes_and_limits_exit_64_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();

@@ -649,7 +649,7 @@ async fn tls_requests_log_version_and_sni_and_certificates_expose_expiry() -> an
         "duet_tls_certificate_expiry_timestamp_seconds",
         &[("secret", "e2e/m-cert")],
     );
-    let want = dataplane::metrics::not_after(&cert.der)
+    let want = dataplane::x509::not_after(&cert.der)
         .context("test certificate has a notAfter")?
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();

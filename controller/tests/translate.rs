@@ -295,7 +295,8 @@ fn build_is_deterministic_and_serialisable() {
 fn app_protocol_selects_the_upstream_protocol_and_annotations_the_tls() {
     use dataplane::table::UpstreamProtocol;
     let (snapshot, diagnostics) = translate("upstream_protocols.yaml", &Config::default());
-    let protocol = |id: &str| snapshot.backends[&dataplane::BackendId(id.into())].protocol;
+    let protocol =
+        |id: &str| snapshot.backends[&id.parse::<dataplane::BackendId>().unwrap()].protocol;
     assert_eq!(protocol("default/multi:plain"), UpstreamProtocol::Http1);
     assert_eq!(protocol("default/multi:h2c"), UpstreamProtocol::H2c);
     assert_eq!(protocol("default/multi:443"), UpstreamProtocol::Https);

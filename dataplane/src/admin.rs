@@ -11,7 +11,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::Request;
 
-use crate::listen::ConnInfo;
+use crate::conn::ConnInfo;
 use crate::runtime::Runtime;
 
 /// Extra JSON that the controller adds to `/debug/routes` (diagnostics, warnings).
@@ -23,8 +23,8 @@ pub async fn handle(
     req: Request<Incoming>,
     _conn: Arc<ConnInfo>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
+    if let Some(refused) = refuse_method(&req) {
+        return Ok(refused);
     }
     Ok(match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
@@ -42,8 +42,8 @@ pub async fn debug(
     req: Request<Incoming>,
     _conn: Arc<ConnInfo>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
+    if let Some(refused) = refuse_method(&req) {
+        return Ok(refused);
     }
     Ok(match req.uri().path() {
         "/debug/routes" => {
@@ -67,6 +67,12 @@ pub async fn debug(
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
+}
+
+/// The 405 of a method other than GET and HEAD (both listeners answer only those).
+fn refuse_method(req: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
+    let allowed = req.method() == Method::GET || req.method() == Method::HEAD;
+    (!allowed).then(|| text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"))
 }
 
 /// The registry in the Prometheus text format (0.0.4), or in OpenMetrics when the scraper asks

@@ -341,7 +341,7 @@ mod tests {
 
     fn backend(lb: LbPolicy, targets: Vec<Target>) -> Arc<Backend> {
         Arc::new(Backend {
-            id: BackendId("ns/svc:80".into()),
+            id: "ns/svc:80".parse::<BackendId>().unwrap(),
             targets: targets.into(),
             lb,
             protocol: UpstreamProtocol::Http1,

@@ -1,8 +1,10 @@
 //! The request's host, validated once: a DNS name or an IP literal (IPv6 bracketed) with an
 //! optional port, from the one Host header, the HTTP/2 `:authority` or the absolute-form target,
 //! which must agree (RFC 9112 §3.2, RFC 9113 §8.3.1). Routing, the upstream Host and
-//! `:authority`, redirects and forwarding headers use only this value.
+//! `:authority`, redirects and forwarding headers use only this value. Also the one lookup of a
+//! host name in exact and wildcard entries, shared by routes and certificates ([`lookup`]).
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use http::header::{self, HeaderValue};
@@ -135,6 +137,43 @@ fn is_dns_name(name: &str) -> bool {
         })
 }
 
+/// The longest DNS name, in bytes: longer names match no entry.
+pub const MAX_NAME: usize = 255;
+
+/// `name` as host entries are keyed: one trailing dot dropped, ASCII lower case (in `buf` when
+/// it had upper case letters; nothing is allocated). `None` when longer than [`MAX_NAME`].
+pub fn normalize_name<'b>(name: &'b str, buf: &'b mut [u8; MAX_NAME]) -> Option<&'b str> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.len() > buf.len() {
+        return None;
+    }
+    if !name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Some(name);
+    }
+    let out = &mut buf[..name.len()];
+    out.copy_from_slice(name.as_bytes());
+    out.make_ascii_lowercase();
+    // ASCII lowercasing keeps UTF-8 valid.
+    std::str::from_utf8(out).ok()
+}
+
+/// The entry of a host name (from [`normalize_name`]): the exact entry, else the wildcard
+/// `*.suffix` (keyed by `suffix`) covering exactly its first label. An empty first label
+/// (`.example.com`) is no label, so no wildcard covers it, for routes and certificates alike.
+pub fn lookup<'a, V>(
+    exact: &'a HashMap<Box<str>, V>,
+    wildcard: &'a HashMap<Box<str>, V>,
+    name: &str,
+) -> Option<&'a V> {
+    if let Some(entry) = exact.get(name) {
+        return Some(entry);
+    }
+    match name.split_once('.') {
+        Some((label, suffix)) if !label.is_empty() => wildcard.get(suffix),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,5 +264,22 @@ mod tests {
             host(&req(v11, "http://u@api.test/", &[])),
             Err(HostError::Invalid)
         );
+    }
+
+    #[test]
+    fn lookup_is_exact_then_one_label_wildcard() {
+        let exact: HashMap<Box<str>, &str> = [("a.test".into(), "exact")].into();
+        let wildcard: HashMap<Box<str>, &str> = [("test".into(), "wild")].into();
+        let mut buf = [0u8; MAX_NAME];
+        let find = |name: &str, buf: &mut [u8; MAX_NAME]| {
+            normalize_name(name, buf).and_then(|n| lookup(&exact, &wildcard, n).copied())
+        };
+        assert_eq!(find("a.test", &mut buf), Some("exact"));
+        assert_eq!(find("A.TEST.", &mut buf), Some("exact"));
+        assert_eq!(find("b.test", &mut buf), Some("wild"));
+        assert_eq!(find(".test", &mut buf), None, "an empty label");
+        assert_eq!(find("test", &mut buf), None);
+        assert_eq!(find("x.b.test", &mut buf), None);
+        assert_eq!(find(&"a".repeat(256), &mut buf), None, "longer than a name");
     }
 }

@@ -3,9 +3,13 @@
 //! whole snapshots through [`Runtime::apply`].
 
 pub mod access_log;
+pub mod access_policy;
 pub mod admin;
 pub mod balance;
+pub mod cidr;
 pub mod clock;
+pub mod conn;
+pub mod error;
 pub mod forwarded;
 pub mod host;
 pub mod idle;
@@ -17,6 +21,7 @@ pub mod path;
 pub mod policy;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod ptr_key;
 pub mod read_timeout;
 pub mod route_policy;
 pub mod runtime;
@@ -25,6 +30,8 @@ pub mod table;
 pub mod tls;
 pub mod tunnel;
 pub mod upstream;
+pub mod upstream_tls;
+pub mod x509;
 
 pub use runtime::{Live, ProxyConfig, Runtime};
 pub use table::{

@@ -13,7 +13,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
 use crate::idle;
 use crate::metrics::ConnectionMetrics;
@@ -78,72 +79,6 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
 const EAFNOSUPPORT: i32 = 97;
 const EADDRNOTAVAIL: i32 = 99;
 
-/// Who is on the other end of an accepted connection.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConnInfo {
-    /// The client's address, IPv4-mapped IPv6 normalised to IPv4.
-    pub peer: SocketAddr,
-    /// The local address the connection was accepted on.
-    pub local: SocketAddr,
-    /// The client's family (of `peer`).
-    pub family: Family,
-    /// Whether the connection is TLS (an HTTPS listener).
-    pub tls: bool,
-    /// Whether the peer is a trusted proxy (`--trusted-proxies`): its forwarding headers are
-    /// appended to instead of replaced.
-    pub trusted: bool,
-    /// The negotiated TLS version (`TLSv1.3`), for TLS connections.
-    pub tls_version: Option<&'static str>,
-    /// The server name (SNI) the TLS client asked for.
-    pub sni: Option<Arc<str>>,
-    /// What every request of the connection forwards about `peer`, formatted once per
-    /// connection rather than per request (by [`ConnInfo::new`], from the same address).
-    pub(crate) forwarded: crate::forwarded::PeerHeaders,
-}
-
-impl ConnInfo {
-    /// Describes a connection from its two addresses.
-    pub fn new(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
-        let peer = normalize_addr(peer);
-        ConnInfo {
-            family: Family::of(&peer),
-            peer,
-            local: normalize_addr(local),
-            tls: false,
-            trusted: false,
-            tls_version: None,
-            sni: None,
-            forwarded: crate::forwarded::PeerHeaders::new(peer),
-        }
-    }
-
-    /// The same connection with what its TLS handshake negotiated (version and SNI).
-    pub fn with_tls_session(mut self, session: &rustls::ServerConnection) -> ConnInfo {
-        self.tls_version = session.protocol_version().map(|v| match v {
-            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
-            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
-            _ => "TLS",
-        });
-        self.sni = session.server_name().map(Arc::from);
-        self
-    }
-
-    /// The same connection, marked as TLS.
-    pub fn with_tls(mut self, tls: bool) -> ConnInfo {
-        self.tls = tls;
-        self
-    }
-
-    /// The scheme the client used: `https` or `http`.
-    pub fn scheme(&self) -> &'static str {
-        if self.tls {
-            "https"
-        } else {
-            "http"
-        }
-    }
-}
-
 /// Settings of the HTTP server side of a listener.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -192,14 +127,25 @@ impl ConnectionLimit {
     }
 }
 
-/// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
-/// `shutdown` turns true; then stops accepting and drains open connections gracefully.
-pub async fn serve<H, F, B>(
-    listener: std::net::TcpListener,
-    options: ServeOptions,
-    handler: H,
-    mut shutdown: watch::Receiver<bool>,
-) -> io::Result<()>
+/// What a listener serves each request with: a function of the request and its connection,
+/// answering with any body hyper can send.
+pub trait Handler: Clone + Send + Sync + 'static {
+    /// The response body.
+    type Body: hyper::body::Body<Data = Self::Data, Error = Self::Error> + Send + Unpin + 'static;
+    /// The body's chunks.
+    type Data: bytes::Buf + Send;
+    /// The body's error.
+    type Error: Into<Box<dyn std::error::Error + Send + Sync>>;
+    /// The answer in the making.
+    type Future: Future<Output = Result<Response<Self::Body>, std::convert::Infallible>>
+        + Send
+        + 'static;
+
+    /// Answers one request.
+    fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Self::Future;
+}
+
+impl<H, F, B> Handler for H
 where
     H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<B>, std::convert::Infallible>> + Send + 'static,
@@ -207,128 +153,41 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    type Body = B;
+    type Data = B::Data;
+    type Error = B::Error;
+    type Future = F;
+
+    fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> F {
+        self(req, conn)
+    }
+}
+
+/// Serves HTTP/1.1 and HTTP/2 (prior knowledge) on a listener with a per-request handler until
+/// `shutdown` turns true; then stops accepting and drains open connections gracefully.
+pub async fn serve<H: Handler>(
+    listener: std::net::TcpListener,
+    options: ServeOptions,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
     let listener = TcpListener::from_std(listener)?;
     let local_default = listener.local_addr()?;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        // Head and idle times are watched by `idle` for both protocols.
-        .header_read_timeout(None)
-        .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
-    crate::limits::apply(&mut builder);
+    let each = Arc::new(PerConnection::new(&options, handler));
     let graceful = GracefulShutdown::new();
     let mut warned: Option<tokio::time::Instant> = None;
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(%error, listener = %local_default, "Accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stopped(&mut shutdown) => break,
-        };
+    while let Some((stream, peer)) = accept(&listener, local_default, &mut shutdown).await {
         let Some(permit) = admit(&options, peer, local_default, &mut warned) else {
             // Closed unread.
             continue;
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
-        let mut info = ConnInfo::new(peer, local);
-        let connections = options.connections.clone();
-        let handler = handler.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let tls = options.tls.clone().map(tokio_rustls::TlsAcceptor::from);
-        let handshake_timeout = options.header_read_timeout;
-        let timeouts = idle::Timeouts {
-            keepalive: options.keepalive_timeout,
-            header_read: options.header_read_timeout,
-        };
-        let proxy_protocol = options.proxy_protocol;
-        let trusted = options.trusted_proxies.clone();
-        let proxy_from = options.proxy_protocol_from.clone();
+        let info = ConnInfo::new(peer, local);
+        let served = each.clone().serve(stream, info, graceful.watcher());
         tokio::spawn(async move {
             let _permit = permit;
-            let mut stream = stream;
-            if let Some(timeout) = proxy_protocol {
-                if proxy_from.is_some_and(|from| !from.trusts(info.peer.ip())) {
-                    tracing::trace!(client.addr = %info.peer, "Peer not allowed to send a PROXY protocol header; closing");
-                    return;
-                }
-                match proxy_protocol::read_header(&mut stream, timeout).await {
-                    Ok(Header::Proxied {
-                        source,
-                        destination,
-                    }) => info = ConnInfo::new(source, destination),
-                    Ok(Header::Local) => {}
-                    Err(error) => {
-                        tracing::trace!(%error, client.addr = %info.peer, "PROXY protocol header refused; closing");
-                        return;
-                    }
-                }
-            }
-            info.trusted = trusted.trusts(info.peer.ip());
-            // Counted by the client's family, after a PROXY protocol header replaced it.
-            let _open = connections.as_ref().map(|c| c.open(info.family));
-            let (io, info, alpn_h2) = match tls {
-                None => (Stream::Plain(stream), info, false),
-                Some(acceptor) => {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let session = tls.get_ref().1;
-                            let alpn_h2 = session.alpn_protocol() == Some(b"h2");
-                            let info = info.with_tls(true).with_tls_session(session);
-                            (Stream::Tls(Box::new(tls)), info, alpn_h2)
-                        }
-                        Ok(Err(error)) => {
-                            tracing::trace!(%error, client.addr = %info.peer, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::trace!(client.addr = %info.peer, "TLS handshake timed out");
-                            return;
-                        }
-                    }
-                }
-            };
-            let client = info.peer;
-            let info = Arc::new(info);
-            let activity = idle::Activity::new();
-            let io = idle::Watched::new(io, activity.clone());
-            let watchdog = activity.clone();
-            let service = service_fn(move |req| {
-                let busy = activity.begin();
-                let response = handler(req, info.clone());
-                async move {
-                    let response = response.await?;
-                    Ok::<_, std::convert::Infallible>(response.map(|body| busy.body(body)))
-                }
-            });
-            // ALPN `h2` promised HTTP/2 (RFC 7301): no sniffing for HTTP/1.1 there, so bytes that
-            // are not the preface close the connection. Elsewhere HTTP/1.1 (with upgrades) or
-            // HTTP/2 prior knowledge, by the first bytes.
-            let served: Served = if alpn_h2 {
-                let h2 = builder.clone().http2_only();
-                let conn = h2.serve_connection(TokioIo::new(io), service).into_owned();
-                Box::pin(watcher.watch(conn))
-            } else {
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-                Box::pin(watcher.watch(conn.into_owned()))
-            };
-            tokio::select! {
-                ended = served => if let Err(error) = ended {
-                    tracing::trace!(error = %error, "Connection ended with an error");
-                },
-                () = watchdog.expired(timeouts) => {
-                    tracing::trace!(client.addr = %client, "Closed an idle or slow connection");
-                }
-            }
+            served.await;
         });
     }
     drop(listener);
@@ -339,6 +198,172 @@ where
         }
     }
     Ok(())
+}
+
+/// The next accepted connection, or `None` once `shutdown` turns true. Accept errors (EMFILE and
+/// friends) back off instead of spinning.
+async fn accept(
+    listener: &TcpListener,
+    local: SocketAddr,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => return Some(pair),
+                Err(error) => {
+                    tracing::warn!(%error, listener = %local, "Accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stopped(shutdown) => return None,
+        }
+    }
+}
+
+/// What every connection of a listener is served with, shared by its connections.
+struct PerConnection<H> {
+    handler: H,
+    builder: auto::Builder<TokioExecutor>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    timeouts: idle::Timeouts,
+    proxy_protocol: Option<Duration>,
+    proxy_protocol_from: Option<Arc<TrustedProxies>>,
+    trusted_proxies: Arc<TrustedProxies>,
+    connections: Option<ConnectionMetrics>,
+}
+
+impl<H> PerConnection<H> {
+    fn new(options: &ServeOptions, handler: H) -> PerConnection<H> {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            // Head and idle times are watched by `idle` for both protocols.
+            .header_read_timeout(None)
+            .keep_alive(true);
+        builder.http2().timer(TokioTimer::new());
+        crate::limits::apply(&mut builder);
+        PerConnection {
+            handler,
+            builder,
+            tls: options.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+            timeouts: idle::Timeouts {
+                keepalive: options.keepalive_timeout,
+                header_read: options.header_read_timeout,
+            },
+            proxy_protocol: options.proxy_protocol,
+            proxy_protocol_from: options.proxy_protocol_from.clone(),
+            trusted_proxies: options.trusted_proxies.clone(),
+            connections: options.connections.clone(),
+        }
+    }
+
+    /// Serves one accepted connection: its PROXY protocol header where expected, its TLS
+    /// handshake on an HTTPS listener, then HTTP until it ends, idles or is too slow.
+    async fn serve(self: Arc<Self>, stream: TcpStream, info: ConnInfo, watcher: Watcher)
+    where
+        H: Handler,
+    {
+        let mut stream = stream;
+        let Some(mut info) = self.proxy_header(&mut stream, info).await else {
+            return;
+        };
+        info.trusted = self.trusted_proxies.trusts(info.peer.ip());
+        // Counted by the client's family, after a PROXY protocol header replaced it.
+        let _open = self.connections.as_ref().map(|c| c.open(info.family));
+        let Some((io, info, alpn_h2)) = self.tls_handshake(stream, info).await else {
+            return;
+        };
+        let client = info.peer;
+        let info = Arc::new(info);
+        let activity = idle::Activity::new();
+        let io = idle::Watched::new(io, activity.clone());
+        let watchdog = activity.clone();
+        let handler = self.handler.clone();
+        let service = service_fn(move |req| {
+            let busy = activity.begin();
+            let response = handler.call(req, info.clone());
+            async move {
+                let response = response.await?;
+                Ok::<_, std::convert::Infallible>(response.map(|body| busy.body(body)))
+            }
+        });
+        // ALPN `h2` promised HTTP/2 (RFC 7301): no sniffing for HTTP/1.1 there, so bytes that
+        // are not the preface close the connection. Elsewhere HTTP/1.1 (with upgrades) or
+        // HTTP/2 prior knowledge, by the first bytes.
+        let served: Served = if alpn_h2 {
+            let h2 = self.builder.clone().http2_only();
+            let conn = h2.serve_connection(TokioIo::new(io), service).into_owned();
+            Box::pin(watcher.watch(conn))
+        } else {
+            let conn = self
+                .builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service);
+            Box::pin(watcher.watch(conn.into_owned()))
+        };
+        tokio::select! {
+            ended = served => if let Err(error) = ended {
+                tracing::trace!(error = %error, "Connection ended with an error");
+            },
+            () = watchdog.expired(self.timeouts) => {
+                tracing::trace!(client.addr = %client, "Closed an idle or slow connection");
+            }
+        }
+    }
+
+    /// The connection as its PROXY protocol header describes it, where one is expected; `None`
+    /// closes the connection (a peer not allowed to send one, or a bad header).
+    async fn proxy_header(&self, stream: &mut TcpStream, info: ConnInfo) -> Option<ConnInfo> {
+        let Some(timeout) = self.proxy_protocol else {
+            return Some(info);
+        };
+        let from = self.proxy_protocol_from.as_ref();
+        if from.is_some_and(|from| !from.trusts(info.peer.ip())) {
+            tracing::trace!(client.addr = %info.peer, "Peer not allowed to send a PROXY protocol header; closing");
+            return None;
+        }
+        match proxy_protocol::read_header(stream, timeout).await {
+            Ok(Header::Proxied {
+                source,
+                destination,
+            }) => Some(ConnInfo::new(source, destination)),
+            Ok(Header::Local) => Some(info),
+            Err(error) => {
+                tracing::trace!(%error, client.addr = %info.peer, "PROXY protocol header refused; closing");
+                None
+            }
+        }
+    }
+
+    /// The stream to serve HTTP on, with the connection's TLS facts and whether ALPN chose `h2`;
+    /// `None` when the TLS handshake failed or timed out (within the header read timeout).
+    async fn tls_handshake(
+        &self,
+        stream: TcpStream,
+        info: ConnInfo,
+    ) -> Option<(Stream, ConnInfo, bool)> {
+        let Some(acceptor) = &self.tls else {
+            return Some((Stream::Plain(stream), info, false));
+        };
+        let handshake = acceptor.accept(stream);
+        match tokio::time::timeout(self.timeouts.header_read, handshake).await {
+            Ok(Ok(tls)) => {
+                let session = tls.get_ref().1;
+                let alpn_h2 = session.alpn_protocol() == Some(b"h2");
+                let info = info.with_tls(true).with_tls_session(session);
+                Some((Stream::Tls(Box::new(tls)), info, alpn_h2))
+            }
+            Ok(Err(error)) => {
+                tracing::trace!(%error, client.addr = %info.peer, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                tracing::trace!(client.addr = %info.peer, "TLS handshake timed out");
+                None
+            }
+        }
+    }
 }
 
 /// Whether a new connection is served: with its place under `--max-connections` (held until

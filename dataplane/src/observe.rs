@@ -10,9 +10,8 @@ use http::{header, Request};
 use prometheus_client::registry::Registry;
 
 use crate::access_log::{AccessLog, Entry, TlsInfo};
-use crate::listen::ConnInfo;
-use crate::metrics::{method_index, Metrics, Observation, RouteMetrics};
-use crate::runtime::Live;
+use crate::conn::ConnInfo;
+use crate::metrics::{method_index, LiveMetrics, Metrics, Observation, RouteMetrics};
 use crate::table::{Family, RouteAction};
 
 /// The metric registry (everything `/metrics` shows), the dataplane's families and the access log.
@@ -139,9 +138,9 @@ impl Exchange {
         self.admission.as_ref()
     }
 
-    /// The request matched a route of `live`.
-    pub fn matched(&mut self, live: &Live, action: &RouteAction) {
-        if let Some(route) = live.metrics.route(action) {
+    /// The request matched a route of the snapshot whose metric handles are `metrics`.
+    pub fn matched(&mut self, metrics: &LiveMetrics, action: &RouteAction) {
+        if let Some(route) = metrics.route(action) {
             self.route = route.clone();
         }
         if let Some((_, entry)) = &mut self.log {

@@ -12,6 +12,7 @@ use crate::balance::LiveBackend;
 use crate::metrics::LiveMetrics;
 use crate::observe::Telemetry;
 use crate::table::{BackendId, Family, Snapshot};
+use crate::upstream::tls::UpstreamTlsConfigs;
 
 /// Timeouts and limits of the proxy, parsed once at start.
 #[derive(Clone, Debug)]
@@ -79,6 +80,8 @@ pub struct Live {
     pub backends: HashMap<BackendId, Arc<LiveBackend>>,
     /// Metric handles of the snapshot's routes.
     pub metrics: LiveMetrics,
+    /// The TLS client configurations of the snapshot's upstream TLS settings.
+    pub upstream_tls: UpstreamTlsConfigs,
 }
 
 /// The dataplane's shared state: the live snapshot, readiness and configuration.
@@ -117,7 +120,8 @@ impl Runtime {
     }
 
     /// Publishes a snapshot. Backends whose `Arc` is unchanged keep their live state object;
-    /// changed ones are rebuilt, carrying per-target state over by `TargetId`.
+    /// changed ones are rebuilt, carrying per-target state over by `TargetId`; upstream TLS
+    /// settings get their client configurations, kept from the previous snapshot when equal.
     pub fn apply(&self, snapshot: Arc<Snapshot>) {
         let _one_at_a_time = self.apply_lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.live.load_full();
@@ -139,12 +143,14 @@ impl Runtime {
             .collect();
         let metrics = self.telemetry.metrics();
         let route_metrics = LiveMetrics::build(metrics, &snapshot, &old.metrics);
+        let upstream_tls = UpstreamTlsConfigs::build(&snapshot.routes, &old.upstream_tls);
         let certs_changed = !Arc::ptr_eq(&old.snapshot.certs, &snapshot.certs);
         metrics.snapshot_applied(&snapshot, backends_changed, certs_changed);
         self.live.store(Arc::new(Live {
             snapshot,
             backends,
             metrics: route_metrics,
+            upstream_tls,
         }));
         self.applied.store(true, Ordering::Release);
     }

@@ -207,20 +207,96 @@ impl Target {
     }
 }
 
-/// The identity of a backend: `namespace/service:port`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct BackendId(pub Arc<str>);
+/// The identity of a backend: `namespace/service:port`, with its namespace and Service kept
+/// apart (metrics label by them without taking the id apart again). One pointer wide; compared,
+/// hashed, ordered and serialised as the whole id.
+#[derive(Clone, Debug)]
+pub struct BackendId(Arc<BackendName>);
+
+#[derive(Debug)]
+struct BackendName {
+    id: Box<str>,
+    namespace: Arc<str>,
+    service: Arc<str>,
+}
 
 impl BackendId {
     /// The id of a Service port; `port` is the port's number or name as the Ingress wrote it.
     pub fn new(namespace: &str, service: &str, port: &str) -> BackendId {
-        BackendId(format!("{namespace}/{service}:{port}").into())
+        BackendId(Arc::new(BackendName {
+            id: format!("{namespace}/{service}:{port}").into(),
+            namespace: namespace.into(),
+            service: service.into(),
+        }))
+    }
+
+    /// `namespace/service:port`.
+    pub fn as_str(&self) -> &str {
+        &self.0.id
+    }
+
+    /// The Service's namespace.
+    pub fn namespace(&self) -> &Arc<str> {
+        &self.0.namespace
+    }
+
+    /// The Service's name.
+    pub fn service(&self) -> &Arc<str> {
+        &self.0.service
+    }
+}
+
+impl FromStr for BackendId {
+    type Err = std::convert::Infallible;
+
+    /// Reads an id as written (tests, tools): the whole text is the id; the namespace is what
+    /// comes before its `/` (none without one), the Service what follows, up to a last `:`.
+    fn from_str(s: &str) -> Result<BackendId, Self::Err> {
+        let (namespace, rest) = s.split_once('/').unwrap_or(("", s));
+        let service = rest.rsplit_once(':').map_or(rest, |(service, _)| service);
+        Ok(BackendId(Arc::new(BackendName {
+            id: s.into(),
+            namespace: namespace.into(),
+            service: service.into(),
+        })))
+    }
+}
+
+impl PartialEq for BackendId {
+    fn eq(&self, other: &BackendId) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.id == other.0.id
+    }
+}
+
+impl Eq for BackendId {}
+
+impl std::hash::Hash for BackendId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.id.hash(state);
+    }
+}
+
+impl PartialOrd for BackendId {
+    fn partial_cmp(&self, other: &BackendId) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BackendId {
+    fn cmp(&self, other: &BackendId) -> Ordering {
+        self.0.id.cmp(&other.0.id)
+    }
+}
+
+impl Serialize for BackendId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.id)
     }
 }
 
 impl fmt::Display for BackendId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.0.id)
     }
 }
 
@@ -294,7 +370,7 @@ pub struct RouteAction {
     /// How to speak TLS to the backend when its protocol is `https` or `h2` (server name, trust;
     /// per Ingress and Service); `None` for plain backends.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream_tls: Option<Arc<crate::upstream::UpstreamTls>>,
+    pub upstream_tls: Option<Arc<crate::upstream_tls::UpstreamTls>>,
     /// Upstream timeouts of the Ingress that declared the route, where it sets them.
     #[serde(skip_serializing_if = "UpstreamTimeouts::is_default")]
     pub timeouts: UpstreamTimeouts,
@@ -313,7 +389,7 @@ pub struct RouteAction {
     pub rewrite: Option<Arc<Rewrite>>,
     /// Limits and authentication checked before proxying (ingress-nginx's `limit-*`, `auth-*`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub access: Option<Arc<crate::policy::Access>>,
+    pub access: Option<Arc<crate::access_policy::Access>>,
     /// Per-request choices: alternative backends, target pinning, upstream Host
     /// ([`crate::policy`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -385,10 +461,10 @@ impl Rewrite {
 pub struct SourceRanges {
     /// Refused (403), checked first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub deny: Vec<crate::forwarded::Cidr>,
+    pub deny: Vec<crate::cidr::Cidr>,
     /// When set, only these are admitted; everyone else gets 403.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub allow: Option<Vec<crate::forwarded::Cidr>>,
+    pub allow: Option<Vec<crate::cidr::Cidr>>,
     /// A list did not parse: the route answers 503 to everyone (fail closed).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub invalid: bool,
@@ -769,32 +845,10 @@ impl RouteTable {
     /// port and a trailing dot are ignored; case-insensitive); `path` excludes the query.
     /// Allocates nothing for hosts of up to 255 bytes.
     pub fn find<'a>(&'a self, host: &str, path: &str) -> Option<Matched<'a>> {
-        let host = strip_port(host);
-        let host = host.strip_suffix('.').unwrap_or(host);
-        let mut buf = [0u8; 255];
-        let lowered: &str =
-            if host.len() <= buf.len() && !host.bytes().any(|b| b.is_ascii_uppercase()) {
-                host
-            } else if host.len() <= buf.len() {
-                let out = &mut buf[..host.len()];
-                out.copy_from_slice(host.as_bytes());
-                out.make_ascii_lowercase();
-                // ASCII lowercasing keeps UTF-8 valid.
-                std::str::from_utf8(out).unwrap_or(host)
-            } else {
-                return self.within(&self.any_host, path);
-            };
-        if let Some(rules) = self.exact.get(lowered) {
-            return self.within(rules, path);
-        }
-        if let Some((label, suffix)) = lowered.split_once('.') {
-            if !label.is_empty() {
-                if let Some(rules) = self.wildcard.get(suffix) {
-                    return self.within(rules, path);
-                }
-            }
-        }
-        self.within(&self.any_host, path)
+        let mut buf = [0u8; crate::host::MAX_NAME];
+        let rules = crate::host::normalize_name(strip_port(host), &mut buf)
+            .and_then(|name| crate::host::lookup(&self.exact, &self.wildcard, name));
+        self.within(rules.unwrap_or(&self.any_host), path)
     }
 
     fn within<'a>(&'a self, rules: &'a HostRules, path: &str) -> Option<Matched<'a>> {
@@ -812,18 +866,23 @@ impl RouteTable {
         }
     }
 
-    /// Every backend id the table refers to.
-    pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
+    /// Every action of the table with its host entry as written (empty for the host-less rules
+    /// and the default backend).
+    pub fn actions(&self) -> impl Iterator<Item = (&str, &RouteAction)> {
         self.exact
             .values()
             .chain(self.wildcard.values())
             .chain(std::iter::once(&self.any_host))
-            .flat_map(|h| h.rules.iter().map(|r| &r.action))
-            .chain(self.default_backend.iter())
-            .flat_map(|a| {
-                let alternatives = a.choice.iter().flat_map(|c| &c.alternatives);
-                std::iter::once(&a.backend).chain(alternatives.map(|alt| &alt.backend))
-            })
+            .flat_map(|h| h.rules.iter().map(move |r| (&*h.host, &r.action)))
+            .chain(self.default_backend.iter().map(|a| ("", a)))
+    }
+
+    /// Every backend id the table refers to, the alternatives of per-request choices included.
+    pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
+        self.actions().flat_map(|(_, action)| {
+            let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
+            std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
+        })
     }
 }
 
@@ -898,20 +957,12 @@ impl CertTable {
     }
 
     /// The certificate for a TLS client: the exact SNI name, then the wildcard covering its first
-    /// label, then the default. `None` SNI (an IP-literal client) gets the default.
+    /// label ([`crate::host::lookup`], as routes match), then the default. `None` SNI (an IP-literal client) gets the default.
     pub fn find(&self, sni: Option<&str>) -> Option<&Arc<TlsCert>> {
-        if let Some(name) = sni {
-            let name = name.trim_end_matches('.');
-            if let Some(cert) = self.exact.get(name) {
-                return Some(cert);
-            }
-            if let Some((_, suffix)) = name.split_once('.') {
-                if let Some(cert) = self.wildcard.get(suffix) {
-                    return Some(cert);
-                }
-            }
-        }
-        self.default.as_ref()
+        let mut buf = [0u8; crate::host::MAX_NAME];
+        sni.and_then(|name| crate::host::normalize_name(name, &mut buf))
+            .and_then(|name| crate::host::lookup(&self.exact, &self.wildcard, name))
+            .or(self.default.as_ref())
     }
 
     /// Every certificate of the table (one per host entry, plus the default).
@@ -979,6 +1030,33 @@ impl Snapshot {
 }
 
 #[cfg(test)]
+impl RouteAction {
+    /// A plain route to `backend` (an id as written) declared by the Ingress `ns/ing`, for the
+    /// tests of every module.
+    pub(crate) fn to(backend: &str) -> RouteAction {
+        RouteAction {
+            backend: backend.parse().unwrap_or_else(|never| match never {}),
+            policy: FamilyPolicy::default(),
+            origin: Origin {
+                namespace: "ns".into(),
+                name: "ing".into(),
+                created: 0,
+            },
+            redirect_https: false,
+            max_body_bytes: 0,
+            upstream_tls: None,
+            timeouts: UpstreamTimeouts::default(),
+            protocol: None,
+            redirect: None,
+            source_ranges: None,
+            rewrite: None,
+            access: None,
+            choice: None,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -994,19 +1072,8 @@ mod tests {
         PathRule {
             matcher: m,
             action: RouteAction {
-                backend: BackendId(backend.into()),
-                policy: FamilyPolicy::default(),
                 origin: origin(backend, created),
-                redirect_https: false,
-                max_body_bytes: 0,
-                upstream_tls: None,
-                timeouts: UpstreamTimeouts::default(),
-                protocol: None,
-                redirect: None,
-                source_ranges: None,
-                rewrite: None,
-                access: None,
-                choice: None,
+                ..RouteAction::to(backend)
             },
         }
     }
@@ -1056,7 +1123,7 @@ mod tests {
         let (host, _) = HostRules::new("h", rules);
         let order: Vec<&str> = host.rules.iter().map(|r| r.matcher.path()).collect();
         assert_eq!(order, ["/abcd/", "/abc", "/a.c", "/ab", "/"]);
-        let hit = |p: &str| host.find(p).map(|r| r.action.backend.0.to_string());
+        let hit = |p: &str| host.find(p).map(|r| r.action.backend.to_string());
         assert_eq!(hit("/ABCD/x").as_deref(), Some("long"));
         assert_eq!(hit("/abcd").as_deref(), Some("abc"));
         // `/abc` sorts before `/a.c` (both match `/abc`); `/axc` is only `/a.c`'s.
@@ -1117,7 +1184,7 @@ mod tests {
             "foo.com".into(),
             HostRules::new("*.foo.com", vec![rule(PathMatch::prefix("/"), "wild", 0)]).0,
         );
-        let get = |h: &str| t.find(h, "/x").map(|m| m.action.backend.0.to_string());
+        let get = |h: &str| t.find(h, "/x").map(|m| m.action.backend.to_string());
         assert_eq!(get("Foo.Bar.com:8080").as_deref(), Some("exact"));
         assert_eq!(get("foo.bar.com.").as_deref(), Some("exact"));
         assert_eq!(get("bar.foo.com").as_deref(), Some("wild"));

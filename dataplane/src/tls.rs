@@ -256,6 +256,47 @@ mod tests {
     }
 
     #[test]
+    fn routes_and_certificates_find_the_same_host_entries() {
+        use crate::table::{HostRules, PathMatch, PathRule, RouteAction, RouteTable};
+        let (crt, key) = generated(&["*.example.com"], &rcgen::PKCS_ECDSA_P256_SHA256);
+        let mut certs = CertTable::default();
+        let wild = Arc::new(load_pem("ns/wild", crt.as_bytes(), key.as_bytes()).unwrap());
+        assert!(certs.insert("*.example.com", wild.clone()));
+        assert!(certs.insert("exact.example.com", wild));
+        let mut routes = RouteTable::default();
+        let rules = |host: &str, backend: &str| {
+            let action = RouteAction::to(backend);
+            let rule = PathRule {
+                matcher: PathMatch::prefix("/"),
+                action,
+            };
+            HostRules::new(host, vec![rule]).0
+        };
+        routes
+            .wildcard
+            .insert("example.com".into(), rules("*.example.com", "wild"));
+        routes.exact.insert(
+            "exact.example.com".into(),
+            rules("exact.example.com", "exact"),
+        );
+        for (name, found) in [
+            ("a.example.com", true),
+            ("A.Example.COM", true),
+            ("a.example.com.", true),
+            ("exact.example.com", true),
+            ("EXACT.example.com.", true),
+            // An empty first label is no label: no wildcard covers it.
+            (".example.com", false),
+            ("example.com", false),
+            ("a.b.example.com", false),
+        ] {
+            let route = routes.find(name, "/").is_some();
+            let cert = certs.find(Some(name)).is_some();
+            assert_eq!((route, cert), (found, found), "{name:?}");
+        }
+    }
+
+    #[test]
     fn self_signed_fallback_loads() {
         let cert = self_signed().unwrap();
         assert!(covers(&cert, "duet.invalid"));

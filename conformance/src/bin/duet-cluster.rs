@@ -36,6 +36,12 @@ enum Cmd {
         /// One family only (IPv4 unless `=ipv6`); the default is dual-stack, IPv4 primary.
         #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "ipv4", require_equals = true)]
         single_stack: Option<Stack>,
+        /// Dual-stack with IPv6 as the primary family (Service range and pod IPs IPv6 first).
+        #[arg(long, conflicts_with = "single_stack")]
+        ipv6_primary: bool,
+        /// Install the Gateway API standard CRDs (go run ./cmd/crds apply) before the controllers.
+        #[arg(long)]
+        gateway_api: bool,
         /// Where etcd, kube-apiserver and kube-controller-manager are (default: build.sh's).
         #[arg(long)]
         bin_dir: Option<PathBuf>,
@@ -63,8 +69,17 @@ fn main() {
         Cmd::Up {
             dir,
             single_stack,
+            ipv6_primary,
+            gateway_api,
             bin_dir,
-        } => up(dir, single_stack.unwrap_or(Stack::Dual), bin_dir),
+        } => {
+            let dual = if ipv6_primary {
+                Stack::DualIpv6
+            } else {
+                Stack::Dual
+            };
+            up(dir, single_stack.unwrap_or(dual), gateway_api, bin_dir)
+        }
         Cmd::Down { dir } => down(&dir),
         Cmd::Exec { dir, command } => exec(&dir, &command),
     };
@@ -74,7 +89,12 @@ fn main() {
     }
 }
 
-fn up(dir: PathBuf, stack: Stack, bin_dir: Option<PathBuf>) -> anyhow::Result<()> {
+fn up(
+    dir: PathBuf,
+    stack: Stack,
+    gateway_api: bool,
+    bin_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = dir.canonicalize()?;
     if let Ok(pid) = std::fs::read_to_string(dir.join("pid")) {
@@ -100,6 +120,7 @@ fn up(dir: PathBuf, stack: Stack, bin_dir: Option<PathBuf>) -> anyhow::Result<()
             stack,
             bin_dir,
             dir: Some(dir.clone()),
+            gateway_api,
             ..Options::default()
         };
         let cluster = Cluster::start(options).await?;

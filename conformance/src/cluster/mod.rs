@@ -1,7 +1,9 @@
 //! A real Kubernetes control plane on one machine: etcd, kube-apiserver and
 //! kube-controller-manager built from their Go modules (`conformance/cluster/build.sh`), run in a
 //! network namespace of their own with a stand-in kubelet ([`kubelet`]) that runs pods as echo
-//! servers on real pod addresses of both families.
+//! servers on real pod addresses of both families, and a stand-in load-balancer controller
+//! ([`loadbalancer`]) that gives LoadBalancer Services addresses of both families and forwards
+//! their traffic with nftables.
 //!
 //! Reachability: [`Cluster::start`] moves the calling thread into the namespace, so the API
 //! server (`https://127.0.0.1:6443`, or `[::1]` on an IPv6-only cluster), every pod address and
@@ -15,6 +17,7 @@
 
 pub mod faults;
 pub mod kubelet;
+pub mod loadbalancer;
 pub mod netns;
 mod pki;
 pub mod shared;
@@ -58,6 +61,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 pub enum Stack {
     /// IPv4 and IPv6, IPv4 primary.
     Dual,
+    /// IPv4 and IPv6, IPv6 primary (the Service range lists IPv6 first, so `PreferDualStack`
+    /// Services get `ipFamilies: [IPv6, IPv4]`). Not offered by `duet-cluster up`.
+    #[value(skip)]
+    DualIpv6,
     /// IPv4 only.
     Ipv4,
     /// IPv6 only.
@@ -69,6 +76,7 @@ impl Stack {
     pub fn families(self) -> &'static [Family] {
         match self {
             Stack::Dual => &Family::BOTH,
+            Stack::DualIpv6 => &[Family::V6, Family::V4],
             Stack::Ipv4 => &[Family::V4],
             Stack::Ipv6 => &[Family::V6],
         }
@@ -118,6 +126,10 @@ pub struct Options {
     /// Flags added to kube-apiserver's own (e.g. `--watch-cache=false` and a short
     /// `--etcd-compaction-interval`, to make `410 Gone` happen).
     pub apiserver_flags: Vec<String>,
+    /// Install the Gateway API standard CRDs ([`Cluster::install_gateway_crds`]) before
+    /// kube-controller-manager starts, so its garbage collector watches Gateways from the start
+    /// (CRDs added later are picked up at its next discovery resync, up to 30 s on).
+    pub gateway_api: bool,
 }
 
 impl Default for Options {
@@ -127,6 +139,7 @@ impl Default for Options {
             bin_dir: None,
             dir: None,
             apiserver_flags: Vec::new(),
+            gateway_api: false,
         }
     }
 }
@@ -134,8 +147,9 @@ impl Default for Options {
 /// A running cluster; dropping it stops everything.
 #[derive(Debug)]
 pub struct Cluster {
-    // Field order is drop order: the kubelet, then the processes (newest first), then the
-    // namespace holder and the folder.
+    // Field order is drop order: the load balancer, the kubelet, then the processes (newest
+    // first), then the namespace holder and the folder.
+    loadbalancer: Option<loadbalancer::LoadBalancer>,
     kubelet: Option<kubelet::Kubelet>,
     processes: Vec<(&'static str, Child)>,
     netns: NetNs,
@@ -153,6 +167,7 @@ pub struct Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        drop(self.loadbalancer.take());
         drop(self.kubelet.take());
         for (_, child) in self.processes.iter_mut().rev() {
             let _ = child.kill();
@@ -245,6 +260,7 @@ impl Cluster {
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(&kubeconfig, pki.kubeconfig(options.stack.server_url()))?;
         let mut cluster = Cluster {
+            loadbalancer: None,
             kubelet: None,
             processes: Vec::new(),
             netns,
@@ -266,6 +282,9 @@ impl Cluster {
         cluster.spawn("kube-apiserver", &program, &args)?;
         let api = KubeApi::from_kubeconfig(&cluster.kubeconfig).await?;
         let apiserver_version = cluster.wait_ready(&api).await?;
+        if options.gateway_api {
+            cluster.install_gateway_crds()?;
+        }
         let kcm_args = cluster.controller_manager_args();
         cluster.spawn(
             "kube-controller-manager",
@@ -276,6 +295,10 @@ impl Cluster {
             cluster.netns.path(),
             &cluster.kubeconfig,
             cluster.stack,
+        )?);
+        cluster.loadbalancer = Some(loadbalancer::LoadBalancer::start(
+            cluster.netns.path(),
+            &cluster.kubeconfig,
         )?);
         cluster.wait_controllers(&api).await?;
         let kcm_version = version_of(&bin.join("kube-controller-manager"))?;
@@ -347,6 +370,30 @@ impl Cluster {
         self.spawn("kube-apiserver", &program, &args)?;
         let api = self.api().await?;
         self.wait_ready(&api).await?;
+        Ok(())
+    }
+
+    /// Creates (or updates) the standard-channel Gateway API CRDs of the version
+    /// `conformance/gateway/go.mod` pins and waits until they are Established:
+    /// `go run ./cmd/crds apply` in `conformance/gateway/` (the Go module cache must hold the
+    /// module: the namespace has no network).
+    pub fn install_gateway_crds(&self) -> anyhow::Result<()> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway");
+        let out = Command::new("go")
+            .args(["run", "-mod=readonly", "./cmd/crds", "apply", "-kubeconfig"])
+            .arg(&self.kubeconfig)
+            .current_dir(&dir)
+            .env("GOPROXY", "off")
+            .stdin(Stdio::null())
+            .output()
+            .context("cannot run go (the Gateway API CRDs are installed by conformance/gateway/cmd/crds)")?;
+        if !out.status.success() {
+            bail!(
+                "go run ./cmd/crds apply failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
         Ok(())
     }
 

@@ -31,6 +31,19 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         "ingressclasses",
         false,
     ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "GatewayClass",
+        "gatewayclasses",
+        false,
+    ),
+    ("gateway.networking.k8s.io/v1", "Gateway", "gateways", true),
+    (
+        "gateway.networking.k8s.io/v1",
+        "ReferenceGrant",
+        "referencegrants",
+        true,
+    ),
 ];
 
 /// A client for one API server.

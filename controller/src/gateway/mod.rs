@@ -1,4 +1,17 @@
-//! Gateway API support (issue 14, in progress): the API types so far; the GatewayProcessor,
-//! the per-Gateway Services and status follow (README, "Gateway API (in progress)").
+//! Gateway API support (issue 14, in progress): the API types, GatewayClasses of our controller
+//! accepted, and each Gateway of our classes given its own addresses of both families through a
+//! LoadBalancer Service duet manages, with the Gateway's status. Routes are not served yet
+//! (README, "Gateway API (in progress)").
 
 pub mod api;
+pub mod class;
+pub mod conditions;
+pub mod config;
+pub mod controller;
+pub mod listeners;
+pub mod ports;
+pub mod refs;
+pub mod service;
+
+pub use config::{GatewayArgs, GatewayConfig, DEFAULT_CONTROLLER_NAME};
+pub use controller::spawn;

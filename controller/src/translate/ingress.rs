@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dataplane::policy::Access;
+use dataplane::access_policy::Access;
 use dataplane::table::{Redirect, SourceRanges, UpstreamTimeouts};
 use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, PathRule, RouteAction};
 use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend, IngressRule};

@@ -170,7 +170,9 @@ impl<'a> Translation<'a> {
             self.diagnose(from, Reason::InvalidAnnotation, message);
             return id;
         }
-        let cluster = BackendId(format!("{id}/cluster-ip").into());
+        let written = id.as_str().rsplit_once(':').map_or("", |(_, port)| port);
+        let (namespace, name) = (&spec.service.namespace, &spec.service.name);
+        let cluster = BackendId::new(namespace, name, &format!("{written}/cluster-ip"));
         let spec = BackendSpec {
             cluster_ips: ips,
             ..spec.clone()
@@ -188,7 +190,7 @@ impl<'a> Translation<'a> {
         ingress: &Ingress,
         id: &BackendId,
         nginx_protocol: Option<UpstreamProtocol>,
-    ) -> Option<Arc<dataplane::upstream::UpstreamTls>> {
+    ) -> Option<Arc<dataplane::upstream_tls::UpstreamTls>> {
         let spec = self.backends.get(id)?;
         self.upstream_tls.route(
             key,

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dataplane::table::UpstreamProtocol;
-use dataplane::upstream::{UpstreamTls, UpstreamTrust};
+use dataplane::upstream_tls::{UpstreamTls, UpstreamTrust};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::Ingress;
 
@@ -66,7 +66,7 @@ fn verification(
         BACKEND_TLS_SERVER_NAME_ANNOTATION,
         |v| match v.trim() {
             "" => Ok(default_name.clone()),
-            name if dataplane::upstream::valid_server_name(name) => Ok(name.to_owned()),
+            name if dataplane::upstream_tls::valid_server_name(name) => Ok(name.to_owned()),
             name => Err(format!("{name:?} is neither a DNS name nor an IP address")),
         },
         (default_name.clone(), format_args!("using {default_name}")),

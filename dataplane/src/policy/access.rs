@@ -14,25 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use serde::Serialize;
 
-use basic_auth::BasicAuth;
-use ext_auth::ExternalAuth;
-use rate_limit::RateLimit;
-
-/// What a route checks before proxying (ingress-nginx's `limit-*` and `auth-*` annotations).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Access {
-    /// Per-client limits; over them, 503.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rate_limit: Option<RateLimit>,
-    /// htpasswd users; a request without valid credentials gets 401.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub basic_auth: Option<BasicAuth>,
-    /// An auth service asked about every request.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub external_auth: Option<ExternalAuth>,
-}
+use crate::access_policy::{Access, BasicAuth, ExternalAuth, RateLimit};
 
 /// What an admitted request holds until its response is done: its `limit-connections` slot,
 /// and the auth response's `Set-Cookie` headers for the client.

@@ -24,7 +24,7 @@ pub fn named(headers: &HeaderMap, name: &str) -> Option<u64> {
 /// The token of a backend's target.
 pub fn token(backend: &LiveBackend, index: usize) -> u64 {
     let id = &backend.backend.targets[index].id.0;
-    super::stable_hash(&[backend.backend.id.0.as_bytes(), id.as_bytes()])
+    super::stable_hash(&[backend.backend.id.as_str().as_bytes(), id.as_bytes()])
 }
 
 /// The target a token names, if the backend still has it.
@@ -111,7 +111,7 @@ mod tests {
             })
             .collect();
         let backend = Backend {
-            id: BackendId("ns/svc:80".into()),
+            id: "ns/svc:80".parse::<BackendId>().unwrap(),
             targets: targets.into(),
             lb: LbPolicy::P2c,
             protocol: UpstreamProtocol::Http1,

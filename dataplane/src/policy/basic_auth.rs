@@ -8,63 +8,11 @@ use std::sync::Arc;
 use base64::Engine as _;
 use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use md5::{Digest as _, Md5};
-use serde::{Serialize, Serializer};
 use sha1::Sha1;
 use subtle::ConstantTimeEq as _;
 
-/// Basic authentication of a route.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct BasicAuth {
-    /// The realm sent in `WWW-Authenticate: Basic realm="…"` (`auth-realm`; empty by default).
-    pub realm: Arc<str>,
-    /// The users and their hashes, in file order (the first line of a user wins, as in nginx).
-    pub users: Arc<[Credential]>,
-    /// Why the route admits nobody (a missing Secret, a Secret without `auth`): every request
-    /// gets 503, as ingress-nginx denies the location.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Arc<str>>,
-}
-
-/// One htpasswd line: a user and the hash of their password.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credential {
-    /// The user name.
-    pub user: Arc<str>,
-    /// The hash as written.
-    pub hash: Arc<str>,
-}
-
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:<{}>", self.user, scheme(&self.hash))
-    }
-}
-
-impl Serialize for Credential {
-    /// The user and the hash's scheme; never the hash.
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&format_args!("{}:{}", self.user, scheme(&self.hash)))
-    }
-}
-
-/// The name of a hash's scheme: `bcrypt`, `apr1`, `md5-crypt`, `sha1`, `ssha`, `plain` or
-/// `unsupported`.
-pub fn scheme(hash: &str) -> &'static str {
-    match hash {
-        h if ["$2a$", "$2b$", "$2y$", "$2x$"]
-            .iter()
-            .any(|p| h.starts_with(p)) =>
-        {
-            "bcrypt"
-        }
-        h if h.starts_with("$apr1$") => "apr1",
-        h if h.starts_with("$1$") => "md5-crypt",
-        h if h.starts_with("{SHA}") => "sha1",
-        h if h.starts_with("{SSHA}") => "ssha",
-        h if h.starts_with("{PLAIN}") => "plain",
-        _ => "unsupported",
-    }
-}
+pub use crate::access_policy::scheme;
+use crate::access_policy::{BasicAuth, Credential};
 
 /// Parses an htpasswd file: `user:hash[:comment]` per line; blank lines and `#` comments skipped.
 pub fn parse_htpasswd(text: &str) -> Vec<Credential> {
@@ -97,6 +45,7 @@ pub fn credentials(headers: &HeaderMap) -> Option<(String, Vec<u8>)> {
     Some((user, decoded[colon + 1..].to_vec()))
 }
 
+// The checks of the contract's data (`access_policy`), which holds no logic beyond it.
 impl BasicAuth {
     /// The hash of a user, as nginx finds it (the first line naming the user).
     pub fn hash_of(&self, user: &str) -> Option<Arc<str>> {

@@ -18,52 +18,14 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
-use serde::Serialize;
 use tokio::net::TcpStream;
+
+use crate::access_policy::ExternalAuth;
+use crate::upstream::tls::LiveTls;
+use crate::upstream_tls::{UpstreamTls, UpstreamTrust};
 
 /// The auth request has no body.
 type AuthBody = Empty<Bytes>;
-
-/// External authentication of a route.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ExternalAuth {
-    /// The auth URL as written (`auth-url`), variables unexpanded.
-    pub url: Arc<str>,
-    /// The method of the auth request (`auth-method`); GET when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub method: Option<Arc<str>>,
-    /// Where a 401 redirects (`auth-signin`), variables unexpanded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signin: Option<Arc<str>>,
-    /// The query parameter carrying the original URL (`auth-signin-redirect-param`, `rd`).
-    pub redirect_param: Arc<str>,
-    /// Headers of the auth response copied onto the upstream request (`auth-response-headers`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub response_headers: Vec<Arc<str>>,
-    /// `X-Auth-Request-Redirect` sent to the auth URL (`auth-request-redirect`); the request URI
-    /// when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_redirect: Option<Arc<str>>,
-    /// Why the route admits nobody (the URL does not parse): 503, as ingress-nginx denies the
-    /// location.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Arc<str>>,
-}
-
-impl ExternalAuth {
-    /// Settings for an auth URL, everything else at ingress-nginx's defaults.
-    pub fn new(url: &str) -> ExternalAuth {
-        ExternalAuth {
-            url: url.into(),
-            method: None,
-            signin: None,
-            redirect_param: "rd".into(),
-            response_headers: Vec::new(),
-            request_redirect: None,
-            error: None,
-        }
-    }
-}
 
 /// The request values nginx variables stand for.
 #[derive(Clone, Debug)]
@@ -454,12 +416,9 @@ async fn connect(
         return handshake(stream, addr).await;
     }
     // As ingress-nginx's auth location: SNI on, the certificate not verified.
-    let tls = crate::upstream::UpstreamTls::new(
-        &url.host,
-        &crate::upstream::UpstreamTrust::SkipVerify,
-        false,
-    )
-    .map_err(std::io::Error::other)?;
+    let settings = UpstreamTls::new(&url.host, &UpstreamTrust::SkipVerify, false)
+        .map_err(std::io::Error::other)?;
+    let tls = LiveTls::new(Arc::new(settings));
     let stream = tokio::time::timeout(timeout, tls.handshake(stream, false))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS timed out"))??;

@@ -176,7 +176,7 @@ mod tests {
             .collect();
         LiveBackend::new(
             Arc::new(Backend {
-                id: BackendId("ns/svc:80".into()),
+                id: "ns/svc:80".parse::<BackendId>().unwrap(),
                 targets: targets.into(),
                 lb: LbPolicy::P2c,
                 protocol: UpstreamProtocol::Http1,

@@ -13,10 +13,7 @@ pub mod hash;
 pub mod rate_limit;
 pub mod steer;
 
-pub use access::{Access, Admission, Client, Gate, Refusal};
-pub use basic_auth::BasicAuth;
-pub use ext_auth::ExternalAuth;
-pub use rate_limit::RateLimit;
+pub use access::{Admission, Client, Gate, Refusal};
 pub use steer::{
     cookie, cors_for, mix, preflight, respond, set_upstream_host, stable_hash, steer,
     steer_request, upstream_host, Backends, RequestView, Steered,

@@ -14,51 +14,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use serde::Serialize;
-
-use crate::forwarded::Cidr;
+use crate::access_policy::RateLimit;
 
 /// Entries kept per zone and kind before drained ones are dropped (nginx's 5 MB zone holds
 /// about this many); past it, a zone starts over rather than grow without bound.
 const MAX_KEYS: usize = 100_000;
-
-/// The limits of a route.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RateLimit {
-    /// Requests per second per client (`limit-rps`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rps: Option<u32>,
-    /// Requests per minute per client (`limit-rpm`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rpm: Option<u32>,
-    /// Requests in progress per client (`limit-connections`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub connections: Option<u32>,
-    /// `burst = limit × burst_multiplier` (`limit-burst-multiplier`, default 5).
-    pub burst_multiplier: u32,
-    /// Clients never limited (`limit-allowlist`, alias `limit-whitelist`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub allow: Vec<Cidr>,
-    /// The prefix length an IPv6 client is keyed by (64 unless set; 128 is ingress-nginx's).
-    pub ipv6_prefix: u8,
-    /// A value did not parse: the route answers 503 to everyone (fail closed).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Arc<str>>,
-}
-
-impl Default for RateLimit {
-    fn default() -> RateLimit {
-        RateLimit {
-            rps: None,
-            rpm: None,
-            connections: None,
-            burst_multiplier: 5,
-            allow: Vec::new(),
-            ipv6_prefix: 64,
-            error: None,
-        }
-    }
-}
 
 /// The key a client is limited under: its IPv4 address, or its IPv6 network of `prefix` bits.
 pub fn client_key(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {

@@ -241,7 +241,7 @@ mod tests {
 
     fn action(parts: Vec<KeyPart>) -> RouteAction {
         RouteAction {
-            backend: BackendId("ns/svc:80".into()),
+            backend: "ns/svc:80".parse::<BackendId>().unwrap(),
             policy: FamilyPolicy::default(),
             origin: Origin {
                 namespace: "ns".into(),

@@ -13,10 +13,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dataplane::forwarded::Cidr;
-use dataplane::policy::basic_auth::{self, Credential};
-use dataplane::policy::ext_auth::{self, ExternalAuth};
-use dataplane::policy::{Access, BasicAuth, RateLimit};
+use dataplane::access_policy::{Access, BasicAuth, Credential, ExternalAuth, RateLimit};
+use dataplane::cidr::Cidr;
+use dataplane::policy::{basic_auth, ext_auth};
 use k8s_openapi::api::core::v1::Secret;
 
 use super::super::annotation::{annotation, Annotated};

@@ -445,7 +445,7 @@ mod tests {
             ("canary-by-header-value", "yes"),
         ]);
         let mut c = Choice::default();
-        t.attach_canary(&mut c, BackendId("ns/canary:80".into()), "/");
+        t.attach_canary(&mut c, "ns/canary:80".parse::<BackendId>().unwrap(), "/");
         assert_eq!(c.steps.len(), 1);
         assert_eq!(
             c.steps[0].when,
@@ -461,7 +461,7 @@ mod tests {
             ("canary-weight-total", "1000"),
         ]);
         let mut c = Choice::default();
-        t.attach_canary(&mut c, BackendId("ns/canary:80".into()), "/");
+        t.attach_canary(&mut c, "ns/canary:80".parse::<BackendId>().unwrap(), "/");
         let arms: Vec<usize> = c.steps.iter().map(|s| s.arm).collect();
         assert_eq!(arms, [1, 0, 1, 0]);
         assert_eq!((c.alternatives[0].weight, c.weight_total), (10, 1000));

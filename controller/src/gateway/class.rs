@@ -1,0 +1,91 @@
+//! GatewayClasses: those whose `spec.controllerName` is ours (`--gateway-controller-name`) get
+//! `Accepted` and `supportedFeatures`; others are never touched.
+//!
+//! `supportedFeatures` lists the conformance features duet passes. It is empty for now: duet
+//! serves no route of a Gateway yet, so it passes none of the suite's features (README, "Gateway
+//! API (in progress)"); each joins the list when its tests pass on both family runs.
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::api::gatewayclasses::{
+    GatewayClass, GatewayClassStatus, GatewayClassStatusSupportedFeatures,
+};
+use super::conditions::{dated, Cond};
+
+/// The conformance features duet passes (see the module documentation).
+pub const SUPPORTED_FEATURES: &[&str] = &[];
+
+/// Whether the class is ours.
+pub fn is_ours(class: &GatewayClass, controller_name: &str) -> bool {
+    class.spec.controller_name == controller_name
+}
+
+/// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
+fn accepted(class: &GatewayClass) -> Cond {
+    match &class.spec.parameters_ref {
+        Some(p) => Cond::no(
+            "Accepted",
+            "InvalidParameters",
+            format!(
+                "parametersRef {}/{} {}: duet supports no parameters",
+                p.group, p.kind, p.name
+            ),
+        ),
+        None => Cond::yes("Accepted", "Accepted", "duet serves this class"),
+    }
+}
+
+/// The status duet writes on one of its classes, keeping transition times of `class.status`.
+pub fn status(class: &GatewayClass, now: Timestamp) -> GatewayClassStatus {
+    let old = class
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    GatewayClassStatus {
+        conditions: Some(dated(
+            &[accepted(class)],
+            class.metadata.generation,
+            &old,
+            now,
+        )),
+        supported_features: Some(
+            SUPPORTED_FEATURES
+                .iter()
+                .map(|f| GatewayClassStatusSupportedFeatures {
+                    name: (*f).to_owned(),
+                })
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(yaml: &str) -> GatewayClass {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn accepted_with_generation_unless_it_names_parameters() {
+        let c = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet, generation: 3}\nspec: {controllerName: duet.dev/gateway-controller}");
+        assert!(is_ours(&c, "duet.dev/gateway-controller"));
+        assert!(!is_ours(&c, "example.com/other"));
+        let s = status(&c, Timestamp::now());
+        let cond = &s.conditions.unwrap()[0];
+        assert_eq!(
+            (cond.type_.as_str(), cond.status.as_str()),
+            ("Accepted", "True")
+        );
+        assert_eq!(cond.observed_generation, Some(3));
+        assert_eq!(s.supported_features, Some(Vec::new()));
+        let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
+        let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "InvalidParameters")
+        );
+    }
+}

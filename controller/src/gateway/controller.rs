@@ -1,0 +1,649 @@
+//! The Gateway API controllers (kube-runtime), run on every replica; only the leader writes.
+//!
+//! - GatewayClasses ([`super::class`]): ours get `Accepted` and `supportedFeatures`.
+//! - Gateways of our classes: the listeners are judged ([`super::listeners`]), pod ports are
+//!   assigned over all our Gateways at once ([`super::ports`], concurrency 1 so two reconciles
+//!   never assign at the same time), the Gateway's Service and its EndpointSlices are applied
+//!   (server-side apply, field manager `duet-gateway`; [`super::service`]) and the status is
+//!   written: `addresses` from the Service in its family order, `Accepted`, `Programmed`, and per
+//!   listener `Accepted`, `Conflicted`, `Programmed`, `ResolvedRefs`, `supportedKinds` and
+//!   `attachedRoutes` (0: routes are not served yet), every condition with the Gateway's
+//!   `observedGeneration`. A Gateway that stops being ours loses its Service.
+//!
+//! `Programmed` stays `False` (reason `Pending`) once addresses are assigned: duet's dataplane
+//! does not bind the assigned pod ports yet (the next step of issue 14).
+//!
+//! Objects are watched as `DynamicObject` and decoded one by one: one the types refuse is
+//! logged and skipped, never a failed list. Reconciles of non-leaders return at once; gaining
+//! leadership reconciles everything.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt as _};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt as _};
+use kube::{Client, Resource, ResourceExt as _};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::api::gateways::{
+    GatewayStatus, GatewayStatusAddresses, GatewayStatusListeners,
+    GatewayStatusListenersSupportedKinds,
+};
+use super::api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
+use super::conditions::{dated, Cond};
+use super::listeners::{self, Verdict};
+use super::ports::{self, Allocation, Claim, GatewayKey};
+use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
+use super::{class, refs, GatewayConfig};
+
+/// The field manager of duet's server-side applies.
+pub const FIELD_MANAGER: &str = "duet-gateway";
+
+/// How long a failed reconcile waits before the next try.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// Why a reconcile failed (it is retried after [`RETRY`]).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The API refused a request or could not be reached.
+    #[error("API request failed: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// What the reconcilers share.
+struct Ctx {
+    client: Client,
+    config: GatewayConfig,
+    leading: watch::Receiver<bool>,
+    gateways: Store<DynamicObject>,
+    classes: Store<DynamicObject>,
+    grants: Store<DynamicObject>,
+    services: Store<Service>,
+    pods: Store<Pod>,
+    /// Assignments this process wrote, which the Service store may not show yet.
+    written: Mutex<HashMap<GatewayKey, BTreeMap<u16, u16>>>,
+}
+
+/// Starts the GatewayClass and Gateway controllers. `pod_namespace` holds duet's pods.
+pub fn spawn(
+    client: Client,
+    config: GatewayConfig,
+    pod_namespace: String,
+    leading: watch::Receiver<bool>,
+) {
+    let class_ar = ApiResource::erase::<GatewayClass>(&());
+    let gateway_ar = ApiResource::erase::<Gateway>(&());
+    let classes_api = Api::<DynamicObject>::all_with(client.clone(), &class_ar);
+    let gateways_api = Api::<DynamicObject>::all_with(client.clone(), &gateway_ar);
+    let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let (classes, _) = spawn_reflector(
+        classes_api.clone(),
+        watcher::Config::default(),
+        class_ar.clone(),
+    );
+    let (services, _) = spawn_reflector(Api::<Service>::all(client.clone()), managed.clone(), ());
+    let grant_ar = ApiResource::erase::<ReferenceGrant>(&());
+    let grants_api = Api::<DynamicObject>::all_with(client.clone(), &grant_ar);
+    let (grants, grants_changed) =
+        spawn_reflector(grants_api, watcher::Config::default(), grant_ar);
+    let pods_wc = watcher::Config::default().labels(&config.selector_string());
+    let pods_api = Api::<Pod>::namespaced(client.clone(), &pod_namespace);
+    let (pods, pods_changed) = spawn_reflector(pods_api, pods_wc, ());
+
+    let gateway_controller =
+        Controller::new_with(gateways_api, watcher::Config::default(), gateway_ar.clone())
+            .with_config(ControllerConfig::default().concurrency(1));
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        config,
+        leading: leading.clone(),
+        gateways: gateway_controller.store(),
+        classes,
+        grants,
+        services,
+        pods,
+        written: Mutex::new(HashMap::new()),
+    });
+    let by_class = ctx.gateways.clone();
+    let gateway_controller = gateway_controller
+        .owns_with(Api::<Service>::all(client.clone()), (), managed)
+        .watches_with(
+            classes_api.clone(),
+            class_ar.clone(),
+            watcher::Config::default(),
+            move |c| gateways_of_class(&by_class, &c.name_any()),
+        )
+        .reconcile_all_on(changes(pods_changed))
+        .reconcile_all_on(changes(grants_changed))
+        .reconcile_all_on(leadership_gained(leading.clone()))
+        .run(reconcile_gateway, error_policy, ctx.clone());
+    tokio::spawn(gateway_controller.for_each(log_result("Gateway")));
+
+    let class_controller = Controller::new_with(classes_api, watcher::Config::default(), class_ar)
+        .reconcile_all_on(leadership_gained(leading))
+        .run(reconcile_class, error_policy, ctx);
+    tokio::spawn(class_controller.for_each(log_result("GatewayClass")));
+}
+
+/// A reflector store fed by its own watcher, and a counter of its changes.
+fn spawn_reflector<K>(
+    api: Api<K>,
+    wc: watcher::Config,
+    dyntype: K::DynamicType,
+) -> (Store<K>, watch::Receiver<u64>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    let kind_of = dyntype.clone();
+    let writer = reflector::store::Writer::new(dyntype);
+    let reader = writer.as_reader();
+    let (tx, rx) = watch::channel(0u64);
+    let kind = K::kind(&kind_of).into_owned();
+    let stream = reflector::reflector(writer, watcher(api, wc).default_backoff());
+    tokio::spawn(stream.for_each(move |event| {
+        match event {
+            Ok(_) => tx.send_modify(|n| *n += 1),
+            Err(error) => tracing::debug!(kind = %kind, %error, "Gateway API watch failed"),
+        }
+        async {}
+    }));
+    (reader, rx)
+}
+
+/// One item per change of the counter.
+fn changes(rx: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
+}
+
+/// One item each time this replica becomes the leader.
+fn leadership_gained(rx: watch::Receiver<bool>) -> impl Stream<Item = ()> + Send {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
+/// Logs a controller's failures: the first one after a success as a warning (a cluster without
+/// the Gateway API CRDs fails every few seconds), the rest at debug level.
+fn log_result<T: Debug, E: std::fmt::Display>(
+    what: &'static str,
+) -> impl FnMut(Result<T, E>) -> std::future::Ready<()> {
+    let mut failing = false;
+    move |result| {
+        match result {
+            Ok(_) => failing = false,
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(kind = what, %error, "Gateway API controller error");
+            }
+            Err(error) => tracing::debug!(kind = what, %error, "Gateway API controller error"),
+        }
+        std::future::ready(())
+    }
+}
+
+fn error_policy(_object: Arc<DynamicObject>, error: &GatewayError, _ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(%error, "Gateway API reconcile failed; retrying");
+    Action::requeue(RETRY)
+}
+
+/// Decodes one object; one the types refuse is logged and skipped.
+fn decode<K: Resource + DeserializeOwned>(object: &DynamicObject) -> Option<K> {
+    match object.clone().try_parse::<K>() {
+        Ok(k) => Some(k),
+        Err(error) => {
+            tracing::warn!(
+                object = %format!("{}/{}", object.namespace().unwrap_or_default(), object.name_any()),
+                %error,
+                "Gateway API object not understood; skipped"
+            );
+            None
+        }
+    }
+}
+
+fn gateways_of_class(store: &Store<DynamicObject>, class: &str) -> Vec<ObjectRef<DynamicObject>> {
+    let ar = ApiResource::erase::<Gateway>(&());
+    store
+        .state()
+        .iter()
+        .filter(|g| g.data["spec"]["gatewayClassName"] == class)
+        .map(|g| ObjectRef::from_obj_with(g.as_ref(), ar.clone()))
+        .collect()
+}
+
+impl Ctx {
+    fn leads(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Whether the Gateway's class is one of ours.
+    fn ours(&self, gateway: &Gateway) -> bool {
+        let class = self
+            .classes
+            .state()
+            .into_iter()
+            .find(|c| c.name_any() == gateway.spec.gateway_class_name);
+        let class = class.and_then(|c| decode::<GatewayClass>(&c));
+        class.is_some_and(|c| class::is_ours(&c, &self.config.controller_name))
+    }
+
+    fn service_of(&self, namespace: &str, gateway: &str) -> Option<Arc<Service>> {
+        let name = service::service_name(gateway);
+        self.services.get(&ObjectRef::new(&name).within(namespace))
+    }
+
+    /// Pod ports for every Gateway of our classes.
+    fn allocate(&self) -> Allocation {
+        let mut gateways: Vec<Gateway> = self
+            .gateways
+            .state()
+            .iter()
+            .filter_map(|g| decode::<Gateway>(g))
+            .filter(|g| self.ours(g))
+            .collect();
+        gateways.sort_by_key(|g| {
+            (
+                g.metadata.creation_timestamp.clone().map(|t| t.0),
+                g.namespace(),
+                g.name_any(),
+            )
+        });
+        let written = self
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let claims: Vec<Claim> = gateways
+            .iter()
+            .map(|g| {
+                let key = (g.namespace().unwrap_or_default(), g.name_any());
+                let held = written.get(&key).cloned().or_else(|| {
+                    let svc = self.service_of(&key.0, &key.1)?;
+                    owned_by(&svc, g).then(|| service::held_ports(&svc))
+                });
+                Claim {
+                    listener_ports: valid_ports(g),
+                    held: held.unwrap_or_default(),
+                    gateway: key,
+                }
+            })
+            .collect();
+        ports::allocate(&claims)
+    }
+}
+
+/// The ports of a Gateway's valid listeners (none when the Gateway is not accepted).
+fn valid_ports(gateway: &Gateway) -> std::collections::BTreeSet<u16> {
+    let verdicts = listeners::check(&gateway.spec);
+    if !listeners::gateway_accepted(&gateway.spec, &verdicts).status {
+        return Default::default();
+    }
+    verdicts
+        .iter()
+        .filter(|v| v.valid())
+        .filter_map(|v| u16::try_from(v.port).ok())
+        .collect()
+}
+
+fn owned_by(service: &Service, gateway: &Gateway) -> bool {
+    let uid = gateway.metadata.uid.as_deref();
+    service
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| Some(o.uid.as_str()) == uid)
+}
+
+async fn reconcile_class(
+    object: Arc<DynamicObject>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, GatewayError> {
+    if !ctx.leads() {
+        return Ok(Action::await_change());
+    }
+    let Some(gateway_class) = decode::<GatewayClass>(&object) else {
+        return Ok(Action::await_change());
+    };
+    if !class::is_ours(&gateway_class, &ctx.config.controller_name) {
+        return Ok(Action::await_change());
+    }
+    let status = class::status(&gateway_class, Timestamp::now());
+    if gateway_class.status.as_ref() != Some(&status) {
+        let api = Api::<GatewayClass>::all(ctx.client.clone());
+        let patch = Patch::Merge(json!({ "status": status }));
+        api.patch_status(&gateway_class.name_any(), &PatchParams::default(), &patch)
+            .await?;
+        tracing::info!(gatewayclass = %gateway_class.name_any(), "GatewayClass status written");
+    }
+    Ok(Action::await_change())
+}
+
+async fn reconcile_gateway(
+    object: Arc<DynamicObject>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, GatewayError> {
+    if !ctx.leads() {
+        return Ok(Action::await_change());
+    }
+    let Some(gateway) = decode::<Gateway>(&object) else {
+        return Ok(Action::await_change());
+    };
+    let namespace = gateway.namespace().unwrap_or_default();
+    let name = gateway.name_any();
+    let key = (namespace.clone(), name.clone());
+    let services = Api::<Service>::namespaced(ctx.client.clone(), &namespace);
+    if !ctx.ours(&gateway) {
+        if let Some(svc) = ctx
+            .service_of(&namespace, &name)
+            .filter(|s| owned_by(s, &gateway))
+        {
+            services
+                .delete(&svc.name_any(), &DeleteParams::default())
+                .await?;
+            tracing::info!(gateway = %format!("{namespace}/{name}"), "Gateway no longer ours; its Service deleted");
+        }
+        return Ok(Action::await_change());
+    }
+    let mut verdicts = listeners::check(&gateway.spec);
+    let unresolved = resolve_certificates(&ctx, &gateway, &mut verdicts).await?;
+    let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts);
+    let mut ports = ctx.allocate().remove(&key).unwrap_or_default();
+    // Listeners whose certificates do not resolve keep their pod port but get no Service port.
+    ports.retain(|p, _| {
+        verdicts
+            .iter()
+            .any(|v| v.valid() && v.port == i32::from(*p))
+    });
+    let placed = place_service(&ctx, &gateway, &ports).await?;
+    let status = gateway_status(
+        &gateway,
+        &verdicts,
+        accepted,
+        &ports,
+        &placed,
+        Timestamp::now(),
+    );
+    if gateway.status.as_ref() != Some(&status) {
+        write_status(&ctx, &gateway, &status).await?;
+    }
+    // Secrets are not watched: look again while a certificate does not resolve.
+    Ok(if unresolved {
+        Action::requeue(SECRET_RECHECK)
+    } else {
+        Action::await_change()
+    })
+}
+
+/// How often a Gateway whose certificates do not resolve is looked at again.
+const SECRET_RECHECK: Duration = Duration::from_secs(10);
+
+/// Checks the Secrets of HTTPS listeners ([`super::refs`]), marking those that do not resolve;
+/// returns whether one did not.
+async fn resolve_certificates(
+    ctx: &Ctx,
+    gateway: &Gateway,
+    verdicts: &mut [Verdict],
+) -> Result<bool, GatewayError> {
+    let namespace = gateway.namespace().unwrap_or_default();
+    let grants: Vec<ReferenceGrant> = ctx
+        .grants
+        .state()
+        .iter()
+        .filter_map(|g| decode(g))
+        .collect();
+    let mut unresolved = false;
+    for (listener, verdict) in gateway.spec.listeners.iter().zip(verdicts.iter_mut()) {
+        if listener.protocol != "HTTPS" || !verdict.resolved.status {
+            continue;
+        }
+        let mut secrets = BTreeMap::new();
+        for key in refs::to_fetch(listener, &namespace, &grants) {
+            let api = Api::<Secret>::namespaced(ctx.client.clone(), &key.0);
+            let secret = api.get_opt(&key.1).await?;
+            secrets.insert(key, secret);
+        }
+        if let Some(problem) = refs::problem(listener, &namespace, &grants, &secrets) {
+            verdict.resolved = problem;
+            unresolved = true;
+        }
+    }
+    Ok(unresolved)
+}
+
+/// What became of a Gateway's Service.
+#[derive(Debug, Default)]
+struct Placed {
+    addresses: Vec<Address>,
+    /// Why there is no Service, when that is a problem.
+    problem: Option<String>,
+}
+
+/// Applies (or deletes, without ports) the Gateway's Service and its EndpointSlices.
+async fn place_service(
+    ctx: &Ctx,
+    gateway: &Gateway,
+    ports: &BTreeMap<u16, u16>,
+) -> Result<Placed, GatewayError> {
+    let namespace = gateway.namespace().unwrap_or_default();
+    let gateway_name = gateway.name_any();
+    let name = service::service_name(&gateway_name);
+    let api = Api::<Service>::namespaced(ctx.client.clone(), &namespace);
+    let existing = match ctx.service_of(&namespace, &gateway_name) {
+        Some(svc) => Some(svc.as_ref().clone()),
+        None => api.get_opt(&name).await?,
+    };
+    if let Some(svc) = existing.as_ref().filter(|s| !owned_by(s, gateway)) {
+        let _ = svc;
+        return Ok(Placed {
+            addresses: Vec::new(),
+            problem: Some(format!(
+                "Service {namespace}/{name} exists and is not this Gateway's"
+            )),
+        });
+    }
+    let key = (namespace.clone(), gateway_name.clone());
+    if ports.is_empty() {
+        if existing.is_some() {
+            api.delete(&name, &DeleteParams::default()).await?;
+        }
+        ctx.written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+        return Ok(Placed::default());
+    }
+    let owner = Owner {
+        namespace: namespace.clone(),
+        name: gateway_name.clone(),
+        uid: gateway.metadata.uid.clone().unwrap_or_default(),
+    };
+    let desired = service::desired_service(&owner, ports);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let applied = api.patch(&name, &params, &Patch::Apply(&desired)).await?;
+    ctx.written
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, ports.clone());
+    apply_slices(ctx, &applied, ports).await?;
+    // The store's copy may be newer (load-balancer status arrives after the apply).
+    let latest = ctx
+        .service_of(&namespace, &gateway_name)
+        .filter(|s| s.metadata.uid == applied.metadata.uid && service::held_ports(s) == *ports)
+        .map_or(applied, |s| s.as_ref().clone());
+    Ok(Placed {
+        addresses: service::addresses(&latest),
+        problem: None,
+    })
+}
+
+/// One EndpointSlice per family of the Service, listing duet's ready pods.
+async fn apply_slices(
+    ctx: &Ctx,
+    svc: &Service,
+    ports: &BTreeMap<u16, u16>,
+) -> Result<(), GatewayError> {
+    let pods: Vec<Pod> = ctx
+        .pods
+        .state()
+        .iter()
+        .map(|p| p.as_ref().clone())
+        .collect();
+    let namespace = svc.namespace().unwrap_or_default();
+    let api = Api::<EndpointSlice>::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for family in service::families(svc) {
+        if let Some(slice) = service::desired_slice(svc, &family, ports, &pods) {
+            api.patch(&slice.name_any(), &params, &Patch::Apply(&slice))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Why listeners and the Gateway are not programmed although they have addresses.
+const NOT_BOUND: &str = "addresses assigned; duet's dataplane does not bind Gateway listeners yet";
+
+/// The Gateway's status.
+fn gateway_status(
+    gateway: &Gateway,
+    verdicts: &[Verdict],
+    accepted: Cond,
+    ports: &BTreeMap<u16, u16>,
+    placed: &Placed,
+    now: Timestamp,
+) -> GatewayStatus {
+    let generation = gateway.metadata.generation;
+    let old = gateway.status.clone().unwrap_or_default();
+    let programmed = if !accepted.status {
+        Cond::no("Programmed", "Invalid", "the Gateway is not accepted")
+    } else if let Some(problem) = &placed.problem {
+        Cond::no("Programmed", "AddressNotAssigned", problem.clone())
+    } else if placed.addresses.is_empty() {
+        Cond::no(
+            "Programmed",
+            "AddressNotAssigned",
+            "the Gateway's Service has no address yet",
+        )
+    } else {
+        Cond::no("Programmed", "Pending", NOT_BOUND)
+    };
+    let old_conditions = old.conditions.clone().unwrap_or_default();
+    let conditions = dated(
+        &[accepted.clone(), programmed],
+        generation,
+        &old_conditions,
+        now,
+    );
+    let listeners = verdicts
+        .iter()
+        .map(|v| {
+            let old = old
+                .listeners
+                .iter()
+                .flatten()
+                .find(|l| l.name == v.name)
+                .map(|l| l.conditions.clone())
+                .unwrap_or_default();
+            let conds = listener_conditions(v, accepted.status, ports);
+            GatewayStatusListeners {
+                attached_routes: 0,
+                conditions: dated(&conds, generation, &old, now),
+                name: v.name.clone(),
+                supported_kinds: Some(
+                    v.kinds
+                        .iter()
+                        .map(|k| GatewayStatusListenersSupportedKinds {
+                            group: Some(GROUP.to_owned()),
+                            kind: (*k).to_owned(),
+                        })
+                        .collect(),
+                ),
+            }
+        })
+        .collect();
+    let addresses: Vec<GatewayStatusAddresses> = placed
+        .addresses
+        .iter()
+        .map(|(kind, value)| GatewayStatusAddresses {
+            r#type: Some((*kind).to_owned()),
+            value: value.clone(),
+        })
+        .collect();
+    GatewayStatus {
+        addresses: (!addresses.is_empty()).then_some(addresses),
+        attached_listener_sets: old.attached_listener_sets,
+        conditions: Some(conditions),
+        listeners: Some(listeners),
+    }
+}
+
+/// A listener's `Accepted`, `Conflicted`, `Programmed` and `ResolvedRefs`.
+fn listener_conditions(
+    v: &Verdict,
+    gateway_accepted: bool,
+    ports: &BTreeMap<u16, u16>,
+) -> Vec<Cond> {
+    let mut accepted = v.accepted.clone();
+    let has_port = u16::try_from(v.port).is_ok_and(|p| ports.contains_key(&p));
+    if v.valid() && gateway_accepted && !has_port {
+        accepted = Cond::no(
+            "Accepted",
+            "PortUnavailable",
+            "no free pod port is left for this listener",
+        );
+    }
+    let programmed = if v.valid() && gateway_accepted && has_port {
+        Cond::no("Programmed", "Pending", NOT_BOUND)
+    } else {
+        Cond::no("Programmed", "Invalid", "the listener is not valid")
+    };
+    vec![
+        accepted,
+        v.conflicted.clone(),
+        programmed,
+        v.resolved.clone(),
+    ]
+}
+
+/// Writes the status (a merge patch; absent addresses are cleared).
+async fn write_status(
+    ctx: &Ctx,
+    gateway: &Gateway,
+    status: &GatewayStatus,
+) -> Result<(), GatewayError> {
+    let namespace = gateway.namespace().unwrap_or_default();
+    let api = Api::<Gateway>::namespaced(ctx.client.clone(), &namespace);
+    let mut body = json!({ "status": status });
+    if status.addresses.is_none() {
+        body["status"]["addresses"] = serde_json::Value::Null;
+    }
+    api.patch_status(
+        &gateway.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(body),
+    )
+    .await?;
+    tracing::info!(gateway = %format!("{namespace}/{}", gateway.name_any()), addresses = status.addresses.as_ref().map_or(0, Vec::len), "Gateway status written");
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! What duet makes of a Gateway's listeners and of the Gateway as a whole: pure functions over
+//! the spec, so the status a user sees is decided in one place and tested without a cluster.
+//!
+//! Supported protocols: `HTTP` and `HTTPS` (TLS terminated by duet); anything else (`TLS`,
+//! `TCP`, `UDP`, or a name duet does not know) is `Accepted=False` with reason
+//! `UnsupportedProtocol` and no `supportedKinds`. Route kinds: `HTTPRoute` and `GRPCRoute` of
+//! `gateway.networking.k8s.io`; a listener naming another kind in `allowedRoutes.kinds` has
+//! `ResolvedRefs=False`, reason `InvalidRouteKinds`, and lists only the kinds it supports.
+//! Listeners on one port with different protocols are `Conflicted=True` (`ProtocolConflict`);
+//! with the same protocol and hostname, `Conflicted=True` (`HostnameConflict`). An HTTPS listener
+//! must name certificates (`certificateRefs`) of kind `Secret` in the core group.
+
+use std::collections::BTreeMap;
+
+use super::api::gateways::{GatewayListeners, GatewayListenersTlsMode, GatewaySpec};
+use super::api::GROUP;
+use super::conditions::Cond;
+
+/// The route kinds duet's HTTP and HTTPS listeners accept, in the order they are listed.
+pub const ROUTE_KINDS: [&str; 2] = ["HTTPRoute", "GRPCRoute"];
+
+/// duet's verdict on one listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The listener's name.
+    pub name: String,
+    /// Its port.
+    pub port: i32,
+    /// `supportedKinds` (group `gateway.networking.k8s.io`).
+    pub kinds: Vec<&'static str>,
+    /// `Accepted`, `Conflicted`, `ResolvedRefs` (Programmed is added with the addresses).
+    pub accepted: Cond,
+    /// `Conflicted`.
+    pub conflicted: Cond,
+    /// `ResolvedRefs`.
+    pub resolved: Cond,
+}
+
+impl Verdict {
+    /// Whether duet serves it: accepted, refs resolved, no conflict.
+    pub fn valid(&self) -> bool {
+        self.accepted.status && self.resolved.status && !self.conflicted.status
+    }
+}
+
+fn supported_protocol(protocol: &str) -> bool {
+    matches!(protocol, "HTTP" | "HTTPS")
+}
+
+/// The kinds a listener supports, and whether it named one duet does not.
+fn route_kinds(listener: &GatewayListeners) -> (Vec<&'static str>, bool) {
+    let asked = listener
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.kinds.as_ref());
+    let Some(asked) = asked else {
+        return (ROUTE_KINDS.to_vec(), false);
+    };
+    let mut kinds = Vec::new();
+    let mut invalid = false;
+    for k in asked {
+        let group_ok = k.group.as_deref().is_none_or(|g| g == GROUP);
+        match ROUTE_KINDS.iter().find(|s| **s == k.kind) {
+            Some(kind) if group_ok => {
+                if !kinds.contains(kind) {
+                    kinds.push(*kind);
+                }
+            }
+            _ => invalid = true,
+        }
+    }
+    (kinds, invalid)
+}
+
+/// What is wrong with an HTTPS listener's TLS settings, if anything.
+fn tls_problem(listener: &GatewayListeners) -> Option<String> {
+    let Some(tls) = &listener.tls else {
+        return Some("an HTTPS listener needs tls.certificateRefs".to_owned());
+    };
+    if tls.mode == Some(GatewayListenersTlsMode::Passthrough) {
+        return Some("tls.mode Passthrough is not supported on HTTPS listeners".to_owned());
+    }
+    let refs = tls.certificate_refs.as_deref().unwrap_or_default();
+    if refs.is_empty() {
+        return Some("an HTTPS listener needs tls.certificateRefs".to_owned());
+    }
+    refs.iter().find_map(|r| {
+        let group = r.group.as_deref().unwrap_or("");
+        let kind = r.kind.as_deref().unwrap_or("Secret");
+        (!group.is_empty() || kind != "Secret").then(|| {
+            format!(
+                "certificateRef {} is a {kind} of group {group:?}; only core Secrets are supported",
+                r.name
+            )
+        })
+    })
+}
+
+/// The listeners' verdicts, in spec order.
+pub fn check(spec: &GatewaySpec) -> Vec<Verdict> {
+    let conflicts = conflicts(&spec.listeners);
+    spec.listeners
+        .iter()
+        .zip(conflicts)
+        .map(|(l, conflict)| verdict(l, conflict))
+        .collect()
+}
+
+fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
+    let supported = supported_protocol(&l.protocol);
+    let (kinds, invalid_kinds) = if supported {
+        route_kinds(l)
+    } else {
+        (Vec::new(), false)
+    };
+    let accepted = if supported {
+        Cond::yes("Accepted", "Accepted", "")
+    } else {
+        Cond::no(
+            "Accepted",
+            "UnsupportedProtocol",
+            format!(
+                "protocol {:?} is not supported; duet serves HTTP and HTTPS",
+                l.protocol
+            ),
+        )
+    };
+    let tls = (l.protocol == "HTTPS").then(|| tls_problem(l)).flatten();
+    let resolved = if invalid_kinds {
+        Cond::no(
+            "ResolvedRefs",
+            "InvalidRouteKinds",
+            format!("allowedRoutes.kinds names a kind other than {ROUTE_KINDS:?}"),
+        )
+    } else if let Some(problem) = tls {
+        Cond::no("ResolvedRefs", "InvalidCertificateRef", problem)
+    } else {
+        Cond::yes("ResolvedRefs", "ResolvedRefs", "")
+    };
+    Verdict {
+        name: l.name.clone(),
+        port: l.port,
+        kinds,
+        accepted,
+        conflicted: conflict.unwrap_or_else(|| Cond::no("Conflicted", "NoConflicts", "")),
+        resolved,
+    }
+}
+
+/// Per listener, its conflict if any: different protocols on one port, or the same protocol
+/// and hostname twice on one port.
+fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Cond>> {
+    let mut by_port: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    for (i, l) in listeners.iter().enumerate() {
+        by_port.entry(l.port).or_default().push(i);
+    }
+    let mut out = vec![None; listeners.len()];
+    for (port, members) in by_port {
+        let first = &listeners[members[0]].protocol;
+        if members.iter().any(|&i| listeners[i].protocol != *first) {
+            for &i in &members {
+                out[i] = Some(Cond::yes(
+                    "Conflicted",
+                    "ProtocolConflict",
+                    format!("listeners on port {port} ask for different protocols"),
+                ));
+            }
+            continue;
+        }
+        for &i in &members {
+            let host = listeners[i].hostname.as_deref().unwrap_or("");
+            let twice = members
+                .iter()
+                .filter(|&&j| listeners[j].hostname.as_deref().unwrap_or("") == host)
+                .count()
+                > 1;
+            if twice {
+                out[i] = Some(Cond::yes(
+                    "Conflicted",
+                    "HostnameConflict",
+                    format!("another listener on port {port} has hostname {host:?}"),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The Gateway's `Accepted` condition, from its spec and its listeners' verdicts.
+pub fn gateway_accepted(spec: &GatewaySpec, verdicts: &[Verdict]) -> Cond {
+    if let Some(p) = spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref())
+    {
+        return Cond::no(
+            "Accepted",
+            "InvalidParameters",
+            format!(
+                "infrastructure.parametersRef {}/{} {}: duet supports no parameters",
+                p.group, p.kind, p.name
+            ),
+        );
+    }
+    if spec.addresses.as_ref().is_some_and(|a| !a.is_empty()) {
+        return Cond::no(
+            "Accepted",
+            "UnsupportedAddress",
+            "spec.addresses is not supported: duet assigns each Gateway its own addresses",
+        );
+    }
+    let valid = verdicts.iter().filter(|v| v.valid()).count();
+    match valid {
+        n if n == verdicts.len() => Cond::yes("Accepted", "Accepted", ""),
+        0 => Cond::no("Accepted", "ListenersNotValid", "no listener is valid"),
+        n => Cond::yes(
+            "Accepted",
+            "ListenersNotValid",
+            format!(
+                "{} of {} listeners are not valid",
+                verdicts.len() - n,
+                verdicts.len()
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> GatewaySpec {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn unsupported_protocols_and_route_kinds_are_reported_per_listener() {
+        let s = spec(
+            r#"
+gatewayClassName: duet
+listeners:
+  - {name: http, port: 80, protocol: HTTP}
+  - {name: bad, port: 1111, protocol: INVALID}
+  - {name: kinds, port: 81, protocol: HTTP, allowedRoutes: {kinds: [{kind: HTTPRoute}, {kind: InvalidRoute}]}}
+  - {name: nokinds, port: 82, protocol: HTTP, allowedRoutes: {kinds: [{kind: InvalidRoute}]}}
+  - {name: othergroup, port: 83, protocol: HTTP, allowedRoutes: {kinds: [{group: example.com, kind: HTTPRoute}]}}
+"#,
+        );
+        let v = check(&s);
+        assert!(v[0].valid());
+        assert_eq!(v[0].kinds, ROUTE_KINDS);
+        assert!(!v[1].accepted.status);
+        assert_eq!(v[1].accepted.reason, "UnsupportedProtocol");
+        assert!(v[1].kinds.is_empty());
+        assert_eq!(v[2].kinds, ["HTTPRoute"]);
+        assert_eq!(v[2].resolved.reason, "InvalidRouteKinds");
+        assert!(v[3].kinds.is_empty());
+        assert_eq!(v[3].resolved.reason, "InvalidRouteKinds");
+        assert_eq!(v[4].resolved.reason, "InvalidRouteKinds");
+        let accepted = gateway_accepted(&s, &v);
+        assert!(accepted.status);
+        assert_eq!(accepted.reason, "ListenersNotValid");
+        let only_bad =
+            spec("gatewayClassName: duet\nlisteners: [{name: bad, port: 1111, protocol: INVALID}]");
+        let accepted = gateway_accepted(&only_bad, &check(&only_bad));
+        assert_eq!(
+            (accepted.status, accepted.reason),
+            (false, "ListenersNotValid")
+        );
+    }
+
+    #[test]
+    fn conflicts_tls_and_parameters() {
+        let s = spec(
+            r#"
+gatewayClassName: duet
+listeners:
+  - {name: a, port: 80, protocol: HTTP}
+  - {name: b, port: 80, protocol: HTTP, hostname: b.test}
+  - {name: c, port: 80, protocol: HTTP, hostname: b.test}
+  - {name: d, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: cert}]}}
+  - {name: e, port: 443, protocol: HTTP}
+  - {name: f, port: 8443, protocol: HTTPS}
+  - {name: g, port: 9443, protocol: HTTPS, tls: {certificateRefs: [{group: example.com, kind: Cert, name: x}]}}
+  - {name: h, port: 9444, protocol: HTTPS, tls: {certificateRefs: [{kind: Secret, name: x}]}}
+"#,
+        );
+        let v = check(&s);
+        assert!(v[0].valid(), "{:?}", v[0]);
+        assert_eq!(v[1].conflicted.reason, "HostnameConflict");
+        assert_eq!(v[2].conflicted.reason, "HostnameConflict");
+        assert_eq!(v[3].conflicted.reason, "ProtocolConflict");
+        assert_eq!(v[4].conflicted.reason, "ProtocolConflict");
+        assert_eq!(v[5].resolved.reason, "InvalidCertificateRef");
+        assert_eq!(v[6].resolved.reason, "InvalidCertificateRef");
+        assert!(v[7].valid(), "{:?}", v[7]);
+        let with_params = spec("gatewayClassName: duet\ninfrastructure: {parametersRef: {group: invalid.io, kind: InvalidParameters, name: x}}\nlisteners: [{name: a, port: 80, protocol: HTTP}]");
+        let accepted = gateway_accepted(&with_params, &check(&with_params));
+        assert_eq!(
+            (accepted.status, accepted.reason),
+            (false, "InvalidParameters")
+        );
+        let with_addresses = spec("gatewayClassName: duet\naddresses: [{value: 10.0.0.1}]\nlisteners: [{name: a, port: 80, protocol: HTTP}]");
+        let accepted = gateway_accepted(&with_addresses, &check(&with_addresses));
+        assert_eq!(accepted.reason, "UnsupportedAddress");
+    }
+}

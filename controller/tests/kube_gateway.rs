@@ -1,0 +1,510 @@
+//! Gateway API control side on the real control plane (`conformance::cluster` with the Gateway
+//! API v1.6.3 standard CRDs and the stand-in load balancer): GatewayClasses accepted by
+//! controller name; each Gateway of our class gets a dual-stack LoadBalancer Service (owned by
+//! it, gone with it) whose addresses become `status.addresses` in the cluster's family order, on
+//! an IPv4-primary and an IPv6-primary cluster; pod port assignments survive a duet restart;
+//! a TCP connection to the Gateway's IPv4 and IPv6 address on the listener port reaches a pod of
+//! duet's selector at the assigned port.
+//!
+//! Needs root (namespaces), Go (the control plane and the CRD installer) and `nft` (package
+//! nftables, the load balancer's forwarding). Nothing is skipped: a missing piece fails the test.
+
+mod kube_support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use conformance::cluster::{loadbalancer, Cluster, Options, Stack};
+use conformance::runner::kube_api::KubeApi;
+use conformance::{client, tls};
+use conformance::{Duet, DuetBuilder, Family};
+use kube_support::{DUET, LIVE};
+use serde_json::{json, Value};
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const GW: &str = "gateway.networking.k8s.io/v1";
+const NS: &str = "gw";
+/// duet's namespace (its Lease and its pods).
+const DUET_NS: &str = "duet";
+const SELECTOR: &str = "app=duet-gw";
+
+async fn start(stack: Stack) -> anyhow::Result<(Cluster, KubeApi)> {
+    anyhow::ensure!(
+        loadbalancer::nft_available(),
+        "nft is missing (Debian package nftables): the stand-in load balancer cannot forward"
+    );
+    let cluster = Cluster::start(Options {
+        stack,
+        gateway_api: true,
+        ..Options::default()
+    })
+    .await?;
+    let api = cluster.api().await?;
+    for ns in [NS, DUET_NS] {
+        api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+            .await?;
+    }
+    Ok((cluster, api))
+}
+
+async fn duet(kubeconfig: &Path) -> anyhow::Result<Duet> {
+    DuetBuilder::kube(DUET, kubeconfig)
+        .args([
+            "--election-namespace",
+            DUET_NS,
+            "--election-lease-duration",
+            "2s",
+            "--gateway-pod-selector",
+            SELECTOR,
+        ])
+        .die_with_parent()
+        .start()
+        .await
+}
+
+fn class(name: &str, controller: &str) -> Value {
+    json!({"apiVersion": GW, "kind": "GatewayClass", "metadata": {"name": name},
+           "spec": {"controllerName": controller}})
+}
+
+fn gateway(name: &str, listeners: Value) -> Value {
+    json!({"apiVersion": GW, "kind": "Gateway", "metadata": {"namespace": NS, "name": name},
+           "spec": {"gatewayClassName": "duet", "listeners": listeners}})
+}
+
+fn condition<'a>(conditions: &'a Value, kind: &str) -> Option<&'a Value> {
+    conditions.as_array()?.iter().find(|c| c["type"] == kind)
+}
+
+async fn get(api: &KubeApi, kind: &str, ns: Option<&str>, name: &str) -> anyhow::Result<Value> {
+    let api_version = if kind == "Service" { "v1" } else { GW };
+    api.get(api_version, kind, ns, name)
+        .await?
+        .with_context(|| format!("{kind} {name} does not exist"))
+}
+
+/// Waits until `check` passes on the object.
+async fn until<F>(
+    api: &KubeApi,
+    kind: &str,
+    ns: Option<&str>,
+    name: &str,
+    what: &str,
+    check: F,
+) -> anyhow::Result<Value>
+where
+    F: Fn(&Value) -> anyhow::Result<()>,
+{
+    client::eventually(what, LIVE, || async {
+        let object = get(api, kind, ns, name).await?;
+        check(&object).with_context(|| format!("{kind} {name}: status {:#}", object["status"]))?;
+        Ok(object)
+    })
+    .await
+}
+
+fn accepted_at(object: &Value, generation: &Value) -> anyhow::Result<()> {
+    let c = condition(&object["status"]["conditions"], "Accepted").context("no Accepted")?;
+    anyhow::ensure!(
+        c["status"] == "True" && c["observedGeneration"] == *generation,
+        "not accepted at {generation}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn gateway_classes_of_our_controller_are_accepted_others_untouched() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = async {
+        let (cluster, api) = start(Stack::Dual).await?;
+        let _duet = duet(cluster.kubeconfig()).await?;
+        api.create(class("duet", "duet.dev/gateway-controller"))
+            .await?;
+        api.create(class("other", "example.com/other")).await?;
+        let ours = until(
+            &api,
+            "GatewayClass",
+            None,
+            "duet",
+            "our class accepted",
+            |c| {
+                accepted_at(c, &c["metadata"]["generation"])?;
+                anyhow::ensure!(c["status"]["supportedFeatures"] == json!([]));
+                Ok(())
+            },
+        )
+        .await?;
+        // A spec change: the condition follows the generation.
+        api.merge_patch(
+            GW,
+            "GatewayClass",
+            None,
+            "duet",
+            &json!({"spec": {"description": "bumped"}}),
+        )
+        .await?;
+        let before = ours["metadata"]["generation"].as_i64().unwrap_or(0);
+        until(
+            &api,
+            "GatewayClass",
+            None,
+            "duet",
+            "observedGeneration follows",
+            |c| {
+                anyhow::ensure!(c["metadata"]["generation"].as_i64() > Some(before));
+                accepted_at(c, &c["metadata"]["generation"])
+            },
+        )
+        .await?;
+        let other = get(&api, "GatewayClass", None, "other").await?;
+        anyhow::ensure!(
+            condition(&other["status"]["conditions"], "Accepted")
+                .is_none_or(|c| c["reason"] == "Pending"),
+            "another controller's class was touched: {other:#}"
+        );
+        anyhow::Ok(())
+    };
+    run.await.unwrap();
+}
+
+/// The LB addresses of a Service in its family order, and its families.
+fn lb_ips(service: &Value) -> Vec<String> {
+    service["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["ip"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn target_ports(service: &Value) -> Vec<(u64, u64)> {
+    service["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["port"].as_u64().unwrap_or(0),
+                p["targetPort"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// A Gateway's Service and status on a cluster of `stack`; traffic; restart; deletion.
+async fn gateway_addresses(stack: Stack) -> anyhow::Result<()> {
+    let (cluster, api) = start(stack).await?;
+    let mut duet = duet(cluster.kubeconfig()).await?;
+    api.create(class("duet", "duet.dev/gateway-controller"))
+        .await?;
+    let listeners = json!([
+        {"name": "http", "port": 80, "protocol": "HTTP"},
+        {"name": "alt", "port": 8080, "protocol": "HTTP"},
+        {"name": "bad", "port": 1111, "protocol": "INVALID"},
+    ]);
+    api.create(gateway("first", listeners)).await?;
+    let families: Vec<&str> = stack
+        .families()
+        .iter()
+        .map(|f| if *f == Family::V4 { "IPv4" } else { "IPv6" })
+        .collect();
+    let service = until(
+        &api,
+        "Service",
+        Some(NS),
+        "duet-first",
+        "the Gateway's Service has LB addresses",
+        |s| {
+            anyhow::ensure!(
+                s["spec"]["type"] == "LoadBalancer"
+                    && s["spec"]["ipFamilyPolicy"] == "PreferDualStack"
+            );
+            anyhow::ensure!(s["spec"]["ipFamilies"] == json!(families), "families");
+            anyhow::ensure!(lb_ips(s).len() == 2, "no LB addresses yet");
+            Ok(())
+        },
+    )
+    .await?;
+    let owner = &service["metadata"]["ownerReferences"][0];
+    anyhow::ensure!(
+        owner["kind"] == "Gateway" && owner["name"] == "first",
+        "{owner}"
+    );
+    let ports = target_ports(&service);
+    anyhow::ensure!(ports == [(80, 20000), (8080, 20001)], "ports {ports:?}");
+    let ips = lb_ips(&service);
+    // LB ingress in the Service's family order, which is the cluster's.
+    let first_family = ips[0].parse::<IpAddr>()?.is_ipv4();
+    anyhow::ensure!(
+        first_family == (stack.families()[0] == Family::V4),
+        "{ips:?}"
+    );
+    let want: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"type": "IPAddress", "value": ip}))
+        .collect();
+    let gw = until(
+        &api,
+        "Gateway",
+        Some(NS),
+        "first",
+        "status.addresses are the LB addresses",
+        |g| {
+            anyhow::ensure!(g["status"]["addresses"] == json!(want), "addresses");
+            accepted_at(g, &g["metadata"]["generation"])
+        },
+    )
+    .await
+    .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
+    let accepted = condition(&gw["status"]["conditions"], "Accepted").context("Accepted")?;
+    anyhow::ensure!(accepted["reason"] == "ListenersNotValid", "{accepted}");
+    let bad = gw["status"]["listeners"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["name"] == "bad"))
+        .context("no status of listener bad")?;
+    let bad_accepted = condition(&bad["conditions"], "Accepted").context("Accepted")?;
+    anyhow::ensure!(
+        bad_accepted["status"] == "False" && bad_accepted["reason"] == "UnsupportedProtocol",
+        "{bad}"
+    );
+    anyhow::ensure!(bad["supportedKinds"] == json!([]), "{bad}");
+
+    // Traffic: a pod of duet's selector listening on the assigned port answers on both LB
+    // addresses at the listener port.
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": DUET_NS, "name": "duet-0", "labels": {"app": "duet-gw"}},
+        "spec": {"containers": [{"name": "echo", "image": "duet.dev/echo", "ports": [{"containerPort": 20000}]}]},
+    }))
+    .await?;
+    for ip in &ips {
+        let to = SocketAddr::new(ip.parse()?, 80);
+        let echo = client::eventually(&format!("{to} reaches the pod"), LIVE, || async {
+            let reply = client::get(to, "gateway.test", "/").await?;
+            client::expect_status(&reply, 200)?;
+            reply.echo()
+        })
+        .await?;
+        anyhow::ensure!(echo.pod == "duet-0", "{echo:?}");
+        anyhow::ensure!(
+            echo.local.port() == 20000 && echo.local.is_ipv4() == to.is_ipv4(),
+            "{echo:?}"
+        );
+    }
+
+    // Nothing is rewritten in a loop: the status written is the status read back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = duet
+        .logs()
+        .matches("Gateway status written gateway=gw/first ")
+        .count();
+    anyhow::ensure!(
+        (1..10).contains(&writes),
+        "{writes} status writes:\n{}",
+        duet.logs()
+    );
+
+    // A second, younger Gateway; then duet stops, the first Gateway goes, duet starts again:
+    // the second keeps its ports (a fresh allocation would give it 20000).
+    api.create(gateway(
+        "second",
+        json!([{"name": "http", "port": 80, "protocol": "HTTP"}]),
+    ))
+    .await?;
+    let second = until(
+        &api,
+        "Service",
+        Some(NS),
+        "duet-second",
+        "second Service",
+        |s| {
+            anyhow::ensure!(
+                target_ports(s) == [(80, 20002)],
+                "ports {:?}",
+                target_ports(s)
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    anyhow::ensure!(
+        duet.terminate(Duration::from_secs(10))?,
+        "duet did not stop"
+    );
+    api.delete(GW, "Gateway", Some(NS), "first").await?;
+    client::eventually(
+        "the first Gateway's Service is deleted with it",
+        LIVE,
+        || async {
+            let left = api.get("v1", "Service", Some(NS), "duet-first").await?;
+            anyhow::ensure!(left.is_none(), "still there");
+            Ok(())
+        },
+    )
+    .await?;
+    let _duet = self::duet(cluster.kubeconfig()).await?;
+    api.merge_patch(GW, "Gateway", Some(NS), "second", &json!({"spec": {"listeners": [
+        {"name": "http", "port": 80, "protocol": "HTTP"}, {"name": "more", "port": 81, "protocol": "HTTP"}]}}))
+        .await?;
+    until(
+        &api,
+        "Service",
+        Some(NS),
+        "duet-second",
+        "second keeps 20002 and adds a port",
+        |s| {
+            anyhow::ensure!(
+                target_ports(s) == [(80, 20002), (81, 20000)],
+                "ports {:?}",
+                target_ports(s)
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    anyhow::ensure!(
+        second["metadata"]["uid"]
+            == get(&api, "Service", Some(NS), "duet-second").await?["metadata"]["uid"]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn gateway_service_and_addresses_ipv4_primary() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    gateway_addresses(Stack::Dual).await.unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn gateway_service_and_addresses_ipv6_primary() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    gateway_addresses(Stack::DualIpv6).await.unwrap();
+}
+
+/// The condition `kind` of listener `name` of a Gateway.
+fn listener_condition<'a>(gateway: &'a Value, name: &str, kind: &str) -> Option<&'a Value> {
+    let listeners = gateway["status"]["listeners"].as_array()?;
+    condition(
+        &listeners.iter().find(|l| l["name"] == name)?["conditions"],
+        kind,
+    )
+}
+
+fn resolved_refs_reason(gateway: &Value, listener: &str, want: &str) -> anyhow::Result<()> {
+    let c = listener_condition(gateway, listener, "ResolvedRefs").context("no ResolvedRefs")?;
+    anyhow::ensure!(c["reason"] == want, "ResolvedRefs is {c}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn https_certificates_in_another_namespace_need_a_reference_grant() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = async {
+        let (cluster, api) = start(Stack::Dual).await?;
+        let _duet = duet(cluster.kubeconfig()).await?;
+        api.create(class("duet", "duet.dev/gateway-controller"))
+            .await?;
+        api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "certs"}}))
+            .await?;
+        api.create(tls::secret("certs", "cert", &tls::cert(&["example.org"])))
+            .await?;
+        api.create(tls::secret_raw(
+            "certs",
+            "garbage",
+            b"not a certificate",
+            b"nor a key",
+        ))
+        .await?;
+        let https = |name: &str| {
+            json!([
+                {"name": "http", "port": 80, "protocol": "HTTP"},
+                {"name": "https", "port": 443, "protocol": "HTTPS",
+                 "tls": {"certificateRefs": [{"name": name, "namespace": "certs"}]}},
+            ])
+        };
+        api.create(gateway("tls", https("cert"))).await?;
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "tls",
+            "RefNotPermitted without a grant",
+            |g| resolved_refs_reason(g, "https", "RefNotPermitted"),
+        )
+        .await?;
+        let service = get(&api, "Service", Some(NS), "duet-tls").await?;
+        anyhow::ensure!(
+            target_ports(&service) == [(80, 20000)],
+            "{:?}",
+            target_ports(&service)
+        );
+        // A grant for another Secret does not do; one for every Secret of the namespace does.
+        let grant = |name: &str, to: Value| {
+            json!({
+                "apiVersion": GW, "kind": "ReferenceGrant",
+                "metadata": {"namespace": "certs", "name": name},
+                "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": NS}],
+                         "to": [to]},
+            })
+        };
+        api.create(grant(
+            "other",
+            json!({"group": "", "kind": "Secret", "name": "other"}),
+        ))
+        .await?;
+        api.create(gateway("tls-other", https("cert"))).await?;
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "tls-other",
+            "still RefNotPermitted",
+            |g| resolved_refs_reason(g, "https", "RefNotPermitted"),
+        )
+        .await?;
+        api.create(grant("all", json!({"group": "", "kind": "Secret"})))
+            .await?;
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "tls",
+            "resolved with the grant",
+            |g| resolved_refs_reason(g, "https", "ResolvedRefs"),
+        )
+        .await?;
+        until(
+            &api,
+            "Service",
+            Some(NS),
+            "duet-tls",
+            "port 443 served",
+            |s| {
+                anyhow::ensure!(
+                    target_ports(s) == [(80, 20000), (443, 20001)],
+                    "{:?}",
+                    target_ports(s)
+                );
+                Ok(())
+            },
+        )
+        .await?;
+        for (gw, secret) in [("tls-garbage", "garbage"), ("tls-missing", "missing")] {
+            api.create(gateway(gw, https(secret))).await?;
+            until(
+                &api,
+                "Gateway",
+                Some(NS),
+                gw,
+                "InvalidCertificateRef",
+                |g| resolved_refs_reason(g, "https", "InvalidCertificateRef"),
+            )
+            .await?;
+        }
+        anyhow::Ok(())
+    };
+    run.await.unwrap();
+}

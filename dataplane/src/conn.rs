@@ -1,0 +1,96 @@
+//! Who is on the other end of a client connection ([`ConnInfo`]): addresses, family, TLS, trust,
+//! and what forwarding headers say about the peer, formatted once per connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use crate::table::{normalize_addr, Family};
+
+/// Who is on the other end of an accepted connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The client's address, IPv4-mapped IPv6 normalised to IPv4.
+    pub peer: SocketAddr,
+    /// The local address the connection was accepted on.
+    pub local: SocketAddr,
+    /// The client's family (of `peer`).
+    pub family: Family,
+    /// Whether the connection is TLS (an HTTPS listener).
+    pub tls: bool,
+    /// Whether the peer is a trusted proxy (`--trusted-proxies`): its forwarding headers are
+    /// appended to instead of replaced.
+    pub trusted: bool,
+    /// The negotiated TLS version (`TLSv1.3`), for TLS connections.
+    pub tls_version: Option<&'static str>,
+    /// The server name (SNI) the TLS client asked for.
+    pub sni: Option<Arc<str>>,
+    /// What every request of the connection forwards about `peer`, formatted once per
+    /// connection rather than per request (by [`ConnInfo::new`], from the same address).
+    pub(crate) forwarded: PeerHeaders,
+}
+
+impl ConnInfo {
+    /// Describes a connection from its two addresses.
+    pub fn new(peer: SocketAddr, local: SocketAddr) -> ConnInfo {
+        let peer = normalize_addr(peer);
+        ConnInfo {
+            family: Family::of(&peer),
+            peer,
+            local: normalize_addr(local),
+            tls: false,
+            trusted: false,
+            tls_version: None,
+            sni: None,
+            forwarded: PeerHeaders::new(peer),
+        }
+    }
+
+    /// The same connection with what its TLS handshake negotiated (version and SNI).
+    pub fn with_tls_session(mut self, session: &rustls::ServerConnection) -> ConnInfo {
+        self.tls_version = session.protocol_version().map(|v| match v {
+            rustls::ProtocolVersion::TLSv1_3 => "TLSv1.3",
+            rustls::ProtocolVersion::TLSv1_2 => "TLSv1.2",
+            _ => "TLS",
+        });
+        self.sni = session.server_name().map(Arc::from);
+        self
+    }
+
+    /// The same connection, marked as TLS.
+    pub fn with_tls(mut self, tls: bool) -> ConnInfo {
+        self.tls = tls;
+        self
+    }
+
+    /// The scheme the client used: `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}
+
+/// The client address as forwarding headers carry it, formatted once per connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PeerHeaders {
+    /// `192.0.2.1` or `2001:db8::1` (`X-Forwarded-For`, `X-Real-IP`).
+    pub(crate) ip: HeaderValue,
+    /// `for="192.0.2.1:4711"` or `for="[2001:db8::1]:4711"` (RFC 7239: quoted, IPv6 bracketed).
+    pub(crate) for_node: String,
+}
+
+impl PeerHeaders {
+    pub(crate) fn new(peer: SocketAddr) -> PeerHeaders {
+        let ip = HeaderValue::from_str(&peer.ip().to_string())
+            .expect("an IP address is a valid header value");
+        let for_node = match peer {
+            SocketAddr::V4(a) => format!("for=\"{}:{}\"", a.ip(), a.port()),
+            SocketAddr::V6(a) => format!("for=\"[{}]:{}\"", a.ip(), a.port()),
+        };
+        PeerHeaders { ip, for_node }
+    }
+}

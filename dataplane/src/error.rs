@@ -1,0 +1,106 @@
+//! Why the proxy answers by itself: [`ProxyError`], each variant knowing its side, its status
+//! and its short text.
+
+use std::io;
+
+use http::StatusCode;
+
+use crate::host::HostError;
+use crate::limits;
+use crate::path::EncodedTraversal;
+use crate::table::BackendId;
+
+/// Why the proxy answered by itself; each variant knows its side and status.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// No host or path rule matched and there is no default backend (404).
+    #[error("no route")]
+    NoRoute,
+    /// The backend has no target that the family policy admits for this client (503).
+    #[error("no ready target in {0}")]
+    NoTarget(BackendId),
+    /// Every connection attempt to the backend's targets failed (502).
+    #[error("cannot connect to {backend}")]
+    Connect {
+        /// The backend.
+        backend: BackendId,
+        /// The last connect error.
+        #[source]
+        source: io::Error,
+    },
+    /// The request body is larger than the route allows (413): declared, or counted before any
+    /// response.
+    #[error("request body too large")]
+    BodyTooLarge,
+    /// The route's source ranges refuse the client's address (403).
+    #[error("client address not allowed")]
+    Forbidden,
+    /// The route's source ranges do not parse, so it admits nobody (503).
+    #[error("invalid source ranges")]
+    InvalidSourceRanges,
+    /// The upstream did not send a response head in time (504).
+    #[error("upstream timed out")]
+    Timeout,
+    /// The upstream connection failed while the request was in flight (502).
+    #[error("upstream failed")]
+    Upstream(#[source] hyper::Error),
+    /// The request's host is missing, repeated, contradictory or not a host (400).
+    #[error("bad host: {0}")]
+    Host(#[from] HostError),
+    /// The path climbs through percent-encoded dots or slashes (400).
+    #[error("bad path: {0}")]
+    Path(#[from] EncodedTraversal),
+    /// A `rewrite-target` made a request target that does not parse (500).
+    #[error("rewritten request target does not parse")]
+    BadRewrite,
+    /// The upstream switched protocols (101) without a WebSocket upgrade asked for (502).
+    #[error("upstream switched protocols unasked")]
+    UnaskedUpgrade,
+}
+
+impl ProxyError {
+    /// A failed upstream request whose body passed the limit as it streamed (no declared length)
+    /// was aborted before any response: that is the client's 413, not a 502.
+    pub(crate) fn body_limit_checked(self) -> ProxyError {
+        match self {
+            ProxyError::Upstream(e) if limits::body_too_large(&e) => ProxyError::BodyTooLarge,
+            other => other,
+        }
+    }
+
+    /// The status code the client sees.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::NoTarget(_) | ProxyError::InvalidSourceRanges => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::Connect { .. } | ProxyError::Upstream(_) | ProxyError::UnaskedUpgrade => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::Host(_) | ProxyError::Path(_) => StatusCode::BAD_REQUEST,
+            ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BadRewrite => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The short text of a local answer.
+    pub fn body(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute => "404 no route for this host and path\n",
+            ProxyError::NoTarget(_) => "503 no ready upstream target\n",
+            ProxyError::Forbidden => "403 client address not allowed\n",
+            ProxyError::InvalidSourceRanges => "503 this route's source ranges are invalid\n",
+            ProxyError::Connect { .. } => "502 cannot connect to upstream\n",
+            ProxyError::Upstream(_) => "502 upstream connection failed\n",
+            ProxyError::Timeout => "504 upstream timed out\n",
+            ProxyError::BodyTooLarge => "413 request body too large\n",
+            ProxyError::Host(_) => "400 invalid host\n",
+            ProxyError::Path(_) => "400 invalid path\n",
+            ProxyError::UnaskedUpgrade => "502 upstream switched protocols unasked\n",
+            ProxyError::BadRewrite => "500 the rewritten request target is invalid\n",
+        }
+    }
+}

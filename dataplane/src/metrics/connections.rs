@@ -1,0 +1,115 @@
+//! Client connections by listener address and client family: accepted, open, refused at the
+//! connection limit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family as Series;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::{slot, Metrics, FAMILIES};
+use crate::table::Family;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: Arc<str>,
+    family: &'static str,
+}
+
+/// The families of client connections.
+#[derive(Clone, Debug)]
+pub(super) struct ConnectionFamilies {
+    connections_active: Series<ListenerLabels, Gauge>,
+    connections_total: Series<ListenerLabels, Counter>,
+    connections_refused: Series<ListenerLabels, Counter>,
+}
+
+impl ConnectionFamilies {
+    pub(super) fn register(registry: &mut Registry) -> ConnectionFamilies {
+        let f = ConnectionFamilies {
+            connections_active: Series::default(),
+            connections_total: Series::default(),
+            connections_refused: Series::default(),
+        };
+        registry.register(
+            "duet_connections_active",
+            "Open client connections, by listener address and client address family",
+            f.connections_active.clone(),
+        );
+        registry.register(
+            "duet_connections",
+            "Client connections accepted, by listener address and client address family",
+            f.connections_total.clone(),
+        );
+        registry.register(
+            "duet_connections_refused",
+            "Client connections closed right after accept because --max-connections were open, by listener address and client address family",
+            f.connections_refused.clone(),
+        );
+        f
+    }
+}
+
+impl Metrics {
+    /// The connection handles of one listener.
+    pub fn listener(&self, listener: SocketAddr) -> ConnectionMetrics {
+        let name: Arc<str> = listener.to_string().into();
+        let labels = |f: Family| ListenerLabels {
+            listener: name.clone(),
+            family: f.as_str(),
+        };
+        ConnectionMetrics {
+            active: FAMILIES.map(|f| {
+                self.connections
+                    .connections_active
+                    .get_or_create_owned(&labels(f))
+            }),
+            total: FAMILIES.map(|f| {
+                self.connections
+                    .connections_total
+                    .get_or_create_owned(&labels(f))
+            }),
+            refused: FAMILIES.map(|f| {
+                self.connections
+                    .connections_refused
+                    .get_or_create_owned(&labels(f))
+            }),
+        }
+    }
+}
+
+/// The connection counters of one listener, per client family.
+#[derive(Clone, Debug)]
+pub struct ConnectionMetrics {
+    active: [Gauge; 2],
+    total: [Counter; 2],
+    refused: [Counter; 2],
+}
+
+impl ConnectionMetrics {
+    /// Counts a connection as accepted and open until the guard drops.
+    pub fn open(&self, family: Family) -> OpenConnection {
+        let i = slot(family);
+        self.total[i].inc();
+        self.active[i].inc();
+        OpenConnection(self.active[i].clone())
+    }
+
+    /// Counts a connection refused by the connection limit.
+    pub fn refused(&self, family: Family) {
+        self.refused[slot(family)].inc();
+    }
+}
+
+/// Keeps a connection counted in `duet_connections_active` while alive.
+#[derive(Debug)]
+pub struct OpenConnection(Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

@@ -1,0 +1,294 @@
+//! The upstream request and response heads: the request target in normalised origin form,
+//! hop-by-hop headers removed (WebSocket upgrades kept), one body framing, forwarding headers set.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Uri, Version};
+
+use crate::conn::ConnInfo;
+use crate::host::ValidHost;
+use crate::path::EncodedTraversal;
+
+/// The settings of an `Upgrade: h2c` request (RFC 7540 §3.2.1), never forwarded.
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+
+/// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
+const HOP_BY_HOP_NAMES: usize = 7;
+const HOP_BY_HOP: [HeaderName; HOP_BY_HOP_NAMES] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// The request target in origin form with its path normalised ([`crate::path`]) and its query
+/// as received.
+pub(super) fn origin_form(uri: &Uri) -> Result<Uri, EncodedTraversal> {
+    let path = crate::path::normalize(uri.path())?;
+    let unchanged = matches!(path, std::borrow::Cow::Borrowed(_));
+    if unchanged && uri.scheme().is_none() && uri.authority().is_none() {
+        return Ok(uri.clone());
+    }
+    let target = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.into_owned(),
+    };
+    // Built from the parts of a parsed URI, so it parses again.
+    Ok(Uri::try_from(target).unwrap_or_else(|_| Uri::from_static("/")))
+}
+
+/// Sends exactly one framing upstream: a client's `Content-Length` is replaced by the one length
+/// of its body when known (hyper has checked it), and dropped otherwise (then the body goes
+/// chunked).
+pub(super) fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
+    if headers.contains_key(header::CONTENT_LENGTH) {
+        match length {
+            Some(len) => {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            }
+            None => {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+        }
+    }
+}
+
+/// Whether a request asks for a WebSocket upgrade: `Connection: upgrade` and exactly one
+/// `Upgrade: websocket`. Other upgrades (`h2c`, unknown tokens) are not tunnelled: their
+/// `Upgrade`, `Connection` and `HTTP2-Settings` are removed and the request goes on as a plain one.
+pub(super) fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
+    let mut upgrades = headers.get_all(header::UPGRADE).iter();
+    let websocket = upgrades
+        .next()
+        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"));
+    websocket
+        && upgrades.next().is_none()
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Whether a 101 answers the WebSocket upgrade asked for (`Upgrade: websocket`).
+pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"))
+}
+
+/// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
+/// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
+pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
+    // §6.3); the body is re-framed on the way out, so the stale length must not survive.
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    headers.remove(&HTTP2_SETTINGS);
+    // One pass over the (few) names present instead of a hashed removal per hop-by-hop name:
+    // most requests carry none of them, most responses only `Connection: keep-alive`.
+    let mut present = [false; HOP_BY_HOP_NAMES];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
+        return;
+    }
+    let upgrade = if keep_upgrade {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
+    // Connection options name further hop-by-hop headers; `keep-alive`, `close` and `upgrade`
+    // are options, not header names to look for (keep-alive and upgrade go anyway).
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| {
+            !["keep-alive", "close", "upgrade", ""]
+                .iter()
+                .any(|o| t.eq_ignore_ascii_case(o))
+        })
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in &named {
+        headers.remove(name);
+    }
+    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+        headers.remove(name);
+    }
+    if let Some(upgrade) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, upgrade);
+    }
+}
+
+/// Turns a client request into the upstream request: the normalised origin-form target, HTTP/1.1,
+/// Host set to the validated host (and nothing else), hop-by-hop headers removed, forwarding
+/// headers set from the real peer.
+pub(super) fn prepare_request<B>(
+    req: &mut Request<B>,
+    host: &ValidHost,
+    target: Uri,
+    conn: &ConnInfo,
+    upgrade: bool,
+) {
+    *req.uri_mut() = target;
+    *req.version_mut() = Version::HTTP_11;
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers, upgrade);
+    if host.is_empty() {
+        headers.remove(header::HOST);
+    } else {
+        headers.insert(header::HOST, host.header_value().clone());
+    }
+    crate::forwarded::set_headers(headers, host.as_str(), conn);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_including_named_ones() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn upgrade_headers_survive_for_upgrades() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(is_websocket_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h[header::UPGRADE], "websocket");
+    }
+
+    #[test]
+    fn only_websocket_upgrades_are_upgrades() {
+        for (upgrade, connection, want) in [
+            ("websocket", "Upgrade", true),
+            ("WebSocket", "keep-alive, upgrade", true),
+            ("h2c", "Upgrade, HTTP2-Settings", false),
+            ("websocket, h2c", "upgrade", false),
+            ("foo", "upgrade", false),
+            ("websocket", "keep-alive", false),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::UPGRADE, HeaderValue::from_static(upgrade));
+            h.insert(header::CONNECTION, HeaderValue::from_static(connection));
+            h.insert(
+                "http2-settings",
+                HeaderValue::from_static("AAMAAABkAAQAAP__"),
+            );
+            assert_eq!(is_websocket_upgrade(&h), want, "{upgrade} / {connection}");
+            strip_hop_by_hop(&mut h, want);
+            assert!(!h.contains_key("http2-settings"));
+            assert_eq!(h.contains_key(header::UPGRADE), want);
+        }
+    }
+
+    #[test]
+    fn transfer_encoding_drops_content_length() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = HeaderMap::new();
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        declare_length(&mut h, Some(5));
+        assert_eq!(h.get_all(header::CONTENT_LENGTH).iter().count(), 1);
+        declare_length(&mut h, None);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn targets_are_normalised_origin_form() {
+        for (given, want) in [
+            ("http://a.test//x/./y/../z?q=/../", "/x/z?q=/../"),
+            ("/a/b?c", "/a/b?c"),
+            ("/a//b", "/a/b"),
+        ] {
+            let uri: Uri = given.parse().unwrap();
+            assert_eq!(origin_form(&uri).unwrap(), want, "{given}");
+        }
+        assert!(origin_form(&"/x/%2e%2e/y".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn forwarding_headers_for_both_families() {
+        for (peer, ip) in [
+            ("[::ffff:127.0.0.1]:5000", "127.0.0.1"),
+            ("[::1]:5000", "::1"),
+        ] {
+            let conn = ConnInfo::new(peer.parse().unwrap(), "[::1]:8080".parse().unwrap());
+            let mut req = Request::builder()
+                .uri("/a?b=c")
+                .header(header::HOST, "example.com")
+                .header("x-forwarded-for", "6.6.6.6")
+                .body(())
+                .unwrap();
+            let host = crate::host::request_host(&req).unwrap();
+            let target = origin_form(req.uri()).unwrap();
+            prepare_request(&mut req, &host, target, &conn, false);
+            let h = req.headers();
+            assert_eq!(h["x-forwarded-for"], ip);
+            assert_eq!(h["x-real-ip"], ip);
+            assert_eq!(h["x-forwarded-port"], "8080");
+            assert_eq!(h["x-forwarded-host"], "example.com");
+            assert_eq!(req.uri(), "/a?b=c");
+            let fwd = h[header::FORWARDED].to_str().unwrap();
+            let expected = if ip.contains(':') {
+                format!("for=\"[{ip}]:5000\"")
+            } else {
+                format!("for=\"{ip}:5000\"")
+            };
+            assert!(fwd.starts_with(&expected), "{fwd}");
+        }
+    }
+
+    #[test]
+    fn h2_requests_become_origin_form_with_host() {
+        let conn = ConnInfo::new(
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        let mut req = Request::builder()
+            .version(Version::HTTP_2)
+            .uri("http://demo.local/x/y?z")
+            .body(())
+            .unwrap();
+        let host = crate::host::request_host(&req).unwrap();
+        let target = origin_form(req.uri()).unwrap();
+        prepare_request(&mut req, &host, target, &conn, false);
+        assert_eq!(req.uri(), "/x/y?z");
+        assert_eq!(req.version(), Version::HTTP_11);
+        assert_eq!(req.headers()[header::HOST], "demo.local");
+    }
+}

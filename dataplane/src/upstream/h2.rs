@@ -1,0 +1,390 @@
+//! HTTP/2 upstreams: one multiplexed connection per address and TLS settings (cleartext prior
+//! knowledge or TLS with ALPN `h2`), shared by every request to it and replaced when it closes,
+//! and the HTTP/2 form of an upstream request.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Uri, Version};
+use hyper::client::conn::http2;
+
+use super::tls::LiveTls;
+use super::{connect, PoolKey, UpstreamBody};
+
+/// A pooled HTTP/2 connection and when a request last took it.
+type PooledH2 = (http2::SendRequest<UpstreamBody>, Instant);
+
+/// A connection attempt that every request arriving meanwhile waits for.
+type Connecting =
+    Shared<BoxFuture<'static, Result<http2::SendRequest<UpstreamBody>, Arc<io::Error>>>>;
+
+/// One multiplexed HTTP/2 connection per upstream address and TLS settings, shared by every
+/// request to that address; a closed connection (GOAWAY, reset) is replaced on the next request.
+/// Requests that find no connection while one is being made wait for that one. A connection no
+/// request has used for the idle timeout is let go (its open streams still finish).
+#[derive(Default)]
+pub(super) struct Pool {
+    conns: Mutex<HashMap<PoolKey, PooledH2>>,
+    connecting: Mutex<HashMap<PoolKey, Connecting>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let conns = self.conns.lock().map_or(0, |c| c.len());
+        f.debug_struct("H2Pool").field("conns", &conns).finish()
+    }
+}
+
+impl Pool {
+    /// The open connection to `key`, if there is one.
+    pub(super) fn get(&self, key: PoolKey) -> Option<http2::SendRequest<UpstreamBody>> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let (sender, used) = conns.get_mut(&key).filter(|(s, _)| !s.is_closed())?;
+        *used = Instant::now();
+        Some(sender.clone())
+    }
+
+    fn put(&self, key: PoolKey, sender: http2::SendRequest<UpstreamBody>) {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.insert(key, (sender, Instant::now()));
+    }
+
+    /// Drops closed connections, and lets go of those unused for `max_idle` (which closes them
+    /// once their open streams are done).
+    pub(super) fn reap(&self, max_idle: Duration) {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(|_, (s, used)| !s.is_closed() && used.elapsed() < max_idle);
+    }
+
+    /// A new connection to the key's address, or the one another request is making right now.
+    pub(super) async fn connect(
+        &self,
+        key: PoolKey,
+        tls: Option<&Arc<LiveTls>>,
+        timeout: Duration,
+    ) -> io::Result<http2::SendRequest<UpstreamBody>> {
+        let tls = tls.cloned();
+        self.connect_with(key, move || {
+            async move { connect::connect(key.0, tls.as_deref(), timeout).await }.boxed()
+        })
+        .await
+    }
+
+    /// Joins the attempt in progress for `key`, or starts one with `make`. However the wait ends
+    /// (connected, failed, cancelled, or the attempt panicked), the attempt is no longer offered
+    /// to later requests: the next one tries again.
+    async fn connect_with<F>(
+        &self,
+        key: PoolKey,
+        make: F,
+    ) -> io::Result<http2::SendRequest<UpstreamBody>>
+    where
+        F: FnOnce() -> BoxFuture<'static, io::Result<http2::SendRequest<UpstreamBody>>>,
+    {
+        let attempt = {
+            let mut connecting = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
+            connecting
+                .entry(key)
+                .or_insert_with(|| make().map(|r| r.map_err(Arc::new)).boxed().shared())
+                .clone()
+        };
+        let _forget = ForgetAttempt {
+            pool: self,
+            key,
+            attempt: attempt.clone(),
+        };
+        let result = attempt.await;
+        if let Ok(sender) = &result {
+            self.put(key, sender.clone());
+        }
+        result.map_err(|e| io::Error::new(e.kind(), e.to_string()))
+    }
+}
+
+/// Removes a connection attempt from the pool's table when its waiter is done with it, even by
+/// unwinding or cancellation, so no failed or panicked attempt stays behind.
+struct ForgetAttempt<'a> {
+    pool: &'a Pool,
+    key: PoolKey,
+    attempt: Connecting,
+}
+
+impl Drop for ForgetAttempt<'_> {
+    fn drop(&mut self) {
+        let mut connecting = self
+            .pool
+            .connecting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if connecting
+            .get(&self.key)
+            .is_some_and(|c| c.ptr_eq(&self.attempt))
+        {
+            connecting.remove(&self.key);
+        }
+    }
+}
+
+/// Whether the client asked for trailers (`TE: trailers`), which gRPC servers expect; checked
+/// before hop-by-hop headers are removed, for HTTP/2 upstreams only.
+pub(crate) fn wants_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+}
+
+/// Turns a prepared HTTP/1.1 upstream request into an HTTP/2 one: absolute URI with the Host as
+/// `:authority`, no connection-specific headers, `te: trailers` kept when asked for.
+pub(super) fn to_h2_request(request: &mut Request<UpstreamBody>, tls: bool) {
+    *request.version_mut() = Version::HTTP_2;
+    let headers = request.headers_mut();
+    headers.remove(header::CONNECTION);
+    headers.remove(header::UPGRADE);
+    let host = headers.get(header::HOST).cloned();
+    // The Host was validated ([`crate::host`]): it cannot hold a path, query or userinfo. The URI is
+    // built from parts so `:path` is the request's path and query, never text from a header.
+    let authority = host.and_then(|h| Authority::try_from(h.as_bytes()).ok());
+    if let Some(authority) = authority {
+        let path = request.uri().path_and_query().cloned();
+        let scheme = if tls { Scheme::HTTPS } else { Scheme::HTTP };
+        let uri = Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query(path.unwrap_or_else(|| PathAndQuery::from_static("/")))
+            .build();
+        if let Ok(uri) = uri {
+            *request.uri_mut() = uri;
+            request.headers_mut().remove(header::HOST);
+        }
+    }
+}
+
+/// Puts `te: trailers` back on a request for an HTTP/2 upstream.
+pub(crate) fn keep_trailers<B>(request: &mut Request<B>) {
+    request
+        .headers_mut()
+        .insert(header::TE, HeaderValue::from_static("trailers"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{Family, UpstreamProtocol};
+    use crate::upstream::{Peer, Upstream};
+    use bytes::Bytes;
+    use http::Response;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use std::net::SocketAddr;
+    use tokio::net::TcpStream;
+
+    /// An h2c peer at `addr`.
+    fn peer(addr: SocketAddr, timeout: Duration) -> Peer<'static> {
+        Peer {
+            addr,
+            family: Family::of(&addr),
+            protocol: UpstreamProtocol::H2c,
+            tls: None,
+            connect_timeout: timeout,
+            read_timeout: timeout,
+        }
+    }
+
+    /// An h2c server on `ip` answering every request with "a", then "b" once `go` is notified;
+    /// `closed` is notified when the connection ends.
+    async fn slow_server(
+        ip: std::net::IpAddr,
+    ) -> (
+        SocketAddr,
+        Arc<tokio::sync::Notify>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        use http_body_util::BodyExt as _;
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let go = Arc::new(tokio::sync::Notify::new());
+        let (closed_tx, closed) = tokio::sync::oneshot::channel();
+        let gate = go.clone();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |_req| {
+                let gate = gate.clone();
+                async move {
+                    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+                    tokio::spawn(async move {
+                        let _ = tx.send(Bytes::from_static(b"a")).await;
+                        gate.notified().await;
+                        let _ = tx.send(Bytes::from_static(b"b")).await;
+                    });
+                    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+                        let chunk = rx.recv().await?;
+                        Some((
+                            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk)),
+                            rx,
+                        ))
+                    });
+                    Ok::<_, std::convert::Infallible>(Response::new(
+                        http_body_util::StreamBody::new(frames).boxed(),
+                    ))
+                }
+            });
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            let _ = closed_tx.send(());
+        });
+        (addr, go, closed)
+    }
+
+    #[tokio::test]
+    async fn idle_h2_connections_are_let_go_after_their_streams_end() {
+        use http_body_util::BodyExt as _;
+        for ip in ["127.0.0.1", "::1"] {
+            let (addr, go, closed) = slow_server(ip.parse().unwrap()).await;
+            let upstream = Upstream::new(Duration::from_secs(60), 64);
+            let request = Request::builder()
+                .uri("/")
+                .header(header::HOST, "h2.test")
+                .body(UpstreamBody::Right(http_body_util::Empty::new()))
+                .unwrap();
+            let second = Duration::from_secs(5);
+            let Ok(sent) = upstream.send(&peer(addr, second), &mut Some(request)).await else {
+                panic!("request to {addr} failed");
+            };
+            let (res, fresh) = (sent.response, sent.connected);
+            assert!(fresh);
+            // Idle for "longer than the timeout" while a stream is still open.
+            upstream.h2.reap(Duration::ZERO);
+            assert!(upstream.h2.get((addr, 0)).is_none(), "let go");
+            go.notify_one();
+            let body = tokio::time::timeout(second, res.into_body().collect())
+                .await
+                .expect("the open stream finishes")
+                .expect("body");
+            assert_eq!(body.to_bytes(), "ab");
+            tokio::time::timeout(second, closed)
+                .await
+                .expect("the connection closes once its last stream is done")
+                .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicked_h2_connect_leaves_nothing_behind() {
+        for ip in ["127.0.0.1", "::1"] {
+            let (addr, go, _closed) = slow_server(ip.parse().unwrap()).await;
+            let upstream = Arc::new(Upstream::new(Duration::from_secs(60), 64));
+            let p = upstream.clone();
+            let panicked = tokio::spawn(async move {
+                p.h2.connect_with((addr, 0), || async { panic!("connect panicked") }.boxed())
+                    .await
+            })
+            .await;
+            assert!(panicked.is_err_and(|e| e.is_panic()), "{ip}");
+            let failed = upstream
+                .h2
+                .connect_with((addr, 0), || {
+                    async { Err(io::Error::other("connect failed")) }.boxed()
+                })
+                .await;
+            assert!(failed.is_err(), "{ip}");
+            // The next request connects afresh and is answered.
+            let request = Request::builder()
+                .uri("/")
+                .header(header::HOST, "h2.test")
+                .body(UpstreamBody::Right(http_body_util::Empty::new()))
+                .unwrap();
+            let second = Duration::from_secs(5);
+            let sent = tokio::spawn(async move {
+                upstream
+                    .send(&peer(addr, second), &mut Some(request))
+                    .await
+                    .map(|sent| (sent.response.status(), sent.connected))
+                    .map_err(|_| "send failed")
+            })
+            .await;
+            go.notify_one();
+            assert!(
+                matches!(sent, Ok(Ok((http::StatusCode::OK, true)))),
+                "{ip}: {sent:?}"
+            );
+        }
+    }
+
+    /// Reads one HTTP/2 frame: (type, stream, payload).
+    async fn read_frame(tcp: &mut TcpStream) -> (u8, u32, Vec<u8>) {
+        use tokio::io::AsyncReadExt as _;
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).await.unwrap();
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).await.unwrap();
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        (head[3], stream, payload)
+    }
+
+    #[tokio::test]
+    async fn h2_upstream_connections_offer_bounded_windows() {
+        use tokio::io::AsyncReadExt as _;
+        for ip in ["127.0.0.1", "::1"] {
+            let listener =
+                tokio::net::TcpListener::bind((ip.parse::<std::net::IpAddr>().unwrap(), 0))
+                    .await
+                    .unwrap();
+            let addr = listener.local_addr().unwrap();
+            let connecting = tokio::spawn(connect::connect::<http2::SendRequest<UpstreamBody>>(
+                addr,
+                None,
+                Duration::from_secs(5),
+            ));
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut preface = [0u8; 24];
+            tcp.read_exact(&mut preface).await.unwrap();
+            assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+            let (kind, _, settings) = read_frame(&mut tcp).await;
+            assert_eq!(kind, 0x4, "{ip}: SETTINGS first");
+            let stream_window = settings.chunks_exact(6).find_map(|e| {
+                (u16::from_be_bytes([e[0], e[1]]) == 0x4)
+                    .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+            });
+            assert_eq!(
+                stream_window,
+                Some(crate::limits::H2_UPSTREAM_STREAM_WINDOW),
+                "{ip}"
+            );
+            // The connection window grows from the protocol's 65,535 by one WINDOW_UPDATE.
+            let (kind, stream, increment) = read_frame(&mut tcp).await;
+            assert_eq!((kind, stream), (0x8, 0), "{ip}: connection WINDOW_UPDATE");
+            let increment =
+                u32::from_be_bytes([increment[0], increment[1], increment[2], increment[3]]);
+            assert_eq!(
+                65_535 + increment,
+                crate::limits::H2_UPSTREAM_CONNECTION_WINDOW,
+                "{ip}"
+            );
+            connecting.abort();
+        }
+    }
+
+    #[test]
+    fn h2_requests_carry_the_authority() {
+        let mut req = Request::builder()
+            .uri("/pkg.Svc/Call?x")
+            .header(header::HOST, "[::1]:8080")
+            .header(header::CONNECTION, "upgrade")
+            .body(UpstreamBody::Right(http_body_util::Empty::new()))
+            .unwrap();
+        to_h2_request(&mut req, false);
+        assert_eq!(req.uri(), "http://[::1]:8080/pkg.Svc/Call?x");
+        assert!(req.headers().get(header::HOST).is_none());
+        assert!(req.headers().get(header::CONNECTION).is_none());
+        assert_eq!(req.version(), Version::HTTP_2);
+    }
+}

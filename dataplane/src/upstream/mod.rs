@@ -1,0 +1,300 @@
+//! The one way a request goes upstream: a [`Peer`] says where and how (address, family,
+//! protocol, TLS, timeouts), and [`Upstream::send`] sends over a pooled connection of the peer's
+//! protocol, HTTP/1.1 ([`h1`]) or HTTP/2 ([`h2`]), with one retry/replay policy for both
+//! ([`after_failure`]) and one send timeout for both (`proxy-send-timeout`, watched by the
+//! request body: [`crate::send_watch`]). Connections are made by [`connect`]; TLS client
+//! configurations come from [`tls`].
+
+mod connect;
+mod h1;
+mod h2;
+pub mod tls;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, Version};
+use http_body_util::{Either, Empty};
+use hyper::body::{Body, Incoming};
+use hyper::client::conn::{http1, http2, TrySendError};
+use tokio::time::timeout;
+
+pub(crate) use h1::PoolReturn;
+pub(crate) use h2::{keep_trailers, wants_trailers};
+
+use crate::error::ProxyError;
+use crate::limits::Limited;
+use crate::send_watch::{self, SendWatch};
+use crate::table::{Family, UpstreamProtocol};
+use tls::LiveTls;
+
+/// The body sent upstream: the client's stream (counted against the route's body limit), or
+/// nothing for a replayed bodyless request.
+pub(crate) type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
+
+/// Where a pooled connection goes: the address, and the TLS settings' key (0: plain TCP).
+pub(crate) type PoolKey = (SocketAddr, u64);
+
+/// One upstream attempt: where, over which family and protocol, with which TLS settings and
+/// timeouts (pingora's `HttpPeer`, as data).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Peer<'a> {
+    /// The target's address of `family`.
+    pub addr: SocketAddr,
+    /// The family of `addr`.
+    pub family: Family,
+    /// The protocol spoken.
+    pub protocol: UpstreamProtocol,
+    /// TLS settings for `https` and `h2`; `None` speaks plain TCP.
+    pub tls: Option<&'a Arc<LiveTls>>,
+    /// TCP connect (and TLS handshake) timeout.
+    pub connect_timeout: Duration,
+    /// Time to wait for the response head.
+    pub read_timeout: Duration,
+}
+
+impl Peer<'_> {
+    fn key(&self) -> PoolKey {
+        (self.addr, self.tls.map_or(0, |t| t.key()))
+    }
+}
+
+/// A connection to send one request on.
+enum Conn {
+    /// HTTP/1.1: one request at a time, back to the pool when the response body is done.
+    H1(http1::SendRequest<UpstreamBody>),
+    /// HTTP/2: shared by every request to the address.
+    H2(http2::SendRequest<UpstreamBody>),
+}
+
+/// A response from a peer.
+#[derive(Debug)]
+pub(crate) struct Sent {
+    /// The response (an HTTP/2 one relabelled HTTP/1.1, as the client side frames it).
+    pub response: Response<Incoming>,
+    /// Whether a new connection was made for it (the address works: its failures are cleared).
+    pub connected: bool,
+    /// The HTTP/1.1 connection, back to the pool when the response body is done.
+    pub pool_return: Option<PoolReturn>,
+}
+
+/// Why a send gave no response.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The request was not written (it is back in the caller's slot); it can go elsewhere.
+    Unsent(io::Error),
+    /// The request may have reached the upstream; answer the client with this.
+    Failed(ProxyError),
+}
+
+/// What it takes to send a bodyless idempotent request again.
+#[derive(Debug)]
+pub(crate) struct Replay {
+    parts: http::request::Parts,
+}
+
+impl Replay {
+    /// The replay of a request, when it is idempotent and has no body.
+    pub(crate) fn of(request: &Request<UpstreamBody>) -> Option<Replay> {
+        if !request.method().is_idempotent() || !request.body().is_end_stream() {
+            return None;
+        }
+        let mut parts = Request::new(()).into_parts().0;
+        parts.method = request.method().clone();
+        parts.uri = request.uri().clone();
+        parts.version = request.version();
+        parts.headers = request.headers().clone();
+        Some(Replay { parts })
+    }
+
+    fn into_request(self) -> Request<UpstreamBody> {
+        Request::from_parts(self.parts, Either::Right(Empty::new()))
+    }
+}
+
+/// What the retry policy makes of a failed send.
+#[derive(Debug)]
+enum Retry {
+    /// Send this again, over a fresh connection.
+    Again(Request<UpstreamBody>),
+    /// Nothing was written, and the connection was fresh: the address failed.
+    Unsent(Request<UpstreamBody>, io::Error),
+    /// The request may have been written: the client gets the error.
+    Failed(hyper::Error),
+}
+
+/// The one retry/replay policy of both protocols. A reused connection that turns out closed
+/// before the request was written is replaced by a fresh one to the same address. So is one that
+/// fails before any response byte when the request is idempotent and bodyless (the upstream
+/// closed an idle connection as we reused it, or refused the stream on GOAWAY): that request is
+/// replayed once, as nginx and Go's client do. A fresh connection gets no second chance.
+fn after_failure(
+    mut error: TrySendError<Request<UpstreamBody>>,
+    fresh: bool,
+    replay: &mut Option<Replay>,
+) -> Retry {
+    match error.take_message() {
+        Some(unsent) if !fresh => Retry::Again(unsent),
+        Some(unsent) => Retry::Unsent(
+            unsent,
+            io::Error::new(io::ErrorKind::ConnectionAborted, error.into_error()),
+        ),
+        None => match replay.take() {
+            Some(again) if !fresh => {
+                tracing::trace!(error = %error.error(), "Replaying on a fresh connection");
+                Retry::Again(again.into_request())
+            }
+            _ => Retry::Failed(error.into_error()),
+        },
+    }
+}
+
+/// The send-timeout watch of an upstream request's body, if its route sets one.
+fn body_watch(request: &Request<UpstreamBody>) -> Option<Arc<SendWatch>> {
+    match request.body() {
+        Either::Left(limited) => limited.watch(),
+        Either::Right(_) => None,
+    }
+}
+
+/// A send under the peer's read timeout and the body's send timeout (`proxy-send-timeout`:
+/// the upstream stopped taking the body); `None` when either runs out.
+async fn watched<F: Future>(peer: &Peer<'_>, watch: Arc<SendWatch>, send: F) -> Option<F::Output> {
+    timeout(peer.read_timeout, send_watch::guard(Some(watch), send))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// An empty slot: nothing was sent (a caller's mistake, not the peer's).
+fn no_request() -> SendError {
+    SendError::Unsent(io::Error::other("no request to send"))
+}
+
+/// The upstream connection pools, shared by every listener.
+#[derive(Debug)]
+pub(crate) struct Upstream {
+    h1: Arc<h1::Pool>,
+    h2: h2::Pool,
+    idle_timeout: Duration,
+}
+
+impl Upstream {
+    /// Pools that let connections idle for `idle_timeout`, at most `idle_per_addr` idle HTTP/1.1
+    /// ones per address.
+    pub(crate) fn new(idle_timeout: Duration, idle_per_addr: usize) -> Upstream {
+        Upstream {
+            h1: Arc::new(h1::Pool::new(idle_timeout, idle_per_addr)),
+            h2: h2::Pool::default(),
+            idle_timeout,
+        }
+    }
+
+    /// Drops closed and expired connections.
+    pub(crate) fn reap(&self) {
+        self.h1.reap();
+        self.h2.reap(self.idle_timeout);
+    }
+
+    /// Sends the request in `slot` to a peer over a pooled connection, or a new one when there is
+    /// none, and applies [`after_failure`] when the send fails. After `Unsent` the request is back
+    /// in `slot`, to be sent elsewhere. (The request stays in the caller's slot until hyper takes
+    /// it: no future in between copies it.)
+    pub(crate) async fn send(
+        &self,
+        peer: &Peer<'_>,
+        slot: &mut Option<Request<UpstreamBody>>,
+    ) -> Result<Sent, SendError> {
+        let Some(request) = slot.as_mut() else {
+            return Err(no_request());
+        };
+        if peer.protocol.is_h2() {
+            h2::to_h2_request(request, peer.tls.is_some());
+        }
+        let (mut conn, mut fresh) = match self.checkout(peer) {
+            Some(conn) => (conn, false),
+            None => (self.connect(peer).await.map_err(SendError::Unsent)?, true),
+        };
+        let mut replay = (!fresh)
+            .then(|| slot.as_ref().and_then(Replay::of))
+            .flatten();
+        loop {
+            let request = slot.take().ok_or_else(no_request)?;
+            // Each protocol's future awaited in place: no wrapper moves the request or response
+            // (but for a body watched for its send timeout).
+            let sent = match (&mut conn, body_watch(&request)) {
+                (Conn::H1(s), None) => timeout(peer.read_timeout, s.try_send_request(request))
+                    .await
+                    .ok(),
+                (Conn::H2(s), None) => timeout(peer.read_timeout, s.try_send_request(request))
+                    .await
+                    .ok(),
+                (Conn::H1(s), Some(w)) => watched(peer, w, s.try_send_request(request)).await,
+                (Conn::H2(s), Some(w)) => watched(peer, w, s.try_send_request(request)).await,
+            };
+            let error = match sent {
+                None => return Err(SendError::Failed(ProxyError::Timeout)),
+                Some(Ok(response)) => return Ok(self.sent(peer, conn, response, fresh)),
+                Some(Err(error)) => error,
+            };
+            match after_failure(error, fresh, &mut replay) {
+                Retry::Again(again) => *slot = Some(again),
+                Retry::Unsent(unsent, e) => {
+                    *slot = Some(unsent);
+                    return Err(SendError::Unsent(e));
+                }
+                Retry::Failed(e) => return Err(SendError::Failed(ProxyError::Upstream(e))),
+            }
+            (conn, fresh) = (self.connect(peer).await.map_err(SendError::Unsent)?, true);
+        }
+    }
+
+    /// An idle (HTTP/1.1) or open (HTTP/2) connection to the peer.
+    fn checkout(&self, peer: &Peer<'_>) -> Option<Conn> {
+        if peer.protocol.is_h2() {
+            self.h2.get(peer.key()).map(Conn::H2)
+        } else {
+            self.h1.take(peer.key()).map(Conn::H1)
+        }
+    }
+
+    /// A new connection to the peer (HTTP/2: or the one another request is making).
+    async fn connect(&self, peer: &Peer<'_>) -> io::Result<Conn> {
+        let timeout = peer.connect_timeout;
+        if peer.protocol.is_h2() {
+            let sender = self.h2.connect(peer.key(), peer.tls, timeout).await?;
+            return Ok(Conn::H2(sender));
+        }
+        let tls = peer.tls.map(|t| &**t);
+        Ok(Conn::H1(connect::connect(peer.addr, tls, timeout).await?))
+    }
+
+    /// The response of a connection: an HTTP/1.1 one goes back to the pool with its body (not
+    /// after a 101: the connection becomes the tunnel); an HTTP/2 one stays shared.
+    #[inline(always)] // Called once; inlined, the response is not copied into and out of it.
+    fn sent(
+        &self,
+        peer: &Peer<'_>,
+        conn: Conn,
+        mut response: Response<Incoming>,
+        fresh: bool,
+    ) -> Sent {
+        let pool_return = match conn {
+            Conn::H1(sender) => (response.status() != StatusCode::SWITCHING_PROTOCOLS)
+                .then(|| PoolReturn::new(self.h1.clone(), peer.key(), sender)),
+            Conn::H2(_) => {
+                *response.version_mut() = Version::HTTP_11;
+                None
+            }
+        };
+        Sent {
+            response,
+            connected: fresh,
+            pool_return,
+        }
+    }
+}
