@@ -1,8 +1,8 @@
 //! The access policies a route applies before a target is chosen: ingress-nginx's rate limits
 //! ([`rate_limit`]), basic auth ([`basic_auth`]) and external auth ([`ext_auth`]), in that order.
-//! The snapshot carries their settings as plain data ([`Access`] on the route); their runtime
-//! state (limiter buckets, requests in progress) lives in the [`Gate`], kept across snapshots
-//! while an Ingress's limits are unchanged.
+//! The snapshot carries their settings as plain data ([`Access`] on the route, from
+//! [`crate::access_policy`]); their runtime state (limiter buckets, requests in progress) lives in
+//! the [`Gate`], kept across snapshots while an Ingress's limits are unchanged.
 
 use super::{basic_auth, ext_auth, rate_limit};
 

@@ -1,7 +1,8 @@
-//! What a route applies to a request besides routing, configured by plain data on the route:
-//! access ([`access`]: ingress-nginx's rate limits, basic and external auth, checked before a
-//! target is chosen) and steering ([`steer`]: canary backends, session affinity, consistent
-//! hashing, the upstream `Host`, CORS).
+//! What a route applies to a request besides routing, configured by plain data on the route
+//! ([`crate::access_policy`], [`crate::route_policy`]): access ([`access`]: ingress-nginx's rate
+//! limits, basic and external auth, checked in the proxy's admit phase) and steering ([`steer`]:
+//! canary backends, session affinity, consistent hashing, the upstream `Host`, CORS, in its
+//! choose and respond phases). Nothing here is imported by the contract (`table`).
 
 pub mod access;
 pub mod affinity;
