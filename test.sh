@@ -81,5 +81,9 @@ echo "== Ingress conformance on the real control plane, IPv4 and IPv6 (README: C
 cargo build --locked -q -p controller --bin duet -p conformance --bin duet-conformance
 target/debug/duet-conformance ../shared/conformance/upstream-ingress/features conformance/features --family both
 
+echo "== Ingress conformance with ingress-nginx's class settings (--ingress-class nginx --controller-name k8s.io/ingress-nginx)"
+target/debug/duet-conformance ../shared/conformance/upstream-ingress/features conformance/features --family both \
+  --ingress-class nginx --controller-name k8s.io/ingress-nginx
+
 echo "== Helm chart tests (charts/tests/run.sh)"
 charts/tests/run.sh

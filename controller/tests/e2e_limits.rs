@@ -106,6 +106,56 @@ async fn oversized_heads_and_bodies_are_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A client that goes on sending a declared body after duet refused it (413 for 10 MiB over the
+/// 1 MiB limit; 404 for an unknown host) still reads the answer: duet reads and discards the
+/// rest of the body instead of closing on a client still sending (whose kernel would then get a
+/// reset that destroys the answer), and the connection stays usable. Both families.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_body_reaches_a_client_still_sending() -> anyhow::Result<()> {
+    let fleet = Fleet::start("linger", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let ingress = Ingress::new("linger", "default").host("default.test", "echo");
+    dir.write("ingress.yaml", &[ingress.build()])?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let declared = 10 * 1024 * 1024;
+    for family in Family::BOTH {
+        for (host, want) in [("default.test", "413"), ("unknown.test", "404")] {
+            let mut tcp = client::connect_tcp(duet.http(family)).await?;
+            let head =
+                format!("PUT /up HTTP/1.1\r\nHost: {host}\r\nContent-Length: {declared}\r\n\r\n");
+            tcp.write_all(head.as_bytes()).await?;
+            tcp.write_all(&vec![b'b'; 64 * 1024]).await?;
+            // duet has answered by now; the client, not reading yet, sends the rest.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let rest = vec![b'b'; declared - 64 * 1024];
+            tcp.write_all(&rest)
+                .await
+                .with_context(|| format!("{family} {host}: the body after the answer"))?;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let mut reply = vec![0u8; 4096];
+            let n = tcp
+                .read(&mut reply)
+                .await
+                .with_context(|| format!("{family} {host}: reading the answer"))?;
+            let reply = String::from_utf8_lossy(&reply[..n]).into_owned();
+            let status = reply.split(' ').nth(1).unwrap_or_default();
+            assert_eq!(status, want, "{family} {host}: {reply}");
+            // The body was read to its end: the connection serves the next request.
+            tcp.write_all(b"GET / HTTP/1.1\r\nHost: default.test\r\nConnection: close\r\n\r\n")
+                .await?;
+            let mut next = Vec::new();
+            tokio::time::timeout(client::REQUEST_TIMEOUT, tcp.read_to_end(&mut next)).await??;
+            let next = String::from_utf8_lossy(&next);
+            assert!(
+                next.starts_with("HTTP/1.1 200"),
+                "{family} {host}: next request: {next}"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// PUTs `size` bytes with `Transfer-Encoding: chunked` (in 1 KiB chunks) on a fresh connection
 /// and returns the raw response (the server closes after it).
 async fn chunked_put(to: SocketAddr, host: &str, size: usize) -> anyhow::Result<String> {

@@ -49,6 +49,8 @@ pub struct Options {
     pub duet: PathBuf,
     /// The IngressClass name Ingresses get by default.
     pub ingress_class: String,
+    /// The IngressClass's `spec.controller`, duet's `--controller-name` (not with `--kubeconfig`).
+    pub controller_name: String,
     /// The echo image of real Deployments.
     pub echo_image: String,
     /// The port of the status addresses for `http` (real cluster).
@@ -571,7 +573,7 @@ async fn start_duet(
 ) -> anyhow::Result<Duet> {
     kube.create(crate::manifests::ingress_class(
         &opts.ingress_class,
-        CONTROLLER,
+        &opts.controller_name,
     ))
     .await?;
     let publish = format!("{}/{}", PUBLISH_SERVICE.0, PUBLISH_SERVICE.1);
@@ -580,6 +582,8 @@ async fn start_duet(
         &publish,
         "--ingress-class",
         &opts.ingress_class,
+        "--controller-name",
+        &opts.controller_name,
         "--election-namespace",
         "default",
     ];

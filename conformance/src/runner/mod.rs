@@ -62,6 +62,11 @@ pub struct Cli {
     /// The IngressClass Ingresses name by default (with --kubeconfig it must exist).
     #[arg(long, value_name = "NAME", default_value = cluster::INGRESS_CLASS)]
     pub ingress_class: String,
+    /// The IngressClass's `spec.controller`, which duet is started with (`--controller-name`;
+    /// not with --kubeconfig): `k8s.io/ingress-nginx` with `--ingress-class nginx` runs the
+    /// features with the settings of an ingress-nginx takeover.
+    #[arg(long, value_name = "NAME", default_value = cluster::CONTROLLER)]
+    pub controller_name: String,
     /// The echo backend image of the Deployments (with --kubeconfig).
     #[arg(long, value_name = "IMAGE", default_value = cluster::ECHO_IMAGE)]
     pub echo_image: String,
@@ -131,6 +136,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         kubeconfig: cli.kubeconfig.clone(),
         duet,
         ingress_class: cli.ingress_class.clone(),
+        controller_name: cli.controller_name.clone(),
         echo_image: cli.echo_image.clone(),
         http_port: cli.http_port,
         https_port: cli.https_port,

@@ -236,6 +236,20 @@ impl Ctx {
         *self.leading.borrow()
     }
 
+    /// Waits until every store has listed once. Before that, a reconcile would read the port
+    /// assignments (and the Gateways competing for ports) from a partial cache and move ports
+    /// that Services already hold, as a restarted duet did when its Service store was late.
+    async fn synced(&self) {
+        // A dropped writer (its watcher ended) never becomes ready: go on with what there is.
+        let _ = futures_util::join!(
+            self.gateways.wait_until_ready(),
+            self.classes.wait_until_ready(),
+            self.grants.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.pods.wait_until_ready(),
+        );
+    }
+
     /// Whether the Gateway's class is one of ours.
     fn ours(&self, gateway: &Gateway) -> bool {
         let class = self
@@ -346,6 +360,7 @@ async fn reconcile_gateway(
     if !ctx.leads() {
         return Ok(Action::await_change());
     }
+    ctx.synced().await;
     let Some(gateway) = decode::<Gateway>(&object) else {
         return Ok(Action::await_change());
     };

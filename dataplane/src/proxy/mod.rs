@@ -18,6 +18,7 @@
 mod admit;
 mod body;
 mod headers;
+mod linger;
 
 use std::convert::Infallible;
 use std::io;
@@ -163,8 +164,13 @@ impl Proxy {
         conn: &ConnInfo,
         exchange: &mut Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        // Answered before its body is read, a request's body is discarded in the background
+        // (`linger::unread`), so the answer reaches a client still sending.
         let live = self.runtime.load_full();
-        let mut routed = route(&live, &req)?;
+        let mut routed = match route(&live, &req) {
+            Ok(routed) => routed,
+            Err(error) => return linger::unread(req, Err(error)),
+        };
         exchange.matched(&live.metrics, routed.matched.action);
         let config = &self.runtime.config;
         let mut admission = Admission {
@@ -179,10 +185,13 @@ impl Proxy {
         }
         match verdict {
             Ok(()) => {}
-            Err(Stop::Answer(answer)) => return Ok(*answer),
-            Err(Stop::Refuse(error)) => return Err(error),
+            Err(Stop::Answer(answer)) => return linger::unread(req, Ok(*answer)),
+            Err(Stop::Refuse(error)) => return linger::unread(req, Err(error)),
         }
-        let plan = choose(&live, &routed, req.headers(), conn, config, exchange)?;
+        let plan = match choose(&live, &routed, req.headers(), conn, config, exchange) {
+            Ok(plan) => plan,
+            Err(error) => return linger::unread(req, Err(error)),
+        };
         let (request, client_upgrade) = upstream_request(req, &mut routed, &plan, conn);
         let mut slot = Some(request);
         let (sent, in_flight, served) = self
