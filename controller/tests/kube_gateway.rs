@@ -508,3 +508,27 @@ async fn https_certificates_in_another_namespace_need_a_reference_grant() {
     };
     run.await.unwrap();
 }
+
+/// On a cluster without the Gateway API (no CRDs), duet says Gateway support is off, instead of
+/// watching kinds the API server does not serve and logging their failures forever.
+#[tokio::test(flavor = "current_thread")]
+async fn without_the_gateway_api_gateway_support_is_off() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(Options::default()).await.unwrap();
+    let api = cluster.api().await.unwrap();
+    api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DUET_NS}}))
+        .await
+        .unwrap();
+    let duet = duet(cluster.kubeconfig()).await.unwrap();
+    client::eventually("Gateway support off, logged", LIVE, || async {
+        anyhow::ensure!(
+            duet.logs()
+                .contains("Gateway support is off until duet restarts"),
+            "not logged yet"
+        );
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(!duet.logs().contains("Gateway API watch failed"));
+}

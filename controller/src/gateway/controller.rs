@@ -75,8 +75,49 @@ struct Ctx {
     written: Mutex<HashMap<GatewayKey, BTreeMap<u16, u16>>>,
 }
 
-/// Starts the GatewayClass and Gateway controllers. `pod_namespace` holds duet's pods.
+/// Starts the GatewayClass and Gateway controllers when the cluster serves the Gateway API (else
+/// logs that Gateway support is off). `pod_namespace` holds duet's pods.
 pub fn spawn(
+    client: Client,
+    config: GatewayConfig,
+    pod_namespace: String,
+    leading: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        if installed(&client).await {
+            start(client, config, pod_namespace, leading);
+        } else {
+            tracing::info!(
+                "Gateway API (gateway.networking.k8s.io/v1 GatewayClass, Gateway) is not installed \
+                 in this cluster: Gateway support is off until duet restarts"
+            );
+        }
+    });
+}
+
+/// Whether the cluster serves `gateway.networking.k8s.io/v1` GatewayClasses and Gateways (the
+/// CRDs are installed). Asked until the API answers: an error other than 404 is retried.
+async fn installed(client: &Client) -> bool {
+    loop {
+        match client
+            .list_api_group_resources("gateway.networking.k8s.io/v1")
+            .await
+        {
+            Ok(list) => {
+                let served = |name: &str| list.resources.iter().any(|r| r.name == name);
+                return served("gatewayclasses") && served("gateways");
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(error) => {
+                tracing::warn!(%error, "Cannot tell whether the Gateway API is installed; asking again in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
+
+/// Starts the controllers (the Gateway API is installed).
+fn start(
     client: Client,
     config: GatewayConfig,
     pod_namespace: String,
