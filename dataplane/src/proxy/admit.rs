@@ -124,7 +124,7 @@ fn cors_preflight(a: &mut Admission<'_, '_>) -> Verdict {
     };
     let mut res = Response::new(ProxyBody::full(Bytes::new()));
     *res.status_mut() = StatusCode::NO_CONTENT;
-    *res.headers_mut() = headers;
+    *res.headers_mut() = *headers;
     answer(res)
 }
 

@@ -68,10 +68,11 @@ pub(crate) struct Routed<'a> {
     pub matched: Matched<'a>,
     /// The target sent upstream in place of `target` (set by `rewrite-target`).
     pub upstream_target: Option<Uri>,
-    /// The CORS headers the route gives this request's response (`enable-cors`), if any.
-    pub cors: Option<HeaderMap>,
+    /// The CORS headers the route gives this request's response (`enable-cors`), if any (boxed,
+    /// as the next: rare, and every request's future carries the field).
+    pub cors: Option<Box<HeaderMap>>,
     /// The headers of the 204 answering a CORS preflight, when the request is one.
-    pub preflight: Option<HeaderMap>,
+    pub preflight: Option<Box<HeaderMap>>,
 }
 
 /// How the attempts of a routed request go: set by [`choose`].
@@ -181,7 +182,9 @@ impl Proxy {
         };
         let mut verdict = admit::admit(&mut admission);
         if verdict.is_ok() && routed.matched.action.access.is_some() {
-            verdict = admit::access(&self.gate, &routed, &mut req, conn, exchange).await;
+            // Boxed: the access checks' future (auth requests included) would otherwise be part
+            // of every request's future, and moved with it, whether the route has a policy or not.
+            verdict = Box::pin(admit::access(&self.gate, &routed, &mut req, conn, exchange)).await;
         }
         match verdict {
             Ok(()) => {}
@@ -199,7 +202,7 @@ impl Proxy {
             .await?;
         let cookie = plan.steered.set_cookie(plan.backend, served, plan.https);
         let mut res = self.respond(sent, in_flight, client_upgrade, &plan, conn)?;
-        crate::policy::respond(res.headers_mut(), cookie, routed.cors.as_ref());
+        crate::policy::respond(res.headers_mut(), cookie, routed.cors.as_deref());
         Ok(res)
     }
 
@@ -301,8 +304,8 @@ pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a
         .routes
         .find(host.as_str(), target.path())
         .ok_or(ProxyError::NoRoute)?;
-    let cors = crate::policy::cors_for(matched.action, req.headers());
-    let preflight = crate::policy::preflight(req.method(), cors.as_ref());
+    let cors = crate::policy::cors_for(matched.action, req.headers()).map(Box::new);
+    let preflight = crate::policy::preflight(req.method(), cors.as_deref()).map(Box::new);
     Ok(Routed {
         host,
         target,
