@@ -28,8 +28,8 @@ use serde_json::{json, Value};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::oneshot;
 
-use super::netns::{enter_path, ip};
-use super::{Stack, NODE_IP_V4, NODE_IP_V6, NODE_NAME, POD_CIDR_V4, POD_CIDR_V6, POD_INTERFACE};
+use super::netns::{enter_path, local_address};
+use super::{Stack, NODE_IP_V4, NODE_IP_V6, NODE_NAME, POD_CIDR_V4, POD_CIDR_V6};
 use crate::echo::{EchoOptions, EchoServer, Family, Identity};
 use crate::fleet::Port;
 use crate::runner::kube_api::KubeApi;
@@ -105,7 +105,7 @@ struct Running {
 impl Running {
     fn stop(self) {
         for ip in &self.ips {
-            if let Err(e) = ip_addr("del", *ip) {
+            if let Err(e) = local_address("del", *ip) {
                 tracing::warn!(error = %format!("{e:#}"), "The kubelet could not remove a pod address");
             }
         }
@@ -127,29 +127,6 @@ fn now() -> String {
     jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
-}
-
-fn ip_addr(verb: &str, addr: IpAddr) -> anyhow::Result<()> {
-    match addr {
-        IpAddr::V4(v4) => ip(&["addr", verb, &format!("{v4}/32"), "dev", POD_INTERFACE]),
-        IpAddr::V6(v6) if verb == "add" => ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{v6}/128"),
-            "dev",
-            POD_INTERFACE,
-            "nodad",
-        ]),
-        IpAddr::V6(v6) => ip(&[
-            "-6",
-            "addr",
-            verb,
-            &format!("{v6}/128"),
-            "dev",
-            POD_INTERFACE,
-        ]),
-    }
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -513,7 +490,7 @@ fn start_servers(
 ) -> anyhow::Result<()> {
     let mut listen = Vec::new();
     for &(ip, port) in ips {
-        ip_addr("add", ip)?;
+        local_address("add", ip)?;
         running.ips.push(ip);
         for &p in &plan.ports {
             let addr = SocketAddr::new(ip, p);

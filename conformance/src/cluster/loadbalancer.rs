@@ -34,8 +34,7 @@ use http::Method;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use super::netns::{enter_path, ip};
-use super::POD_INTERFACE;
+use super::netns::{enter_path, local_address};
 use crate::runner::kube_api::KubeApi;
 
 /// The IPv4 load-balancer pool (`10.250.0.1` to `10.250.0.254`).
@@ -285,29 +284,6 @@ fn apply_ruleset(text: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn local_address(verb: &str, addr: IpAddr) -> anyhow::Result<()> {
-    match addr {
-        IpAddr::V4(v4) => ip(&["addr", verb, &format!("{v4}/32"), "dev", POD_INTERFACE]),
-        IpAddr::V6(v6) if verb == "add" => ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{v6}/128"),
-            "dev",
-            POD_INTERFACE,
-            "nodad",
-        ]),
-        IpAddr::V6(v6) => ip(&[
-            "-6",
-            "addr",
-            verb,
-            &format!("{v6}/128"),
-            "dev",
-            POD_INTERFACE,
-        ]),
-    }
 }
 
 impl State {

@@ -5,6 +5,7 @@
 //! member: nothing to delete, whatever way the owner ends.
 
 use std::fs::File;
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::command;
+use super::{command, POD_INTERFACE};
 
 /// A network namespace held open by a child process.
 #[derive(Debug)]
@@ -84,6 +85,32 @@ pub fn enter_path(path: &std::path::Path) -> anyhow::Result<()> {
         Some(rustix::thread::LinkNameSpaceType::Network),
     )
     .with_context(|| format!("setns({}) failed", path.display()))
+}
+
+/// Adds (`verb` "add") or removes ("del") `addr` as a host address (/32, /128) on the pod
+/// interface of the calling thread's namespace: a pod's address, or a load balancer's. IPv6
+/// addresses are added without duplicate address detection, so they are usable at once.
+pub fn local_address(verb: &str, addr: IpAddr) -> anyhow::Result<()> {
+    match addr {
+        IpAddr::V4(v4) => ip(&["addr", verb, &format!("{v4}/32"), "dev", POD_INTERFACE]),
+        IpAddr::V6(v6) if verb == "add" => ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{v6}/128"),
+            "dev",
+            POD_INTERFACE,
+            "nodad",
+        ]),
+        IpAddr::V6(v6) => ip(&[
+            "-6",
+            "addr",
+            verb,
+            &format!("{v6}/128"),
+            "dev",
+            POD_INTERFACE,
+        ]),
+    }
 }
 
 /// Runs `ip ARGS` in the calling thread's namespace, failing with its stderr.
