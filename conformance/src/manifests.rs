@@ -227,6 +227,9 @@ pub struct Ingress {
     tls: Vec<(Vec<String>, String)>,
 }
 
+/// The prefix of ingress-nginx's annotations.
+pub const NGINX_ANNOTATION_PREFIX: &str = "nginx.ingress.kubernetes.io/";
+
 impl Ingress {
     /// An Ingress of class `duet` with no rules yet.
     pub fn new(namespace: &str, name: &str) -> Ingress {
@@ -258,6 +261,13 @@ impl Ingress {
     pub fn annotation(mut self, key: &str, value: &str) -> Ingress {
         self.annotations.push((key.into(), value.into()));
         self
+    }
+
+    /// Adds each `(KEY, value)` as the ingress-nginx annotation `nginx.ingress.kubernetes.io/KEY`.
+    pub fn nginx_annotations(self, pairs: &[(&str, &str)]) -> Ingress {
+        pairs.iter().fold(self, |i, (k, v)| {
+            i.annotation(&format!("{NGINX_ANNOTATION_PREFIX}{k}"), v)
+        })
     }
 
     /// Sets `spec.defaultBackend`.

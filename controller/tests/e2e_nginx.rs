@@ -20,13 +20,7 @@ use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PathType, Po
 use serde_json::Value;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
-const N: &str = "nginx.ingress.kubernetes.io/";
-
-fn nginx(ingress: Ingress, pairs: &[(&str, &str)]) -> Ingress {
-    pairs
-        .iter()
-        .fold(ingress, |i, (k, v)| i.annotation(&format!("{N}{k}"), v))
-}
+const N: &str = conformance::manifests::NGINX_ANNOTATION_PREFIX;
 
 async fn put(to: std::net::SocketAddr, host: &str, size: usize) -> anyhow::Result<u16> {
     let mut conn = Conn::http1(to).await?;
@@ -55,47 +49,38 @@ async fn nginx_annotations_take_effect_and_are_reported() -> anyhow::Result<()> 
         Ingress::new("ngx", "tls")
             .host("tls.test", "echo")
             .tls(&["tls.test"], "cert"),
-        nginx(Ingress::new("ngx", "optout"), &[("ssl-redirect", "false")])
+        Ingress::new("ngx", "optout")
+            .nginx_annotations(&[("ssl-redirect", "false")])
             .host("notls-redirect.test", "echo")
             .tls(&["notls-redirect.test"], "cert"),
-        nginx(
-            Ingress::new("ngx", "force"),
-            &[("force-ssl-redirect", "true")],
-        )
-        .host("force.test", "echo"),
-        nginx(Ingress::new("ngx", "small"), &[("proxy-body-size", "4k")])
+        Ingress::new("ngx", "force")
+            .nginx_annotations(&[("force-ssl-redirect", "true")])
+            .host("force.test", "echo"),
+        Ingress::new("ngx", "small")
+            .nginx_annotations(&[("proxy-body-size", "4k")])
             .host("small.test", "echo"),
-        nginx(
-            Ingress::new("ngx", "unlimited"),
-            &[("proxy-body-size", "0")],
-        )
-        .host("unlimited.test", "echo"),
-        nginx(
-            Ingress::new("ngx", "duet-wins"),
-            &[("proxy-body-size", "0")],
-        )
-        .annotation("duet.dev/proxy-body-size", "4k")
-        .host("duet-wins.test", "echo"),
-        nginx(Ingress::new("ngx", "read"), &[("proxy-read-timeout", "1")])
+        Ingress::new("ngx", "unlimited")
+            .nginx_annotations(&[("proxy-body-size", "0")])
+            .host("unlimited.test", "echo"),
+        Ingress::new("ngx", "duet-wins")
+            .nginx_annotations(&[("proxy-body-size", "0")])
+            .annotation("duet.dev/proxy-body-size", "4k")
+            .host("duet-wins.test", "echo"),
+        Ingress::new("ngx", "read")
+            .nginx_annotations(&[("proxy-read-timeout", "1")])
             .host("read.test", "silent"),
-        nginx(
-            Ingress::new("ngx", "read-bad"),
-            &[("proxy-read-timeout", "1s")],
-        )
-        .host("read-bad.test", "echo"),
-        nginx(
-            Ingress::new("ngx", "connect"),
-            &[("proxy-connect-timeout", "1")],
-        )
-        .host("connect.test", "hang"),
-        nginx(
-            Ingress::new("ngx", "snippet"),
-            &[
+        Ingress::new("ngx", "read-bad")
+            .nginx_annotations(&[("proxy-read-timeout", "1s")])
+            .host("read-bad.test", "echo"),
+        Ingress::new("ngx", "connect")
+            .nginx_annotations(&[("proxy-connect-timeout", "1")])
+            .host("connect.test", "hang"),
+        Ingress::new("ngx", "snippet")
+            .nginx_annotations(&[
                 ("configuration-snippet", "return 403;"),
                 ("use-regexp", "true"),
-            ],
-        )
-        .host("snippet.test", "echo"),
+            ])
+            .host("snippet.test", "echo"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
     let duet = DuetBuilder::new(DUET, dir.path())
@@ -220,12 +205,10 @@ async fn strict_annotations_refuse_snippet_ingresses_whole() -> anyhow::Result<(
     let dir = ManifestDir::with_class()?;
     dir.write("echo.yaml", &fleet.manifests())?;
     let ingresses = [
-        nginx(
-            Ingress::new("strict", "snippet"),
-            &[("server-snippet", "return 200;")],
-        )
-        .host("snippet.test", "echo")
-        .host("shared.test", "echo"),
+        Ingress::new("strict", "snippet")
+            .nginx_annotations(&[("server-snippet", "return 200;")])
+            .host("snippet.test", "echo")
+            .host("shared.test", "echo"),
         Ingress::new("strict", "plain").host("plain.test", "echo"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
@@ -288,21 +271,19 @@ async fn backend_protocol_selects_the_upstream_protocol() -> anyhow::Result<()> 
         &[tls::ca_secret("bp", "other-ca", &other_ca.cert_pem)],
     )?;
     let ingresses = [
-        nginx(
-            Ingress::new("bp", "https"),
-            &[("backend-protocol", "HTTPS")],
-        )
-        .host("https.test", "secure"),
-        nginx(
-            Ingress::new("bp", "verified"),
-            &[("backend-protocol", "https")],
-        )
-        .annotation("duet.dev/backend-ca-secret", "other-ca")
-        .host("verified.test", "secure"),
+        Ingress::new("bp", "https")
+            .nginx_annotations(&[("backend-protocol", "HTTPS")])
+            .host("https.test", "secure"),
+        Ingress::new("bp", "verified")
+            .nginx_annotations(&[("backend-protocol", "https")])
+            .annotation("duet.dev/backend-ca-secret", "other-ca")
+            .host("verified.test", "secure"),
         Ingress::new("bp", "no-annotation").host("no-annotation.test", "secure"),
-        nginx(Ingress::new("bp", "grpc"), &[("backend-protocol", "GRPC")])
+        Ingress::new("bp", "grpc")
+            .nginx_annotations(&[("backend-protocol", "GRPC")])
             .host("grpc.test", "plain"),
-        nginx(Ingress::new("bp", "fcgi"), &[("backend-protocol", "FCGI")])
+        Ingress::new("bp", "fcgi")
+            .nginx_annotations(&[("backend-protocol", "FCGI")])
             .host("fcgi.test", "plain"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
@@ -344,43 +325,34 @@ async fn redirect_annotations_answer_without_proxying() -> anyhow::Result<()> {
     let cert = tls::cert(&["moved.test"]);
     dir.write("secret.yaml", &[tls::secret("rd", "cert", &cert)])?;
     let ingresses = [
-        nginx(
-            Ingress::new("rd", "moved"),
-            &[("permanent-redirect", "https://new.example.com/landing")],
-        )
-        .host("moved.test", "echo")
-        .tls(&["moved.test"], "cert"),
-        nginx(
-            Ingress::new("rd", "moved-308"),
-            &[
+        Ingress::new("rd", "moved")
+            .nginx_annotations(&[("permanent-redirect", "https://new.example.com/landing")])
+            .host("moved.test", "echo")
+            .tls(&["moved.test"], "cert"),
+        Ingress::new("rd", "moved-308")
+            .nginx_annotations(&[
                 ("permanent-redirect", "https://[2001:db8::1]:8443/x?y=1"),
                 ("permanent-redirect-code", "308"),
-            ],
-        )
-        .host("moved-308.test", "echo"),
-        nginx(
-            Ingress::new("rd", "bad-code"),
-            &[
+            ])
+            .host("moved-308.test", "echo"),
+        Ingress::new("rd", "bad-code")
+            .nginx_annotations(&[
                 ("permanent-redirect", "https://new.example.com/"),
                 ("permanent-redirect-code", "400"),
-            ],
-        )
-        .host("bad-code.test", "echo"),
-        nginx(
-            Ingress::new("rd", "temporal"),
-            &[
+            ])
+            .host("bad-code.test", "echo"),
+        Ingress::new("rd", "temporal")
+            .nginx_annotations(&[
                 ("permanent-redirect", "https://permanent.example/"),
                 ("temporal-redirect", "http://temporal.example/"),
                 ("temporal-redirect-code", "307"),
-            ],
-        )
-        .host("temporal.test", "echo"),
-        nginx(
-            Ingress::new("rd", "bad-url"),
-            &[("permanent-redirect", "/relative")],
-        )
-        .host("bad-url.test", "echo"),
-        nginx(Ingress::new("rd", "app"), &[("app-root", "/app/")])
+            ])
+            .host("temporal.test", "echo"),
+        Ingress::new("rd", "bad-url")
+            .nginx_annotations(&[("permanent-redirect", "/relative")])
+            .host("bad-url.test", "echo"),
+        Ingress::new("rd", "app")
+            .nginx_annotations(&[("app-root", "/app/")])
             .host("app.test", "echo")
             .host("", "echo"),
     ];
@@ -451,7 +423,8 @@ async fn source_ranges_admit_by_family_and_fail_closed() -> anyhow::Result<()> {
     let dir = ManifestDir::with_class()?;
     dir.write("echo.yaml", &fleet.manifests())?;
     let acl = |name: &str, pairs: &[(&str, &str)]| {
-        nginx(Ingress::new("acl", name), pairs)
+        Ingress::new("acl", name)
+            .nginx_annotations(pairs)
             .host(&format!("{name}.test"), "echo")
             .build()
     };
@@ -525,11 +498,9 @@ async fn forwarded_https_from_trusted_proxies_is_not_redirected() -> anyhow::Res
     let cert = tls::cert(&["tls.test"]);
     dir.write("secret.yaml", &[tls::secret("lb", "cert", &cert)])?;
     let ingresses = [
-        nginx(
-            Ingress::new("lb", "force"),
-            &[("force-ssl-redirect", "true"), ("app-root", "/app")],
-        )
-        .host("force.test", "echo"),
+        Ingress::new("lb", "force")
+            .nginx_annotations(&[("force-ssl-redirect", "true"), ("app-root", "/app")])
+            .host("force.test", "echo"),
         Ingress::new("lb", "tls")
             .host("tls.test", "echo")
             .tls(&["tls.test"], "cert"),
@@ -603,14 +574,11 @@ async fn rewrite_target_and_use_regex_as_ingress_nginx() -> anyhow::Result<()> {
     use PathType::{ImplementationSpecific as Is, Prefix};
     let ingresses = [
         path(
-            nginx(
-                Ingress::new("rw", "rewrite"),
-                &[
-                    ("rewrite-target", "/$2"),
-                    ("use-regex", "true"),
-                    ("x-forwarded-prefix", "/something"),
-                ],
-            ),
+            Ingress::new("rw", "rewrite").nginx_annotations(&[
+                ("rewrite-target", "/$2"),
+                ("use-regex", "true"),
+                ("x-forwarded-prefix", "/something"),
+            ]),
             "rw.test",
             Is,
             "/something(/|$)(.*)",
@@ -632,10 +600,8 @@ async fn rewrite_target_and_use_regex_as_ingress_nginx() -> anyhow::Result<()> {
             "other",
         ),
         path(
-            nginx(
-                Ingress::new("rw", "h2"),
-                &[("rewrite-target", "/v1/$1"), ("backend-protocol", "GRPC")],
-            ),
+            Ingress::new("rw", "h2")
+                .nginx_annotations(&[("rewrite-target", "/v1/$1"), ("backend-protocol", "GRPC")]),
             "h2.test",
             Is,
             "/api/(.*)",
@@ -643,7 +609,7 @@ async fn rewrite_target_and_use_regex_as_ingress_nginx() -> anyhow::Result<()> {
         ),
         path(
             path(
-                nginx(Ingress::new("rw", "bad"), &[("use-regex", "true")]),
+                Ingress::new("rw", "bad").nginx_annotations(&[("use-regex", "true")]),
                 "bad.test",
                 Is,
                 "/(?!admin)x",
@@ -655,17 +621,15 @@ async fn rewrite_target_and_use_regex_as_ingress_nginx() -> anyhow::Result<()> {
             "other",
         ),
         path(
-            nginx(
-                Ingress::new("rw", "away"),
-                &[("rewrite-target", "https://new.example.com/$1")],
-            ),
+            Ingress::new("rw", "away")
+                .nginx_annotations(&[("rewrite-target", "https://new.example.com/$1")]),
             "away.test",
             Is,
             "/old/(.*)",
             "app",
         ),
         path(
-            nginx(Ingress::new("rw", "root"), &[("rewrite-target", "/")]),
+            Ingress::new("rw", "root").nginx_annotations(&[("rewrite-target", "/")]),
             "root.test",
             Prefix,
             "/api",

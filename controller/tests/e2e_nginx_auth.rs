@@ -25,13 +25,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt as _;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
-const N: &str = "nginx.ingress.kubernetes.io/";
-
-fn nginx(ingress: Ingress, pairs: &[(&str, &str)]) -> Ingress {
-    pairs
-        .iter()
-        .fold(ingress, |i, (k, v)| i.annotation(&format!("{N}{k}"), v))
-}
+const N: &str = conformance::manifests::NGINX_ANNOTATION_PREFIX;
 
 fn opaque(namespace: &str, name: &str, data: &[(&str, &str)]) -> Value {
     let data: serde_json::Map<String, Value> = data
@@ -102,7 +96,8 @@ async fn basic_auth_checks_htpasswd_users_and_follows_the_secret() -> anyhow::Re
         ],
     )?;
     let ba = |name: &str, pairs: &[(&str, &str)]| {
-        nginx(Ingress::new("ba", name), pairs)
+        Ingress::new("ba", name)
+            .nginx_annotations(pairs)
             .host(&format!("{name}.test"), "echo")
             .build()
     };
@@ -382,7 +377,8 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
     let url6 = format!("http://{}/oauth2/auth", auth.v6);
     let down = format!("http://{down}/auth");
     let ext = |name: &str, pairs: &[(&str, &str)]| {
-        nginx(Ingress::new("ext", name), pairs)
+        Ingress::new("ext", name)
+            .nginx_annotations(pairs)
             .host(&format!("{name}.test"), "echo")
             .build()
     };
@@ -658,14 +654,17 @@ async fn rate_limits_key_per_address_and_ipv6_per_64_on_request() -> anyhow::Res
     dir.write(
         "ingress.yaml",
         &[
-            nginx(Ingress::new("rl", "per64"), &limits)
+            Ingress::new("rl", "per64")
+                .nginx_annotations(&limits)
                 .annotation("duet.dev/limit-ipv6-prefix", "64")
                 .host("per64.test", "echo")
                 .build(),
-            nginx(Ingress::new("rl", "per128"), &limits)
+            Ingress::new("rl", "per128")
+                .nginx_annotations(&limits)
                 .host("per128.test", "echo")
                 .build(),
-            nginx(Ingress::new("rl", "bad"), &[("limit-rps", "ten")])
+            Ingress::new("rl", "bad")
+                .nginx_annotations(&[("limit-rps", "ten")])
                 .host("bad.test", "echo")
                 .build(),
         ],
@@ -766,11 +765,10 @@ async fn limit_connections_counts_requests_in_progress_per_client() -> anyhow::R
     dir.write("echo.yaml", &fleet.manifests())?;
     dir.write(
         "ingress.yaml",
-        &[
-            nginx(Ingress::new("lc", "one"), &[("limit-connections", "1")])
-                .host("one.test", "echo")
-                .build(),
-        ],
+        &[Ingress::new("lc", "one")
+            .nginx_annotations(&[("limit-connections", "1")])
+            .host("one.test", "echo")
+            .build()],
     )?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
     for family in Family::BOTH {

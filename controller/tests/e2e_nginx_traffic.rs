@@ -19,13 +19,7 @@ use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
 use serde_json::{json, Value};
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
-const N: &str = "nginx.ingress.kubernetes.io/";
-
-fn nginx(ingress: Ingress, pairs: &[(&str, &str)]) -> Ingress {
-    pairs
-        .iter()
-        .fold(ingress, |i, (k, v)| i.annotation(&format!("{N}{k}"), v))
-}
+const N: &str = conformance::manifests::NGINX_ANNOTATION_PREFIX;
 
 /// `GET` with extra headers over a kept-alive connection.
 async fn get(
@@ -82,62 +76,52 @@ async fn canaries_by_header_cookie_and_weight() -> anyhow::Result<()> {
     let main = |name: &str, host: &str| Ingress::new("cn", name).host(host, "stable");
     let ingresses = [
         main("main", "canary.test"),
-        nginx(
-            Ingress::new("cn", "canary"),
-            &[
+        Ingress::new("cn", "canary")
+            .nginx_annotations(&[
                 ("canary", "true"),
                 ("canary-by-header", "X-Canary"),
                 ("canary-by-cookie", "canary_cookie"),
                 ("canary-weight", "30"),
                 // Ignored on a canary Ingress: the main Ingress's settings apply.
                 ("proxy-body-size", "1k"),
-            ],
-        )
-        .host("canary.test", "canary"),
+            ])
+            .host("canary.test", "canary"),
         main("main-value", "value.test"),
-        nginx(
-            Ingress::new("cn", "canary-value"),
-            &[
+        Ingress::new("cn", "canary-value")
+            .nginx_annotations(&[
                 ("canary", "true"),
                 ("canary-by-header", "X-Env"),
                 ("canary-by-header-value", "beta"),
-            ],
-        )
-        .host("value.test", "canary"),
+            ])
+            .host("value.test", "canary"),
         // A second canary for the same host and path is refused (one canary per host and path):
         // were it attached, its weight would send everything to the canary.
-        nginx(
-            Ingress::new("cn", "canary-second"),
-            &[("canary", "true"), ("canary-weight", "100")],
-        )
-        .host("value.test", "canary")
-        .created("2030-01-01T00:00:00Z"),
+        Ingress::new("cn", "canary-second")
+            .nginx_annotations(&[("canary", "true"), ("canary-weight", "100")])
+            .host("value.test", "canary")
+            .created("2030-01-01T00:00:00Z"),
         main("main-pattern", "pattern.test"),
-        nginx(
-            Ingress::new("cn", "canary-pattern"),
-            &[
+        Ingress::new("cn", "canary-pattern")
+            .nginx_annotations(&[
                 ("canary", "true"),
                 ("canary-by-header", "X-User"),
                 ("canary-by-header-pattern", "^(alice|bob)$"),
-            ],
-        )
-        .host("pattern.test", "canary"),
+            ])
+            .host("pattern.test", "canary"),
         main("main-total", "total.test"),
-        nginx(
-            Ingress::new("cn", "canary-total"),
-            &[
+        Ingress::new("cn", "canary-total")
+            .nginx_annotations(&[
                 ("canary", "true"),
                 ("canary-weight", "1"),
                 ("canary-weight-total", "4"),
-            ],
-        )
-        .host("total.test", "canary"),
-        nginx(Ingress::new("cn", "orphan"), &[("canary", "true")]).host("orphan.test", "canary"),
-        nginx(
-            Ingress::new("cn", "not-canary"),
-            &[("canary-weight", "100")],
-        )
-        .host("not-canary.test", "stable"),
+            ])
+            .host("total.test", "canary"),
+        Ingress::new("cn", "orphan")
+            .nginx_annotations(&[("canary", "true")])
+            .host("orphan.test", "canary"),
+        Ingress::new("cn", "not-canary")
+            .nginx_annotations(&[("canary-weight", "100")])
+            .host("not-canary.test", "stable"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
@@ -287,17 +271,15 @@ async fn affinity_cookie_names_the_pod_across_families() -> anyhow::Result<()> {
     let dir = ManifestDir::with_class()?;
     dir.write("fleet.yaml", &fleet.manifests())?;
     let ingresses = [
-        nginx(
-            Ingress::new("aff", "sticky"),
-            &[
+        Ingress::new("aff", "sticky")
+            .nginx_annotations(&[
                 ("affinity", "cookie"),
                 ("session-cookie-name", "route"),
                 ("session-cookie-max-age", "3600"),
                 ("session-cookie-samesite", "lax"),
                 ("session-cookie-secure", "true"),
-            ],
-        )
-        .host("sticky.test", "sticky"),
+            ])
+            .host("sticky.test", "sticky"),
         Ingress::new("aff", "plain").host("plain.test", "sticky"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
@@ -402,15 +384,15 @@ async fn affinity_change_on_failure_repins_the_session() -> anyhow::Result<()> {
     let dir = ManifestDir::with_class()?;
     dir.write("fleet.yaml", &fleet.manifests())?;
     let ingresses = [
-        nginx(Ingress::new("cof", "keep"), &[("affinity", "cookie")]).host("keep.test", "web"),
-        nginx(
-            Ingress::new("cof", "change"),
-            &[
+        Ingress::new("cof", "keep")
+            .nginx_annotations(&[("affinity", "cookie")])
+            .host("keep.test", "web"),
+        Ingress::new("cof", "change")
+            .nginx_annotations(&[
                 ("affinity", "cookie"),
                 ("session-cookie-change-on-failure", "true"),
-            ],
-        )
-        .host("change.test", "web"),
+            ])
+            .host("change.test", "web"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
@@ -460,25 +442,19 @@ async fn upstream_hash_by_pins_keys_to_pods() -> anyhow::Result<()> {
     let dir = ManifestDir::with_class()?;
     dir.write("fleet.yaml", &fleet.manifests())?;
     let ingresses = [
-        nginx(
-            Ingress::new("hash", "user"),
-            &[("upstream-hash-by", "$http_x_user")],
-        )
-        .host("user.test", "web"),
-        nginx(
-            Ingress::new("hash", "addr"),
-            &[("upstream-hash-by", "$remote_addr")],
-        )
-        .host("addr.test", "web"),
-        nginx(
-            Ingress::new("hash", "subset"),
-            &[
+        Ingress::new("hash", "user")
+            .nginx_annotations(&[("upstream-hash-by", "$http_x_user")])
+            .host("user.test", "web"),
+        Ingress::new("hash", "addr")
+            .nginx_annotations(&[("upstream-hash-by", "$remote_addr")])
+            .host("addr.test", "web"),
+        Ingress::new("hash", "subset")
+            .nginx_annotations(&[
                 ("upstream-hash-by", "$arg_room"),
                 ("upstream-hash-by-subset", "true"),
                 ("upstream-hash-by-subset-size", "2"),
-            ],
-        )
-        .host("subset.test", "web"),
+            ])
+            .host("subset.test", "web"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
@@ -597,15 +573,12 @@ async fn service_upstream_proxies_to_the_cluster_ip_of_the_clients_family() -> a
     let ingresses = [
         path(Ingress::new("su", "pods"), "pods.test", "web"),
         path(
-            nginx(Ingress::new("su", "cip"), &[("service-upstream", "true")]),
+            Ingress::new("su", "cip").nginx_annotations(&[("service-upstream", "true")]),
             "cip.test",
             "web",
         ),
         path(
-            nginx(
-                Ingress::new("su", "headless"),
-                &[("service-upstream", "true")],
-            ),
+            Ingress::new("su", "headless").nginx_annotations(&[("service-upstream", "true")]),
             "headless.test",
             "headless",
         ),
@@ -654,17 +627,12 @@ async fn upstream_vhost_and_from_to_www_redirect() -> anyhow::Result<()> {
     let cert = tls::cert(&["www.secure.test", "secure.test"]);
     dir.write("secret.yaml", &[tls::secret("www", "cert", &cert)])?;
     let www = |name: &str| {
-        nginx(
-            Ingress::new("www", name),
-            &[("from-to-www-redirect", "true")],
-        )
+        Ingress::new("www", name).nginx_annotations(&[("from-to-www-redirect", "true")])
     };
     let ingresses = [
-        nginx(
-            Ingress::new("www", "vhost"),
-            &[("upstream-vhost", "internal.example:8080")],
-        )
-        .host("vhost.test", "web"),
+        Ingress::new("www", "vhost")
+            .nginx_annotations(&[("upstream-vhost", "internal.example:8080")])
+            .host("vhost.test", "web"),
         www("shop").host("www.shop.test", "web"),
         www("blog").host("blog.test", "web"),
         www("taken").host("www.taken.test", "web"),
@@ -726,9 +694,8 @@ async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyho
     let dir = ManifestDir::with_class()?;
     dir.write("fleet.yaml", &fleet.manifests())?;
     let ingresses = [
-        nginx(
-            Ingress::new("cors", "list"),
-            &[
+        Ingress::new("cors", "list")
+            .nginx_annotations(&[
                 ("enable-cors", "true"),
                 (
                     "cors-allow-origin",
@@ -737,10 +704,11 @@ async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyho
                 ("cors-allow-credentials", "false"),
                 ("cors-expose-headers", "X-Total"),
                 ("cors-max-age", "600"),
-            ],
-        )
-        .host("list.test", "web"),
-        nginx(Ingress::new("cors", "any"), &[("enable-cors", "true")]).host("any.test", "web"),
+            ])
+            .host("list.test", "web"),
+        Ingress::new("cors", "any")
+            .nginx_annotations(&[("enable-cors", "true")])
+            .host("any.test", "web"),
         Ingress::new("cors", "off").host("off.test", "web"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
@@ -854,16 +822,16 @@ async fn affinity_keeps_sessions_on_their_side_of_a_canary() -> anyhow::Result<(
         &[stable.manifests(), canary.manifests()].concat(),
     )?;
     let ingresses = [
-        nginx(Ingress::new("sc", "main"), &[("affinity", "cookie")]).host("sc.test", "stable"),
-        nginx(
-            Ingress::new("sc", "canary"),
-            &[
+        Ingress::new("sc", "main")
+            .nginx_annotations(&[("affinity", "cookie")])
+            .host("sc.test", "stable"),
+        Ingress::new("sc", "canary")
+            .nginx_annotations(&[
                 ("canary", "true"),
                 ("canary-weight", "50"),
                 ("affinity", "cookie"),
-            ],
-        )
-        .host("sc.test", "canary"),
+            ])
+            .host("sc.test", "canary"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
@@ -911,17 +879,13 @@ async fn proxy_send_timeout_cuts_an_upstream_that_stops_reading() -> anyhow::Res
         &static_service("send", "silent", silent4, silent6),
     )?;
     let ingresses = [
-        nginx(
-            Ingress::new("send", "stall"),
-            &[("proxy-send-timeout", "1"), ("proxy-body-size", "0")],
-        )
-        .host("stall.test", "silent"),
+        Ingress::new("send", "stall")
+            .nginx_annotations(&[("proxy-send-timeout", "1"), ("proxy-body-size", "0")])
+            .host("stall.test", "silent"),
         // The same timeout on a healthy upstream and a slow client: not cut.
-        nginx(
-            Ingress::new("send", "slow-client"),
-            &[("proxy-send-timeout", "1")],
-        )
-        .host("slow.test", "web"),
+        Ingress::new("send", "slow-client")
+            .nginx_annotations(&[("proxy-send-timeout", "1")])
+            .host("slow.test", "web"),
     ];
     dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
     let duet = DuetBuilder::new(DUET, dir.path())

@@ -28,14 +28,18 @@ use serde_json::Value;
 
 const REASON: &str = "ForbiddenEndpointAddress";
 
-/// A Service `meta` whose slices list only addresses duet always refuses.
-fn refused_everywhere(ns: &str) -> Vec<Value> {
-    let endpoint = |pod: &str, ip: &str| Endpoint {
+/// A ready endpoint of pod `pod` (uid `uid-POD`) at `ip`.
+fn endpoint(pod: &str, ip: &str) -> Endpoint {
+    Endpoint {
         pod: pod.to_owned(),
         uid: format!("uid-{pod}"),
         ip: ip.parse().unwrap(),
         ready: true,
-    };
+    }
+}
+
+/// A Service `meta` whose slices list only addresses duet always refuses.
+fn refused_everywhere(ns: &str) -> Vec<Value> {
     vec![
         selectorless(ns, "meta", &[("http", 8080)]),
         endpoint_slice(
@@ -127,12 +131,6 @@ const ALWAYS: [&str; 6] = [
 
 /// Global multicast endpoints (the real API server refuses only link-local multicast).
 fn multicast(ns: &str) -> Vec<Value> {
-    let endpoint = |pod: &str, ip: &str| Endpoint {
-        pod: pod.to_owned(),
-        uid: format!("uid-{pod}"),
-        ip: ip.parse().unwrap(),
-        ready: true,
-    };
     vec![
         selectorless(ns, "mcast", &[("http", 8080)]),
         endpoint_slice(
