@@ -394,6 +394,9 @@ pub struct RouteAction {
     /// ([`crate::policy`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub choice: Option<Arc<crate::route_policy::Choice<BackendId>>>,
+    /// Gateway API filters and timeouts of the rule ([`crate::filters`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filters: Option<Arc<crate::filters::Filters>>,
 }
 
 /// ingress-nginx's `rewrite-target` on one path: nginx's `rewrite "(?i)<path>" <target> break;`.
@@ -745,17 +748,33 @@ pub struct PathRule {
     /// The path match.
     #[serde(rename = "match")]
     pub matcher: PathMatch,
+    /// Conditions beyond the path (Gateway API method, header and query matches), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub when: Option<Arc<crate::request_match::RequestMatch>>,
     /// The route's destination.
     #[serde(flatten)]
     pub action: RouteAction,
 }
 
 impl PathRule {
-    /// Precedence: Exact before Prefix, longer before shorter, then the older Ingress (then
-    /// namespace/name). `Less` means "wins".
+    /// A rule without conditions beyond the path.
+    pub fn new(matcher: PathMatch, action: RouteAction) -> PathRule {
+        PathRule {
+            matcher,
+            when: None,
+            action,
+        }
+    }
+
+    /// Precedence: Exact before Prefix, longer before shorter, then the conditions (a method,
+    /// more headers, more query parameters: [`crate::request_match::precedence`]), then the
+    /// older Ingress or route (then namespace/name). `Less` means "wins".
     pub fn precedence(&self, other: &PathRule) -> Ordering {
         self.matcher
             .precedence(&other.matcher)
+            .then_with(|| {
+                crate::request_match::precedence(self.when.as_deref(), other.when.as_deref())
+            })
             .then_with(|| self.action.origin.age_cmp(&other.action.origin))
     }
 
@@ -767,7 +786,9 @@ impl PathRule {
             PathMatch::Prefix(_) | PathMatch::ImplementationSpecific(_) => 1,
             PathMatch::Regex(_) => 2,
         };
-        kind(&self.matcher) == kind(&other.matcher) && self.matcher.path() == other.matcher.path()
+        kind(&self.matcher) == kind(&other.matcher)
+            && self.matcher.path() == other.matcher.path()
+            && self.when == other.when
     }
 }
 
@@ -804,9 +825,11 @@ impl HostRules {
         )
     }
 
-    /// The first rule matching the path.
-    pub fn find(&self, path: &str) -> Option<&PathRule> {
-        self.rules.iter().find(|r| r.matcher.matches(path))
+    /// The first rule matching the request's path and conditions.
+    pub fn find(&self, req: &crate::request_match::RequestView<'_>) -> Option<&PathRule> {
+        self.rules
+            .iter()
+            .find(|r| r.matcher.matches(req.path) && r.when.as_ref().is_none_or(|w| w.matches(req)))
     }
 }
 
@@ -845,14 +868,28 @@ impl RouteTable {
     /// port and a trailing dot are ignored; case-insensitive); `path` excludes the query.
     /// Allocates nothing for hosts of up to 255 bytes.
     pub fn find<'a>(&'a self, host: &str, path: &str) -> Option<Matched<'a>> {
+        self.find_request(host, &crate::request_match::RequestView::path(path))
+    }
+
+    /// Like [`RouteTable::find`], for a request whose method, headers and query the rules'
+    /// conditions may look at.
+    pub fn find_request<'a>(
+        &'a self,
+        host: &str,
+        req: &crate::request_match::RequestView<'_>,
+    ) -> Option<Matched<'a>> {
         let mut buf = [0u8; crate::host::MAX_NAME];
         let rules = crate::host::normalize_name(strip_port(host), &mut buf)
             .and_then(|name| crate::host::lookup(&self.exact, &self.wildcard, name));
-        self.within(rules.unwrap_or(&self.any_host), path)
+        self.within(rules.unwrap_or(&self.any_host), req)
     }
 
-    fn within<'a>(&'a self, rules: &'a HostRules, path: &str) -> Option<Matched<'a>> {
-        match rules.find(path) {
+    fn within<'a>(
+        &'a self,
+        rules: &'a HostRules,
+        req: &crate::request_match::RequestView<'_>,
+    ) -> Option<Matched<'a>> {
+        match rules.find(req) {
             Some(rule) => Some(Matched {
                 action: &rule.action,
                 host: (!rules.host.is_empty()).then_some(&*rules.host),
@@ -1052,6 +1089,7 @@ impl RouteAction {
             rewrite: None,
             access: None,
             choice: None,
+            filters: None,
         }
     }
 }
@@ -1071,6 +1109,7 @@ mod tests {
     fn rule(m: PathMatch, backend: &str, created: i64) -> PathRule {
         PathRule {
             matcher: m,
+            when: None,
             action: RouteAction {
                 origin: origin(backend, created),
                 ..RouteAction::to(backend)
@@ -1123,7 +1162,10 @@ mod tests {
         let (host, _) = HostRules::new("h", rules);
         let order: Vec<&str> = host.rules.iter().map(|r| r.matcher.path()).collect();
         assert_eq!(order, ["/abcd/", "/abc", "/a.c", "/ab", "/"]);
-        let hit = |p: &str| host.find(p).map(|r| r.action.backend.to_string());
+        let hit = |p: &str| {
+            host.find(&crate::request_match::RequestView::path(p))
+                .map(|r| r.action.backend.to_string())
+        };
         assert_eq!(hit("/ABCD/x").as_deref(), Some("long"));
         assert_eq!(hit("/abcd").as_deref(), Some("abc"));
         // `/abc` sorts before `/a.c` (both match `/abc`); `/axc` is only `/a.c`'s.

@@ -268,6 +268,7 @@ mod tests {
             let action = RouteAction::to(backend);
             let rule = PathRule {
                 matcher: PathMatch::prefix("/"),
+                when: None,
                 action,
             };
             HostRules::new(host, vec![rule]).0

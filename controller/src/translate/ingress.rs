@@ -180,6 +180,7 @@ impl IngressRoutes<'_> {
             rewrite: path.and_then(|p| self.nginx.rewrite_for(p)),
             access: self.access.clone(),
             choice: self.nginx.traffic.choice(path.unwrap_or("/")).map(Arc::new),
+            filters: None,
         }
     }
 }
@@ -342,7 +343,7 @@ fn add_path(
     let own_regex = routes.nginx.forces_regex(written);
     let pattern = nginx::regex_pattern(written, &path.path_type, own_regex);
     let action = routes.action(t, id, &host.display(), Some(written));
-    let rule = PathRule { matcher, action };
+    let rule = PathRule::new(matcher, action);
     if held.defer(&routes.nginx.traffic, host, &rule, written) {
         if own_regex {
             t.routes.use_regex(host);

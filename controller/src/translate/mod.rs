@@ -15,6 +15,7 @@ mod annotation;
 mod certs;
 mod diagnostic;
 mod endpoints;
+pub mod gateway_rule;
 mod ingress;
 pub mod nginx;
 mod routes;

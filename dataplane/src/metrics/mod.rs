@@ -174,6 +174,7 @@ mod tests {
         let mut t = RouteTable::default();
         let rule = |path: &str, a: RouteAction| PathRule {
             matcher: PathMatch::prefix(path),
+            when: None,
             action: a,
         };
         t.exact.insert(

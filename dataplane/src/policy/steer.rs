@@ -257,6 +257,7 @@ mod tests {
             source_ranges: None,
             rewrite: None,
             access: None,
+            filters: None,
             choice: Some(Arc::new(Choice {
                 primary: Pinning::Hash(Arc::new(HashKey {
                     written: "$remote_addr".into(),

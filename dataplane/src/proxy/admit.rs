@@ -59,12 +59,40 @@ pub(crate) struct Admission<'r, 'a> {
 /// Runs the route's checks in order until one answers or refuses: the list of request policies.
 /// A new per-route policy is one more function, and one more line here.
 pub(crate) fn admit(a: &mut Admission<'_, '_>) -> Verdict {
+    gateway_filters(a)?;
     redirect(a)?;
     rewrite_target(a)?;
     cors_preflight(a)?;
     https_redirect(a)?;
     source_ranges(a)?;
     body_limit(a)
+}
+
+/// Gateway API `RequestRedirect` (answers) and `URLRewrite`'s path (the upstream target); its
+/// `Host` and the header modifiers apply to the upstream request ([`crate::filters::Filters`]).
+fn gateway_filters(a: &mut Admission<'_, '_>) -> Verdict {
+    let routed = &mut *a.routed;
+    let Some(filters) = routed.matched.action.filters.as_deref() else {
+        return Ok(());
+    };
+    let (matched, target) = (routed.matched.matcher, &routed.target);
+    if let Some(r) = &filters.redirect {
+        let scheme = crate::forwarded::request_scheme(a.headers, a.conn);
+        let host = routed.host.as_str();
+        let location = r.location(scheme, host, matched, target.path(), target.query());
+        let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::FOUND);
+        if HeaderValue::from_str(&location).is_err() {
+            return Err(Stop::Refuse(ProxyError::BadRewrite));
+        }
+        return answer(ProxyBody::redirect(status, &location));
+    }
+    let rewrite = filters.rewrite.as_ref();
+    if let Some(rewritten) = rewrite.and_then(|r| r.target(matched, target.path(), target.query()))
+    {
+        let uri = Uri::try_from(rewritten).map_err(|_| Stop::Refuse(ProxyError::BadRewrite))?;
+        routed.upstream_target = Some(uri);
+    }
+    Ok(())
 }
 
 /// ingress-nginx's redirect annotations (`permanent-redirect`, `app-root`, …).

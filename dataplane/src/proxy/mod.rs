@@ -97,6 +97,10 @@ pub(crate) struct Plan<'a> {
     pub steered: Steered<'a>,
     /// Whether the client's scheme is `https` (the affinity cookie's `Secure`).
     pub https: bool,
+    /// When the response head must have come (Gateway API `timeouts.request`), if ever.
+    pub deadline: Option<tokio::time::Instant>,
+    /// Longest wait for the response head of one attempt (`timeouts.backendRequest`).
+    pub attempt_timeout: Option<Duration>,
 }
 
 impl Proxy {
@@ -203,6 +207,9 @@ impl Proxy {
         let cookie = plan.steered.set_cookie(plan.backend, served, plan.https);
         let mut res = self.respond(sent, in_flight, client_upgrade, &plan, conn)?;
         crate::policy::respond(res.headers_mut(), cookie, routed.cors.as_deref());
+        if let Some(filters) = routed.matched.action.filters.as_deref() {
+            filters.respond(res.headers_mut());
+        }
         Ok(res)
     }
 
@@ -237,7 +244,20 @@ impl Proxy {
                     read_timeout: plan.read_timeout,
                 };
                 let in_flight = state.start();
-                match self.upstream.send(&peer, request).await {
+                let sending = self.upstream.send(&peer, request);
+                let outcome =
+                    match crate::filters::attempt_deadline(plan.deadline, plan.attempt_timeout) {
+                        None => sending.await,
+                        // Boxed: the timer is not part of every request's future.
+                        Some(at) => match Box::pin(tokio::time::timeout_at(at, sending)).await {
+                            Ok(outcome) => outcome,
+                            Err(_elapsed) => {
+                                exchange.upstream_done(family, addr, plan.preferred);
+                                return Err(ProxyError::Timeout);
+                            }
+                        },
+                    };
+                match outcome {
                     Ok(sent) => {
                         if sent.connected {
                             state.record_success(family);
@@ -299,10 +319,16 @@ impl Proxy {
 pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a>, ProxyError> {
     let host = crate::host::request_host(req)?;
     let target = headers::origin_form(req.uri())?;
+    let view = crate::request_match::RequestView {
+        method: Some(req.method()),
+        headers: Some(req.headers()),
+        path: target.path(),
+        query: target.query(),
+    };
     let matched = live
         .snapshot
         .routes
-        .find(host.as_str(), target.path())
+        .find_request(host.as_str(), &view)
         .ok_or(ProxyError::NoRoute)?;
     let cors = crate::policy::cors_for(matched.action, req.headers()).map(Box::new);
     let preflight = crate::policy::preflight(req.method(), cors.as_deref()).map(Box::new);
@@ -339,6 +365,7 @@ pub(crate) fn choose<'a>(
         .ok_or_else(|| ProxyError::NoTarget(steered.backend.clone()))?;
     let protocol = action.protocol.unwrap_or(backend.backend.protocol);
     exchange.upstream_protocol(protocol);
+    let filters = action.filters.as_deref();
     let settings = action.upstream_tls.as_deref().filter(|_| protocol.is_tls());
     let tls = match settings {
         None => None,
@@ -364,6 +391,10 @@ pub(crate) fn choose<'a>(
         read_timeout: action.timeouts.read.unwrap_or(config.response_timeout),
         steered,
         https: crate::forwarded::request_scheme(headers, conn) == "https",
+        deadline: filters
+            .and_then(|f| f.request_timeout)
+            .map(|t| tokio::time::Instant::now() + t),
+        attempt_timeout: filters.and_then(|f| f.backend_timeout),
     })
 }
 
@@ -388,6 +419,9 @@ fn upstream_request(
     };
     headers::prepare_request(&mut req, &routed.host, target, conn, upgrade);
     crate::policy::set_upstream_host(routed.matched.action, req.headers_mut());
+    if let Some(filters) = routed.matched.action.filters.as_deref() {
+        filters.prepare_upstream(req.headers_mut());
+    }
     headers::declare_length(req.headers_mut(), length);
     if trailers {
         crate::upstream::keep_trailers(&mut req);
@@ -445,6 +479,7 @@ mod tests {
         let mut routes = RouteTable::default();
         let rule = PathRule {
             matcher: PathMatch::prefix("/"),
+            when: None,
             action,
         };
         routes

@@ -232,6 +232,7 @@ mod tests {
             .enumerate()
             .map(|(i, tls)| PathRule {
                 matcher: PathMatch::prefix(&format!("/{i}")),
+                when: None,
                 action: RouteAction {
                     origin: Origin {
                         namespace: "ns".into(),

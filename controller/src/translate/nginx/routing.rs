@@ -88,10 +88,7 @@ pub fn www_rule(rule: &PathRule, to: &str) -> PathRule {
     }));
     action.choice = None;
     action.rewrite = None;
-    PathRule {
-        matcher: PathMatch::prefix("/"),
-        action,
-    }
+    PathRule::new(PathMatch::prefix("/"), action)
 }
 
 /// Attaches one canary rule to the main rules of its host and path.
