@@ -44,6 +44,7 @@ pub fn route_table(hosts: usize, paths_per_host: usize) -> RouteTable {
 fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
     PathRule {
         matcher,
+        when: None,
         action: RouteAction {
             backend: backend.parse::<BackendId>().unwrap(),
             policy: FamilyPolicy::PreferSameFamily,
@@ -62,6 +63,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             rewrite: None,
             access: None,
             choice: None,
+            filters: None,
         },
     }
 }

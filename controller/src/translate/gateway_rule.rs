@@ -343,11 +343,12 @@ fn path_modifier(
     let Some(value) = value else {
         return Err(unsupported(format!("{what} path without its replacement")));
     };
-    if !(value.is_empty() && prefix) && !value.starts_with('/')
-        || value
-            .bytes()
-            .any(|b| b.is_ascii_control() || b == b' ' || b == b'?' || b == b'#')
-    {
+    // An empty prefix replacement is allowed (it removes the prefix).
+    let absolute = value.starts_with('/') || (prefix && value.is_empty());
+    let clean = !value
+        .bytes()
+        .any(|b| b.is_ascii_control() || b == b' ' || b == b'?' || b == b'#');
+    if !absolute || !clean {
         return Err(unsupported(format!(
             "{what} path {value:?} is not an absolute path"
         )));
@@ -485,7 +486,7 @@ pub fn gateway_duration(text: &str) -> Option<Duration> {
         total += unit * u32::try_from(n).ok()?;
         parts += 1;
     }
-    (parts >= 1 && parts <= 4).then_some(total)
+    (1..=4).contains(&parts).then_some(total)
 }
 
 /// Per-backendRef filters (Extended: `RequestHeaderModifier`, `ResponseHeaderModifier`); the
@@ -658,5 +659,291 @@ pub fn grpc_protocol(app_protocol: Option<&str>) -> UpstreamProtocol {
         Some(UpstreamProtocol::Http1) | None => UpstreamProtocol::H2c,
         Some(UpstreamProtocol::Https) => UpstreamProtocol::H2,
         Some(other) => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(yaml: &str) -> HttpRouteRules {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    fn refused(yaml: &str) -> RuleRefusal {
+        match http_rule(&rule(yaml)) {
+            Ok(routing) => panic!("accepted {yaml}: {routing:?}"),
+            Err(refusal) => refusal,
+        }
+    }
+
+    #[test]
+    fn matches_become_paths_and_conditions() {
+        let routing = http_rule(&rule(
+            r#"
+matches:
+- path: {type: Exact, value: /a}
+  method: PATCH
+  headers: [{name: X-A, value: "1"}, {name: x-a, value: "2"}, {name: B, type: RegularExpression, value: "b+"}]
+  queryParams: [{name: q, value: "1"}, {name: q, value: "2"}]
+- path: {type: RegularExpression, value: "/v[0-9]+/.*"}
+- {}
+"#,
+        ))
+        .unwrap();
+        assert_eq!(routing.filters, None);
+        let [first, regex, all] = &routing.matches[..] else {
+            panic!("{routing:?}")
+        };
+        assert_eq!(first.path, PathMatch::exact("/a"));
+        let when = first.when.as_deref().unwrap();
+        assert_eq!(when.method, Some(Method::PATCH));
+        // Only the first condition on a name counts (header names case-insensitive).
+        assert_eq!(when.headers.len(), 2);
+        assert_eq!(when.headers[0].value, TextMatch::Exact("1".into()));
+        assert_eq!(when.query.len(), 1);
+        assert_eq!(when.query[0].value, TextMatch::Exact("1".into()));
+        assert_eq!(regex.path, PathMatch::prefix("/"));
+        let path = regex.when.as_deref().and_then(|w| w.path.as_ref()).unwrap();
+        assert!(path.is_match("/v2/x") && !path.is_match("/v2"));
+        assert_eq!(
+            *all,
+            RuleMatch {
+                path: PathMatch::prefix("/"),
+                when: None
+            }
+        );
+        // No matches at all: every path.
+        let bare = http_rule(&rule("backendRefs: [{name: s, port: 80}]")).unwrap();
+        assert_eq!(
+            bare.matches,
+            [RuleMatch {
+                path: PathMatch::prefix("/"),
+                when: None
+            }]
+        );
+    }
+
+    #[test]
+    fn filters_and_timeouts_translate() {
+        let routing = http_rule(&rule(
+            r#"
+matches: [{path: {type: PathPrefix, value: /p/}}]
+filters:
+- type: RequestHeaderModifier
+  requestHeaderModifier: {set: [{name: X-S, value: s}], add: [{name: X-A, value: a}], remove: [X-R]}
+- type: ResponseHeaderModifier
+  responseHeaderModifier: {remove: [Server]}
+- type: URLRewrite
+  urlRewrite: {hostname: Example.ORG, path: {type: ReplacePrefixMatch, replacePrefixMatch: /q}}
+timeouts: {request: 1m30s, backendRequest: 500ms}
+"#,
+        ))
+        .unwrap();
+        let f = routing.filters.as_deref().unwrap();
+        let req = f.request_headers.as_ref().unwrap();
+        assert_eq!(req.set[0].0.as_str(), "x-s");
+        assert_eq!(req.remove[0].as_str(), "x-r");
+        assert_eq!(
+            f.response_headers.as_ref().unwrap().remove[0].as_str(),
+            "server"
+        );
+        let rewrite = f.rewrite.as_ref().unwrap();
+        assert_eq!(rewrite.hostname.as_ref().unwrap(), "example.org");
+        assert_eq!(rewrite.path, Some(PathModifier::Prefix("/q".into())));
+        assert_eq!(f.request_timeout, Some(Duration::from_secs(90)));
+        assert_eq!(f.backend_timeout, Some(Duration::from_millis(500)));
+        let redirect = http_rule(&rule(
+            "filters: [{type: RequestRedirect, requestRedirect: {scheme: https, port: 8443}}]",
+        ))
+        .unwrap();
+        let r = redirect
+            .filters
+            .as_deref()
+            .unwrap()
+            .redirect
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (r.scheme.as_deref(), r.port, r.status),
+            (Some("https"), Some(8443), 302)
+        );
+        // `0s` turns the timeout off.
+        let off = http_rule(&rule("timeouts: {request: 0s}")).unwrap();
+        assert_eq!(off.filters, None);
+    }
+
+    #[test]
+    fn hostile_values_are_refused_with_a_reason() {
+        for (yaml, reason, says) in [
+            ("matches: [{headers: [{name: x, type: RegularExpression, value: '(['}]}]", UNSUPPORTED_VALUE, "regular expression"),
+            ("matches: [{headers: [{name: x, type: RegularExpression, value: '(?!a)'}]}]", UNSUPPORTED_VALUE, "regular expression"),
+            ("matches: [{headers: [{name: x, type: RegularExpression, value: 'a{1000}{1000}'}]}]", UNSUPPORTED_VALUE, "regular expression"),
+            ("matches: [{queryParams: [{name: q, type: RegularExpression, value: '*'}]}]", UNSUPPORTED_VALUE, "regular expression"),
+            ("matches: [{path: {type: RegularExpression, value: '/(a'}}]", UNSUPPORTED_VALUE, "path regular expression"),
+            ("matches: [{path: {type: PathPrefix, value: 'no-slash'}}]", UNSUPPORTED_VALUE, "absolute path"),
+            ("matches: [{headers: [{name: 'bad name', value: v}]}]", UNSUPPORTED_VALUE, "not a header name"),
+            ("matches: [{headers: [{name: \"x\\r\\ny\", value: v}]}]", UNSUPPORTED_VALUE, "not a header name"),
+            ("matches: [{queryParams: [{name: '', value: v}]}]", UNSUPPORTED_VALUE, "empty name"),
+            ("filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: 'a:b', value: v}]}}]", UNSUPPORTED_VALUE, "not a header name"),
+            ("filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x, value: \"v\\nInjected: 1\"}]}}]", UNSUPPORTED_VALUE, "not a header value"),
+            ("filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {remove: ['']}}]", UNSUPPORTED_VALUE, "not a header name"),
+            ("filters: [{type: RequestRedirect, requestRedirect: {statusCode: 200}}]", UNSUPPORTED_VALUE, "status code 200"),
+            ("filters: [{type: RequestRedirect, requestRedirect: {statusCode: -301}}]", UNSUPPORTED_VALUE, "status code"),
+            ("filters: [{type: RequestRedirect, requestRedirect: {statusCode: 9223372036854775807}}]", UNSUPPORTED_VALUE, "status code"),
+            ("filters: [{type: RequestRedirect, requestRedirect: {port: 0}}]", UNSUPPORTED_VALUE, "port 0"),
+            ("filters: [{type: RequestRedirect, requestRedirect: {port: 70000}}]", UNSUPPORTED_VALUE, "port 70000"),
+            ("filters: [{type: RequestRedirect, requestRedirect: {hostname: 'evil.test/x'}}]", UNSUPPORTED_VALUE, "not a host name"),
+            ("filters: [{type: URLRewrite, urlRewrite: {hostname: 'a b'}}]", UNSUPPORTED_VALUE, "not a host name"),
+            ("filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplaceFullPath, replaceFullPath: 'x'}}}]", UNSUPPORTED_VALUE, "absolute path"),
+            ("filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplaceFullPath, replaceFullPath: '/a?b'}}}]", UNSUPPORTED_VALUE, "absolute path"),
+            ("filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplaceFullPath}}}]", UNSUPPORTED_VALUE, "without its replacement"),
+            ("filters: [{type: URLRewrite}]", UNSUPPORTED_VALUE, "without its URLRewrite"),
+            ("matches: [{path: {type: Exact, value: /a}}]\nfilters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /b}}}]", UNSUPPORTED_VALUE, "PathPrefix matches only"),
+            ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}]", UNSUPPORTED_VALUE, "RequestMirror"),
+            ("filters: [{type: ExtensionRef, extensionRef: {group: g, kind: K, name: n}}]", UNSUPPORTED_VALUE, "ExtensionRef"),
+            ("filters: [{type: CORS, cors: {}}]", UNSUPPORTED_VALUE, "Cors"),
+            ("filters: [{type: URLRewrite, urlRewrite: {hostname: a.test}}, {type: RequestRedirect, requestRedirect: {}}]", INCOMPATIBLE_FILTERS, "RequestRedirect and URLRewrite"),
+            ("filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {}}, {type: ResponseHeaderModifier, responseHeaderModifier: {}}]", INCOMPATIBLE_FILTERS, "twice"),
+            ("timeouts: {request: 1x}", UNSUPPORTED_VALUE, "timeouts.request"),
+            ("timeouts: {request: 100000s}", UNSUPPORTED_VALUE, "timeouts.request"),
+            ("timeouts: {backendRequest: 1h1m1s1ms1h}", UNSUPPORTED_VALUE, "timeouts.backendRequest"),
+            ("timeouts: {request: 1s, backendRequest: 2s}", UNSUPPORTED_VALUE, "longer"),
+        ] {
+            let refusal = refused(yaml);
+            assert_eq!(refusal.reason, reason, "{yaml}: {refusal}");
+            assert!(refusal.message.contains(says), "{yaml}: {refusal}");
+        }
+    }
+
+    #[test]
+    fn gateway_durations() {
+        for (text, ms) in [
+            ("0s", 0),
+            ("500ms", 500),
+            ("1h", 3_600_000),
+            ("1m30s", 90_000),
+            ("99999ms", 99_999),
+            ("1h2m3s4ms", 3_723_004),
+        ] {
+            assert_eq!(
+                gateway_duration(text),
+                Some(Duration::from_millis(ms)),
+                "{text}"
+            );
+        }
+        for bad in [
+            "",
+            "1",
+            "s",
+            "1.5s",
+            "-1s",
+            "1d",
+            "100000s",
+            "1s1s1s1s1s",
+            "1 s",
+            "1S",
+        ] {
+            assert_eq!(gateway_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    fn grpc(yaml: &str) -> Result<RuleRouting, RuleRefusal> {
+        grpc_rule(&serde_saphyr::from_str(yaml).unwrap())
+    }
+
+    #[test]
+    fn grpc_methods_become_paths() {
+        let routing = grpc(
+            r#"
+matches:
+- method: {service: pkg.Svc, method: Get}
+- method: {service: pkg.Svc}
+- method: {method: Get}
+- method: {type: RegularExpression, service: "pkg\\..*"}
+- headers: [{name: version, value: two}]
+filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x, value: y}]}}]
+"#,
+        )
+        .unwrap();
+        let paths: Vec<&PathMatch> = routing.matches.iter().map(|m| &m.path).collect();
+        assert_eq!(paths[0], &PathMatch::exact("/pkg.Svc/Get"));
+        assert_eq!(paths[1], &PathMatch::prefix("/pkg.Svc"));
+        let regex = |i: usize| {
+            routing.matches[i]
+                .when
+                .as_deref()
+                .and_then(|w| w.path.clone())
+                .unwrap()
+        };
+        assert!(regex(2).is_match("/a.B/Get") && !regex(2).is_match("/a.B/GetX"));
+        assert!(regex(3).is_match("/pkg.S/M") && !regex(3).is_match("/other.S/M"));
+        assert_eq!(routing.matches[4].when.as_deref().unwrap().headers.len(), 1);
+        assert!(routing
+            .filters
+            .as_deref()
+            .unwrap()
+            .request_headers
+            .is_some());
+        for bad in [
+            "matches: [{method: {service: 'a/b', method: M}}]",
+            "matches: [{method: {type: RegularExpression, method: '(('}}]",
+            "matches: [{headers: [{name: 'x y', value: v}]}]",
+            "filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}]",
+        ] {
+            let refusal = grpc(bad).unwrap_err();
+            assert_eq!(refusal.reason, UNSUPPORTED_VALUE, "{bad}");
+        }
+        assert_eq!(grpc_protocol(None), UpstreamProtocol::H2c);
+        assert_eq!(
+            grpc_protocol(Some("kubernetes.io/h2c")),
+            UpstreamProtocol::H2c
+        );
+        assert_eq!(grpc_protocol(Some("h2")), UpstreamProtocol::H2);
+        assert_eq!(grpc_protocol(Some("https")), UpstreamProtocol::H2);
+        assert_eq!(grpc_protocol(Some("something-else")), UpstreamProtocol::H2c);
+    }
+
+    #[test]
+    fn backend_ref_filters_allow_header_modifiers_only() {
+        let parse = |yaml: &str| -> Vec<HttpRouteRulesBackendRefsFilters> {
+            serde_saphyr::from_str(yaml).unwrap()
+        };
+        let ok = http_backend_filters(&parse(
+            "[{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x, value: y}]}}]",
+        ))
+        .unwrap()
+        .unwrap();
+        assert!(ok.request_headers.is_some());
+        assert_eq!(http_backend_filters(&[]).unwrap(), None);
+        let refusal = http_backend_filters(&parse(
+            "[{type: RequestRedirect, requestRedirect: {hostname: a.test}}]",
+        ))
+        .unwrap_err();
+        assert_eq!(refusal.reason, UNSUPPORTED_VALUE);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_strings_never_panic(name in ".{0,12}", value in ".{0,24}", number in proptest::num::i64::ANY) {
+            let q = |s: &str| serde_json::to_string(s).unwrap();
+            let yaml = format!(
+                "matches: [{{path: {{type: RegularExpression, value: {v}}}, headers: [{{name: {n}, type: RegularExpression, value: {v}}}], queryParams: [{{name: {n}, value: {v}}}]}}]\n\
+                 filters: [{{type: RequestRedirect, requestRedirect: {{hostname: {v}, statusCode: {number}, path: {{type: ReplaceFullPath, replaceFullPath: {v}}}}}}}, \
+                 {{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: {n}, value: {v}}}]}}}}]\n\
+                 timeouts: {{request: {v}}}",
+                n = q(&name), v = q(&value),
+            );
+            if let Ok(r) = serde_saphyr::from_str::<HttpRouteRules>(&yaml) {
+                let _ = http_rule(&r);
+            }
+            let grpc_yaml = format!(
+                "matches: [{{method: {{type: RegularExpression, service: {v}, method: {n}}}}}, {{method: {{service: {n}, method: {v}}}}}]",
+                n = q(&name), v = q(&value),
+            );
+            if let Ok(r) = serde_saphyr::from_str::<GrpcRouteRules>(&grpc_yaml) {
+                let _ = grpc_rule(&r);
+            }
+        }
     }
 }
