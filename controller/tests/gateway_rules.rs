@@ -332,12 +332,15 @@ async fn header_query_and_method_matches_choose_the_rule() -> anyhow::Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn precedence_across_rules_and_routes_follows_the_spec() -> anyhow::Result<()> {
-    // The newer route lists its rules first; precedence, not order, decides.
+    // The newer route (listed first) holds the more specific rules to v2, the older one the less
+    // specific to v1: precedence, not age or order, must pick the newer's.
     let newer = Route::http(
         "newer",
         20,
         r#"
-- matches: [{path: {type: PathPrefix, value: /p}}]
+- matches: [{path: {type: Exact, value: /p/x}}]
+  backendRefs: [{name: v2, port: 8080}]
+- matches: [{path: {type: PathPrefix, value: /p}, method: GET}]
   backendRefs: [{name: v2, port: 8080}]
 - matches: [{path: {type: PathPrefix, value: /p}, headers: [{name: a, value: "1"}], queryParams: [{name: q, value: "1"}]}]
   backendRefs: [{name: v2, port: 8080}]
@@ -349,9 +352,9 @@ async fn precedence_across_rules_and_routes_follows_the_spec() -> anyhow::Result
         "older",
         10,
         r#"
-- matches: [{path: {type: Exact, value: /p/x}}]
+- matches: [{path: {type: PathPrefix, value: /p}}]
   backendRefs: [{name: v1, port: 8080}]
-- matches: [{path: {type: PathPrefix, value: /p}, method: GET}]
+- matches: [{path: {type: PathPrefix, value: /p}, headers: [{name: a, value: "1"}]}]
   backendRefs: [{name: v1, port: 8080}]
 - matches: [{path: {type: PathPrefix, value: /p}, headers: [{name: a, value: "1"}, {name: b, value: "1"}]}]
   backendRefs: [{name: v1, port: 8080}]
@@ -360,28 +363,25 @@ async fn precedence_across_rules_and_routes_follows_the_spec() -> anyhow::Result
 "#,
     );
     let gw = gateway(&[newer, older]).await?;
+    let (a, ab): (&[_], &[_]) = (&[("a", "1")], &[("a", "1"), ("b", "1")]);
     for family in Family::BOTH {
         let to = gw.at(family);
         let at = |m: Method, target: &'static str, h: &'static [(&'static str, &'static str)]| {
             served_by(to, m, target, h)
         };
         // Exact beats every prefix.
-        assert_eq!(
-            at(Method::GET, "/p/x", &[("a", "1")]).await?,
-            "v1",
-            "{family}"
-        );
-        // Same path: a method beats headers.
-        let all = &[("a", "1"), ("b", "1")];
-        assert_eq!(at(Method::GET, "/p/y?q=1", all).await?, "v1", "{family}");
-        // No method: more headers beat fewer headers with a query match.
-        assert_eq!(at(Method::POST, "/p/y?q=1", all).await?, "v1", "{family}");
-        // One header and a query beat one header.
-        assert_eq!(at(Method::POST, "/p/y?q=1", &[("a", "1")]).await?, "v2");
-        assert_eq!(at(Method::POST, "/p/y", &[("a", "1")]).await?, "v2");
+        assert_eq!(at(Method::POST, "/p/x", ab).await?, "v2", "{family}");
+        // A method beats two headers.
+        assert_eq!(at(Method::GET, "/p/y", ab).await?, "v2", "{family}");
+        // Without a method: two headers beat one header and a query parameter...
+        assert_eq!(at(Method::POST, "/p/y?q=1", ab).await?, "v1", "{family}");
+        // ...which beat one header alone, which beats none.
+        assert_eq!(at(Method::POST, "/p/y?q=1", a).await?, "v2", "{family}");
+        assert_eq!(at(Method::POST, "/p/y", a).await?, "v1", "{family}");
+        assert_eq!(at(Method::POST, "/p/z", &[]).await?, "v1", "{family}");
         // Equal rank: the older route wins.
-        assert_eq!(at(Method::POST, "/tie", all).await?, "v1", "{family}");
-        assert_eq!(at(Method::POST, "/tie", &[("a", "1")]).await?, "v2");
+        assert_eq!(at(Method::POST, "/tie", ab).await?, "v1", "{family}");
+        assert_eq!(at(Method::POST, "/tie", a).await?, "v2", "{family}");
     }
     Ok(())
 }
