@@ -156,9 +156,8 @@ impl Object {
             Object::IngressClass(o) => index.put(key, o, file),
             Object::Service(o) => index.put(key, o, file),
             Object::EndpointSlice(o) => {
-                index
-                    .slice_owners
-                    .moved(&key, index.endpoint_slices.get(&key), Some(&o));
+                let old = index.endpoint_slices.get(&key).map(|e| &*e.object);
+                index.slice_owners.moved(&key, old, Some(&o));
                 index.put(key, o, file)
             }
             Object::Secret(o) => index.put(key, o, file),
@@ -300,8 +299,8 @@ impl Index {
             Change::Delete(key) => {
                 if key.kind == Kind::EndpointSlice {
                     let key = key.ns_name();
-                    self.slice_owners
-                        .moved(&key, self.endpoint_slices.get(&key), None);
+                    let old = self.endpoint_slices.get(&key).map(|e| &*e.object);
+                    self.slice_owners.moved(&key, old, None);
                 }
                 struct Remove<'a>(&'a mut Index, NsName);
                 impl PerKind for Remove<'_> {

@@ -2,11 +2,9 @@
 //! an endpoint-only rebuild reads the slices of the Services that changed and no other.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::index::Entry;
 use crate::object::{slice_service, NsName};
 
 /// The EndpointSlice keys of each Service (by its `kubernetes.io/service-name` label).
@@ -18,10 +16,10 @@ impl SliceOwners {
     pub fn moved(
         &mut self,
         key: &NsName,
-        old: Option<&Entry<EndpointSlice>>,
-        new: Option<&Arc<EndpointSlice>>,
+        old: Option<&EndpointSlice>,
+        new: Option<&EndpointSlice>,
     ) {
-        if let Some(service) = old.and_then(|e| slice_service(&e.object)) {
+        if let Some(service) = old.and_then(slice_service) {
             if let Some(slices) = self.0.get_mut(&service) {
                 slices.remove(key);
                 if slices.is_empty() {
@@ -29,7 +27,7 @@ impl SliceOwners {
                 }
             }
         }
-        if let Some(service) = new.and_then(|s| slice_service(s)) {
+        if let Some(service) = new.and_then(slice_service) {
             self.0.entry(service).or_default().insert(key.clone());
         }
     }
