@@ -23,9 +23,10 @@
 #                            (the debug listener, --debug-listen; the request's own time included)
 #     _log                   duet's "Snapshot applied" line (routes.rebuilt says whether the route
 #                            table was rebuilt)
-#     _rss_applied_mib       VmRSS once applied, before any /debug/routes request (rss_end_mib
-#                            comes after them: each answer serializes the whole table, ~28 MB
-#                            at the issue-13 size, and the heap keeps what that took)
+#     _rss_applied_mib       VmRSS once applied, before this change's /debug/routes polling
+#                            (the check before each change already asked once). Each answer
+#                            serializes the whole table (28 MB at the issue-13 size) and the heap
+#                            keeps what that took, so rss_end_mib is mostly the bench's own asking
 #   ingress_*                the same for a path added to the first Ingress
 #   The file source rescans the folder on every change and waits 20 ms for more events, the
 #   control loop debounces 50 ms (holdoff): both are in the *_applied_seconds figures.
