@@ -23,6 +23,10 @@
 #                            (the debug listener, --debug-listen; the request's own time included)
 #     _log                   duet's "Snapshot applied" line (routes.rebuilt says whether the route
 #                            table was rebuilt)
+#     _rss_applied_mib       VmRSS once applied, before this change's /debug/routes polling
+#                            (the check before each change already asked once). Each answer
+#                            serializes the whole table (28 MB at the issue-13 size) and the heap
+#                            keeps what that took, so rss_end_mib is mostly the bench's own asking
 #   ingress_*                the same for a path added to the first Ingress
 #   The file source rescans the folder on every change and waits 20 ms for more events, the
 #   control loop debounces 50 ms (holdoff): both are in the *_applied_seconds figures.
@@ -130,6 +134,8 @@ measure_change() {
     within "$written" "$CHANGE_TIMEOUT" || die "$name change not applied within ${CHANGE_TIMEOUT}s"
     sleep 0.005
   done
+  local rss_applied
+  rss_applied=$(rss_kib "$PID")
   until curl -sf "$DEBUG/debug/routes" | grep -F -- "$expect" >/dev/null; do
     within "$written" "$CHANGE_TIMEOUT" || die "$name change not in /debug/routes within ${CHANGE_TIMEOUT}s"
   done
@@ -142,6 +148,7 @@ measure_change() {
   echo "${name}_build_seconds: $(since "$sum" "$sum2" 6)"
   echo "${name}_applied_seconds: $(since "$written" "$applied_ts")"
   echo "${name}_debug_routes_seconds: $(since "$written" "$shown")"
+  echo "${name}_rss_applied_mib: $(mib "$rss_applied")"
   echo "${name}_log: ${applied_line#*INFO }"
 }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dataplane::admin::DebugExtra;
-use dataplane::{Runtime, Snapshot};
+use dataplane::{Backend, BackendId, Runtime, Snapshot};
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -100,6 +100,8 @@ pub struct App {
     reported: BTreeSet<Diagnostic>,
     diagnostics: Diagnostics,
     pending: Impact,
+    /// The backend phase's diagnostics of the live backends, by Service.
+    backend_diagnostics: translate::ServiceDiagnostics,
     synced: bool,
     metrics: Option<ControllerMetrics>,
     observers: Observers,
@@ -126,6 +128,7 @@ impl App {
             reported: BTreeSet::new(),
             diagnostics: Diagnostics::default(),
             pending: Impact::default(),
+            backend_diagnostics: translate::ServiceDiagnostics::new(),
             synced: false,
             observers: Observers::default(),
             metrics: None,
@@ -192,45 +195,70 @@ impl App {
     pub fn publish(&mut self) -> Option<Arc<Snapshot>> {
         let started = std::time::Instant::now();
         let pending = std::mem::take(&mut self.pending);
-        let config = &self.config.translate;
         let rebuild_routes = self.plan.is_none() || pending.routes;
-        let inputs = self.index.inputs();
         if rebuild_routes {
-            let mut plan = translate::plan_routes(&inputs, config);
-            if let Some(old) = &self.plan {
-                // Keep the old table (and its Arc) when the rebuild produced the same routes.
-                if *old.table == *plan.table {
-                    plan.table = old.table.clone();
-                }
-                if *old.certs == *plan.certs {
-                    plan.certs = old.certs.clone();
-                }
-            }
-            self.diagnostics.set_annotations(plan.annotations.clone());
-            if let Some(metrics) = &self.metrics {
-                metrics.set_annotations(&plan.annotations);
-            }
-            self.plan = Some(plan);
+            self.plan_routes();
         }
         let plan = self.plan.as_ref()?;
+        let config = &self.config.translate;
         let empty = HashMap::new();
         let previous = self.published.as_ref().map_or(&empty, |s| &s.backends);
-        let (backends, backend_diagnostics) =
-            translate::build_backends(plan, &inputs, config, previous);
-        drop(inputs);
+        let updated = if rebuild_routes {
+            None
+        } else {
+            let index = &self.index;
+            translate::update_backends(
+                plan,
+                &pending.endpoints,
+                |service| index.slices_of(service),
+                config,
+                previous,
+                &mut self.backend_diagnostics,
+            )
+        };
+        let backends = match updated {
+            Some(backends) => backends,
+            None => {
+                let inputs = self.index.inputs();
+                let (backends, by_service) = translate::build_backends_by_service(
+                    plan,
+                    &inputs.endpoint_slices,
+                    config,
+                    previous,
+                );
+                self.backend_diagnostics = by_service;
+                backends
+            }
+        };
+        let backend_diagnostics = self
+            .backend_diagnostics
+            .values()
+            .flatten()
+            .cloned()
+            .collect();
         let all = translate::merge_diagnostics(&plan.diagnostics, backend_diagnostics);
-        let references = plan.references.clone();
-        self.index.set_references(references);
+        if rebuild_routes {
+            let references = plan.references.clone();
+            self.index.set_references(references);
+        }
         self.report(all);
 
         let plan = self.plan.as_ref()?;
         if let Some(old) = &self.published {
+            // After an endpoint-only change only the changed Services' backends can differ.
             let unchanged = Arc::ptr_eq(&old.routes, &plan.table)
                 && Arc::ptr_eq(&old.certs, &plan.certs)
                 && old.backends.len() == backends.len()
-                && backends
-                    .iter()
-                    .all(|(id, b)| old.backends.get(id).is_some_and(|o| Arc::ptr_eq(o, b)));
+                && if rebuild_routes {
+                    same_backends(&old.backends, backends.iter())
+                } else {
+                    let changed = plan
+                        .backends
+                        .iter()
+                        .filter(|(_, s)| pending.endpoints.contains(&s.service))
+                        .filter_map(|(id, _)| backends.get_key_value(id));
+                    same_backends(&old.backends, changed)
+                };
             if unchanged {
                 tracing::debug!(
                     snapshot.version = self.version,
@@ -258,6 +286,26 @@ impl App {
         self.published = Some(snapshot.clone());
         self.announce_live();
         Some(snapshot)
+    }
+
+    /// The route phase from the whole stored state; the old table and certificates are kept
+    /// (their `Arc`s) when the rebuild produced the same.
+    fn plan_routes(&mut self) {
+        let inputs = self.index.inputs();
+        let mut plan = translate::plan_routes(&inputs, &self.config.translate);
+        if let Some(old) = &self.plan {
+            if *old.table == *plan.table {
+                plan.table = old.table.clone();
+            }
+            if *old.certs == *plan.certs {
+                plan.certs = old.certs.clone();
+            }
+        }
+        self.diagnostics.set_annotations(plan.annotations.clone());
+        if let Some(metrics) = &self.metrics {
+            metrics.set_annotations(&plan.annotations);
+        }
+        self.plan = Some(plan);
     }
 
     /// Logs diagnostics not reported before (once per change) and shares the current set.
@@ -350,6 +398,14 @@ impl App {
             }
         }
     }
+}
+
+/// Whether every backend in `new` is the same `Arc` as in `old`.
+fn same_backends<'a>(
+    old: &HashMap<BackendId, Arc<Backend>>,
+    mut new: impl Iterator<Item = (&'a BackendId, &'a Arc<Backend>)>,
+) -> bool {
+    new.all(|(id, b)| old.get(id).is_some_and(|o| Arc::ptr_eq(o, b)))
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -550,6 +606,73 @@ spec: {ports: [{port: 80}]}
         app.ingest(changes(&other));
         app.publish();
         assert!(live.borrow().is_empty());
+    }
+
+    fn slice_named(name: &str, service: &str, address: &str) -> String {
+        slice(service, address).replace(&format!("name: {service}-v4"), &format!("name: {name}"))
+    }
+
+    fn v4s(snapshot: &Snapshot, service: &str) -> Vec<String> {
+        let id = dataplane::BackendId::new("default", service, "80");
+        let mut v4: Vec<String> = snapshot.backends[&id]
+            .targets
+            .iter()
+            .filter_map(|t| t.v4.map(|a| a.to_string()))
+            .collect();
+        v4.sort();
+        v4
+    }
+
+    #[test]
+    fn endpoint_only_changes_follow_moved_slices_and_keep_other_diagnostics() {
+        let (mut app, runtime) = app();
+        app.ingest(changes(BASE));
+        app.ingest(changes(&slice("a", "169.254.169.254")));
+        app.ingest(changes(&slice_named("extra", "a", "10.0.0.7")));
+        app.ingest(changes(&slice("b", "10.0.0.2")));
+        let first = app.publish().expect("first publish");
+        assert_eq!(v4s(&first, "a"), ["10.0.0.7:8080"]);
+        let forbidden = |app: &App| {
+            app.diagnostics()
+                .current()
+                .iter()
+                .filter(|d| d.diagnostic.reason == Reason::ForbiddenEndpointAddress)
+                .count()
+        };
+        assert_eq!(forbidden(&app), 1);
+
+        // b's slice changes: a's diagnostic stays reported, a's backend stays the same Arc.
+        app.ingest(changes(&slice("b", "10.0.0.3")));
+        assert!(!app.pending.routes);
+        let second = app.publish().expect("second publish");
+        assert_eq!(forbidden(&app), 1, "a's diagnostic is kept");
+        assert_eq!(v4s(&second, "b"), ["10.0.0.3:8080"]);
+        let id = dataplane::BackendId::new("default", "a", "80");
+        assert!(Arc::ptr_eq(&first.backends[&id], &second.backends[&id]));
+        let live_a = runtime.load().backends[&id].clone();
+        app.ingest(changes(&slice("b", "10.0.0.4")));
+        app.publish().expect("republished");
+        assert!(
+            Arc::ptr_eq(&live_a, &runtime.load().backends[&id]),
+            "a keeps its live balancer state"
+        );
+
+        // The slice `extra` moves from a to b: it leaves a and joins b.
+        app.ingest(changes(&slice_named("extra", "b", "10.0.0.7")));
+        assert!(!app.pending.routes);
+        let third = app.publish().expect("third publish");
+        assert!(v4s(&third, "a").is_empty(), "{:?}", v4s(&third, "a"));
+        assert_eq!(v4s(&third, "b"), ["10.0.0.4:8080", "10.0.0.7:8080"]);
+
+        // And a deleted slice leaves its Service.
+        app.ingest(vec![Change::Delete(ObjectKey::new(
+            Kind::EndpointSlice,
+            "default",
+            "extra",
+        ))]);
+        let fourth = app.publish().expect("fourth publish");
+        assert_eq!(v4s(&fourth, "b"), ["10.0.0.4:8080"]);
+        assert_eq!(forbidden(&app), 1);
     }
 
     async fn settle() {

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
+use crate::slices::SliceOwners;
 use crate::translate::Inputs;
 pub use crate::translate::References;
 
@@ -119,6 +120,18 @@ impl Object {
         }
     }
 
+    /// Whether both are the same stored object (the same `Arc`), without comparing values.
+    pub fn same_arc(&self, other: &Object) -> bool {
+        match (self, other) {
+            (Object::Ingress(a), Object::Ingress(b)) => Arc::ptr_eq(a, b),
+            (Object::IngressClass(a), Object::IngressClass(b)) => Arc::ptr_eq(a, b),
+            (Object::Service(a), Object::Service(b)) => Arc::ptr_eq(a, b),
+            (Object::EndpointSlice(a), Object::EndpointSlice(b)) => Arc::ptr_eq(a, b),
+            (Object::Secret(a), Object::Secret(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// The object's kind.
     pub fn kind(&self) -> Kind {
         self.parts().0
@@ -142,7 +155,11 @@ impl Object {
             Object::Ingress(o) => index.put(key, o, file),
             Object::IngressClass(o) => index.put(key, o, file),
             Object::Service(o) => index.put(key, o, file),
-            Object::EndpointSlice(o) => index.put(key, o, file),
+            Object::EndpointSlice(o) => {
+                let old = index.endpoint_slices.get(&key).map(|e| &*e.object);
+                index.slice_owners.moved(&key, old, Some(&o));
+                index.put(key, o, file)
+            }
             Object::Secret(o) => index.put(key, o, file),
         }
     }
@@ -227,6 +244,8 @@ pub struct Index {
     pub endpoint_slices: Store<EndpointSlice>,
     /// Secrets.
     pub secrets: Store<Secret>,
+    /// The EndpointSlices of each Service.
+    slice_owners: SliceOwners,
 }
 
 impl Index {
@@ -278,6 +297,11 @@ impl Index {
             }
             Change::Apply { object, file } => object.store_in(self, file),
             Change::Delete(key) => {
+                if key.kind == Kind::EndpointSlice {
+                    let key = key.ns_name();
+                    let old = self.endpoint_slices.get(&key).map(|e| &*e.object);
+                    self.slice_owners.moved(&key, old, None);
+                }
                 struct Remove<'a>(&'a mut Index, NsName);
                 impl PerKind for Remove<'_> {
                     type Output = Impact;
@@ -383,6 +407,15 @@ impl Index {
             }
         }
         for_kind(kind, Keys(self)).into_iter()
+    }
+
+    /// The stored EndpointSlices of one Service (labelled with its name, in its namespace).
+    pub fn slices_of(&self, service: &NsName) -> Vec<&EndpointSlice> {
+        self.slice_owners
+            .of(service)
+            .filter_map(|slice| self.endpoint_slices.get(slice))
+            .map(|e| &*e.object)
+            .collect()
     }
 
     /// The stored objects of one type.

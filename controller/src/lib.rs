@@ -14,6 +14,8 @@ pub mod leader;
 pub mod metrics;
 pub mod migrate;
 pub mod object;
+pub mod slices;
+pub mod slim;
 pub mod source;
 pub mod status;
 pub mod translate;

@@ -287,3 +287,37 @@ async fn live_changes_reach_the_routing_table() {
         .expect("the loop ends when its source does")
         .unwrap();
 }
+
+#[test]
+fn a_rewrite_keeping_size_and_modification_time_is_picked_up() {
+    // Tools like `cp -p`, `rsync -t` and tar restore the modification time: the rescan must not
+    // trust size and mtime alone (a file is only skipped unread when its inode, size,
+    // modification and change times are all as at the last read).
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = d.join("web.yaml");
+    write(d, "web.yaml", &[ingress("web", "aaa.test", "web")]);
+    let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let set_mtime = |path: &Path| {
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(old).unwrap();
+    };
+    set_mtime(&path);
+    let mut source = FileSource::new(d);
+    assert_eq!(summary(&source.scan().unwrap()).0, ["Ingress default/web"]);
+    assert!(source.scan().unwrap().is_empty());
+
+    // Same length, same inode, modification time put back.
+    std::fs::write(&path, ingress("web", "bbb.test", "web")).unwrap();
+    set_mtime(&path);
+    let changes = source.scan().unwrap();
+    let [Change::Apply { object, .. }] = &changes[..] else {
+        panic!("the rewrite was missed: {changes:?}")
+    };
+    let controller::index::Object::Ingress(ingress) = object else {
+        panic!("{object:?}")
+    };
+    let rules = ingress.spec.as_ref().unwrap().rules.as_ref().unwrap();
+    assert_eq!(rules[0].host.as_deref(), Some("bbb.test"));
+    assert!(source.scan().unwrap().is_empty(), "read once, then skipped");
+}

@@ -231,7 +231,9 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
         }
         Kind::Service => Object::Service(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
         Kind::EndpointSlice => {
-            Object::EndpointSlice(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+            let mut slice = serde_json::from_value(doc).map_err(failed)?;
+            crate::slim::slim_slice(&mut slice);
+            Object::EndpointSlice(Arc::new(slice))
         }
         Kind::Secret => Object::Secret(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
     })
@@ -253,11 +255,50 @@ pub fn is_manifest(path: &Path) -> bool {
             .is_some_and(|e| e == "yaml" || e == "yml")
 }
 
+/// What is remembered of a file between scans: not its text (at 40,000 files that is tens of
+/// megabytes), only what tells whether it changed, and its objects.
 #[derive(Debug)]
 struct FileState {
-    content: Vec<u8>,
+    /// The path, shared with every object it defines.
+    path: Arc<Path>,
+    /// Its metadata at the last read, when old enough to be trusted (see [`Stamp::of`]).
+    stamp: Option<Stamp>,
+    /// Its length and a keyed hash of its content.
+    digest: (usize, u64),
     objects: Vec<Object>,
 }
+
+/// A file's inode, size, modification and change times: when all are as at the last read, the
+/// file is not read again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    inode: u64,
+    len: u64,
+    modified: std::time::SystemTime,
+    changed: (i64, i64),
+}
+
+impl Stamp {
+    /// The stamp of `meta`, or `None` when the file was modified less than [`RACY`] before
+    /// `scan_started`: a write in the same clock tick could leave the times as they are, so such a
+    /// file is read (and its content compared) again at the next scan.
+    fn of(meta: &std::fs::Metadata, scan_started: std::time::SystemTime) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt as _;
+        let modified = meta.modified().ok()?;
+        if modified + RACY > scan_started {
+            return None;
+        }
+        Some(Stamp {
+            inode: meta.ino(),
+            len: meta.len(),
+            modified,
+            changed: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+}
+
+/// How much older than a scan a file's modification time must be for its stamp to be trusted.
+const RACY: Duration = Duration::from_secs(2);
 
 /// The state of a manifest folder between scans.
 #[derive(Debug)]
@@ -265,6 +306,8 @@ pub struct FileSource {
     dir: PathBuf,
     files: BTreeMap<PathBuf, FileState>,
     emitted: BTreeMap<ObjectKey, (Object, Arc<Path>)>,
+    /// Keys the content digests (random per process: a file cannot be crafted to collide).
+    hasher: std::hash::RandomState,
 }
 
 impl FileSource {
@@ -274,6 +317,7 @@ impl FileSource {
             dir: dir.into(),
             files: BTreeMap::new(),
             emitted: BTreeMap::new(),
+            hasher: std::hash::RandomState::new(),
         }
     }
 
@@ -282,10 +326,13 @@ impl FileSource {
         &self.dir
     }
 
-    /// Reads the folder again and returns the changes since the last scan. Files whose content
-    /// is unchanged are not parsed; problems in changed files are logged (warn), once.
+    /// Reads the folder again and returns the changes since the last scan. Files whose inode,
+    /// size and times are unchanged are not read, files whose content is unchanged are not
+    /// parsed; problems in changed files are logged (warn), once.
     pub fn scan(&mut self) -> Result<Vec<Change>, FilesError> {
+        let started = std::time::SystemTime::now();
         let present = self.list()?;
+        let before = self.files.len();
         self.files.retain(|path, _| {
             // `present` is sorted: a linear `contains` here made a rescan quadratic (77 s at
             // 40,000 files, benches/load/scale.sh).
@@ -295,11 +342,15 @@ impl FileSource {
             }
             keep
         });
+        let removed = self.files.len() != before;
         let changed: Vec<PathBuf> = present
             .iter()
-            .filter(|path| self.reread(path))
+            .filter(|path| self.reread(path, started))
             .cloned()
             .collect();
+        if changed.is_empty() && !removed {
+            return Ok(Vec::new());
+        }
         let wanted = self.union(&changed);
         Ok(self.changes_to(wanted))
     }
@@ -323,8 +374,17 @@ impl FileSource {
         Ok(present)
     }
 
-    /// Reads one file again; parses it when its content changed. Returns whether it changed.
-    fn reread(&mut self, path: &Path) -> bool {
+    /// Reads one file again unless its [`Stamp`] is unchanged; parses it when its content
+    /// changed. Returns whether it changed.
+    fn reread(&mut self, path: &Path, scan_started: std::time::SystemTime) -> bool {
+        let meta = std::fs::metadata(path).ok();
+        let stamp = meta.as_ref().and_then(|m| Stamp::of(m, scan_started));
+        let known = self.files.get_mut(path);
+        if let (Some(state), Some(stamp)) = (known, stamp) {
+            if state.stamp == Some(stamp) {
+                return false;
+            }
+        }
         let content = match std::fs::read(path) {
             Ok(content) => content,
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
@@ -333,14 +393,21 @@ impl FileSource {
                 return false;
             }
             Err(error) => {
-                if self.files.get(path).is_none_or(|f| !f.content.is_empty()) {
+                if self.files.get(path).is_none_or(|f| f.digest.0 != 0) {
                     tracing::warn!(file = %path.display(), %error, "Cannot read manifest; keeping its last good objects");
                 }
                 return false;
             }
         };
-        if self.files.get(path).is_some_and(|f| f.content == content) {
-            return false;
+        let digest = (
+            content.len(),
+            std::hash::BuildHasher::hash_one(&self.hasher, &content),
+        );
+        if let Some(state) = self.files.get_mut(path) {
+            if state.digest == digest {
+                state.stamp = stamp;
+                return false;
+            }
         }
         let previous = self
             .files
@@ -359,10 +426,16 @@ impl FileSource {
         };
         log_problems(path, &parsed.problems);
         tracing::debug!(file = %path.display(), objects = parsed.objects.len(), "Manifest read");
+        let shared = match self.files.get(path) {
+            Some(state) => state.path.clone(),
+            None => Arc::from(path),
+        };
         self.files.insert(
             path.to_owned(),
             FileState {
-                content,
+                path: shared,
+                stamp,
+                digest,
                 objects: parsed.objects,
             },
         );
@@ -374,7 +447,7 @@ impl FileSource {
     fn union(&self, changed: &[PathBuf]) -> BTreeMap<ObjectKey, (Object, Arc<Path>)> {
         let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
         for (path, state) in &self.files {
-            let file: Arc<Path> = Arc::from(path.as_path());
+            let file = &state.path;
             for object in &state.objects {
                 let key = object.key();
                 if let Some((_, first)) = wanted.get(&key) {
@@ -403,10 +476,11 @@ impl FileSource {
             }
         }
         for (key, (object, file)) in &wanted {
+            // Objects of files not parsed again are the same `Arc`s: compared by pointer first.
             let same = self
                 .emitted
                 .get(key)
-                .is_some_and(|(o, f)| o == object && f == file);
+                .is_some_and(|(o, f)| f == file && (o.same_arc(object) || o == object));
             if !same {
                 changes.push(Change::Apply {
                     object: object.clone(),

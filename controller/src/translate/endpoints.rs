@@ -21,6 +21,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
 use crate::object::{slice_service, Kind, NsName, ObjectKey};
 
+/// Backend diagnostics by the Service whose backends they concern, each list sorted.
+pub type ServiceDiagnostics = BTreeMap<NsName, Vec<Diagnostic>>;
+
 /// The backend phase: builds every backend the plan uses from the EndpointSlices. A backend equal
 /// by value to its entry in `previous` keeps the previous `Arc` (so the dataplane keeps its live
 /// state object). Diagnostics are sorted and free of duplicates.
@@ -30,43 +33,111 @@ pub fn build_backends(
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
 ) -> (HashMap<BackendId, Arc<Backend>>, Vec<Diagnostic>) {
+    let (backends, by_service) =
+        build_backends_by_service(plan, &inputs.endpoint_slices, config, previous);
+    let mut diagnostics: Vec<Diagnostic> = by_service.into_values().flatten().collect();
+    diagnostics.sort();
+    diagnostics.dedup();
+    (backends, diagnostics)
+}
+
+/// [`build_backends`] with the diagnostics kept by Service, for [`update_backends`] to replace
+/// one Service's later.
+pub fn build_backends_by_service(
+    plan: &RoutePlan,
+    endpoint_slices: &[&EndpointSlice],
+    config: &Config,
+    previous: &HashMap<BackendId, Arc<Backend>>,
+) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
     let used: BTreeSet<&NsName> = plan.backends.values().map(|s| &s.service).collect();
     let mut slices: BTreeMap<NsName, Vec<&EndpointSlice>> = BTreeMap::new();
-    for slice in &inputs.endpoint_slices {
+    for slice in endpoint_slices {
         if let Some(service) = slice_service(slice) {
             if used.contains(&service) {
                 slices.entry(service).or_default().push(*slice);
             }
         }
     }
-    let mut diagnostics = Vec::new();
+    let mut diagnostics = ServiceDiagnostics::new();
     let mut backends = HashMap::with_capacity(plan.backends.len());
     for (id, spec) in &plan.backends {
         let of_service = slices
             .get(&spec.service)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (targets, mut found) = if spec.cluster_ips.is_empty() {
-            join_targets(of_service, &spec.port_name, config.allow_loopback_endpoints)
-        } else {
-            cluster_target(spec, config.allow_loopback_endpoints)
-        };
-        diagnostics.append(&mut found);
-        let backend = Backend {
-            id: id.clone(),
-            targets: targets.into(),
-            lb: config.lb,
-            protocol: spec.protocol,
-        };
-        let backend = match previous.get(id) {
-            Some(old) if **old == backend => old.clone(),
-            _ => Arc::new(backend),
-        };
+        let (backend, found) = backend_of(id, spec, of_service, config, previous);
+        add_diagnostics(&mut diagnostics, &spec.service, found);
         backends.insert(id.clone(), backend);
     }
-    diagnostics.sort();
-    diagnostics.dedup();
     (backends, diagnostics)
+}
+
+/// The backends after an endpoint-only change: the backends of the `changed` Services are built
+/// again from `slices_of` (their EndpointSlices), every other backend is `previous`'s `Arc`
+/// (never looked at); `diagnostics` (by Service) is updated in place. `None` when `previous`
+/// does not hold exactly the plan's backends (then a whole [`build_backends_by_service`] is due).
+pub fn update_backends<'a>(
+    plan: &RoutePlan,
+    changed: &BTreeSet<NsName>,
+    slices_of: impl Fn(&NsName) -> Vec<&'a EndpointSlice>,
+    config: &Config,
+    previous: &HashMap<BackendId, Arc<Backend>>,
+    diagnostics: &mut ServiceDiagnostics,
+) -> Option<HashMap<BackendId, Arc<Backend>>> {
+    if previous.len() != plan.backends.len() {
+        return None;
+    }
+    let mut backends = previous.clone();
+    for service in changed {
+        diagnostics.remove(service);
+        let slices = slices_of(service);
+        for (id, spec) in plan.backends.iter().filter(|(_, s)| s.service == *service) {
+            if !previous.contains_key(id) {
+                return None;
+            }
+            let (backend, found) = backend_of(id, spec, &slices, config, previous);
+            add_diagnostics(diagnostics, service, found);
+            backends.insert(id.clone(), backend);
+        }
+    }
+    Some(backends)
+}
+
+/// One backend from its Service's slices; `previous`'s `Arc` when equal by value.
+fn backend_of(
+    id: &BackendId,
+    spec: &BackendSpec,
+    slices: &[&EndpointSlice],
+    config: &Config,
+    previous: &HashMap<BackendId, Arc<Backend>>,
+) -> (Arc<Backend>, Vec<Diagnostic>) {
+    let (targets, found) = if spec.cluster_ips.is_empty() {
+        join_targets(slices, &spec.port_name, config.allow_loopback_endpoints)
+    } else {
+        cluster_target(spec, config.allow_loopback_endpoints)
+    };
+    let backend = Backend {
+        id: id.clone(),
+        targets: targets.into(),
+        lb: config.lb,
+        protocol: spec.protocol,
+    };
+    let backend = match previous.get(id) {
+        Some(old) if **old == backend => old.clone(),
+        _ => Arc::new(backend),
+    };
+    (backend, found)
+}
+
+/// Adds a backend's diagnostics to its Service's, sorted, without duplicates.
+fn add_diagnostics(all: &mut ServiceDiagnostics, service: &NsName, found: Vec<Diagnostic>) {
+    if found.is_empty() {
+        return;
+    }
+    let list = all.entry(service.clone()).or_default();
+    list.extend(found);
+    list.sort();
+    list.dedup();
 }
 
 /// The one target of a `service-upstream` backend: the Service's cluster IP of each family at the

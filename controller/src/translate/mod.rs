@@ -34,7 +34,10 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 
 pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
-pub use endpoints::{build_backends, forbidden, join_targets};
+pub use endpoints::{
+    build_backends, build_backends_by_service, forbidden, join_targets, update_backends,
+    ServiceDiagnostics,
+};
 pub use ingress::{BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
 pub use timeouts::{CONNECT_TIMEOUT_ANNOTATION, READ_TIMEOUT_ANNOTATION};
 pub use upstream::{
