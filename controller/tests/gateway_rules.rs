@@ -16,9 +16,12 @@ use conformance::http_body_util::Full;
 use conformance::{EchoServer, Family, Identity, Reply};
 use controller::gateway::api::grpcroutes::GrpcRouteRules;
 use controller::gateway::api::httproutes::HttpRouteRules;
-use controller::translate::gateway_rule::{grpc_rule, http_rule, RuleRouting};
+use controller::translate::gateway_rule::{
+    grpc_rule, http_backend_filters, http_rule, RuleRouting,
+};
 use dataplane::listen::{self, ServeOptions};
 use dataplane::proxy::Proxy;
+use dataplane::route_policy::{Alternative, Choice, Pinning};
 use dataplane::table::{
     Backend, BackendId, FamilyPolicy, HostRules, Origin, PathRule, RouteAction, RouteTable,
     Snapshot, Target, TargetId, UpstreamProtocol, UpstreamTimeouts,
@@ -70,8 +73,24 @@ fn backend_id(name: &str) -> BackendId {
     BackendId::new("gw", name, "8080")
 }
 
-/// One rule's translation as path rules of the table.
-fn path_rules(route: &Route, routing: RuleRouting, backend: &str) -> Vec<PathRule> {
+/// One rule's translation as path rules of the table, to `backends` (name, weight): the first is
+/// the action's backend, the others weighted alternatives.
+fn path_rules(route: &Route, routing: RuleRouting, backends: &[(String, u32)]) -> Vec<PathRule> {
+    let backend = backends.first().map_or("none", |(name, _)| name.as_str());
+    let choice = (backends.len() > 1).then(|| {
+        Arc::new(Choice {
+            alternatives: backends[1..]
+                .iter()
+                .map(|(name, weight)| Alternative {
+                    backend: backend_id(name),
+                    weight: *weight,
+                    pinning: Pinning::None,
+                })
+                .collect(),
+            weight_total: backends.iter().map(|(_, w)| w).sum(),
+            ..Choice::default()
+        })
+    });
     routing
         .matches
         .into_iter()
@@ -95,7 +114,7 @@ fn path_rules(route: &Route, routing: RuleRouting, backend: &str) -> Vec<PathRul
                 source_ranges: None,
                 rewrite: None,
                 access: None,
-                choice: None,
+                choice: choice.clone(),
                 filters: routing.filters.clone(),
             },
         })
@@ -108,26 +127,26 @@ fn table(routes: &[Route]) -> anyhow::Result<RouteTable> {
         if route.grpc {
             let parsed: Vec<GrpcRouteRules> = serde_saphyr::from_str(route.rules)?;
             for rule in &parsed {
-                let backend = rule
-                    .backend_refs
-                    .iter()
-                    .flatten()
-                    .next()
-                    .map_or("none", |b| &*b.name);
+                let refs = rule.backend_refs.iter().flatten();
+                let backends: Vec<_> = refs.map(|b| (b.name.clone(), 1)).collect();
                 let routing = grpc_rule(rule).map_err(|e| anyhow::anyhow!("{e}"))?;
-                rules.extend(path_rules(route, routing, backend));
+                rules.extend(path_rules(route, routing, &backends));
             }
         } else {
             let parsed: Vec<HttpRouteRules> = serde_saphyr::from_str(route.rules)?;
             for rule in &parsed {
-                let backend = rule
-                    .backend_refs
-                    .iter()
-                    .flatten()
-                    .next()
-                    .map_or("none", |b| &*b.name);
-                let routing = http_rule(rule).map_err(|e| anyhow::anyhow!("{e}"))?;
-                rules.extend(path_rules(route, routing, backend));
+                let mut routing = http_rule(rule).map_err(|e| anyhow::anyhow!("{e}"))?;
+                let mut backends = Vec::new();
+                for b in rule.backend_refs.iter().flatten() {
+                    let filters = b.filters.as_deref().unwrap_or_default();
+                    let own = http_backend_filters(filters).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    if let Some(own) = own {
+                        routing.add_backend_filters(backend_id(&b.name), own);
+                    }
+                    let weight = u32::try_from(b.weight.unwrap_or(1)).unwrap_or(0);
+                    backends.push((b.name.clone(), weight));
+                }
+                rules.extend(path_rules(route, routing, &backends));
             }
         }
     }
@@ -564,6 +583,48 @@ async fn rewrites_change_what_the_backend_sees() -> anyhow::Result<()> {
             ("one.example.org", "/host/x")
         );
         assert_eq!(seen.family, family);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_ref_filters_apply_to_the_backend_that_serves() -> anyhow::Result<()> {
+    // HTTPRouteRequestHeaderModifierBackendWeights: two weighted backends, each naming itself.
+    let rules = r#"
+- filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: X-Rule, value: "yes"}]}}]
+  backendRefs:
+  - name: v1
+    port: 8080
+    weight: 10
+    filters:
+    - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Backend, value: v1}]}}
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: X-Served, value: v1}]}}
+  - name: v2
+    port: 8080
+    weight: 10
+    filters:
+    - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Backend, value: v2}]}}
+"#;
+    let gw = gateway(&[Route::http("weights", 1, rules)]).await?;
+    for family in Family::BOTH {
+        let to = gw.at(family);
+        let mut seen = std::collections::BTreeSet::new();
+        // Both are drawn within 40 requests but for a chance of 2^-39.
+        for _ in 0..40 {
+            let reply = send(to, Method::GET, HOST, "/", &[("Backend", "client")]).await?;
+            let echo = reply.echo()?;
+            assert_eq!(
+                echo.header("Backend"),
+                Some(echo.service.clone()),
+                "{family}"
+            );
+            let served = reply.header("x-served").map(str::to_owned);
+            let expected = (echo.service == "v1").then(|| "v1".to_owned());
+            assert_eq!(served, expected, "{family}");
+            assert_eq!(reply.header("x-rule"), Some("yes"), "{family}");
+            seen.insert(echo.service);
+        }
+        assert_eq!(seen.len(), 2, "{family}: {seen:?}");
     }
     Ok(())
 }

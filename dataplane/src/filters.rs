@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde::{Serialize, Serializer};
 
-use crate::table::PathMatch;
+use crate::table::{BackendId, PathMatch};
 
 /// A rule's filters and timeouts; the proxy applies what is set.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -41,6 +41,20 @@ pub struct Filters {
         serialize_with = "millis"
     )]
     pub backend_timeout: Option<Duration>,
+    /// backendRef filters: applied after the rule's when that backend serves the request.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_backend: Vec<(BackendId, BackendFilters)>,
+}
+
+/// The header modifiers of one backendRef (`HTTPRouteBackendRequestHeaderModification`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BackendFilters {
+    /// `RequestHeaderModifier`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<HeaderModifier>,
+    /// `ResponseHeaderModifier`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<HeaderModifier>,
 }
 
 fn millis<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -274,21 +288,33 @@ impl UrlRewrite {
 }
 
 impl Filters {
-    /// The upstream request's headers, last: the rewritten `Host`, then the header modifier.
-    pub fn prepare_upstream(&self, headers: &mut HeaderMap) {
+    /// The upstream request's headers, last: the rewritten `Host`, then the rule's header
+    /// modifier, then that of `backend` (the one serving the request).
+    pub fn prepare_upstream(&self, backend: &BackendId, headers: &mut HeaderMap) {
         if let Some(host) = self.rewrite.as_ref().and_then(|r| r.hostname.as_ref()) {
             headers.insert(header::HOST, host.clone());
         }
-        if let Some(modifier) = &self.request_headers {
+        let own = self
+            .of_backend(backend)
+            .and_then(|f| f.request_headers.as_ref());
+        for modifier in self.request_headers.iter().chain(own) {
             modifier.apply(headers);
         }
     }
 
-    /// The response's headers.
-    pub fn respond(&self, headers: &mut HeaderMap) {
-        if let Some(modifier) = &self.response_headers {
+    /// The response's headers: the rule's modifier, then that of `backend`.
+    pub fn respond(&self, backend: &BackendId, headers: &mut HeaderMap) {
+        let own = self
+            .of_backend(backend)
+            .and_then(|f| f.response_headers.as_ref());
+        for modifier in self.response_headers.iter().chain(own) {
             modifier.apply(headers);
         }
+    }
+
+    fn of_backend(&self, backend: &BackendId) -> Option<&BackendFilters> {
+        let mut all = self.per_backend.iter();
+        all.find(|(id, _)| id == backend).map(|(_, f)| f)
     }
 }
 

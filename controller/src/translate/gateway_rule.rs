@@ -11,7 +11,8 @@
 //! ```text
 //! http_rule(&HttpRouteRules) -> Result<RuleRouting, RuleRefusal>
 //! grpc_rule(&GrpcRouteRules) -> Result<RuleRouting, RuleRefusal>
-//! http_backend_filters(&[HttpRouteRulesBackendRefsFilters]) -> Result<Option<Filters>, RuleRefusal>
+//! http_backend_filters(&[HttpRouteRulesBackendRefsFilters]) -> Result<Option<BackendFilters>, RuleRefusal>
+//! RuleRouting::add_backend_filters(&mut self, BackendId, BackendFilters)
 //! grpc_protocol(app_protocol: Option<&str>) -> UpstreamProtocol
 //! ```
 //!
@@ -27,12 +28,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::filters::{Filters, HeaderModifier, PathModifier, RedirectFilter, UrlRewrite};
+use dataplane::filters::{
+    BackendFilters, Filters, HeaderModifier, PathModifier, RedirectFilter, UrlRewrite,
+};
 use dataplane::request_match::{
     escape, FullRegex, HeaderCondition, HeaderName, HeaderValue, Method, QueryCondition,
     RequestMatch, TextMatch,
 };
-use dataplane::table::{PathMatch, UpstreamProtocol};
+use dataplane::table::{BackendId, PathMatch, UpstreamProtocol};
 
 use crate::gateway::api::grpcroutes::{
     GrpcRouteRules, GrpcRouteRulesFilters, GrpcRouteRulesFiltersType, GrpcRouteRulesMatches,
@@ -94,6 +97,16 @@ pub struct RuleRouting {
     pub matches: Vec<RuleMatch>,
     /// The rule's filters and timeouts, if any.
     pub filters: Option<Arc<Filters>>,
+}
+
+impl RuleRouting {
+    /// Adds the filters of a backendRef (from [`http_backend_filters`]), applied when `backend`
+    /// serves the request.
+    pub fn add_backend_filters(&mut self, backend: BackendId, filters: BackendFilters) {
+        let mut all = self.filters.as_deref().cloned().unwrap_or_default();
+        all.per_backend.push((backend, filters));
+        self.filters = Some(Arc::new(all));
+    }
 }
 
 /// Translates an HTTPRoute rule: its matches, filters and timeouts.
@@ -493,8 +506,8 @@ pub fn gateway_duration(text: &str) -> Option<Duration> {
 /// others are refused.
 pub fn http_backend_filters(
     list: &[HttpRouteRulesBackendRefsFilters],
-) -> Result<Option<Filters>, RuleRefusal> {
-    let mut out = Filters::default();
+) -> Result<Option<BackendFilters>, RuleRefusal> {
+    let mut out = BackendFilters::default();
     for f in list {
         match f.r#type {
             HttpRouteRulesBackendRefsFiltersType::RequestHeaderModifier => {
@@ -532,7 +545,7 @@ pub fn http_backend_filters(
             }
         }
     }
-    Ok((out != Filters::default()).then_some(out))
+    Ok((out != BackendFilters::default()).then_some(out))
 }
 
 /// Translates a GRPCRoute rule: method matches become paths (`/service/method` exact, `/service`
