@@ -20,8 +20,9 @@ use tokio::time::Instant;
 use crate::index::{Change, Impact, Index};
 use crate::metrics::ControllerMetrics;
 use crate::object::NsName;
+use crate::resolve::NameResolver;
 use crate::source::SourceEvent;
-use crate::translate::{self, AnnotationReport, Diagnostic, RoutePlan};
+use crate::translate::{self, AnnotationReport, Diagnostic, Resolved, RoutePlan};
 
 /// How the loop runs.
 #[derive(Clone, Debug)]
@@ -103,6 +104,8 @@ pub struct App {
     synced: bool,
     metrics: Option<ControllerMetrics>,
     observers: Observers,
+    names: Option<NameResolver>,
+    resolved: Arc<Resolved>,
 }
 
 /// Who hears about published Ingresses and new diagnostics (Kubernetes mode's status writer and
@@ -129,6 +132,8 @@ impl App {
             synced: false,
             observers: Observers::default(),
             metrics: None,
+            names: None,
+            resolved: Arc::default(),
         }
     }
 
@@ -168,6 +173,36 @@ impl App {
         self
     }
 
+    /// Looks up ExternalName Services' names with `names` (see [`crate::resolve`]).
+    pub fn with_resolver(mut self, names: NameResolver) -> App {
+        self.names = Some(names);
+        self
+    }
+
+    /// Takes the resolver's new answers; returns whether the backends need a rebuild (they do
+    /// when routes use ExternalName Services: an endpoint-only change of those Services).
+    fn take_answers(&mut self, answers: Arc<Resolved>) -> bool {
+        self.resolved = answers;
+        let services = self.plan.iter().flat_map(|p| p.backends.values());
+        let external = services.filter(|s| s.external_name.is_some());
+        self.pending
+            .endpoints
+            .extend(external.map(|s| s.service.clone()));
+        !self.pending.is_empty()
+    }
+
+    /// Tells the resolver the names the plan's ExternalName backends use.
+    fn want_names(&self) {
+        if let (Some(names), Some(plan)) = (&self.names, &self.plan) {
+            let wanted = translate::wanted_names(plan);
+            names.wanted.send_if_modified(|old| {
+                let changed = *old != wanted;
+                *old = wanted;
+                changed
+            });
+        }
+    }
+
     /// The diagnostics handle (for `/debug/routes`).
     pub fn diagnostics(&self) -> Diagnostics {
         self.diagnostics.clone()
@@ -194,7 +229,8 @@ impl App {
         let pending = std::mem::take(&mut self.pending);
         let config = &self.config.translate;
         let rebuild_routes = self.plan.is_none() || pending.routes;
-        let inputs = self.index.inputs();
+        let mut inputs = self.index.inputs();
+        inputs.names = Some(&*self.resolved);
         if rebuild_routes {
             let mut plan = translate::plan_routes(&inputs, config);
             if let Some(old) = &self.plan {
@@ -211,6 +247,7 @@ impl App {
                 metrics.set_annotations(&plan.annotations);
             }
             self.plan = Some(plan);
+            self.want_names();
         }
         let plan = self.plan.as_ref()?;
         let empty = HashMap::new();
@@ -312,6 +349,7 @@ impl App {
     pub async fn run(mut self, mut events: mpsc::Receiver<SourceEvent>) {
         let mut first_pending: Option<Instant> = None;
         let mut last_change = Instant::now();
+        let mut answers = self.names.as_ref().map(|n| n.answers.clone());
         loop {
             let deadline = match first_pending {
                 Some(first) if self.synced => {
@@ -343,6 +381,13 @@ impl App {
                         }
                     }
                 },
+                Some(new) = answers_changed(&mut answers) => {
+                    if self.take_answers(new) {
+                        let now = Instant::now();
+                        first_pending.get_or_insert(now);
+                        last_change = now;
+                    }
+                }
                 () = sleep_until(deadline), if deadline.is_some() => {
                     self.publish();
                     first_pending = None;
@@ -350,6 +395,20 @@ impl App {
             }
         }
     }
+}
+
+/// The resolver's next answers; never, without a resolver or once it ended.
+async fn answers_changed(
+    answers: &mut Option<watch::Receiver<Arc<Resolved>>>,
+) -> Option<Arc<Resolved>> {
+    let Some(rx) = answers else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        *answers = None;
+        return std::future::pending().await;
+    }
+    Some(rx.borrow_and_update().clone())
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

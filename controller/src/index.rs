@@ -398,6 +398,7 @@ impl Index {
             services: self.objects(),
             endpoint_slices: self.objects(),
             secrets: self.objects(),
+            names: None,
         }
     }
 }

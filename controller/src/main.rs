@@ -13,6 +13,7 @@ use controller::app::{App, AppConfig};
 use controller::cluster;
 use controller::config::{self, Config, ConfigError, Invocation, Listen, MigrateCheck, EXIT_USAGE};
 use controller::metrics::ControllerMetrics;
+use controller::resolve;
 use controller::source::files;
 use dataplane::access_log::{AccessLog, AccessLogFormat};
 use dataplane::admin::DebugExtra;
@@ -319,8 +320,9 @@ fn start_control(
     metrics: ControllerMetrics,
 ) -> anyhow::Result<(Option<cluster::Running>, DebugExtra)> {
     let (events_tx, events_rx) = mpsc::channel(64);
-    let mut app =
-        App::new(AppConfig::new(config.translate.clone()), runtime.clone()).with_metrics(metrics);
+    let mut app = App::new(AppConfig::new(config.translate.clone()), runtime.clone())
+        .with_metrics(metrics)
+        .with_resolver(resolve::start(&config.resolv_conf));
     let mut extra = app.diagnostics().debug_extra();
     let cluster = match source {
         Source::Files(dir) => {

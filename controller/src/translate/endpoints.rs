@@ -9,7 +9,8 @@
 //! own services or the metadata server (the class of CVE-2021-25740).
 //!
 //! A `service-upstream` backend (its spec holds the Service's cluster IPs) is one target holding
-//! the cluster IP of each family instead of the pods.
+//! the cluster IP of each family instead of the pods; an ExternalName backend is one target
+//! holding its name's addresses ([`external`](super::external)).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use dataplane::{Backend, BackendId, Family, Target, TargetId};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
+use super::external::external_target;
 use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
 use crate::object::{slice_service, Kind, NsName, ObjectKey};
 
@@ -46,10 +48,13 @@ pub fn build_backends(
             .get(&spec.service)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (targets, mut found) = if spec.cluster_ips.is_empty() {
-            join_targets(of_service, &spec.port_name, config.allow_loopback_endpoints)
-        } else {
-            cluster_target(spec, config.allow_loopback_endpoints)
+        let allow_loopback = config.allow_loopback_endpoints;
+        let (targets, mut found) = match &spec.external_name {
+            Some(name) => external_target(spec, name, inputs.names, allow_loopback),
+            None if spec.cluster_ips.is_empty() => {
+                join_targets(of_service, &spec.port_name, allow_loopback)
+            }
+            None => cluster_target(spec, allow_loopback),
         };
         diagnostics.append(&mut found);
         let backend = Backend {
