@@ -279,6 +279,7 @@ impl Options {
             connections: None,
             proxy_protocol_from: None,
             max_connections: None,
+            handshakes: None,
         };
         let edge = &config.edge;
         let proxy_protocol_from = if edge.proxy_protocol_from.0.is_empty() {
@@ -295,8 +296,12 @@ impl Options {
             ..base.clone()
         };
         let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
+        let tls_config = dataplane::tls::server_config(runtime.clone(), &fallback);
+        let handshakes =
+            dataplane::client_auth::Handshakes::new(runtime.clone(), tls_config.clone());
         let tls = ServeOptions {
-            tls: Some(dataplane::tls::server_config(runtime.clone(), &fallback)),
+            tls: Some(tls_config),
+            handshakes: Some(Arc::new(handshakes)),
             proxy_protocol: edge.proxy_protocol_https.then_some(pp_timeout),
             ..base.clone()
         };

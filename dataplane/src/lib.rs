@@ -7,6 +7,7 @@ pub mod access_policy;
 pub mod admin;
 pub mod balance;
 pub mod cidr;
+pub mod client_auth;
 pub mod clock;
 pub mod conn;
 pub mod error;

@@ -394,6 +394,9 @@ pub struct RouteAction {
     /// ([`crate::policy`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub choice: Option<Arc<crate::route_policy::Choice<BackendId>>>,
+    /// Client certificates asked for and verified (ingress-nginx's `auth-tls-*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<Arc<crate::client_auth::ClientAuth>>,
 }
 
 /// ingress-nginx's `rewrite-target` on one path: nginx's `rewrite "(?i)<path>" <target> break;`.
@@ -1052,6 +1055,7 @@ impl RouteAction {
             rewrite: None,
             access: None,
             choice: None,
+            client_auth: None,
         }
     }
 }

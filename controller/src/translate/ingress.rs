@@ -132,6 +132,7 @@ struct IngressRoutes<'i> {
     redirect: Option<Arc<Redirect>>,
     source_ranges: Option<Arc<SourceRanges>>,
     access: Option<Arc<Access>>,
+    client_auth: Option<Arc<dataplane::client_auth::ClientAuth>>,
     nginx: nginx::Settings,
     tls: TlsHosts,
 }
@@ -180,6 +181,7 @@ impl IngressRoutes<'_> {
             rewrite: path.and_then(|p| self.nginx.rewrite_for(p)),
             access: self.access.clone(),
             choice: self.nginx.traffic.choice(path.unwrap_or("/")).map(Arc::new),
+            client_auth: self.client_auth.clone(),
         }
     }
 }
@@ -264,6 +266,13 @@ fn settings<'i>(
         &mut t.diagnostics,
         &mut t.references,
     );
+    let client_auth = nginx::client_tls::resolve(
+        &nginx.client_tls,
+        &key,
+        &t.secrets,
+        &mut t.diagnostics,
+        &mut t.references,
+    );
     ingress.spec.as_ref()?;
     let tls = t
         .certs
@@ -278,6 +287,7 @@ fn settings<'i>(
         redirect: nginx.redirect(),
         source_ranges: nginx.source_ranges(),
         access,
+        client_auth,
         nginx,
         tls,
     })

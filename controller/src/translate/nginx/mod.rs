@@ -10,6 +10,7 @@
 
 pub mod access;
 mod catalogue;
+pub mod client_tls;
 pub mod cors;
 pub mod routing;
 pub mod traffic;
@@ -142,6 +143,8 @@ pub struct Settings {
     /// Canaries, affinity, hashing, `upstream-vhost`, `from-to-www-redirect`,
     /// `service-upstream` ([`traffic`]).
     pub traffic: traffic::Traffic,
+    /// The client-certificate annotations (see [`client_tls`]).
+    pub client_tls: client_tls::Annotations,
 }
 
 impl Settings {
@@ -233,6 +236,7 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
     codes_need_their_redirect(&mut read);
     prefix_needs_a_rewrite(&mut read);
     access::settle(&mut read);
+    client_tls::settle(&mut read);
     traffic::finish(&mut read);
     read.findings.sort();
     read
@@ -493,6 +497,9 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
         }
         name if access::reads(name) => access::apply(name, value, &mut settings.access)?,
         name if traffic::handles(name) => settings.traffic.apply(name, value)?,
+        name if client_tls::reads(name) => {
+            client_tls::apply(name, value, &mut settings.client_tls)?
+        }
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())

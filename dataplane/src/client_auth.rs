@@ -1,0 +1,450 @@
+//! Client certificates, ingress-nginx's `auth-tls-*`: per host, the TLS handshake asks for a
+//! certificate (hinting the CA's subjects) when a route of the SNI host verifies them; the
+//! certificate is accepted at the handshake (its signature over the handshake is checked, so the
+//! client holds its key) and verified per route afterwards against the route's CA bundle, so
+//! that a failure is ingress-nginx's HTTP 400 rather than a TLS alert.
+//!
+//! [`ClientAuth`] is the plain data a route carries; [`ClientAuth::decide`] is the per-request
+//! verdict; [`Handshakes`] picks the server configuration by SNI.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, Weak};
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{Acceptor, ResolvesServerCert};
+use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
+use rustls_pki_types::pem::PemObject;
+pub use rustls_pki_types::CertificateDer;
+use rustls_pki_types::UnixTime;
+use serde::{Serialize, Serializer};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use crate::runtime::Runtime;
+
+/// `auth-tls-verify-client`: whether a certificate is required and verified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyClient {
+    /// Required and verified (`on`, the default): without one, 400.
+    On,
+    /// Verified when sent; none is fine (`optional`).
+    Optional,
+    /// Asked for, never refused; the verification result goes upstream (`optional_no_ca`).
+    OptionalNoCa,
+}
+
+/// The client-certificate settings of a route (from its Ingress).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClientAuth {
+    /// The CA Secret, `namespace/name`.
+    pub source: Arc<str>,
+    /// The CA certificates (`ca.crt`), DER.
+    #[serde(serialize_with = "count")]
+    pub ca: Arc<[CertificateDer<'static>]>,
+    /// `auth-tls-verify-client`.
+    pub verify: VerifyClient,
+    /// `auth-tls-verify-depth`: the most CA certificates above the client's (1: issued directly
+    /// by a CA of the bundle).
+    pub depth: u8,
+    /// `auth-tls-pass-certificate-to-upstream`: send the URL-encoded PEM as `ssl-client-cert`.
+    pub pass_certificate: bool,
+    /// `auth-tls-error-page`: a failed verification redirects (302) here instead of 400.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_page: Option<Arc<str>>,
+    /// Why nothing can be verified (the Secret is missing or has no usable `ca.crt`): every
+    /// request gets 503 (fail closed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Arc<str>>,
+}
+
+fn count<S: Serializer>(ca: &Arc<[CertificateDer<'static>]>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(ca.len() as u64)
+}
+
+/// The headers ingress-nginx sends upstream about the client certificate.
+pub const HEADERS: [&str; 4] = [
+    "ssl-client-verify",
+    "ssl-client-subject-dn",
+    "ssl-client-issuer-dn",
+    "ssl-client-cert",
+];
+
+/// What a route does with a request, given the connection's client certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Proxy it, with these headers (names from [`HEADERS`]; every other `ssl-client-*`
+    /// header the client sent is removed).
+    Pass(Vec<(&'static str, String)>),
+    /// Answer 400 with this text (nginx's words).
+    BadRequest(&'static str),
+    /// Answer 302 to the error page.
+    Redirect(Arc<str>),
+    /// Answer 503: the route's CA cannot be used.
+    Unavailable,
+}
+
+/// nginx's 400 text without a certificate.
+pub const NO_CERTIFICATE: &str = "400 No required SSL certificate was sent\n";
+/// nginx's 400 text for a certificate that does not verify.
+pub const BAD_CERTIFICATE: &str = "400 The SSL certificate error\n";
+
+impl ClientAuth {
+    /// The verdict for a request on a connection that presented `chain` (leaf first; empty for
+    /// none), as nginx's `ssl_verify_client` decides it.
+    pub fn decide(&self, chain: &[CertificateDer<'_>]) -> Decision {
+        if self.error.is_some() {
+            return Decision::Unavailable;
+        }
+        let Some(leaf) = chain.first() else {
+            return match self.verify {
+                VerifyClient::On => self.refuse(NO_CERTIFICATE),
+                _ => Decision::Pass(vec![("ssl-client-verify", "NONE".to_owned())]),
+            };
+        };
+        let verified = self.verify_chain(leaf, &chain[1..]);
+        let status = match &verified {
+            Ok(()) => "SUCCESS".to_owned(),
+            Err(_) if self.verify != VerifyClient::OptionalNoCa => {
+                return self.refuse(BAD_CERTIFICATE)
+            }
+            Err(why) => format!("FAILED:{why}"),
+        };
+        let mut headers = vec![("ssl-client-verify", status)];
+        if let Some((subject, issuer)) = distinguished_names(leaf) {
+            headers.push(("ssl-client-subject-dn", subject));
+            headers.push(("ssl-client-issuer-dn", issuer));
+        }
+        if self.pass_certificate {
+            headers.push(("ssl-client-cert", escaped_pem(leaf)));
+        }
+        Decision::Pass(headers)
+    }
+
+    fn refuse(&self, text: &'static str) -> Decision {
+        match &self.error_page {
+            Some(page) => Decision::Redirect(page.clone()),
+            None => Decision::BadRequest(text),
+        }
+    }
+
+    /// Verifies the client's chain for client authentication against the CA bundle, now, with
+    /// at most `depth - 1` intermediates.
+    fn verify_chain(
+        &self,
+        leaf: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+    ) -> Result<(), String> {
+        let anchors: Vec<_> = self
+            .ca
+            .iter()
+            .filter_map(|c| webpki::anchor_from_trusted_cert(c).ok())
+            .collect();
+        let cert = webpki::EndEntityCert::try_from(leaf).map_err(|e| e.to_string())?;
+        let depth = usize::from(self.depth);
+        let within_depth = |path: &webpki::VerifiedPath<'_>| {
+            if path.intermediate_certificates().count() < depth {
+                Ok(())
+            } else {
+                Err(webpki::Error::MaximumPathDepthExceeded)
+            }
+        };
+        cert.verify_for_usage(
+            algorithms().all,
+            &anchors,
+            intermediates,
+            UnixTime::now(),
+            webpki::KeyUsage::client_auth(),
+            None,
+            Some(&within_depth),
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// The CA certificates of a PEM bundle (`ca.crt`), each checked to be a usable trust anchor.
+pub fn parse_ca(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("ca.crt is not PEM ({e})"))?;
+    if certs.is_empty() {
+        return Err("ca.crt holds no certificate".to_owned());
+    }
+    for cert in &certs {
+        webpki::anchor_from_trusted_cert(cert).map_err(|e| {
+            format!("ca.crt holds a certificate that cannot be a trust anchor ({e})")
+        })?;
+    }
+    Ok(certs)
+}
+
+fn algorithms() -> WebPkiSupportedAlgorithms {
+    rustls::crypto::ring::default_provider().signature_verification_algorithms
+}
+
+/// The subject and issuer of a certificate as nginx's `$ssl_client_s_dn` and `$ssl_client_i_dn`
+/// write them (RFC 2253: most specific first, `,`-separated, short attribute names).
+pub fn distinguished_names(der: &CertificateDer<'_>) -> Option<(String, String)> {
+    use crate::x509::tlv;
+    let (_, cert, _) = tlv(der)?;
+    let (_, tbs, _) = tlv(cert)?;
+    let mut rest = tbs;
+    let (tag, _, after) = tlv(rest)?;
+    if tag == 0xa0 {
+        rest = after; // [0] version
+    }
+    rest = tlv(rest)?.2; // serial
+    rest = tlv(rest)?.2; // signature algorithm
+    let (_, issuer, after) = tlv(rest)?;
+    let (_, subject, _) = tlv(tlv(after)?.2)?; // after the validity
+    Some((rfc2253(subject)?, rfc2253(issuer)?))
+}
+
+/// A DER `Name` (the content of its SEQUENCE) as RFC 2253 text.
+fn rfc2253(mut name: &[u8]) -> Option<String> {
+    let mut rdns = Vec::new();
+    while !name.is_empty() {
+        let (_, mut set, rest) = crate::x509::tlv(name)?;
+        name = rest;
+        let mut attrs = Vec::new();
+        while !set.is_empty() {
+            let (_, pair, rest) = crate::x509::tlv(set)?;
+            set = rest;
+            let (_, oid, value) = crate::x509::tlv(pair)?;
+            let (tag, value, _) = crate::x509::tlv(value)?;
+            attrs.push(format!(
+                "{}={}",
+                attribute_name(oid),
+                attribute_value(tag, value)
+            ));
+        }
+        rdns.push(attrs.join("+"));
+    }
+    rdns.reverse();
+    Some(rdns.join(","))
+}
+
+/// The short name OpenSSL prints for an attribute type, else its dotted OID.
+fn attribute_name(oid: &[u8]) -> String {
+    let short = match oid {
+        [0x55, 0x04, 0x03] => "CN",
+        [0x55, 0x04, 0x05] => "serialNumber",
+        [0x55, 0x04, 0x06] => "C",
+        [0x55, 0x04, 0x07] => "L",
+        [0x55, 0x04, 0x08] => "ST",
+        [0x55, 0x04, 0x09] => "street",
+        [0x55, 0x04, 0x0a] => "O",
+        [0x55, 0x04, 0x0b] => "OU",
+        [0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x01] => "emailAddress",
+        [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x19] => "DC",
+        [0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x01] => "UID",
+        _ => return dotted(oid),
+    };
+    short.to_owned()
+}
+
+fn dotted(oid: &[u8]) -> String {
+    let mut parts: Vec<u64> = Vec::new();
+    let mut n = 0u64;
+    for &b in oid {
+        n = (n << 7) | u64::from(b & 0x7f);
+        if b & 0x80 == 0 {
+            if parts.is_empty() {
+                parts.extend([(n / 40).min(2), n - 40 * (n / 40).min(2)]);
+            } else {
+                parts.push(n);
+            }
+            n = 0;
+        }
+    }
+    parts
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// A string value with RFC 2253's escapes; other types as `#` and the hex of their content.
+fn attribute_value(tag: u8, value: &[u8]) -> String {
+    match tag {
+        0x0c | 0x13 | 0x14 | 0x16 => {
+            let text = String::from_utf8_lossy(value);
+            let mut out = String::with_capacity(text.len());
+            for c in text.chars() {
+                if matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';' | '=') {
+                    out.push('\\');
+                }
+                out.push(c);
+            }
+            out
+        }
+        _ => value.iter().fold(String::from("#"), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        }),
+    }
+}
+
+/// The certificate as PEM (64-character lines, as OpenSSL writes it), URL-encoded as nginx's
+/// `$ssl_client_escaped_cert`: every byte but letters, digits and `-._~` as `%XX`.
+pub fn escaped_pem(der: &CertificateDer<'_>) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    let mut out = String::with_capacity(pem.len() * 2);
+    for b in pem.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Asks for a certificate, hinting the CA subjects, and accepts any whose handshake signature
+/// holds; the route verifies it.
+#[derive(Debug)]
+struct RequestCertificate {
+    hints: Vec<DistinguishedName>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ClientCertVerifier for RequestCertificate {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// The TLS handshakes of the HTTPS listeners: the ClientHello is read first, then the server
+/// configuration is picked by SNI: `base` (no client certificate asked for), or, when a route of
+/// the SNI host verifies client certificates, a configuration asking for one (one per CA
+/// bundle, kept while the snapshot uses it).
+pub struct Handshakes {
+    runtime: Arc<Runtime>,
+    base: Arc<ServerConfig>,
+    certs: Arc<dyn ResolvesServerCert>,
+    asking: Mutex<Vec<(Weak<ClientAuth>, Arc<ServerConfig>)>>,
+}
+
+impl std::fmt::Debug for Handshakes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshakes").finish_non_exhaustive()
+    }
+}
+
+impl Handshakes {
+    /// Handshakes over `base` (its certificate resolver and ALPN are kept in the configurations
+    /// asking for client certificates), looking routes up in `runtime`'s live snapshot.
+    pub fn new(runtime: Arc<Runtime>, base: Arc<ServerConfig>) -> Handshakes {
+        Handshakes {
+            runtime,
+            certs: base.cert_resolver.clone(),
+            base,
+            asking: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Reads the ClientHello and completes the handshake with the configuration for its SNI.
+    pub async fn accept(&self, stream: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+        let start = tokio_rustls::LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
+        let config = self.config_for(start.client_hello().server_name());
+        start.into_stream(config).await
+    }
+
+    /// The configuration for a ClientHello naming `sni`.
+    fn config_for(&self, sni: Option<&str>) -> Arc<ServerConfig> {
+        let live = self.runtime.load();
+        let Some(auth) = sni.and_then(|host| host_client_auth(&live.snapshot.routes, host)) else {
+            return self.base.clone();
+        };
+        let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+        asking.retain(|(weak, _)| weak.strong_count() > 0);
+        if let Some((_, config)) = asking
+            .iter()
+            .find(|(weak, _)| std::ptr::eq(weak.as_ptr(), Arc::as_ptr(auth)))
+        {
+            return config.clone();
+        }
+        let config = self.asking_config(auth);
+        asking.push((Arc::downgrade(auth), config.clone()));
+        config
+    }
+
+    fn asking_config(&self, auth: &ClientAuth) -> Arc<ServerConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(auth.ca.iter().cloned());
+        let verifier = RequestCertificate {
+            hints: roots.subjects(),
+            algorithms: algorithms(),
+        };
+        let mut config = ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .expect("ring supports TLS 1.2 and 1.3")
+            .with_client_cert_verifier(Arc::new(verifier))
+            .with_cert_resolver(self.certs.clone());
+        config.alpn_protocols = self.base.alpn_protocols.clone();
+        Arc::new(config)
+    }
+}
+
+/// The client-certificate settings of the first route of `host` that has some.
+fn host_client_auth<'a>(
+    routes: &'a crate::table::RouteTable,
+    host: &str,
+) -> Option<&'a Arc<ClientAuth>> {
+    let mut buf = [0u8; crate::host::MAX_NAME];
+    let name = crate::host::normalize_name(host, &mut buf)?;
+    let rules = crate::host::lookup(&routes.exact, &routes.wildcard, name)?;
+    rules
+        .rules
+        .iter()
+        .find_map(|r| r.action.client_auth.as_ref())
+}
