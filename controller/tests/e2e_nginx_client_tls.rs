@@ -127,7 +127,7 @@ async fn connect(
 }
 
 /// `GET /` for `host` over a connection with SNI `sni` presenting `cert`, with a forged
-/// `ssl-client-verify: SUCCESS`; the reply and whether a certificate was asked for.
+/// `ssl-client-verify: SUCCESS` and `ssl-client-subject-dn: CN=admin`; the reply and whether a certificate was asked for.
 async fn get(
     to: SocketAddr,
     sni: &str,
@@ -137,6 +137,7 @@ async fn get(
     let (mut conn, asked) = connect(to, sni, cert).await?;
     let req = client::request(conformance::http::Method::GET, host, "/")
         .header("ssl-client-verify", "SUCCESS")
+        .header("ssl-client-subject-dn", "CN=admin")
         .body(conformance::http_body_util::Full::new(
             conformance::bytes::Bytes::new(),
         ))?;
@@ -226,7 +227,16 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
             header(&reply, "ssl-client-issuer-dn")?.as_deref(),
             Some("CN=duet client CA")
         );
-        let pem = unescape(&header(&reply, "ssl-client-cert")?.context("ssl-client-cert sent")?);
+        let escaped = header(&reply, "ssl-client-cert")?.context("ssl-client-cert sent")?;
+        assert!(
+            escaped.starts_with("-----BEGIN%20CERTIFICATE-----%0A"),
+            "{escaped}"
+        );
+        assert!(
+            !escaped.contains(['/', '+', '=', ' ', '\n']),
+            "URL-encoded as nginx: {escaped}"
+        );
+        let pem = unescape(&escaped);
         let sent = CertificateDer::from_pem_slice(pem.as_bytes())?;
         assert_eq!(
             sent.as_ref(),
@@ -265,6 +275,11 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
             header(&reply, "ssl-client-cert")?,
             None,
             "not passed unless asked"
+        );
+        assert_eq!(
+            header(&reply, "ssl-client-subject-dn")?,
+            None,
+            "{family}: the forged one removed"
         );
         let (reply, _) = get(to, "opt.test", "opt.test", Some(&rogue)).await?;
         client::expect_status(&reply, 400)?;
