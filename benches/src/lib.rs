@@ -62,6 +62,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             rewrite: None,
             access: None,
             choice: None,
+            client_auth: None,
         },
     }
 }

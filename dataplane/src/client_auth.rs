@@ -448,3 +448,165 @@ fn host_client_auth<'a>(
         .iter()
         .find_map(|r| r.action.client_auth.as_ref())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+    /// A CA named `name`, self-signed or signed by `by`: its DER and its issuer.
+    fn ca(
+        name: &str,
+        by: Option<&Issuer<'static, KeyPair>>,
+    ) -> (Vec<u8>, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+        let cert = match by {
+            Some(issuer) => params.signed_by(&key, issuer).unwrap(),
+            None => params.self_signed(&key).unwrap(),
+        };
+        (cert.der().to_vec(), Issuer::new(params, key))
+    }
+
+    /// A client certificate with `dn` as its subject, signed by `by`.
+    fn client(dn: &[(DnType, &str)], by: &Issuer<'static, KeyPair>) -> CertificateDer<'static> {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        for (kind, value) in dn {
+            params.distinguished_name.push(kind.clone(), *value);
+        }
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        CertificateDer::from(params.signed_by(&key, by).unwrap().der().to_vec())
+    }
+
+    fn auth(ca: &[u8], verify: VerifyClient, depth: u8) -> ClientAuth {
+        ClientAuth {
+            source: "ns/ca".into(),
+            ca: vec![CertificateDer::from(ca.to_vec())].into(),
+            verify,
+            depth,
+            pass_certificate: false,
+            error_page: None,
+            error: None,
+        }
+    }
+
+    fn verdict(d: &Decision) -> &str {
+        match d {
+            Decision::Pass(h) => &h[0].1,
+            Decision::BadRequest(text) => text,
+            Decision::Redirect(_) => "redirect",
+            Decision::Unavailable => "unavailable",
+        }
+    }
+
+    #[test]
+    fn verify_depth_counts_the_cas_above_the_client() {
+        let (root, root_issuer) = ca("root", None);
+        let (inter, inter_issuer) = ca("intermediate", Some(&root_issuer));
+        let leaf = client(&[(DnType::CommonName, "alice")], &inter_issuer);
+        let chain = [leaf, CertificateDer::from(inter)];
+        let one = auth(&root, VerifyClient::On, 1);
+        assert_eq!(
+            verdict(&one.decide(&chain)),
+            BAD_CERTIFICATE,
+            "depth 1: no intermediate"
+        );
+        let two = auth(&root, VerifyClient::On, 2);
+        assert_eq!(verdict(&two.decide(&chain)), "SUCCESS");
+        // Without the intermediate the chain does not reach the root.
+        assert_eq!(verdict(&two.decide(&chain[..1])), BAD_CERTIFICATE);
+    }
+
+    #[test]
+    fn verify_client_modes_decide_as_nginx() {
+        let (root, issuer) = ca("root", None);
+        let (_, other) = ca("other", None);
+        let good = [client(&[(DnType::CommonName, "a")], &issuer)];
+        let bad = [client(&[(DnType::CommonName, "b")], &other)];
+        let cases = [
+            (VerifyClient::On, &[][..], NO_CERTIFICATE),
+            (VerifyClient::On, &bad[..], BAD_CERTIFICATE),
+            (VerifyClient::On, &good[..], "SUCCESS"),
+            (VerifyClient::Optional, &[][..], "NONE"),
+            (VerifyClient::Optional, &bad[..], BAD_CERTIFICATE),
+            (VerifyClient::OptionalNoCa, &[][..], "NONE"),
+            (VerifyClient::OptionalNoCa, &good[..], "SUCCESS"),
+        ];
+        for (mode, chain, want) in cases {
+            assert_eq!(
+                verdict(&auth(&root, mode, 1).decide(chain)),
+                want,
+                "{mode:?}"
+            );
+        }
+        let no_ca = auth(&root, VerifyClient::OptionalNoCa, 1).decide(&bad);
+        assert!(verdict(&no_ca).starts_with("FAILED:"), "{no_ca:?}");
+        let page = ClientAuth {
+            error_page: Some("https://e.example/".into()),
+            ..auth(&root, VerifyClient::On, 1)
+        };
+        assert_eq!(
+            page.decide(&[]),
+            Decision::Redirect("https://e.example/".into())
+        );
+        let broken = ClientAuth {
+            error: Some("no ca.crt".into()),
+            ..auth(&root, VerifyClient::Optional, 1)
+        };
+        assert_eq!(broken.decide(&good), Decision::Unavailable);
+    }
+
+    #[test]
+    fn distinguished_names_are_rfc2253_most_specific_first() {
+        let (_, issuer) = ca("Duet CA", None);
+        let leaf = client(
+            &[
+                (DnType::CountryName, "DE"),
+                (DnType::OrganizationName, "Duet, Inc."),
+                (DnType::CommonName, "alice+bob"),
+            ],
+            &issuer,
+        );
+        let (subject, issuer_dn) = distinguished_names(&leaf).unwrap();
+        assert_eq!(subject, "CN=alice\\+bob,O=Duet\\, Inc.,C=DE");
+        assert_eq!(issuer_dn, "CN=Duet CA");
+        assert_eq!(
+            distinguished_names(&CertificateDer::from(vec![0x30, 0x00])),
+            None
+        );
+    }
+
+    #[test]
+    fn the_certificate_goes_upstream_url_encoded_as_nginx() {
+        let (_, issuer) = ca("root", None);
+        let leaf = client(&[(DnType::CommonName, "a")], &issuer);
+        let escaped = escaped_pem(&leaf);
+        assert!(escaped.starts_with("-----BEGIN%20CERTIFICATE-----%0A"));
+        assert!(escaped.ends_with("%0A-----END%20CERTIFICATE-----%0A"));
+        assert!(escaped
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(&b)));
+    }
+
+    #[test]
+    fn ca_bundles_must_hold_certificates() {
+        let (root, _) = ca("root", None);
+        let text = format!(
+            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+            {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.encode(&root)
+            }
+        );
+        assert_eq!(parse_ca(text.as_bytes()).unwrap().len(), 1);
+        assert!(parse_ca(b"not pem").is_err());
+        assert!(
+            parse_ca(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").is_err()
+        );
+    }
+}

@@ -265,6 +265,7 @@ mod tests {
                 })),
                 ..Choice::default()
             })),
+            client_auth: None,
         }
     }
 
