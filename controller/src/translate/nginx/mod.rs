@@ -9,6 +9,7 @@
 //! same thing, the `duet.dev/` one wins.
 
 pub mod access;
+mod buffering;
 mod catalogue;
 pub mod client_tls;
 pub mod cors;
@@ -145,6 +146,8 @@ pub struct Settings {
     pub traffic: traffic::Traffic,
     /// The client-certificate annotations (see [`client_tls`]).
     pub client_tls: client_tls::Annotations,
+    /// The buffering keys (see [`buffering`]): reported, nothing to apply (duet streams).
+    pub buffering: buffering::Annotations,
 }
 
 impl Settings {
@@ -237,6 +240,7 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
     prefix_needs_a_rewrite(&mut read);
     access::settle(&mut read);
     client_tls::settle(&mut read);
+    buffering::settle(&mut read);
     traffic::finish(&mut read);
     read.findings.sort();
     read
@@ -500,6 +504,7 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
         name if client_tls::reads(name) => {
             client_tls::apply(name, value, &mut settings.client_tls)?
         }
+        name if buffering::reads(name) => buffering::apply(name, value, &mut settings.buffering)?,
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())
