@@ -201,7 +201,7 @@ fn without_a_class_every_ingress_is_checked() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1));
     let got = statuses(&stdout);
-    assert_eq!(got.len(), 10, "{stdout}");
+    assert_eq!(got.len(), 12, "{stdout}");
     assert_eq!(
         got["home/legacy"][&format!("{N}rewrite-target")],
         "honoured-with-difference"
