@@ -824,6 +824,25 @@ mod tests {
     }
 
     #[test]
+    fn resolv_conf_defaults_to_the_pods_and_a_missing_one_is_a_usage_error() {
+        let dir = std::env::temp_dir();
+        let dir = dir.to_str().unwrap();
+        let config = parse(["duet", "serve", "--manifests", dir]).unwrap();
+        assert_eq!(config.resolv_conf, PathBuf::from("/etc/resolv.conf"));
+        let args = [
+            "duet",
+            "serve",
+            "--manifests",
+            dir,
+            "--resolv-conf",
+            "/nonexistent/resolv",
+        ];
+        let err = parse(args).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+        assert!(err.to_string().contains("--resolv-conf"), "{err}");
+    }
+
+    #[test]
     fn missing_manifest_folder_is_a_usage_error() {
         let err = parse(["duet", "serve", "--manifests", "/nonexistent/duet-test"]).unwrap_err();
         assert_eq!(err.exit_code(), EXIT_USAGE);
