@@ -297,8 +297,7 @@ impl Options {
         };
         let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
         let tls_config = dataplane::tls::server_config(runtime.clone(), &fallback);
-        let handshakes =
-            dataplane::client_auth::Handshakes::new(runtime.clone(), tls_config.clone());
+        let handshakes = dataplane::handshake::Handshakes::new(runtime.clone(), tls_config.clone());
         let tls = ServeOptions {
             tls: Some(tls_config),
             handshakes: Some(Arc::new(handshakes)),

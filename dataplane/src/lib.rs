@@ -12,6 +12,7 @@ pub mod clock;
 pub mod conn;
 pub mod error;
 pub mod forwarded;
+pub mod handshake;
 pub mod host;
 pub mod idle;
 pub mod limits;

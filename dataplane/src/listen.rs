@@ -108,7 +108,7 @@ pub struct ServeOptions {
     pub max_connections: Option<ConnectionLimit>,
     /// With `tls`: pick the configuration per SNI, asking for client certificates where a route
     /// of the host verifies them (`None`: `tls` for every handshake).
-    pub handshakes: Option<Arc<crate::client_auth::Handshakes>>,
+    pub handshakes: Option<Arc<crate::handshake::Handshakes>>,
 }
 
 /// At most one warning per listener this often while connections are refused.
@@ -229,7 +229,7 @@ struct PerConnection<H> {
     handler: H,
     builder: auto::Builder<TokioExecutor>,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    handshakes: Option<Arc<crate::client_auth::Handshakes>>,
+    handshakes: Option<Arc<crate::handshake::Handshakes>>,
     timeouts: idle::Timeouts,
     proxy_protocol: Option<Duration>,
     proxy_protocol_from: Option<Arc<TrustedProxies>>,
