@@ -205,56 +205,77 @@ async fn lookup(
         _ => None,
     });
     let now = Instant::now();
-    let clamp = |at: Instant| at.clamp(now + MIN_REFRESH, now + MAX_REFRESH);
-    let mut problems = Vec::new();
-    let mut due = now + MAX_REFRESH;
-    let mut answer = Resolution::default();
     let nx = matches!(v4, Family::None { nx: true }) || matches!(v6, Family::None { nx: true });
-    match v4 {
-        Family::Records(ips, until) => {
-            answer.v4 = ips;
-            due = due.min(clamp(until));
-        }
-        Family::None { .. } => {}
-        Family::Failed(why) => {
-            problems.push(format!("A lookup failed ({why})"));
-            answer.v4 = previous.map(|p| p.v4.clone()).unwrap_or_default();
-            due = due.min(now + RETRY);
-        }
-    }
-    match v6 {
-        Family::Records(ips, until) => {
-            answer.v6 = ips;
-            due = due.min(clamp(until));
-        }
-        Family::None { .. } => {}
-        Family::Failed(why) => {
-            problems.push(format!("AAAA lookup failed ({why})"));
-            answer.v6 = previous.map(|p| p.v6.clone()).unwrap_or_default();
-            due = due.min(now + RETRY);
-        }
-    }
-    answer.problem = if !problems.is_empty() {
-        let kept = if answer.v4.is_empty() && answer.v6.is_empty() {
-            "no address to serve"
-        } else {
-            "serving the last good answer"
-        };
-        Some(format!("{}; {kept}", problems.join(", ")))
-    } else if nx {
-        Some("the name does not exist (NXDOMAIN); no target".to_owned())
-    } else if answer.v4.is_empty() && answer.v6.is_empty() {
-        Some("the name has no A or AAAA records; no target".to_owned())
-    } else {
-        None
+    let mut round = Round {
+        now,
+        due: now + MAX_REFRESH,
+        problems: Vec::new(),
     };
-    if answer.problem.is_some() && answer.v4.is_empty() && answer.v6.is_empty() {
-        due = due.min(now + RETRY);
+    let answer = Resolution {
+        v4: round.take(v4, previous.map(|p| &p.v4), "A"),
+        v6: round.take(v6, previous.map(|p| &p.v6), "AAAA"),
+        problem: None,
+    };
+    let empty = answer.v4.is_empty() && answer.v6.is_empty();
+    let problem = round.problem(nx, empty);
+    if problem.is_some() && empty {
+        round.due = round.due.min(now + RETRY);
     }
-    if let Some(problem) = &answer.problem {
+    if let Some(problem) = &problem {
         tracing::debug!(name, problem, "ExternalName lookup");
     }
-    (answer, due)
+    (Resolution { problem, ..answer }, round.due)
+}
+
+/// One lookup of a name's two families: when to ask again and what went wrong.
+struct Round {
+    now: Instant,
+    due: Instant,
+    problems: Vec<String>,
+}
+
+impl Round {
+    /// The addresses of one family: the fresh ones (asking again when their TTL runs out, within
+    /// [`MIN_REFRESH`] and [`MAX_REFRESH`]), none, or after a failure the previous ones (asking
+    /// again after [`RETRY`]).
+    fn take<T: Clone>(
+        &mut self,
+        found: Family<T>,
+        previous: Option<&Vec<T>>,
+        kind: &str,
+    ) -> Vec<T> {
+        match found {
+            Family::Records(ips, until) => {
+                let until = until.clamp(self.now + MIN_REFRESH, self.now + MAX_REFRESH);
+                self.due = self.due.min(until);
+                ips
+            }
+            Family::None { .. } => Vec::new(),
+            Family::Failed(why) => {
+                self.problems.push(format!("{kind} lookup failed ({why})"));
+                self.due = self.due.min(self.now + RETRY);
+                previous.cloned().unwrap_or_default()
+            }
+        }
+    }
+
+    /// What the diagnostic says, if anything.
+    fn problem(&self, nx: bool, empty: bool) -> Option<String> {
+        if !self.problems.is_empty() {
+            let kept = if empty {
+                "no address to serve"
+            } else {
+                "serving the last good answer"
+            };
+            Some(format!("{}; {kept}", self.problems.join(", ")))
+        } else if nx {
+            Some("the name does not exist (NXDOMAIN); no target".to_owned())
+        } else if empty {
+            Some("the name has no A or AAAA records; no target".to_owned())
+        } else {
+            None
+        }
+    }
 }
 
 /// Sorts out one family's lookup result; `pick` takes the family's addresses from the records.
