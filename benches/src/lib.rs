@@ -64,6 +64,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             access: None,
             choice: None,
             filters: None,
+            client_auth: None,
         },
     }
 }

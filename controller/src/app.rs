@@ -20,8 +20,9 @@ use tokio::time::Instant;
 use crate::index::{Change, Impact, Index};
 use crate::metrics::ControllerMetrics;
 use crate::object::NsName;
+use crate::resolve::NameResolver;
 use crate::source::SourceEvent;
-use crate::translate::{self, AnnotationReport, Diagnostic, RoutePlan};
+use crate::translate::{self, AnnotationReport, Diagnostic, Resolved, RoutePlan};
 
 /// How the loop runs.
 #[derive(Clone, Debug)]
@@ -105,6 +106,8 @@ pub struct App {
     synced: bool,
     metrics: Option<ControllerMetrics>,
     observers: Observers,
+    names: Option<NameResolver>,
+    resolved: Arc<Resolved>,
 }
 
 /// Who hears about published Ingresses and new diagnostics (Kubernetes mode's status writer and
@@ -132,6 +135,8 @@ impl App {
             synced: false,
             observers: Observers::default(),
             metrics: None,
+            names: None,
+            resolved: Arc::default(),
         }
     }
 
@@ -171,6 +176,36 @@ impl App {
         self
     }
 
+    /// Looks up ExternalName Services' names with `names` (see [`crate::resolve`]).
+    pub fn with_resolver(mut self, names: NameResolver) -> App {
+        self.names = Some(names);
+        self
+    }
+
+    /// Takes the resolver's new answers; returns whether the backends need a rebuild (they do
+    /// when routes use ExternalName Services: an endpoint-only change of those Services).
+    fn take_answers(&mut self, answers: Arc<Resolved>) -> bool {
+        self.resolved = answers;
+        let services = self.plan.iter().flat_map(|p| p.backends.values());
+        let external = services.filter(|s| s.external_name.is_some());
+        self.pending
+            .endpoints
+            .extend(external.map(|s| s.service.clone()));
+        !self.pending.is_empty()
+    }
+
+    /// Tells the resolver the names the plan's ExternalName backends use.
+    fn want_names(&self) {
+        if let (Some(names), Some(plan)) = (&self.names, &self.plan) {
+            let wanted = translate::wanted_names(plan);
+            names.wanted.send_if_modified(|old| {
+                let changed = *old != wanted;
+                *old = wanted;
+                changed
+            });
+        }
+    }
+
     /// The diagnostics handle (for `/debug/routes`).
     pub fn diagnostics(&self) -> Diagnostics {
         self.diagnostics.clone()
@@ -198,6 +233,7 @@ impl App {
         let rebuild_routes = self.plan.is_none() || pending.routes;
         if rebuild_routes {
             self.plan_routes();
+            self.want_names();
         }
         let plan = self.plan.as_ref()?;
         let config = &self.config.translate;
@@ -211,6 +247,7 @@ impl App {
                 plan,
                 &pending.endpoints,
                 |service| index.slices_of(service),
+                Some(&*self.resolved),
                 config,
                 previous,
                 &mut self.backend_diagnostics,
@@ -223,6 +260,7 @@ impl App {
                 let (backends, by_service) = translate::build_backends_by_service(
                     plan,
                     &inputs.endpoint_slices,
+                    Some(&*self.resolved),
                     config,
                     previous,
                 );
@@ -291,7 +329,8 @@ impl App {
     /// The route phase from the whole stored state; the old table and certificates are kept
     /// (their `Arc`s) when the rebuild produced the same.
     fn plan_routes(&mut self) {
-        let inputs = self.index.inputs();
+        let mut inputs = self.index.inputs();
+        inputs.names = Some(&*self.resolved);
         let mut plan = translate::plan_routes(&inputs, &self.config.translate);
         if let Some(old) = &self.plan {
             if *old.table == *plan.table {
@@ -360,6 +399,7 @@ impl App {
     pub async fn run(mut self, mut events: mpsc::Receiver<SourceEvent>) {
         let mut first_pending: Option<Instant> = None;
         let mut last_change = Instant::now();
+        let mut answers = self.names.as_ref().map(|n| n.answers.clone());
         loop {
             let deadline = match first_pending {
                 Some(first) if self.synced => {
@@ -391,6 +431,13 @@ impl App {
                         }
                     }
                 },
+                Some(new) = answers_changed(&mut answers) => {
+                    if self.take_answers(new) {
+                        let now = Instant::now();
+                        first_pending.get_or_insert(now);
+                        last_change = now;
+                    }
+                }
                 () = sleep_until(deadline), if deadline.is_some() => {
                     self.publish();
                     first_pending = None;
@@ -406,6 +453,20 @@ fn same_backends<'a>(
     mut new: impl Iterator<Item = (&'a BackendId, &'a Arc<Backend>)>,
 ) -> bool {
     new.all(|(id, b)| old.get(id).is_some_and(|o| Arc::ptr_eq(o, b)))
+}
+
+/// The resolver's next answers; never, without a resolver or once it ended.
+async fn answers_changed(
+    answers: &mut Option<watch::Receiver<Arc<Resolved>>>,
+) -> Option<Arc<Resolved>> {
+    let Some(rx) = answers else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        *answers = None;
+        return std::future::pending().await;
+    }
+    Some(rx.borrow_and_update().clone())
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -206,6 +206,10 @@ pub struct ServeArgs {
     /// (configuration-snippet, server-snippet, ...) instead of serving them without it.
     #[arg(long)]
     pub strict_annotations: bool,
+    /// The resolv.conf whose name servers, search list and ndots resolve ExternalName Services'
+    /// names (A and AAAA, re-resolved when their TTL runs out).
+    #[arg(long, value_name = "PATH", default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
     /// Proxy to EndpointSlice addresses on loopback (127.0.0.0/8, ::1) in Kubernetes mode.
     /// For tests whose pods run on the test machine only; --manifests mode always allows them.
     #[arg(long)]
@@ -304,6 +308,8 @@ pub struct Config {
     pub max_connections: usize,
     /// `--shutdown-delay`.
     pub shutdown_delay: Duration,
+    /// `--resolv-conf`.
+    pub resolv_conf: PathBuf,
 }
 
 /// How the proxy listeners treat what is in front of them.
@@ -420,6 +426,12 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         }
     }
     let from_files = args.manifests.is_some();
+    if !defaulted(matches, "resolv_conf") && !args.resolv_conf.is_file() {
+        return Err(ConfigError::Usage(format!(
+            "invalid value '{}' for '--resolv-conf': not a file",
+            args.resolv_conf.display()
+        )));
+    }
     let proxy = ProxyConfig {
         connect_timeout: args.connect_timeout,
         response_timeout: args.upstream_timeout,
@@ -471,6 +483,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         access_log: args.access_log,
         max_connections: args.max_connections,
         shutdown_delay: args.shutdown_delay,
+        resolv_conf: args.resolv_conf,
     })
 }
 
@@ -808,6 +821,25 @@ mod tests {
         for l in [usage(&["--lb", "x"]), usage(&["--bogus"])] {
             assert!(!l.contains('\n'));
         }
+    }
+
+    #[test]
+    fn resolv_conf_defaults_to_the_pods_and_a_missing_one_is_a_usage_error() {
+        let dir = std::env::temp_dir();
+        let dir = dir.to_str().unwrap();
+        let config = parse(["duet", "serve", "--manifests", dir]).unwrap();
+        assert_eq!(config.resolv_conf, PathBuf::from("/etc/resolv.conf"));
+        let args = [
+            "duet",
+            "serve",
+            "--manifests",
+            dir,
+            "--resolv-conf",
+            "/nonexistent/resolv",
+        ];
+        let err = parse(args).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+        assert!(err.to_string().contains("--resolv-conf"), "{err}");
     }
 
     #[test]

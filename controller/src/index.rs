@@ -431,6 +431,7 @@ impl Index {
             services: self.objects(),
             endpoint_slices: self.objects(),
             secrets: self.objects(),
+            names: None,
         }
     }
 }

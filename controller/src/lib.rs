@@ -14,6 +14,7 @@ pub mod leader;
 pub mod metrics;
 pub mod migrate;
 pub mod object;
+pub mod resolve;
 pub mod slices;
 pub mod slim;
 pub mod source;

@@ -13,6 +13,7 @@ use controller::app::{App, AppConfig};
 use controller::cluster;
 use controller::config::{self, Config, ConfigError, Invocation, Listen, MigrateCheck, EXIT_USAGE};
 use controller::metrics::ControllerMetrics;
+use controller::resolve;
 use controller::source::files;
 use dataplane::access_log::{AccessLog, AccessLogFormat};
 use dataplane::admin::DebugExtra;
@@ -278,6 +279,7 @@ impl Options {
             connections: None,
             proxy_protocol_from: None,
             max_connections: None,
+            handshakes: None,
         };
         let edge = &config.edge;
         let proxy_protocol_from = if edge.proxy_protocol_from.0.is_empty() {
@@ -294,8 +296,11 @@ impl Options {
             ..base.clone()
         };
         let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
+        let tls_config = dataplane::tls::server_config(runtime.clone(), &fallback);
+        let handshakes = dataplane::handshake::Handshakes::new(runtime.clone(), tls_config.clone());
         let tls = ServeOptions {
-            tls: Some(dataplane::tls::server_config(runtime.clone(), &fallback)),
+            tls: Some(tls_config),
+            handshakes: Some(Arc::new(handshakes)),
             proxy_protocol: edge.proxy_protocol_https.then_some(pp_timeout),
             ..base.clone()
         };
@@ -319,8 +324,9 @@ fn start_control(
     metrics: ControllerMetrics,
 ) -> anyhow::Result<(Option<cluster::Running>, DebugExtra)> {
     let (events_tx, events_rx) = mpsc::channel(64);
-    let mut app =
-        App::new(AppConfig::new(config.translate.clone()), runtime.clone()).with_metrics(metrics);
+    let mut app = App::new(AppConfig::new(config.translate.clone()), runtime.clone())
+        .with_metrics(metrics)
+        .with_resolver(resolve::start(&config.resolv_conf));
     let mut extra = app.diagnostics().debug_extra();
     let cluster = match source {
         Source::Files(dir) => {

@@ -116,6 +116,7 @@ fn path_rules(route: &Route, routing: RuleRouting, backends: &[(String, u32)]) -
                 access: None,
                 choice: choice.clone(),
                 filters: routing.filters.clone(),
+                client_auth: None,
             },
         })
         .collect()
@@ -222,6 +223,7 @@ async fn gateway(routes: &[Route]) -> anyhow::Result<Gateway> {
             connections: None,
             proxy_protocol_from: None,
             max_connections: None,
+            handshakes: None,
         };
         let proxy = proxy.clone();
         let handler = move |req, conn| proxy.clone().handle(req, conn);

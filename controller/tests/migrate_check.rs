@@ -98,6 +98,24 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
                 ("whitelist-source-range", "honoured-with-difference"),
             ],
         ),
+        (
+            "default/mtls-api",
+            &[
+                ("auth-tls-error-page", "honoured"),
+                ("auth-tls-pass-certificate-to-upstream", "honoured"),
+                ("auth-tls-secret", "honoured-with-difference"),
+                ("auth-tls-verify-client", "honoured"),
+                ("auth-tls-verify-depth", "honoured"),
+            ],
+        ),
+        (
+            "default/uploads",
+            &[
+                ("proxy-body-size", "honoured"),
+                ("proxy-buffering", "ignored-unsupported"),
+                ("proxy-request-buffering", "honoured"),
+            ],
+        ),
         ("shop/web", &[("proxy-connect-timeout", "honoured")]),
         (
             "shop/web-web-canary",
@@ -113,7 +131,7 @@ fn expected() -> BTreeMap<String, BTreeMap<String, String>> {
                 ("auth-response-headers", "honoured"),
                 ("auth-signin", "honoured-with-difference"),
                 ("auth-url", "honoured-with-difference"),
-                ("proxy-buffer-size", "ignored-unsupported"),
+                ("proxy-buffer-size", "honoured-with-difference"),
             ],
         ),
         ("tools/oauth2-proxy", &[("proxy-body-size", "honoured")]),
@@ -171,8 +189,8 @@ fn the_corpus_reports_every_key_and_exits_1() {
     let summary = stdout.lines().last().unwrap_or_default();
     assert_eq!(
         summary,
-        "Summary: 9 Ingresses checked (1 of another class than nginx skipped), 4 fully honoured; \
-         27 annotations: 7 honoured, 9 honoured-with-difference, 4 ignored-unsupported, \
+        "Summary: 11 Ingresses checked (1 of another class than nginx skipped), 6 fully honoured; \
+         35 annotations: 13 honoured, 11 honoured-with-difference, 4 ignored-unsupported, \
          3 ignored-unknown, 1 ignored-removed-upstream, 3 invalid-value"
     );
 }
@@ -183,7 +201,7 @@ fn without_a_class_every_ingress_is_checked() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1));
     let got = statuses(&stdout);
-    assert_eq!(got.len(), 10, "{stdout}");
+    assert_eq!(got.len(), 12, "{stdout}");
     assert_eq!(
         got["home/legacy"][&format!("{N}rewrite-target")],
         "honoured-with-difference"

@@ -26,6 +26,8 @@ pub struct ConnInfo {
     pub tls_version: Option<&'static str>,
     /// The server name (SNI) the TLS client asked for.
     pub sni: Option<Arc<str>>,
+    /// The certificate chain the TLS client presented (leaf first; empty for none).
+    pub client_certs: Arc<[rustls_pki_types::CertificateDer<'static>]>,
     /// What every request of the connection forwards about `peer`, formatted once per
     /// connection rather than per request (by [`ConnInfo::new`], from the same address).
     pub(crate) forwarded: PeerHeaders,
@@ -43,6 +45,7 @@ impl ConnInfo {
             trusted: false,
             tls_version: None,
             sni: None,
+            client_certs: Arc::new([]),
             forwarded: PeerHeaders::new(peer),
         }
     }
@@ -55,6 +58,9 @@ impl ConnInfo {
             _ => "TLS",
         });
         self.sni = session.server_name().map(Arc::from);
+        if let Some(chain) = session.peer_certificates() {
+            self.client_certs = chain.iter().map(|c| c.clone().into_owned()).collect();
+        }
         self
     }
 

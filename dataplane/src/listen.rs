@@ -106,6 +106,9 @@ pub struct ServeOptions {
     /// Connections open at once, shared by the listeners holding the same limit (`None`:
     /// unlimited); past it a new connection is closed at once and counted as refused.
     pub max_connections: Option<ConnectionLimit>,
+    /// With `tls`: pick the configuration per SNI, asking for client certificates where a route
+    /// of the host verifies them (`None`: `tls` for every handshake).
+    pub handshakes: Option<Arc<crate::handshake::Handshakes>>,
 }
 
 /// At most one warning per listener this often while connections are refused.
@@ -226,6 +229,7 @@ struct PerConnection<H> {
     handler: H,
     builder: auto::Builder<TokioExecutor>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    handshakes: Option<Arc<crate::handshake::Handshakes>>,
     timeouts: idle::Timeouts,
     proxy_protocol: Option<Duration>,
     proxy_protocol_from: Option<Arc<TrustedProxies>>,
@@ -248,6 +252,7 @@ impl<H> PerConnection<H> {
             handler,
             builder,
             tls: options.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+            handshakes: options.handshakes.clone(),
             timeouts: idle::Timeouts {
                 keepalive: options.keepalive_timeout,
                 header_read: options.header_read_timeout,
@@ -346,7 +351,12 @@ impl<H> PerConnection<H> {
         let Some(acceptor) = &self.tls else {
             return Some((Stream::Plain(stream), info, false));
         };
-        let handshake = acceptor.accept(stream);
+        let handshake = async {
+            match &self.handshakes {
+                Some(h) => h.accept(stream).await,
+                None => acceptor.accept(stream).await,
+            }
+        };
         match tokio::time::timeout(self.timeouts.header_read, handshake).await {
             Ok(Ok(tls)) => {
                 let session = tls.get_ref().1;

@@ -397,6 +397,9 @@ pub struct RouteAction {
     /// Gateway API filters and timeouts of the rule ([`crate::filters`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filters: Option<Arc<crate::filters::Filters>>,
+    /// Client certificates asked for and verified (ingress-nginx's `auth-tls-*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<Arc<crate::client_auth::ClientAuth>>,
 }
 
 /// ingress-nginx's `rewrite-target` on one path: nginx's `rewrite "(?i)<path>" <target> break;`.
@@ -1090,6 +1093,7 @@ impl RouteAction {
             access: None,
             choice: None,
             filters: None,
+            client_auth: None,
         }
     }
 }

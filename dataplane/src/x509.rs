@@ -3,26 +3,27 @@
 
 use std::time::SystemTime;
 
+/// One DER element: (tag, content, the bytes after it).
+pub(crate) fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = b.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |a, &b| (a << 8) | usize::from(b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
 /// The `notAfter` time of an X.509 certificate (DER), read from its `validity`.
 pub fn not_after(der: &[u8]) -> Option<SystemTime> {
-    /// One DER element: (tag, content, the bytes after it).
-    fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, rest) = b.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        let (len, rest) = if first < 0x80 {
-            (usize::from(first), rest)
-        } else {
-            let n = usize::from(first & 0x7f);
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
-            }
-            let len = rest[..n]
-                .iter()
-                .fold(0usize, |a, &b| (a << 8) | usize::from(b));
-            (len, &rest[n..])
-        };
-        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-    }
     let (_, cert, _) = tlv(der)?;
     let (_, tbs, _) = tlv(cert)?;
     let mut rest = tbs;

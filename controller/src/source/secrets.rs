@@ -27,6 +27,7 @@ use super::SourceEvent;
 use crate::index::{Change, Object};
 use crate::object::{is_dns_subdomain, Kind, NsName};
 use crate::translate::nginx::access::AUTH_SECRET_ANNOTATION;
+use crate::translate::nginx::client_tls::AUTH_TLS_SECRET_ANNOTATION;
 use crate::translate::BACKEND_CA_SECRET_ANNOTATION;
 
 /// The field selector of the certificate watch.
@@ -59,17 +60,21 @@ pub fn named_secrets(ingresses: &Stores) -> BTreeSet<NsName> {
             let namespace = ingress.metadata.namespace.as_deref();
             let annotations = ingress.metadata.annotations.as_ref();
             // The CA Secret and the htpasswd Secret of basic auth (same namespace).
-            [BACKEND_CA_SECRET_ANNOTATION, AUTH_SECRET_ANNOTATION]
-                .into_iter()
-                .filter_map(|key| {
-                    let namespace = namespace?;
-                    let value = annotations?.get(key)?.trim();
-                    let name = value
-                        .strip_prefix(&format!("{namespace}/"))
-                        .unwrap_or(value);
-                    is_dns_subdomain(name).then(|| NsName::new(namespace, name))
-                })
-                .collect::<Vec<_>>()
+            [
+                BACKEND_CA_SECRET_ANNOTATION,
+                AUTH_SECRET_ANNOTATION,
+                AUTH_TLS_SECRET_ANNOTATION,
+            ]
+            .into_iter()
+            .filter_map(|key| {
+                let namespace = namespace?;
+                let value = annotations?.get(key)?.trim();
+                let name = value
+                    .strip_prefix(&format!("{namespace}/"))
+                    .unwrap_or(value);
+                is_dns_subdomain(name).then(|| NsName::new(namespace, name))
+            })
+            .collect::<Vec<_>>()
         })
         .collect()
 }

@@ -27,7 +27,8 @@ pub enum Reason {
     InvalidAnnotation,
     /// An older Ingress already provides the default backend; this one is ignored.
     DuplicateDefaultBackend,
-    /// A backend kind duet does not serve (`resource` backends, `ExternalName` Services).
+    /// A backend kind duet does not serve (`resource` backends, an ExternalName Service whose
+    /// `externalName` is neither a DNS name nor an IP address).
     UnsupportedBackend,
     /// An EndpointSlice whose `addressType` is not `IPv4` or `IPv6` (e.g. `FQDN`); skipped.
     UnsupportedAddressType,
@@ -57,11 +58,14 @@ pub enum Reason {
     /// A snippet annotation (raw nginx configuration): never interpreted; the Ingress is served
     /// without it, or not at all under `--strict-annotations`.
     SnippetAnnotation,
+    /// An ExternalName Service's name does not resolve (NXDOMAIN, no A/AAAA records: no target)
+    /// or its lookup failed (the last good answer is served).
+    UnresolvedExternalName,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::MissingService,
         Reason::UnknownServicePort,
         Reason::MissingSecret,
@@ -82,6 +86,7 @@ impl Reason {
         Reason::ForbiddenEndpointAddress,
         Reason::IgnoredAnnotation,
         Reason::SnippetAnnotation,
+        Reason::UnresolvedExternalName,
     ];
 
     /// The reason's name.
@@ -107,6 +112,7 @@ impl Reason {
             Reason::ForbiddenEndpointAddress => "ForbiddenEndpointAddress",
             Reason::IgnoredAnnotation => "IgnoredAnnotation",
             Reason::SnippetAnnotation => "SnippetAnnotation",
+            Reason::UnresolvedExternalName => "UnresolvedExternalName",
         }
     }
 }

@@ -9,7 +9,8 @@
 //! own services or the metadata server (the class of CVE-2021-25740).
 //!
 //! A `service-upstream` backend (its spec holds the Service's cluster IPs) is one target holding
-//! the cluster IP of each family instead of the pods.
+//! the cluster IP of each family instead of the pods; an ExternalName backend is one target
+//! holding its name's addresses ([`external`](super::external)).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -18,7 +19,8 @@ use std::sync::Arc;
 use dataplane::{Backend, BackendId, Family, Target, TargetId};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
-use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, RoutePlan};
+use super::external::external_target;
+use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, Resolved, RoutePlan};
 use crate::object::{slice_service, Kind, NsName, ObjectKey};
 
 /// Backend diagnostics by the Service whose backends they concern, each list sorted.
@@ -33,8 +35,13 @@ pub fn build_backends(
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
 ) -> (HashMap<BackendId, Arc<Backend>>, Vec<Diagnostic>) {
-    let (backends, by_service) =
-        build_backends_by_service(plan, &inputs.endpoint_slices, config, previous);
+    let (backends, by_service) = build_backends_by_service(
+        plan,
+        &inputs.endpoint_slices,
+        inputs.names,
+        config,
+        previous,
+    );
     let mut diagnostics: Vec<Diagnostic> = by_service.into_values().flatten().collect();
     diagnostics.sort();
     diagnostics.dedup();
@@ -46,6 +53,7 @@ pub fn build_backends(
 pub fn build_backends_by_service(
     plan: &RoutePlan,
     endpoint_slices: &[&EndpointSlice],
+    names: Option<&Resolved>,
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
 ) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
@@ -65,7 +73,7 @@ pub fn build_backends_by_service(
             .get(&spec.service)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (backend, found) = backend_of(id, spec, of_service, config, previous);
+        let (backend, found) = backend_of(id, spec, of_service, names, config, previous);
         add_diagnostics(&mut diagnostics, &spec.service, found);
         backends.insert(id.clone(), backend);
     }
@@ -80,6 +88,7 @@ pub fn update_backends<'a>(
     plan: &RoutePlan,
     changed: &BTreeSet<NsName>,
     slices_of: impl Fn(&NsName) -> Vec<&'a EndpointSlice>,
+    names: Option<&Resolved>,
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
     diagnostics: &mut ServiceDiagnostics,
@@ -95,7 +104,7 @@ pub fn update_backends<'a>(
             if !previous.contains_key(id) {
                 return None;
             }
-            let (backend, found) = backend_of(id, spec, &slices, config, previous);
+            let (backend, found) = backend_of(id, spec, &slices, names, config, previous);
             add_diagnostics(diagnostics, service, found);
             backends.insert(id.clone(), backend);
         }
@@ -108,13 +117,17 @@ fn backend_of(
     id: &BackendId,
     spec: &BackendSpec,
     slices: &[&EndpointSlice],
+    names: Option<&Resolved>,
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
 ) -> (Arc<Backend>, Vec<Diagnostic>) {
-    let (targets, found) = if spec.cluster_ips.is_empty() {
-        join_targets(slices, &spec.port_name, config.allow_loopback_endpoints)
-    } else {
-        cluster_target(spec, config.allow_loopback_endpoints)
+    let allow_loopback = config.allow_loopback_endpoints;
+    let (targets, found) = match &spec.external_name {
+        Some(name) => external_target(spec, name, names, allow_loopback),
+        None if spec.cluster_ips.is_empty() => {
+            join_targets(slices, &spec.port_name, allow_loopback)
+        }
+        None => cluster_target(spec, allow_loopback),
     };
     let backend = Backend {
         id: id.clone(),

@@ -132,6 +132,7 @@ struct IngressRoutes<'i> {
     redirect: Option<Arc<Redirect>>,
     source_ranges: Option<Arc<SourceRanges>>,
     access: Option<Arc<Access>>,
+    client_auth: Option<Arc<dataplane::client_auth::ClientAuth>>,
     nginx: nginx::Settings,
     tls: TlsHosts,
 }
@@ -181,6 +182,7 @@ impl IngressRoutes<'_> {
             access: self.access.clone(),
             choice: self.nginx.traffic.choice(path.unwrap_or("/")).map(Arc::new),
             filters: None,
+            client_auth: self.client_auth.clone(),
         }
     }
 }
@@ -265,6 +267,13 @@ fn settings<'i>(
         &mut t.diagnostics,
         &mut t.references,
     );
+    let client_auth = nginx::client_tls::resolve(
+        &nginx.client_tls,
+        &key,
+        &t.secrets,
+        &mut t.diagnostics,
+        &mut t.references,
+    );
     ingress.spec.as_ref()?;
     let tls = t
         .certs
@@ -279,6 +288,7 @@ fn settings<'i>(
         redirect: nginx.redirect(),
         source_ranges: nginx.source_ranges(),
         access,
+        client_auth,
         nginx,
         tls,
     })

@@ -15,6 +15,7 @@ mod annotation;
 mod certs;
 mod diagnostic;
 mod endpoints;
+mod external;
 pub mod gateway_rule;
 mod ingress;
 pub mod nginx;
@@ -38,6 +39,7 @@ pub use endpoints::{
     build_backends, build_backends_by_service, forbidden, join_targets, update_backends,
     ServiceDiagnostics,
 };
+pub use external::{wanted_names, Resolution, Resolved};
 pub use ingress::{BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
 pub use timeouts::{CONNECT_TIMEOUT_ANNOTATION, READ_TIMEOUT_ANNOTATION};
 pub use upstream::{
@@ -92,6 +94,8 @@ pub struct Inputs<'a> {
     pub endpoint_slices: Vec<&'a EndpointSlice>,
     /// Every Secret.
     pub secrets: Vec<&'a Secret>,
+    /// The resolver's latest answers for ExternalName Services' names (`None`: no resolver).
+    pub names: Option<&'a Resolved>,
 }
 
 /// What the current routes use: set after each route build, so that the index can tell whether
@@ -119,6 +123,8 @@ pub struct BackendSpec {
     pub protocol: dataplane::table::UpstreamProtocol,
     /// `service-upstream`: the Service's cluster IPs, one target, instead of its pods.
     pub cluster_ips: Vec<std::net::IpAddr>,
+    /// An ExternalName Service's DNS name: one target holding the name's addresses.
+    pub external_name: Option<Arc<str>>,
 }
 
 /// The output of the route phase.

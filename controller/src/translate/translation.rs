@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::certs::CertBuilder;
+use super::external;
 use super::routes::RouteModel;
 use super::upstream::{app_protocol, UpstreamTlsBuilder};
 use super::{
@@ -92,12 +93,8 @@ impl<'a> Translation<'a> {
             return None;
         };
         let spec = service.spec.as_ref();
-        if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
-            let message = format!(
-                "{what}: Service {name} is of type ExternalName, which is not supported; skipped"
-            );
-            self.diagnose(from, Reason::UnsupportedBackend, message);
-            return None;
+        if external::is_external(service) {
+            return self.external_backend(from, name, port, what);
         }
         let ports = spec.and_then(|s| s.ports.as_deref()).unwrap_or_default();
         let (written, found) = match port {
@@ -147,7 +144,58 @@ impl<'a> Translation<'a> {
             port: port.port,
             protocol,
             cluster_ips: Vec::new(),
+            external_name: None,
         }
+    }
+
+    /// The backend of an ExternalName Service (see [`external`]): its name, or its IP literal as
+    /// the one target, at the port ingress-nginx would use; a diagnostic and `None` when the name
+    /// or the port cannot be used.
+    fn external_backend(
+        &mut self,
+        from: &ObjectKey,
+        name: NsName,
+        port: PortRef<'_>,
+        what: &str,
+    ) -> Option<BackendId> {
+        let service = *self.services.get(&name)?;
+        let target = match external::external_name(service) {
+            Ok(target) => target,
+            Err(why) => {
+                let message = format!("{what}: Service {name}: {why}; skipped");
+                self.diagnose(from, Reason::UnsupportedBackend, message);
+                return None;
+            }
+        };
+        let ports = service.spec.as_ref().and_then(|s| s.ports.as_deref());
+        let ports = ports.unwrap_or_default();
+        let (written, found, number) = match port {
+            PortRef::Number(n) => (n.to_string(), ports.iter().find(|p| p.port == n), Some(n)),
+            PortRef::Name(n) => (
+                n.to_owned(),
+                ports.iter().find(|p| p.name.as_deref() == Some(n)),
+                None,
+            ),
+            PortRef::Missing => (String::new(), None, None),
+        };
+        let Some(number) = external::external_port(found, number) else {
+            let message = format!("{what}: ExternalName Service {name} has no usable port {written:?} (a numeric targetPort or port); skipped");
+            self.diagnose(from, Reason::UnknownServicePort, message);
+            return None;
+        };
+        let id = BackendId::new(&name.namespace, &name.name, &written);
+        let default_port = ServicePort {
+            port: number,
+            ..ServicePort::default()
+        };
+        let mut spec = self.backend_spec(name, &written, found.unwrap_or(&default_port));
+        spec.port = number;
+        match target {
+            external::ExternalName::Ip(ip) => spec.cluster_ips = vec![ip],
+            external::ExternalName::Name(host) => spec.external_name = Some(host),
+        }
+        self.backends.entry(id.clone()).or_insert(spec);
+        Some(id)
     }
 
     /// The backend sending the requests of the resolved backend `id` to its Service's cluster IPs

@@ -266,6 +266,7 @@ mod tests {
                 })),
                 ..Choice::default()
             })),
+            client_auth: None,
         }
     }
 

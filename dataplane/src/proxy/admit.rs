@@ -59,6 +59,7 @@ pub(crate) struct Admission<'r, 'a> {
 /// Runs the route's checks in order until one answers or refuses: the list of request policies.
 /// A new per-route policy is one more function, and one more line here.
 pub(crate) fn admit(a: &mut Admission<'_, '_>) -> Verdict {
+    client_certificate(a)?;
     gateway_filters(a)?;
     redirect(a)?;
     rewrite_target(a)?;
@@ -93,6 +94,64 @@ fn gateway_filters(a: &mut Admission<'_, '_>) -> Verdict {
         routed.upstream_target = Some(uri);
     }
     Ok(())
+}
+
+/// ingress-nginx's `auth-tls-*`, first (nginx checks the certificate before its phases): the
+/// connection's client certificate against the route's CA ([`ClientAuth::decide`]); the client's
+/// `ssl-client-*` headers are replaced by duet's. A Host other than the TLS server name gets 421
+/// (the certificate was asked for by that name's settings); plain HTTP counts as no certificate,
+/// unless the HTTPS redirect answers it.
+///
+/// [`ClientAuth::decide`]: crate::client_auth::ClientAuth::decide
+fn client_certificate(a: &mut Admission<'_, '_>) -> Verdict {
+    use crate::client_auth::{Decision, HEADERS};
+    let Some(auth) = a.routed.matched.action.client_auth.as_deref() else {
+        return Ok(());
+    };
+    if !a.conn.tls && a.routed.matched.action.redirect_https {
+        return Ok(());
+    }
+    let host = crate::table::strip_port(a.routed.host.as_str());
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if a.conn.tls
+        && !a
+            .conn
+            .sni
+            .as_deref()
+            .is_some_and(|s| s.eq_ignore_ascii_case(host))
+    {
+        return local(StatusCode::MISDIRECTED_REQUEST, "421 Misdirected Request\n");
+    }
+    for name in HEADERS {
+        a.headers.remove(name);
+    }
+    match auth.decide(&a.conn.client_certs) {
+        Decision::Pass(headers) => {
+            for (name, value) in headers {
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    a.headers.insert(HeaderName::from_static(name), value);
+                }
+            }
+            Ok(())
+        }
+        Decision::BadRequest(text) => local(StatusCode::BAD_REQUEST, text),
+        Decision::Redirect(page) => answer(ProxyBody::redirect(StatusCode::FOUND, &page)),
+        Decision::Unavailable => local(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "503 this route's client certificate settings are invalid\n",
+        ),
+    }
+}
+
+/// A plain-text answer of duet's own.
+fn local(status: StatusCode, text: &'static str) -> Verdict {
+    let mut res = Response::new(ProxyBody::full(Bytes::from_static(text.as_bytes())));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    answer(res)
 }
 
 /// ingress-nginx's redirect annotations (`permanent-redirect`, `app-root`, …).

@@ -43,7 +43,7 @@ const LIMIT: &str = "clients are keyed per address as ingress-nginx; duet.dev/li
 const AFFINITY: &str = "the cookie names the pod (an opaque 16-hex-digit token, never an address), so a dual-stack pod keeps its sessions when the client switches family; HttpOnly always, Secure over HTTPS or with session-cookie-secure";
 const AFFINITY_LATER: &str = "not implemented yet: the affinity cookie's other attributes apply";
 const CORS: &str = "allowed origins are matched whole (scheme, host, port; ingress-nginx's regex is anchored at the end only); the headers go on proxied responses and preflights, not on duet's own error answers; the 204 preflight carries no Content-Length: 0 (HTTP forbids it on 204)";
-const CLIENT_TLS: &str = "not implemented yet: client certificates are not requested";
+const CLIENT_TLS: &str = "the CA Secret must be in the Ingress's namespace (as ingress-nginx without allow-cross-namespace-resources); a certificate is asked for by TLS server name (SNI) and verified per route of the Ingress that sets it, so a Host other than the server name gets 421 (as nginx); plain HTTP without the HTTPS redirect counts as no certificate (nginx does not check it); ca.crl is not read";
 const PROXY_TLS: &str = "not implemented yet: see duet.dev/backend-ca-secret, duet.dev/backend-tls-server-name, duet.dev/backend-tls-skip-verify";
 const BUFFERING: &str = "not implemented yet: duet streams request and response bodies";
 const HASH: &str = "rendezvous hashing of the key over the pods (a leaving pod moves only its keys); $remote_addr is the full IPv6 address, an IPv4-mapped peer counts as its IPv4 address; only $remote_addr, $binary_remote_addr, $request_uri, $uri, $host, $http_NAME, $cookie_NAME, $arg_NAME";
@@ -66,12 +66,12 @@ pub const KEYS: [Key; 137] = [
     key("canary-by-header-value", Honoured),
     key("canary-weight", Honoured),
     key("canary-weight-total", Honoured),
-    key("auth-tls-error-page", Unsupported(CLIENT_TLS)),
-    key("auth-tls-match-cn", Unsupported(CLIENT_TLS)),
-    key("auth-tls-pass-certificate-to-upstream", Unsupported(CLIENT_TLS)),
-    key("auth-tls-secret", Unsupported(CLIENT_TLS)),
-    key("auth-tls-verify-client", Unsupported(CLIENT_TLS)),
-    key("auth-tls-verify-depth", Unsupported(CLIENT_TLS)),
+    key("auth-tls-error-page", Honoured),
+    key("auth-tls-match-cn", Unsupported("not implemented yet: the certificate's subject is not matched")),
+    key("auth-tls-pass-certificate-to-upstream", Honoured),
+    key("auth-tls-secret", Different(CLIENT_TLS)),
+    key("auth-tls-verify-client", Honoured),
+    key("auth-tls-verify-depth", Honoured),
     key("client-body-buffer-size", Unsupported(BUFFERING)),
     key("configuration-snippet", Snippet),
     key("connection-proxy-header", Unsupported(NOT_YET)),
@@ -120,8 +120,8 @@ pub const KEYS: [Key; 137] = [
     key("opentelemetry-operation-name", Unsupported(NO_EQUIVALENT)),
     key("opentelemetry-trust-incoming-span", Unsupported(NO_EQUIVALENT)),
     key("proxy-body-size", Honoured),
-    key("proxy-buffer-size", Unsupported("not implemented yet: upstream response heads may be up to 32 KiB")),
-    key("proxy-buffering", Unsupported(BUFFERING)),
+    key("proxy-buffer-size", Different("upstream response heads up to 32 KiB are accepted whatever the value (nginx answers 502 to a head larger than it)")),
+    key("proxy-buffering", Honoured),
     key("proxy-buffers-number", Unsupported(BUFFERING)),
     key("proxy-busy-buffers-size", Unsupported(BUFFERING)),
     key("proxy-connect-timeout", Honoured),
@@ -135,7 +135,7 @@ pub const KEYS: [Key; 137] = [
     key("proxy-read-timeout", Honoured),
     key("proxy-redirect-from", Unsupported(NOT_YET)),
     key("proxy-redirect-to", Unsupported(NOT_YET)),
-    key("proxy-request-buffering", Unsupported(BUFFERING)),
+    key("proxy-request-buffering", Honoured),
     key("proxy-send-timeout", Different("the clock runs only while the upstream does not take more of the request body that duet has to give (waiting on a slow client does not count); a request the upstream stalls on answers 504; unset, proxy-read-timeout (or --upstream-timeout) bounds the whole wait for the response head, sending included")),
     key("proxy-ssl-ciphers", Unsupported(PROXY_TLS)),
     key("proxy-ssl-name", Unsupported(PROXY_TLS)),

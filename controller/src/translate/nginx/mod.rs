@@ -9,7 +9,9 @@
 //! same thing, the `duet.dev/` one wins.
 
 pub mod access;
+mod buffering;
 mod catalogue;
+pub mod client_tls;
 pub mod cors;
 pub mod routing;
 pub mod traffic;
@@ -142,6 +144,10 @@ pub struct Settings {
     /// Canaries, affinity, hashing, `upstream-vhost`, `from-to-www-redirect`,
     /// `service-upstream` ([`traffic`]).
     pub traffic: traffic::Traffic,
+    /// The client-certificate annotations (see [`client_tls`]).
+    pub client_tls: client_tls::Annotations,
+    /// The buffering keys (see [`buffering`]): reported, nothing to apply (duet streams).
+    pub buffering: buffering::Annotations,
 }
 
 impl Settings {
@@ -233,6 +239,8 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
     codes_need_their_redirect(&mut read);
     prefix_needs_a_rewrite(&mut read);
     access::settle(&mut read);
+    client_tls::settle(&mut read);
+    buffering::settle(&mut read);
     traffic::finish(&mut read);
     read.findings.sort();
     read
@@ -493,6 +501,10 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
         }
         name if access::reads(name) => access::apply(name, value, &mut settings.access)?,
         name if traffic::handles(name) => settings.traffic.apply(name, value)?,
+        name if client_tls::reads(name) => {
+            client_tls::apply(name, value, &mut settings.client_tls)?
+        }
+        name if buffering::reads(name) => buffering::apply(name, value, &mut settings.buffering)?,
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())

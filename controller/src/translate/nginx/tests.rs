@@ -100,13 +100,22 @@ fn every_honoured_key_has_a_parser() {
         "cors-allow-methods" => "GET, POST",
         "cors-allow-headers" | "cors-expose-headers" => "X-Total",
         "cors-max-age" => "600",
+        "auth-tls-secret" => "ns/ca",
+        "auth-tls-verify-client" => "optional",
+        "auth-tls-verify-depth" => "2",
+        "auth-tls-error-page" => "https://errors.example/cert",
+        "proxy-buffering" | "proxy-request-buffering" => "off",
+        "proxy-buffer-size" => "16k",
         _ => "true",
     };
     // The key whose absence leaves a key without effect (as in ingress-nginx).
     let needs = |name: &str| match name {
         "auth-type" | "auth-realm" | "auth-secret-type" => Some("auth-secret"),
         "auth-secret" => Some("auth-type"),
-        n if n.starts_with("auth-") && n != "auth-url" => Some("auth-url"),
+        n if n.starts_with("auth-tls-") && n != "auth-tls-secret" => Some("auth-tls-secret"),
+        n if n.starts_with("auth-") && n != "auth-url" && n != "auth-tls-secret" => {
+            Some("auth-url")
+        }
         "limit-burst-multiplier" | "limit-allowlist" => Some("limit-rps"),
         _ => None,
     };
@@ -558,4 +567,102 @@ fn a_path_regex_that_does_not_compile_makes_its_keys_invalid() {
             "{detail}"
         );
     }
+}
+
+#[test]
+fn client_certificate_keys_need_their_secret_and_check_their_values() {
+    let all = nginx(&[
+        ("auth-tls-secret", "ns/ca"),
+        ("auth-tls-verify-client", "optional_no_ca"),
+        ("auth-tls-verify-depth", "2"),
+        ("auth-tls-pass-certificate-to-upstream", "true"),
+        ("auth-tls-error-page", "https://errors.example/cert"),
+    ]);
+    assert_eq!(
+        status_of(&all, "auth-tls-secret").0,
+        Status::HonouredWithDifference
+    );
+    let others = [
+        "auth-tls-verify-client",
+        "auth-tls-verify-depth",
+        "auth-tls-pass-certificate-to-upstream",
+        "auth-tls-error-page",
+    ];
+    for key in others {
+        assert_eq!(status_of(&all, key).0, Status::Honoured, "{key}");
+    }
+    let bad = nginx(&[
+        ("auth-tls-secret", "ns/ca"),
+        ("auth-tls-verify-client", "maybe"),
+        ("auth-tls-verify-depth", "0"),
+        ("auth-tls-error-page", "/errors"),
+    ]);
+    for key in [
+        "auth-tls-verify-client",
+        "auth-tls-verify-depth",
+        "auth-tls-error-page",
+    ] {
+        assert_eq!(status_of(&bad, key).0, Status::InvalidValue, "{key}");
+    }
+    let alone = nginx(&[
+        ("auth-tls-verify-client", "on"),
+        ("auth-tls-pass-certificate-to-upstream", "true"),
+    ]);
+    for key in [
+        "auth-tls-verify-client",
+        "auth-tls-pass-certificate-to-upstream",
+    ] {
+        let (status, detail) = status_of(&alone, key);
+        assert_eq!(status, Status::IgnoredUnsupported, "{key}");
+        assert!(detail.contains("auth-tls-secret"), "{detail}");
+    }
+    let off = nginx(&[
+        ("auth-tls-secret", "ns/ca"),
+        ("auth-tls-verify-client", "off"),
+        ("auth-tls-verify-depth", "2"),
+    ]);
+    assert_eq!(
+        status_of(&off, "auth-tls-verify-client").0,
+        Status::Honoured
+    );
+    let (status, detail) = status_of(&off, "auth-tls-verify-depth");
+    assert_eq!(status, Status::IgnoredUnsupported);
+    assert!(detail.contains("off"), "{detail}");
+}
+
+#[test]
+fn buffering_off_is_honoured_and_on_is_not() {
+    let off = nginx(&[
+        ("proxy-buffering", "off"),
+        ("proxy-request-buffering", "off"),
+        ("proxy-buffer-size", "16k"),
+    ]);
+    assert_eq!(status_of(&off, "proxy-buffering").0, Status::Honoured);
+    assert_eq!(
+        status_of(&off, "proxy-request-buffering").0,
+        Status::Honoured
+    );
+    assert_eq!(
+        status_of(&off, "proxy-buffer-size").0,
+        Status::HonouredWithDifference
+    );
+    let on = nginx(&[
+        ("proxy-buffering", "on"),
+        ("proxy-request-buffering", "on"),
+        ("proxy-buffer-size", "64k"),
+    ]);
+    for key in ["proxy-buffering", "proxy-request-buffering"] {
+        let (status, detail) = status_of(&on, key);
+        assert_eq!(status, Status::IgnoredUnsupported, "{key}");
+        assert!(detail.contains("streams"), "{detail}");
+    }
+    let (status, detail) = status_of(&on, "proxy-buffer-size");
+    assert_eq!(status, Status::HonouredWithDifference);
+    assert!(
+        detail.contains("up to 32 KiB, not up to this size"),
+        "{detail}"
+    );
+    let bad = nginx(&[("proxy-buffering", "maybe"), ("proxy-buffer-size", "lots")]);
+    assert_eq!(status_of(&bad, "proxy-buffering").0, Status::InvalidValue);
+    assert_eq!(status_of(&bad, "proxy-buffer-size").0, Status::InvalidValue);
 }

@@ -1,0 +1,378 @@
+//! End to end, over real TLS connections to 127.0.0.1 and [::1] with a real rustls client
+//! holding rcgen-made client certificates: ingress-nginx's `auth-tls-*`. A host whose Ingress
+//! sets `auth-tls-secret` asks for a certificate (a host without it does not), and
+//! `auth-tls-verify-client` decides as nginx: `on` answers 400 without a certificate or with one
+//! the CA did not issue, `optional` admits none, `optional_no_ca` admits any and says
+//! `FAILED:...`; the verification, the subject and issuer, and with
+//! `auth-tls-pass-certificate-to-upstream` the URL-encoded PEM go upstream as `ssl-client-*`
+//! headers (a client's own are replaced); `auth-tls-error-page` redirects instead of the 400;
+//! a Host other than the TLS server name gets 421.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use conformance::client::{self, Conn, Reply};
+use conformance::rustls;
+use conformance::tls::{self, TestCa, TestCert};
+use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::ResolvesClientCert;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+const DUET: &str = env!("CARGO_BIN_EXE_duet");
+const HOSTS: [&str; 6] = [
+    "on.test",
+    "opt.test",
+    "noca.test",
+    "page.test",
+    "plain.test",
+    "off.test",
+];
+
+/// Presents `cert` (if any) when asked, and remembers whether it was asked.
+#[derive(Debug)]
+struct ClientCert {
+    key: Option<Arc<CertifiedKey>>,
+    asked: AtomicBool,
+}
+
+impl ResolvesClientCert for ClientCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.asked.store(true, Ordering::SeqCst);
+        self.key.clone()
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Trusts any server certificate (the test is about the client's).
+#[derive(Debug)]
+struct AnyServer(rustls::crypto::WebPkiSupportedAlgorithms);
+
+impl ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
+/// An HTTP/1.1 connection over TLS to `to` with SNI `sni`, presenting `cert`; and whether the
+/// server asked for a certificate.
+async fn connect(
+    to: SocketAddr,
+    sni: &str,
+    cert: Option<&TestCert>,
+) -> anyhow::Result<(Conn, bool)> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key = cert.map(|c| {
+        let chain = vec![CertificateDer::from(c.der.clone())];
+        let key = PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes()).expect("PEM key");
+        Arc::new(CertifiedKey::from_der(chain, key, &provider).expect("usable key"))
+    });
+    let resolver = Arc::new(ClientCert {
+        key,
+        asked: AtomicBool::new(false),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(
+            provider.signature_verification_algorithms,
+        )))
+        .with_client_cert_resolver(resolver.clone());
+    let tcp = client::connect_tcp(to).await?;
+    let local = tcp.local_addr()?;
+    let name = ServerName::try_from(sni.to_owned())?;
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .context("TLS handshake")?;
+    let conn = Conn::over(stream, local, to, false).await?;
+    Ok((conn, resolver.asked.load(Ordering::SeqCst)))
+}
+
+/// `GET /` for `host` over a connection with SNI `sni` presenting `cert`, with a forged
+/// `ssl-client-verify: SUCCESS` and `ssl-client-subject-dn: CN=admin`; the reply and whether a certificate was asked for.
+async fn get(
+    to: SocketAddr,
+    sni: &str,
+    host: &str,
+    cert: Option<&TestCert>,
+) -> anyhow::Result<(Reply, bool)> {
+    let (mut conn, asked) = connect(to, sni, cert).await?;
+    let req = client::request(conformance::http::Method::GET, host, "/")
+        .header("ssl-client-verify", "SUCCESS")
+        .header("ssl-client-subject-dn", "CN=admin")
+        .body(conformance::http_body_util::Full::new(
+            conformance::bytes::Bytes::new(),
+        ))?;
+    Ok((conn.send(req).await?, asked))
+}
+
+fn header(reply: &Reply, name: &str) -> anyhow::Result<Option<String>> {
+    Ok(reply.echo()?.header(name))
+}
+
+/// nginx's `$ssl_client_escaped_cert` decoded.
+fn unescape(escaped: &str) -> String {
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            out.push(u8::from_str_radix(&escaped[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Result<()> {
+    let ca = TestCa::new("duet client CA");
+    let alice = ca.issue_client("alice", &["duet"]);
+    let rogue = TestCa::new("rogue CA").issue_client("mallory", &[]);
+    let server = tls::cert(&HOSTS);
+    let fleet = Fleet::start("mtls", "web", &[PodSpec::dual("pod")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("fleet.yaml", &fleet.manifests())?;
+    dir.write(
+        "secrets.yaml",
+        &[
+            tls::secret("mtls", "web-tls", &server),
+            tls::ca_secret("mtls", "client-ca", &ca.cert_pem),
+        ],
+    )?;
+    let ingress = |host: &str, extra: &[(&str, &str)]| {
+        let mut pairs = vec![("auth-tls-secret", "mtls/client-ca")];
+        pairs.extend_from_slice(extra);
+        Ingress::new("mtls", host.trim_end_matches(".test"))
+            .nginx_annotations(&pairs)
+            .host(host, "web")
+            .tls(&[host], "web-tls")
+    };
+    let ingresses = [
+        ingress(
+            "on.test",
+            &[("auth-tls-pass-certificate-to-upstream", "true")],
+        ),
+        ingress("opt.test", &[("auth-tls-verify-client", "optional")]),
+        ingress("noca.test", &[("auth-tls-verify-client", "optional_no_ca")]),
+        ingress(
+            "page.test",
+            &[("auth-tls-error-page", "https://errors.example/cert")],
+        ),
+        ingress("off.test", &[("auth-tls-verify-client", "off")]),
+        Ingress::new("mtls", "plain")
+            .host("plain.test", "web")
+            .tls(&["plain.test"], "web-tls"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+
+    for family in Family::BOTH {
+        let to = duet.https(family);
+        // on: a CA-issued certificate passes, with what nginx sends upstream.
+        let (reply, asked) = get(to, "on.test", "on.test", Some(&alice)).await?;
+        client::expect_status(&reply, 200)?;
+        assert!(asked, "{family}: on.test asks for a certificate");
+        assert_eq!(
+            header(&reply, "ssl-client-verify")?.as_deref(),
+            Some("SUCCESS"),
+            "{family}"
+        );
+        assert_eq!(
+            header(&reply, "ssl-client-subject-dn")?.as_deref(),
+            Some("O=duet,CN=alice")
+        );
+        assert_eq!(
+            header(&reply, "ssl-client-issuer-dn")?.as_deref(),
+            Some("CN=duet client CA")
+        );
+        let escaped = header(&reply, "ssl-client-cert")?.context("ssl-client-cert sent")?;
+        assert!(
+            escaped.starts_with("-----BEGIN%20CERTIFICATE-----%0A"),
+            "{escaped}"
+        );
+        assert!(
+            !escaped.contains(['/', '+', '=', ' ', '\n']),
+            "URL-encoded as nginx: {escaped}"
+        );
+        let pem = unescape(&escaped);
+        let sent = CertificateDer::from_pem_slice(pem.as_bytes())?;
+        assert_eq!(
+            sent.as_ref(),
+            alice.der.as_slice(),
+            "{family}: the client's certificate"
+        );
+        assert!(
+            pem.starts_with("-----BEGIN CERTIFICATE-----\n")
+                && pem.ends_with("-----END CERTIFICATE-----\n")
+        );
+        // on: none, or one of another CA: 400 with nginx's words.
+        let (reply, _) = get(to, "on.test", "on.test", None).await?;
+        client::expect_status(&reply, 400)?;
+        assert!(
+            reply
+                .text()
+                .contains("No required SSL certificate was sent"),
+            "{family}"
+        );
+        let (reply, _) = get(to, "on.test", "on.test", Some(&rogue)).await?;
+        client::expect_status(&reply, 400)?;
+        assert!(
+            reply.text().contains("The SSL certificate error"),
+            "{family}"
+        );
+
+        // optional: none is fine (the forged header replaced), a bad one is not.
+        let (reply, _) = get(to, "opt.test", "opt.test", None).await?;
+        client::expect_status(&reply, 200)?;
+        assert_eq!(
+            header(&reply, "ssl-client-verify")?.as_deref(),
+            Some("NONE"),
+            "{family}"
+        );
+        assert_eq!(
+            header(&reply, "ssl-client-cert")?,
+            None,
+            "not passed unless asked"
+        );
+        assert_eq!(
+            header(&reply, "ssl-client-subject-dn")?,
+            None,
+            "{family}: the forged one removed"
+        );
+        let (reply, _) = get(to, "opt.test", "opt.test", Some(&rogue)).await?;
+        client::expect_status(&reply, 400)?;
+
+        // optional_no_ca: any certificate passes, its verification result goes upstream.
+        let (reply, _) = get(to, "noca.test", "noca.test", Some(&rogue)).await?;
+        client::expect_status(&reply, 200)?;
+        let verify = header(&reply, "ssl-client-verify")?.unwrap_or_default();
+        assert!(verify.starts_with("FAILED:"), "{family}: {verify}");
+        assert_eq!(
+            header(&reply, "ssl-client-subject-dn")?.as_deref(),
+            Some("CN=mallory")
+        );
+
+        // auth-tls-error-page: a redirect instead of the 400.
+        let (reply, _) = get(to, "page.test", "page.test", None).await?;
+        client::expect_status(&reply, 302)?;
+        assert_eq!(
+            reply.header("location"),
+            Some("https://errors.example/cert"),
+            "{family}"
+        );
+
+        // No auth-tls (or verify-client off): no certificate asked for, nothing sent upstream.
+        for host in ["plain.test", "off.test"] {
+            let (reply, asked) = get(to, host, host, Some(&alice)).await?;
+            client::expect_status(&reply, 200)?;
+            assert!(!asked, "{family}: {host} does not ask for a certificate");
+            assert_eq!(
+                header(&reply, "ssl-client-verify")?.as_deref(),
+                Some("SUCCESS"),
+                "{host}: the client's header, untouched"
+            );
+        }
+
+        // The certificate is asked for by SNI: another Host on that connection gets 421.
+        let (reply, _) = get(to, "plain.test", "on.test", Some(&alice)).await?;
+        client::expect_status(&reply, 421)?;
+    }
+    let routes = duet.debug_routes().await?;
+    let status = |ingress: &str, key: &str| {
+        routes["annotations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["ingress"]["name"] == ingress)
+            .and_then(|r| {
+                r["annotations"]
+                    .as_array()?
+                    .iter()
+                    .find(|f| f["key"] == format!("nginx.ingress.kubernetes.io/{key}"))
+                    .cloned()
+            })
+            .map(|f| f["status"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(
+        status("on", "auth-tls-secret").as_deref(),
+        Some("honoured-with-difference")
+    );
+    assert_eq!(
+        status("on", "auth-tls-pass-certificate-to-upstream").as_deref(),
+        Some("honoured")
+    );
+    assert_eq!(
+        status("opt", "auth-tls-verify-client").as_deref(),
+        Some("honoured")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_ca_secret_fails_closed() -> anyhow::Result<()> {
+    let server = tls::cert(&["on.test", "web.test"]);
+    let fleet = Fleet::start("mtls2", "web", &[PodSpec::dual("pod")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("fleet.yaml", &fleet.manifests())?;
+    dir.write("secrets.yaml", &[tls::secret("mtls2", "web-tls", &server)])?;
+    let ingresses = [
+        Ingress::new("mtls2", "on")
+            .nginx_annotations(&[("auth-tls-secret", "mtls2/missing")])
+            .host("on.test", "web")
+            .tls(&["on.test"], "web-tls"),
+        Ingress::new("mtls2", "web")
+            .host("web.test", "web")
+            .tls(&["web.test"], "web-tls"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let (reply, _) = get(duet.https(family), "on.test", "on.test", None).await?;
+        client::expect_status(&reply, 503)?;
+        let (reply, _) = get(duet.https(family), "web.test", "web.test", None).await?;
+        client::expect_status(&reply, 200)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! The TLS handshakes of the HTTPS listeners with client certificates (ingress-nginx's
+//! `auth-tls-*`): the ClientHello is read first, then the server configuration is picked by SNI,
+//! asking for a certificate only where a route of the host verifies them
+//! ([`crate::client_auth`]).
+
+use std::sync::{Arc, Mutex, Weak};
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{Acceptor, ResolvesServerCert};
+use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
+use rustls_pki_types::{CertificateDer, UnixTime};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use crate::client_auth::{algorithms, ClientAuth};
+use crate::runtime::Runtime;
+
+/// Asks for a certificate, hinting the CA subjects, and accepts any whose handshake signature
+/// holds; the route verifies it.
+#[derive(Debug)]
+struct RequestCertificate {
+    hints: Vec<DistinguishedName>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ClientCertVerifier for RequestCertificate {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// The TLS handshakes of the HTTPS listeners: the ClientHello is read first, then the server
+/// configuration is picked by SNI: `base` (no client certificate asked for), or, when a route of
+/// the SNI host verifies client certificates, a configuration asking for one (one per CA
+/// bundle, kept while the snapshot uses it).
+pub struct Handshakes {
+    runtime: Arc<Runtime>,
+    base: Arc<ServerConfig>,
+    certs: Arc<dyn ResolvesServerCert>,
+    asking: Mutex<Vec<(Weak<ClientAuth>, Arc<ServerConfig>)>>,
+}
+
+impl std::fmt::Debug for Handshakes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshakes").finish_non_exhaustive()
+    }
+}
+
+impl Handshakes {
+    /// Handshakes over `base` (its certificate resolver and ALPN are kept in the configurations
+    /// asking for client certificates), looking routes up in `runtime`'s live snapshot.
+    pub fn new(runtime: Arc<Runtime>, base: Arc<ServerConfig>) -> Handshakes {
+        Handshakes {
+            runtime,
+            certs: base.cert_resolver.clone(),
+            base,
+            asking: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Reads the ClientHello and completes the handshake with the configuration for its SNI.
+    pub async fn accept(&self, stream: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+        let start = tokio_rustls::LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
+        let config = self.config_for(start.client_hello().server_name());
+        start.into_stream(config).await
+    }
+
+    /// The configuration for a ClientHello naming `sni`.
+    fn config_for(&self, sni: Option<&str>) -> Arc<ServerConfig> {
+        let live = self.runtime.load();
+        let Some(auth) = sni.and_then(|host| host_client_auth(&live.snapshot.routes, host)) else {
+            return self.base.clone();
+        };
+        let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+        asking.retain(|(weak, _)| weak.strong_count() > 0);
+        if let Some((_, config)) = asking
+            .iter()
+            .find(|(weak, _)| std::ptr::eq(weak.as_ptr(), Arc::as_ptr(auth)))
+        {
+            return config.clone();
+        }
+        let config = self.asking_config(auth);
+        asking.push((Arc::downgrade(auth), config.clone()));
+        config
+    }
+
+    fn asking_config(&self, auth: &ClientAuth) -> Arc<ServerConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(auth.ca.iter().cloned());
+        let verifier = RequestCertificate {
+            hints: roots.subjects(),
+            algorithms: algorithms(),
+        };
+        let mut config = ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .expect("ring supports TLS 1.2 and 1.3")
+            .with_client_cert_verifier(Arc::new(verifier))
+            .with_cert_resolver(self.certs.clone());
+        config.alpn_protocols = self.base.alpn_protocols.clone();
+        Arc::new(config)
+    }
+}
+
+/// The client-certificate settings of the first route of `host` that has some.
+fn host_client_auth<'a>(
+    routes: &'a crate::table::RouteTable,
+    host: &str,
+) -> Option<&'a Arc<ClientAuth>> {
+    let mut buf = [0u8; crate::host::MAX_NAME];
+    let name = crate::host::normalize_name(host, &mut buf)?;
+    let rules = crate::host::lookup(&routes.exact, &routes.wildcard, name)?;
+    rules
+        .rules
+        .iter()
+        .find_map(|r| r.action.client_auth.as_ref())
+}
