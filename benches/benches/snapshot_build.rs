@@ -104,6 +104,7 @@ fn build(c: &mut Criterion) {
         services: w.services.iter().collect(),
         endpoint_slices: w.slices.iter().collect(),
         secrets: Vec::new(),
+        ..Inputs::default()
     };
     let config = Config::default();
     let (snapshot, diagnostics) = translate::build(&inputs, &config);

@@ -26,6 +26,9 @@ pub struct ConnInfo {
     pub tls_version: Option<&'static str>,
     /// The server name (SNI) the TLS client asked for.
     pub sni: Option<Arc<str>>,
+    /// The Gateway pod port the connection was accepted on (`None`: an Ingress listener); its
+    /// requests are routed by that port's Gateway listeners.
+    pub gateway_port: Option<u16>,
     /// What every request of the connection forwards about `peer`, formatted once per
     /// connection rather than per request (by [`ConnInfo::new`], from the same address).
     pub(crate) forwarded: PeerHeaders,
@@ -43,6 +46,7 @@ impl ConnInfo {
             trusted: false,
             tls_version: None,
             sni: None,
+            gateway_port: None,
             forwarded: PeerHeaders::new(peer),
         }
     }

@@ -11,6 +11,8 @@ pub mod clock;
 pub mod conn;
 pub mod error;
 pub mod forwarded;
+pub mod gateway_listen;
+pub mod gateway_table;
 pub mod host;
 pub mod idle;
 pub mod limits;

@@ -168,7 +168,7 @@ impl Proxy {
         // Answered before its body is read, a request's body is discarded in the background
         // (`linger::unread`), so the answer reaches a client still sending.
         let live = self.runtime.load_full();
-        let mut routed = match route(&live, &req) {
+        let mut routed = match route_on(&live, &req, conn.gateway_port) {
             Ok(routed) => routed,
             Err(error) => return linger::unread(req, Err(error)),
         };
@@ -295,15 +295,30 @@ impl Proxy {
 
 /// Phase 1: the request's host and normalised target, and the route of `live` they match (404
 /// when none does).
-#[inline(always)] // Called once; inlined, its result is built in place.
+#[cfg(test)]
 pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a>, ProxyError> {
+    route_on(live, req, None)
+}
+
+/// Phase 1 on a listener: a Gateway pod port (`Some`) routes by that port's listeners
+/// ([`crate::gateway_table`]), an Ingress listener by the Ingress routes.
+#[inline(always)] // Called once; inlined, its result is built in place.
+pub(crate) fn route_on<'a, B>(
+    live: &'a Live,
+    req: &Request<B>,
+    gateway_port: Option<u16>,
+) -> Result<Routed<'a>, ProxyError> {
     let host = crate::host::request_host(req)?;
     let target = headers::origin_form(req.uri())?;
-    let matched = live
-        .snapshot
-        .routes
-        .find(host.as_str(), target.path())
-        .ok_or(ProxyError::NoRoute)?;
+    let matched = match gateway_port {
+        None => live.snapshot.routes.find(host.as_str(), target.path()),
+        Some(port) => live
+            .snapshot
+            .gateways
+            .port(port)
+            .and_then(|p| p.find(host.as_str(), target.path())),
+    };
+    let matched = matched.ok_or(ProxyError::NoRoute)?;
     let cors = crate::policy::cors_for(matched.action, req.headers()).map(Box::new);
     let preflight = crate::policy::preflight(req.method(), cors.as_deref()).map(Box::new);
     Ok(Routed {
@@ -333,10 +348,13 @@ pub(crate) fn choose<'a>(
     let (host, ip) = (routed.host.as_str(), conn.peer.ip());
     let steered =
         crate::policy::steer_request(action, headers, &routed.target, host, ip, &live.backends);
-    let backend = live
-        .backends
-        .get(steered.backend)
-        .ok_or_else(|| ProxyError::NoTarget(steered.backend.clone()))?;
+    let backend = live.backends.get(steered.backend).ok_or_else(|| {
+        if steered.backend.is_unresolved() {
+            ProxyError::Unresolved(steered.backend.clone())
+        } else {
+            ProxyError::NoTarget(steered.backend.clone())
+        }
+    })?;
     let protocol = action.protocol.unwrap_or(backend.backend.protocol);
     exchange.upstream_protocol(protocol);
     let settings = action.upstream_tls.as_deref().filter(|_| protocol.is_tls());
@@ -467,6 +485,7 @@ mod tests {
             routes: Arc::new(routes),
             backends: [(backend.id.clone(), Arc::new(backend))].into(),
             certs: Default::default(),
+            gateways: Default::default(),
         };
         let config = ProxyConfig {
             https_listen: vec![

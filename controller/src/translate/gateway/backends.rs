@@ -1,0 +1,175 @@
+//! A route's rules into dataplane rules, with their backendRefs resolved: a core `Service` (the
+//! only kind duet serves; another is `InvalidKind`) in the route's namespace, or in another one
+//! that a ReferenceGrant opens to the route's kind (else `RefNotPermitted`), that exists with the
+//! port named (else `BackendNotFound`). Weighted refs become a weighted
+//! [`Choice`](dataplane::route_policy::Choice); a ref that does not resolve keeps its weight and
+//! answers 500, as does a rule with no backendRef or only zero weights. One target per pod:
+//! backends are the Services' pods joined across families, as for Ingress.
+
+use std::sync::Arc;
+
+use dataplane::gateway_table::GatewayRule;
+use dataplane::route_policy::{Alternative, Choice, Pinning};
+use dataplane::table::UpstreamTimeouts;
+use dataplane::{BackendId, FamilyPolicy, Origin, RouteAction};
+
+use super::routes::{BackendRef, RouteView};
+use crate::gateway::api::{ReferenceGrant, GROUP};
+use crate::gateway::conditions::Cond;
+use crate::object::{NsName, ObjectKey};
+use crate::translate::translation::{PortRef, Translation};
+use crate::translate::Reason;
+
+/// A rule entry: path rank, rule index, match index, the rule.
+pub type RuleEntry = ((u8, usize), usize, usize, GatewayRule);
+
+/// The route's dataplane rules and its `ResolvedRefs` condition.
+pub fn rules(
+    t: &mut Translation<'_>,
+    key: &ObjectKey,
+    view: &RouteView,
+    policy: FamilyPolicy,
+    origin: &Origin,
+    grants: &[&ReferenceGrant],
+) -> (Vec<RuleEntry>, Cond) {
+    let mut problem: Option<Cond> = None;
+    let mut out = Vec::new();
+    for (ri, rule) in view.rules.iter().enumerate() {
+        let mut arms: Vec<(BackendId, u32)> = Vec::new();
+        for b in &rule.backends {
+            let id = match resolve(t, key, view, b, grants) {
+                Ok(id) => id,
+                Err(cond) => {
+                    problem.get_or_insert(cond);
+                    BackendId::unresolved(&format!("{}/{}", b.namespace, b.name))
+                }
+            };
+            let weight = u32::try_from(b.weight).unwrap_or(0);
+            if weight > 0 {
+                arms.push((id, weight));
+            }
+        }
+        let action = action(arms, policy, origin, t.config.max_body_bytes);
+        for (mi, m) in rule.matches.iter().enumerate() {
+            if m.more {
+                continue;
+            }
+            match &m.path {
+                Ok(path) => out.push((
+                    m.rank,
+                    ri,
+                    mi,
+                    GatewayRule {
+                        path: path.clone(),
+                        action: action.clone(),
+                    },
+                )),
+                Err(message) => {
+                    let message = format!("rule {ri}: {message}; skipped");
+                    t.diagnose(key, Reason::InvalidPath, message);
+                }
+            }
+        }
+    }
+    let resolved = problem.unwrap_or_else(|| Cond::yes("ResolvedRefs", "ResolvedRefs", ""));
+    (out, resolved)
+}
+
+/// One backendRef's backend, or the `ResolvedRefs` condition saying why it has none.
+fn resolve(
+    t: &mut Translation<'_>,
+    key: &ObjectKey,
+    view: &RouteView,
+    b: &BackendRef,
+    grants: &[&ReferenceGrant],
+) -> Result<BackendId, Cond> {
+    if !b.group.is_empty() || b.kind != "Service" {
+        let message = format!("backendRef {}: kind {} of group {:?} is not supported", b.name, b.kind, b.group);
+        return Err(Cond::no("ResolvedRefs", "InvalidKind", message));
+    }
+    if b.namespace != view.key.namespace && !granted(grants, view, b) {
+        let message = format!(
+            "no ReferenceGrant in {} lets {}s of {} use Service {}",
+            b.namespace,
+            view.kind_name(),
+            view.key.namespace,
+            b.name
+        );
+        return Err(Cond::no("ResolvedRefs", "RefNotPermitted", message));
+    }
+    let name = NsName::new(b.namespace.clone(), b.name.clone());
+    let not_found = |what: &str| {
+        let message = format!("backendRef Service {name} {what}");
+        Cond::no("ResolvedRefs", "BackendNotFound", message)
+    };
+    if t.service(&name).is_none() {
+        t.references.services.insert(name.clone());
+        return Err(not_found("does not exist"));
+    }
+    let port = b.port.map_or(PortRef::Missing, PortRef::Number);
+    let what = format!("backendRef {name}");
+    t.service_port(key, name.clone(), port, &what)
+        .ok_or_else(|| not_found("has no such port"))
+}
+
+/// Whether a ReferenceGrant in the backend's namespace lets the route's kind in its namespace
+/// use the Service.
+fn granted(grants: &[&ReferenceGrant], view: &RouteView, b: &BackendRef) -> bool {
+    grants
+        .iter()
+        .filter(|g| g.metadata.namespace.as_deref() == Some(&*b.namespace))
+        .any(|g| {
+            let from = g.spec.from.iter().any(|f| {
+                f.group == GROUP && f.kind == view.kind_name() && f.namespace == view.key.namespace
+            });
+            let to = g.spec.to.iter().any(|t| {
+                t.group.is_empty() && t.kind == "Service" && t.name.as_deref().is_none_or(|n| n == b.name)
+            });
+            from && to
+        })
+}
+
+/// The action of a rule over its weighted arms (none: 500).
+fn action(
+    arms: Vec<(BackendId, u32)>,
+    policy: FamilyPolicy,
+    origin: &Origin,
+    max_body_bytes: u64,
+) -> RouteAction {
+    let mut arms = arms.into_iter();
+    let (backend, first_weight) = arms
+        .next()
+        .unwrap_or_else(|| (BackendId::unresolved("no backendRef"), 1));
+    let alternatives: Vec<Alternative<BackendId>> = arms
+        .map(|(backend, weight)| Alternative {
+            backend,
+            weight,
+            pinning: Pinning::None,
+        })
+        .collect();
+    let choice = (!alternatives.is_empty()).then(|| {
+        let total = alternatives
+            .iter()
+            .fold(first_weight, |sum, a| sum.saturating_add(a.weight));
+        Arc::new(Choice {
+            alternatives,
+            weight_total: total,
+            ..Choice::default()
+        })
+    });
+    RouteAction {
+        backend,
+        policy,
+        origin: origin.clone(),
+        redirect_https: false,
+        max_body_bytes,
+        upstream_tls: None,
+        timeouts: UpstreamTimeouts::default(),
+        protocol: None,
+        redirect: None,
+        source_ranges: None,
+        rewrite: None,
+        access: None,
+        choice,
+    }
+}
