@@ -269,11 +269,7 @@ struct Options {
 }
 
 impl Options {
-    fn new(
-        config: &Config,
-        runtime: &Arc<Runtime>,
-        proxy: &Arc<Proxy>,
-    ) -> anyhow::Result<Options> {
+    fn new(config: &Config, runtime: &Arc<Runtime>, proxy: &Arc<Proxy>) -> anyhow::Result<Options> {
         let base = ServeOptions {
             header_read_timeout: config.proxy.header_read_timeout,
             keepalive_timeout: config.proxy.keepalive_timeout,

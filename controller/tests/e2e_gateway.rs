@@ -53,14 +53,14 @@ fn gateway(port: u16, listeners: &[(&str, Option<&str>)]) -> Value {
     })
 }
 
-/// An HTTPRoute of one rule per `(path type, path, backends)`; a backend is
-/// `(kind, name, weight)`.
-fn route(
-    name: &str,
-    section: Option<&str>,
-    hostnames: &[&str],
-    rules: &[(&str, &str, &[(&str, &str, u32)])],
-) -> Value {
+/// A backendRef: `(kind, name, weight)`.
+type Backend<'a> = (&'a str, &'a str, u32);
+
+/// A rule: `(path type, path, backends)`.
+type Rule<'a> = (&'a str, &'a str, &'a [Backend<'a>]);
+
+/// An HTTPRoute of one rule per [`Rule`].
+fn route(name: &str, section: Option<&str>, hostnames: &[&str], rules: &[Rule<'_>]) -> Value {
     let mut parent = json!({"name": "gw"});
     if let Some(s) = section {
         parent["sectionName"] = json!(s);
@@ -82,7 +82,7 @@ fn route(
     })
 }
 
-fn svc(name: &str) -> (&str, &str, u32) {
+fn svc(name: &str) -> Backend<'_> {
     ("Service", name, 1)
 }
 
@@ -137,11 +137,25 @@ async fn listeners_isolate_intersect_hostnames_and_serve_both_families() -> anyh
         gateway_class(),
         gateway(
             port,
-            &[("exact", Some("foo.example.com")), ("wild", Some("*.example.com")), ("any", None)],
+            &[
+                ("exact", Some("foo.example.com")),
+                ("wild", Some("*.example.com")),
+                ("any", None),
+            ],
         ),
         // Only on `exact`, only /exact: `foo.example.com/other` must not fall to `wild`'s routes.
-        route("r-exact", Some("exact"), &[], &[("Exact", "/exact", &[svc("gw-exact")])]),
-        route("r-wild", Some("wild"), &[], &[("PathPrefix", "/", &[svc("gw-wild")])]),
+        route(
+            "r-exact",
+            Some("exact"),
+            &[],
+            &[("Exact", "/exact", &[svc("gw-exact")])],
+        ),
+        route(
+            "r-wild",
+            Some("wild"),
+            &[],
+            &[("PathPrefix", "/", &[svc("gw-wild")])],
+        ),
         // Intersected with `*.example.com`: only b.example.com; `other.test` is not served there.
         route(
             "r-host",
@@ -149,7 +163,12 @@ async fn listeners_isolate_intersect_hostnames_and_serve_both_families() -> anyh
             &["b.example.com", "other.test"],
             &[("PathPrefix", "/host", &[svc("gw-host")])],
         ),
-        route("r-any", Some("any"), &[], &[("PathPrefix", "/", &[svc("gw-any")])]),
+        route(
+            "r-any",
+            Some("any"),
+            &[],
+            &[("PathPrefix", "/", &[svc("gw-any")])],
+        ),
         // Precedence on one host: Exact before the longer prefix before the shorter one.
         route(
             "r-paths",
@@ -173,12 +192,29 @@ async fn listeners_isolate_intersect_hostnames_and_serve_both_families() -> anyh
         let got = served_by(&mut conn, "foo.example.com", "/exact").await?;
         assert_eq!(got, "gw-exact", "{family}");
         let other = conn.get("foo.example.com", "/other").await?;
-        assert_eq!(other.status, 404, "{family}: listener isolation: {}", other.text());
-        assert_eq!(served_by(&mut conn, "a.b.example.com", "/x").await?, "gw-wild");
-        assert_eq!(served_by(&mut conn, "b.example.com", "/host").await?, "gw-host");
-        assert_eq!(served_by(&mut conn, "c.example.com", "/host").await?, "gw-wild");
+        assert_eq!(
+            other.status,
+            404,
+            "{family}: listener isolation: {}",
+            other.text()
+        );
+        assert_eq!(
+            served_by(&mut conn, "a.b.example.com", "/x").await?,
+            "gw-wild"
+        );
+        assert_eq!(
+            served_by(&mut conn, "b.example.com", "/host").await?,
+            "gw-host"
+        );
+        assert_eq!(
+            served_by(&mut conn, "c.example.com", "/host").await?,
+            "gw-wild"
+        );
         assert_eq!(served_by(&mut conn, "other.test", "/host").await?, "gw-any");
-        assert_eq!(served_by(&mut conn, &format!("example.com:{port}"), "/").await?, "gw-any");
+        assert_eq!(
+            served_by(&mut conn, &format!("example.com:{port}"), "/").await?,
+            "gw-any"
+        );
         for (path, svc) in [
             ("/a", "gw-any"),
             ("/a/bx", "gw-any"),
@@ -187,7 +223,11 @@ async fn listeners_isolate_intersect_hostnames_and_serve_both_families() -> anyh
             ("/re/42", "gw-exact"),
             ("/re/42/x", "gw-any"),
         ] {
-            assert_eq!(served_by(&mut conn, "paths.test", path).await?, svc, "{family} {path}");
+            assert_eq!(
+                served_by(&mut conn, "paths.test", path).await?,
+                svc,
+                "{family} {path}"
+            );
         }
     }
     // The Ingress listeners are untouched: no Ingress, no route.
@@ -208,16 +248,27 @@ async fn weighted_backend_refs_count_each_pod_once_and_unresolved_ones_answer_50
             None,
             &[],
             &[
-                ("PathPrefix", "/split", &[("Service", "w-a", 3), ("Service", "w-b", 1)]),
+                (
+                    "PathPrefix",
+                    "/split",
+                    &[("Service", "w-a", 3), ("Service", "w-b", 1)],
+                ),
                 ("PathPrefix", "/missing", &[svc("nope")]),
                 ("PathPrefix", "/kind", &[("ConfigMap", "w-a", 1)]),
-                ("PathPrefix", "/half", &[("Service", "w-a", 1), ("Service", "nope", 1)]),
+                (
+                    "PathPrefix",
+                    "/half",
+                    &[("Service", "w-a", 1), ("Service", "nope", 1)],
+                ),
             ],
         ),
     ];
     // w-a: one dual-stack pod and one IPv4-only pod; w-b: one dual-stack pod.
     let fleets = vec![
-        ("w-a", vec![PodSpec::dual("a-dual"), PodSpec::v4_only("a-v4")]),
+        (
+            "w-a",
+            vec![PodSpec::dual("a-dual"), PodSpec::v4_only("a-v4")],
+        ),
         ("w-b", vec![PodSpec::dual("b-dual")]),
     ];
     let (_fleets, _dir, _duet) = setup(&fleets, docs).await?;
@@ -235,7 +286,10 @@ async fn weighted_backend_refs_count_each_pod_once_and_unresolved_ones_answer_50
         }
         let a = by_service.get("w-a").copied().unwrap_or(0);
         // 3:1 of 400 is 300; a binomial's 6 sigma is about 52.
-        assert!((240..=360).contains(&a), "{family}: w-a got {a} of {N}: {by_service:?}");
+        assert!(
+            (240..=360).contains(&a),
+            "{family}: w-a got {a} of {N}: {by_service:?}"
+        );
         // Within w-a each pod is one target: the dual-stack pod is not counted twice. IPv6
         // clients reach the IPv4-only pod over IPv4 (PreferSameFamily falls back).
         let dual = by_pod.get("a-dual").copied().unwrap_or(0);
@@ -254,7 +308,10 @@ async fn weighted_backend_refs_count_each_pod_once_and_unresolved_ones_answer_50
                 other => anyhow::bail!("{family} /half: {other}"),
             }
         }
-        assert!((40..=160).contains(&errors), "{family}: {errors} of 200 answered 500");
+        assert!(
+            (40..=160).contains(&errors),
+            "{family}: {errors} of 200 answered 500"
+        );
     }
     Ok(())
 }

@@ -230,7 +230,9 @@ fn http_route(ns: &str, name: &str, section: &str) -> Value {
 /// `http` listener counts one route, `alt` none; the Gateway and `http` are programmed.
 async fn route_status(api: &KubeApi, duet: &Duet) -> anyhow::Result<()> {
     let parent = |route: &Value| -> anyhow::Result<Value> {
-        let parents = route["status"]["parents"].as_array().context("no parents")?;
+        let parents = route["status"]["parents"]
+            .as_array()
+            .context("no parents")?;
         anyhow::ensure!(parents.len() == 1, "{parents:?}");
         let p = parents[0].clone();
         anyhow::ensure!(p["controllerName"] == "duet.dev/gateway-controller", "{p}");
@@ -243,7 +245,9 @@ async fn route_status(api: &KubeApi, duet: &Duet) -> anyhow::Result<()> {
     let cond_is = |p: &Value, kind: &str, status: &str, reason: &str, generation: &Value| {
         let c = condition(&p["conditions"], kind).with_context(|| format!("no {kind}"))?;
         anyhow::ensure!(
-            c["status"] == status && c["reason"] == reason && c["observedGeneration"] == *generation,
+            c["status"] == status
+                && c["reason"] == reason
+                && c["observedGeneration"] == *generation,
             "{kind}: {c}"
         );
         Ok(())
@@ -256,26 +260,52 @@ async fn route_status(api: &KubeApi, duet: &Duet) -> anyhow::Result<()> {
     })
     .await
     .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
-    until(api, "HTTPRoute", Some("elsewhere"), "stray", "stray refused", |r| {
-        let p = parent(r)?;
-        cond_is(&p, "Accepted", "False", "NotAllowedByListeners", &r["metadata"]["generation"])
-    })
+    until(
+        api,
+        "HTTPRoute",
+        Some("elsewhere"),
+        "stray",
+        "stray refused",
+        |r| {
+            let p = parent(r)?;
+            cond_is(
+                &p,
+                "Accepted",
+                "False",
+                "NotAllowedByListeners",
+                &r["metadata"]["generation"],
+            )
+        },
+    )
     .await?;
-    until(api, "Gateway", Some(NS), "first", "attachedRoutes and Programmed", |g| {
-        let listeners = g["status"]["listeners"].as_array().context("no listeners")?;
-        let count = |name: &str| {
-            listeners
-                .iter()
-                .find(|l| l["name"] == name)
-                .map(|l| l["attachedRoutes"].clone())
-        };
-        anyhow::ensure!(count("http") == Some(json!(1)) && count("alt") == Some(json!(0)), "counts");
-        let programmed = condition(&g["status"]["conditions"], "Programmed").context("Programmed")?;
-        anyhow::ensure!(programmed["status"] == "True", "{programmed}");
-        let http = listener_condition(g, "http", "Programmed").context("http Programmed")?;
-        anyhow::ensure!(http["status"] == "True", "{http}");
-        Ok(())
-    })
+    until(
+        api,
+        "Gateway",
+        Some(NS),
+        "first",
+        "attachedRoutes and Programmed",
+        |g| {
+            let listeners = g["status"]["listeners"]
+                .as_array()
+                .context("no listeners")?;
+            let count = |name: &str| {
+                listeners
+                    .iter()
+                    .find(|l| l["name"] == name)
+                    .map(|l| l["attachedRoutes"].clone())
+            };
+            anyhow::ensure!(
+                count("http") == Some(json!(1)) && count("alt") == Some(json!(0)),
+                "counts"
+            );
+            let programmed =
+                condition(&g["status"]["conditions"], "Programmed").context("Programmed")?;
+            anyhow::ensure!(programmed["status"] == "True", "{programmed}");
+            let http = listener_condition(g, "http", "Programmed").context("http Programmed")?;
+            anyhow::ensure!(http["status"] == "True", "{http}");
+            Ok(())
+        },
+    )
     .await?;
     Ok(())
 }
@@ -382,10 +412,16 @@ async fn gateway_addresses(stack: Stack) -> anyhow::Result<()> {
         .await
         .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
         anyhow::ensure!(echo.pod == "web-0", "{echo:?}");
-        anyhow::ensure!(echo.family == Family::of(&to), "{to} reached the pod over {echo:?}");
+        anyhow::ensure!(
+            echo.family == Family::of(&to),
+            "{to} reached the pod over {echo:?}"
+        );
         // Another host is no route of the listener's: duet's own 404.
         let reply = client::get(to, "other.test", "/").await?;
-        anyhow::ensure!(reply.status == 404 && reply.header("server") == Some("duet"), "{to}");
+        anyhow::ensure!(
+            reply.status == 404 && reply.header("server") == Some("duet"),
+            "{to}"
+        );
     }
     route_status(&api, &duet).await?;
 

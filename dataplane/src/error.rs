@@ -86,9 +86,7 @@ impl ProxyError {
             ProxyError::Host(_) | ProxyError::Path(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BadRewrite | ProxyError::Unresolved(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ProxyError::BadRewrite | ProxyError::Unresolved(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

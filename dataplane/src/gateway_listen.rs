@@ -111,7 +111,10 @@ fn bind_port(serving: &GatewayServing, port: u16, tls: bool) -> Option<BoundPort
     };
     let mut tasks = Vec::new();
     let mut addrs = Vec::new();
-    for ip in [IpAddr::V4(Ipv4Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED)] {
+    for ip in [
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    ] {
         let addr = SocketAddr::new(ip, port);
         match listen::bind(addr) {
             Ok(listener) => {
@@ -162,7 +165,9 @@ struct PortCerts {
 
 impl fmt::Debug for PortCerts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PortCerts").field("port", &self.port).finish()
+        f.debug_struct("PortCerts")
+            .field("port", &self.port)
+            .finish()
     }
 }
 

@@ -103,7 +103,10 @@ pub struct GatewayListener {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hostname: Option<Box<str>>,
     /// The certificate of an HTTPS listener (its first `certificateRef`).
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "cert_source")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "cert_source"
+    )]
     pub cert: Option<Arc<TlsCert>>,
     /// The routes attached to the listener.
     pub routes: ListenerRoutes,
@@ -137,14 +140,18 @@ impl ListenerRoutes {
             .filter(|(h, _)| host_matches(h, host))
             .map(|(h, r)| (&**h, r));
         let any = std::iter::once(("", &self.any_host));
-        exact.into_iter().chain(wild).chain(any).find_map(|(h, rules)| {
-            let rule = rules.iter().find(|r| r.path.matches(path))?;
-            Some(Matched {
-                action: &rule.action,
-                host: (!h.is_empty()).then_some(h),
-                matcher: rule.path.as_path_match(),
+        exact
+            .into_iter()
+            .chain(wild)
+            .chain(any)
+            .find_map(|(h, rules)| {
+                let rule = rules.iter().find(|r| r.path.matches(path))?;
+                Some(Matched {
+                    action: &rule.action,
+                    host: (!h.is_empty()).then_some(h),
+                    matcher: rule.path.as_path_match(),
+                })
             })
-        })
     }
 
     /// Sorts the wildcard entries longest first.
@@ -293,11 +300,20 @@ mod tests {
             ],
         };
         port.sort();
-        assert_eq!(found(&port, "Bar.Example.com:80", "/only").as_deref(), Some("bar"));
+        assert_eq!(
+            found(&port, "Bar.Example.com:80", "/only").as_deref(),
+            Some("bar")
+        );
         // Isolation: the bar listener has no `/other`; the wildcard listener is not consulted.
         assert_eq!(found(&port, "bar.example.com", "/other"), None);
-        assert_eq!(found(&port, "a.b.example.com", "/").as_deref(), Some("wild"));
-        assert_eq!(found(&port, "x.foo.example.com", "/").as_deref(), Some("wilder"));
+        assert_eq!(
+            found(&port, "a.b.example.com", "/").as_deref(),
+            Some("wild")
+        );
+        assert_eq!(
+            found(&port, "x.foo.example.com", "/").as_deref(),
+            Some("wilder")
+        );
         assert_eq!(found(&port, "example.com", "/").as_deref(), Some("empty"));
         assert_eq!(found(&port, "[::1]:8080", "/").as_deref(), Some("empty"));
     }

@@ -96,7 +96,8 @@ impl Writer<'_> {
             Kind::GrpcRoute => ApiResource::erase::<GrpcRoute>(&()),
             _ => ApiResource::erase::<HttpRoute>(&()),
         };
-        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &key.namespace, &resource);
+        let api =
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &key.namespace, &resource);
         let Some(object) = api.get_opt(&key.name).await? else {
             return Ok(());
         };

@@ -189,11 +189,21 @@ fn gateway_watchers(client: &Client, namespaces: &[String], sync: &Sync) -> Vec<
     };
     vec![
         watch_kind(vec![Api::<Namespace>::all(client.clone())], base(), each()).task,
-        watch_kind(vec![Api::<GatewayClass>::all(client.clone())], base(), each()).task,
+        watch_kind(
+            vec![Api::<GatewayClass>::all(client.clone())],
+            base(),
+            each(),
+        )
+        .task,
         watch_kind(namespaced::<Gateway>(client, namespaces), base(), each()).task,
         watch_kind(namespaced::<HttpRoute>(client, namespaces), base(), each()).task,
         watch_kind(namespaced::<GrpcRoute>(client, namespaces), base(), each()).task,
-        watch_kind(namespaced::<ReferenceGrant>(client, namespaces), base(), each()).task,
+        watch_kind(
+            namespaced::<ReferenceGrant>(client, namespaces),
+            base(),
+            each(),
+        )
+        .task,
     ]
 }
 

@@ -94,12 +94,17 @@ pub fn attach(
         .collect();
     if selected.is_empty() {
         let message = "no valid listener of the Gateway has this sectionName and port";
-        return (Cond::no("Accepted", "NoMatchingParent", message), Vec::new());
+        return (
+            Cond::no("Accepted", "NoMatchingParent", message),
+            Vec::new(),
+        );
     }
     let allowed: Vec<(usize, &ListenerModel)> = selected
         .into_iter()
         .filter(|(_, l)| l.kinds.contains(&route.kind_name()))
-        .filter(|(_, l)| admits_namespace(l, &gateway.key.namespace, &route.key.namespace, namespaces))
+        .filter(|(_, l)| {
+            admits_namespace(l, &gateway.key.namespace, &route.key.namespace, namespaces)
+        })
         .collect();
     if allowed.is_empty() {
         let message = format!(
@@ -107,7 +112,10 @@ pub fn attach(
             route.kind_name(),
             route.key.namespace
         );
-        return (Cond::no("Accepted", "NotAllowedByListeners", message), Vec::new());
+        return (
+            Cond::no("Accepted", "NotAllowedByListeners", message),
+            Vec::new(),
+        );
     }
     let attached: Vec<Attached> = allowed
         .into_iter()
@@ -235,21 +243,40 @@ mod tests {
         assert_eq!(hosts(None, &[]), vec![None]);
         assert_eq!(hosts(None, &["a.com"]), vec![some("a.com")]);
         assert_eq!(hosts(Some("a.com"), &[]), vec![some("a.com")]);
-        assert_eq!(hosts(Some("a.com"), &["b.com"]), Vec::<Option<String>>::new());
         assert_eq!(
-            hosts(Some("*.example.com"), &["foo.example.com", "foo.bar.example.com", "example.com"]),
+            hosts(Some("a.com"), &["b.com"]),
+            Vec::<Option<String>>::new()
+        );
+        assert_eq!(
+            hosts(
+                Some("*.example.com"),
+                &["foo.example.com", "foo.bar.example.com", "example.com"]
+            ),
             vec![some("foo.bar.example.com"), some("foo.example.com")]
         );
-        assert_eq!(hosts(Some("foo.example.com"), &["*.example.com"]), vec![some("foo.example.com")]);
-        assert_eq!(hosts(Some("*.example.com"), &["*.foo.example.com"]), vec![some("*.foo.example.com")]);
-        assert_eq!(hosts(Some("*.foo.example.com"), &["*.example.com"]), vec![some("*.foo.example.com")]);
-        assert_eq!(hosts(Some("*.a.com"), &["*.b.com"]), Vec::<Option<String>>::new());
+        assert_eq!(
+            hosts(Some("foo.example.com"), &["*.example.com"]),
+            vec![some("foo.example.com")]
+        );
+        assert_eq!(
+            hosts(Some("*.example.com"), &["*.foo.example.com"]),
+            vec![some("*.foo.example.com")]
+        );
+        assert_eq!(
+            hosts(Some("*.foo.example.com"), &["*.example.com"]),
+            vec![some("*.foo.example.com")]
+        );
+        assert_eq!(
+            hosts(Some("*.a.com"), &["*.b.com"]),
+            Vec::<Option<String>>::new()
+        );
     }
 
     #[test]
     fn selectors_match_labels_and_expressions() {
-        let labels: BTreeMap<String, String> =
-            [("env".to_owned(), "prod".to_owned())].into_iter().collect();
+        let labels: BTreeMap<String, String> = [("env".to_owned(), "prod".to_owned())]
+            .into_iter()
+            .collect();
         let by = |labels_json: serde_json::Value| {
             let s: GatewayListenersAllowedRoutesNamespacesSelector =
                 serde_json::from_value(labels_json).unwrap();
@@ -257,8 +284,14 @@ mod tests {
         };
         assert!(by(serde_json::json!({"matchLabels": {"env": "prod"}})));
         assert!(!by(serde_json::json!({"matchLabels": {"env": "dev"}})));
-        assert!(by(serde_json::json!({"matchExpressions": [{"key": "env", "operator": "In", "values": ["prod", "x"]}]})));
-        assert!(!by(serde_json::json!({"matchExpressions": [{"key": "env", "operator": "DoesNotExist"}]})));
-        assert!(!by(serde_json::json!({"matchExpressions": [{"key": "env", "operator": "Bogus"}]})));
+        assert!(by(
+            serde_json::json!({"matchExpressions": [{"key": "env", "operator": "In", "values": ["prod", "x"]}]})
+        ));
+        assert!(!by(
+            serde_json::json!({"matchExpressions": [{"key": "env", "operator": "DoesNotExist"}]})
+        ));
+        assert!(!by(
+            serde_json::json!({"matchExpressions": [{"key": "env", "operator": "Bogus"}]})
+        ));
     }
 }

@@ -84,7 +84,10 @@ fn resolve(
     grants: &[&ReferenceGrant],
 ) -> Result<BackendId, Cond> {
     if !b.group.is_empty() || b.kind != "Service" {
-        let message = format!("backendRef {}: kind {} of group {:?} is not supported", b.name, b.kind, b.group);
+        let message = format!(
+            "backendRef {}: kind {} of group {:?} is not supported",
+            b.name, b.kind, b.group
+        );
         return Err(Cond::no("ResolvedRefs", "InvalidKind", message));
     }
     if b.namespace != view.key.namespace && !granted(grants, view, b) {
@@ -123,7 +126,9 @@ fn granted(grants: &[&ReferenceGrant], view: &RouteView, b: &BackendRef) -> bool
                 f.group == GROUP && f.kind == view.kind_name() && f.namespace == view.key.namespace
             });
             let to = g.spec.to.iter().any(|t| {
-                t.group.is_empty() && t.kind == "Service" && t.name.as_deref().is_none_or(|n| n == b.name)
+                t.group.is_empty()
+                    && t.kind == "Service"
+                    && t.name.as_deref().is_none_or(|n| n == b.name)
             });
             from && to
         })

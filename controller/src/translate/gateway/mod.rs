@@ -168,8 +168,7 @@ impl<'a> GatewayProcessor<'a> {
             .filter(|c| class::is_ours(c, name))
             .filter_map(|c| c.metadata.name.as_deref())
             .collect();
-        let grants: Vec<ReferenceGrant> =
-            self.inputs.grants.iter().map(|g| (*g).clone()).collect();
+        let grants: Vec<ReferenceGrant> = self.inputs.grants.iter().map(|g| (*g).clone()).collect();
         let mut gateways: Vec<&Gateway> = self
             .inputs
             .gateways
@@ -276,9 +275,10 @@ impl<'a> GatewayProcessor<'a> {
         let mut parents = Vec::new();
         let mut attached: Vec<(usize, Attached)> = Vec::new();
         for parent in view.parents.iter().filter(|p| attach::names_a_gateway(p)) {
-            let Some(gi) = gateways.iter().position(|g| {
-                g.key.namespace == parent.namespace && g.key.name == parent.name
-            }) else {
+            let Some(gi) = gateways
+                .iter()
+                .position(|g| g.key.namespace == parent.namespace && g.key.name == parent.name)
+            else {
                 continue;
             };
             let (accepted, listeners) = attach::attach(view, parent, &gateways[gi], namespaces);
@@ -295,7 +295,8 @@ impl<'a> GatewayProcessor<'a> {
             name: view.key.name.as_str().into(),
             created: view.created,
         };
-        let (rules, resolved) = backends::rules(t, &key, view, policy, &origin, &self.inputs.grants);
+        let (rules, resolved) =
+            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants);
         let mut counted: BTreeSet<(usize, usize)> = BTreeSet::new();
         for (gi, a) in attached {
             if counted.insert((gi, a.listener)) {
@@ -307,7 +308,10 @@ impl<'a> GatewayProcessor<'a> {
             for host in &a.hostnames {
                 let list = by_host.entry(host.clone()).or_default();
                 list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
-                    ((*rank, view.created, view.key.clone(), *ri, *mi), rule.clone())
+                    (
+                        (*rank, view.created, view.key.clone(), *ri, *mi),
+                        rule.clone(),
+                    )
                 }));
             }
         }
@@ -382,7 +386,10 @@ fn certificate(
 }
 
 /// The listeners of every pod port, with their rules sorted.
-fn table(gateways: &[GatewayModel], mut entries: BTreeMap<(usize, usize), Entries>) -> GatewayTable {
+fn table(
+    gateways: &[GatewayModel],
+    mut entries: BTreeMap<(usize, usize), Entries>,
+) -> GatewayTable {
     let mut ports: BTreeMap<u16, GatewayPort> = BTreeMap::new();
     for (gi, g) in gateways.iter().enumerate() {
         for (li, l) in g.listeners.iter().enumerate() {

@@ -124,7 +124,9 @@ fn parent(
     port: Option<i32>,
 ) -> ParentRef {
     ParentRef {
-        group: group.clone().unwrap_or_else(|| crate::gateway::api::GROUP.to_owned()),
+        group: group
+            .clone()
+            .unwrap_or_else(|| crate::gateway::api::GROUP.to_owned()),
         kind: kind.clone().unwrap_or_else(|| "Gateway".to_owned()),
         namespace: namespace.clone().unwrap_or_else(|| route_ns.to_owned()),
         name: name.to_owned(),
@@ -161,7 +163,10 @@ fn backend(
 }
 
 fn meta_parts(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (NsName, i64) {
-    let created = meta.creation_timestamp.as_ref().map_or(0, |t| t.0.as_second());
+    let created = meta
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second());
     (NsName::of(meta), created)
 }
 
@@ -172,7 +177,15 @@ pub fn http(route: &HttpRoute) -> RouteView {
     let spec = &route.spec;
     let parents = spec.parent_refs.iter().flatten();
     let parents = parents.map(|p| {
-        parent(&ns, &p.group, &p.kind, &p.namespace, &p.name, &p.section_name, p.port)
+        parent(
+            &ns,
+            &p.group,
+            &p.kind,
+            &p.namespace,
+            &p.name,
+            &p.section_name,
+            p.port,
+        )
     });
     RouteView {
         kind: Kind::HttpRoute,
@@ -181,7 +194,12 @@ pub fn http(route: &HttpRoute) -> RouteView {
         annotations: route.metadata.annotations.clone().unwrap_or_default(),
         hostnames: hostnames(spec.hostnames.as_deref()),
         parents: parents.collect(),
-        rules: spec.rules.iter().flatten().map(|r| http_rule(&ns, r)).collect(),
+        rules: spec
+            .rules
+            .iter()
+            .flatten()
+            .map(|r| http_rule(&ns, r))
+            .collect(),
         key,
     }
 }
@@ -189,16 +207,25 @@ pub fn http(route: &HttpRoute) -> RouteView {
 fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
     let backends = rule.backend_refs.iter().flatten();
     let backends = backends.map(|b| {
-        backend(ns, &b.group, &b.kind, &b.namespace, &b.name, b.port, b.weight)
+        backend(
+            ns,
+            &b.group,
+            &b.kind,
+            &b.namespace,
+            &b.name,
+            b.port,
+            b.weight,
+        )
     });
     let mut matches: Vec<MatchView> = rule
         .matches
         .iter()
         .flatten()
         .map(|m| {
-            let (kind, value) = m.path.as_ref().map_or((None, None), |p| {
-                (p.r#type.clone(), p.value.as_deref())
-            });
+            let (kind, value) = m
+                .path
+                .as_ref()
+                .map_or((None, None), |p| (p.r#type.clone(), p.value.as_deref()));
             let more = m.headers.as_ref().is_some_and(|h| !h.is_empty())
                 || m.query_params.as_ref().is_some_and(|q| !q.is_empty())
                 || m.method.is_some();
@@ -220,7 +247,10 @@ fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
 fn http_path(kind: Option<HttpRouteRulesMatchesPathType>, value: &str) -> MatchView {
     let path = match kind.unwrap_or(HttpRouteRulesMatchesPathType::PathPrefix) {
         HttpRouteRulesMatchesPathType::Exact => valid_path(value).map(|_| {
-            (GatewayPath::Path(PathMatch::exact(value)), (0, usize::MAX - value.len()))
+            (
+                GatewayPath::Path(PathMatch::exact(value)),
+                (0, usize::MAX - value.len()),
+            )
         }),
         HttpRouteRulesMatchesPathType::PathPrefix => valid_path(value).map(|_| {
             let m = PathMatch::prefix(value);
@@ -264,7 +294,15 @@ pub fn grpc(route: &GrpcRoute) -> RouteView {
     let spec = &route.spec;
     let parents = spec.parent_refs.iter().flatten();
     let parents = parents.map(|p| {
-        parent(&ns, &p.group, &p.kind, &p.namespace, &p.name, &p.section_name, p.port)
+        parent(
+            &ns,
+            &p.group,
+            &p.kind,
+            &p.namespace,
+            &p.name,
+            &p.section_name,
+            p.port,
+        )
     });
     RouteView {
         kind: Kind::GrpcRoute,
@@ -273,7 +311,12 @@ pub fn grpc(route: &GrpcRoute) -> RouteView {
         annotations: route.metadata.annotations.clone().unwrap_or_default(),
         hostnames: hostnames(spec.hostnames.as_deref()),
         parents: parents.collect(),
-        rules: spec.rules.iter().flatten().map(|r| grpc_rule(&ns, r)).collect(),
+        rules: spec
+            .rules
+            .iter()
+            .flatten()
+            .map(|r| grpc_rule(&ns, r))
+            .collect(),
         key,
     }
 }
@@ -281,7 +324,15 @@ pub fn grpc(route: &GrpcRoute) -> RouteView {
 fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
     let backends = rule.backend_refs.iter().flatten();
     let backends = backends.map(|b| {
-        backend(ns, &b.group, &b.kind, &b.namespace, &b.name, b.port, b.weight)
+        backend(
+            ns,
+            &b.group,
+            &b.kind,
+            &b.namespace,
+            &b.name,
+            b.port,
+            b.weight,
+        )
     });
     let mut matches: Vec<MatchView> = rule
         .matches
