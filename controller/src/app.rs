@@ -111,7 +111,7 @@ pub struct App {
 struct Observers {
     live: Option<watch::Sender<Arc<BTreeSet<NsName>>>>,
     diagnostics: Option<watch::Sender<Arc<Vec<Diagnostic>>>>,
-    gateways: Option<watch::Sender<Arc<translate::gateway::GatewayReport>>>,
+    gateways: Option<watch::Sender<Arc<crate::gateway::report::GatewayReport>>>,
 }
 
 impl App {
@@ -149,7 +149,7 @@ impl App {
     /// parents, attached routes) to `gateways`, when it changed.
     pub fn observe_gateways(
         &mut self,
-        gateways: watch::Sender<Arc<translate::gateway::GatewayReport>>,
+        gateways: watch::Sender<Arc<crate::gateway::report::GatewayReport>>,
     ) {
         self.observers.gateways = Some(gateways);
     }

@@ -1,5 +1,5 @@
 //! The sockets of Gateway API listeners: for each pod port the live snapshot's
-//! [`GatewayTable`](crate::gateway_table::GatewayTable) names, one IPv4 and one IPv6 listening
+//! [`GatewayTable`](crate::table::gateway::GatewayTable) names, one IPv4 and one IPv6 listening
 //! socket (`0.0.0.0:PORT`, `[::]:PORT`, bound by [`crate::listen::bind`]), served by
 //! [`crate::listen::serve`] with the connection marked with its port so the proxy routes it by that
 //! port's listeners. Ports are bound when a snapshot names them and closed (gracefully: open

@@ -12,7 +12,6 @@ pub mod conn;
 pub mod error;
 pub mod forwarded;
 pub mod gateway_listen;
-pub mod gateway_table;
 pub mod host;
 pub mod idle;
 pub mod limits;

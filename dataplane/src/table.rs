@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
+pub mod gateway;
+
 /// An address family: of a client, of a listener, of an upstream address. Serialised as
 /// `ipv4` / `ipv6`, as in logs, JSON and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -1030,8 +1032,8 @@ pub struct Snapshot {
     pub backends: HashMap<BackendId, Arc<Backend>>,
     /// Certificates.
     pub certs: Arc<CertTable>,
-    /// Gateway API listeners by pod port ([`crate::gateway_table`]).
-    pub gateways: Arc<crate::gateway_table::GatewayTable>,
+    /// Gateway API listeners by pod port ([`gateway`]).
+    pub gateways: Arc<gateway::GatewayTable>,
 }
 
 fn sorted_backends<S: Serializer>(

@@ -44,9 +44,9 @@ use super::api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
 use super::conditions::{dated, Cond};
 use super::listeners::{self, Verdict};
 use super::ports::{self, Allocation, Claim, GatewayKey};
+use super::report::GatewayReport;
 use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
 use super::{class, refs, GatewayConfig};
-use crate::translate::gateway::GatewayReport;
 
 /// The field manager of duet's server-side applies.
 pub const FIELD_MANAGER: &str = "duet-gateway";

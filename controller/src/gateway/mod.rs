@@ -11,6 +11,7 @@ pub mod controller;
 pub mod listeners;
 pub mod ports;
 pub mod refs;
+pub mod report;
 pub mod route_status;
 pub mod service;
 

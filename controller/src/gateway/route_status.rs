@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use super::api::httproutes::HttpRouteStatusParentsParentRef;
 use super::api::{GrpcRoute, HttpRoute};
 use super::conditions::dated;
+use crate::gateway::report::{GatewayReport, ParentReport, RouteReport};
 use crate::object::{Kind, NsName};
-use crate::translate::gateway::{GatewayReport, ParentReport, RouteReport};
 
 /// How long a failed write waits before the next try.
 const RETRY: Duration = Duration::from_secs(5);

@@ -157,9 +157,9 @@ pub struct RoutePlan {
     /// The ingress-nginx annotations of our Ingresses (those having any), by Ingress.
     pub annotations: Vec<AnnotationReport>,
     /// Gateway API listeners by pod port.
-    pub gateways: Arc<dataplane::gateway_table::GatewayTable>,
+    pub gateways: Arc<dataplane::table::gateway::GatewayTable>,
     /// What the Gateway API objects' status says (route parents, attached routes).
-    pub gateway_report: Arc<gateway::GatewayReport>,
+    pub gateway_report: Arc<crate::gateway::report::GatewayReport>,
 }
 
 /// Assembles a snapshot from a plan and its backends.

@@ -52,7 +52,7 @@ pub(crate) struct Translation<'a> {
     /// The ingress-nginx annotation reports so far.
     pub(crate) annotations: Vec<AnnotationReport>,
     /// The Gateway API listeners and their status, once the gateway processor ran.
-    pub(crate) gateways: super::gateway::GatewayOutput,
+    pub(crate) gateways: GatewayOutput,
 }
 
 impl<'a> Translation<'a> {
@@ -266,4 +266,13 @@ fn cluster_ips(service: &Service) -> Vec<IpAddr> {
         .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
         .map(|ip| ip.to_canonical())
         .collect()
+}
+
+/// The processor's output, kept by the translation.
+#[derive(Clone, Debug, Default)]
+pub struct GatewayOutput {
+    /// Listeners by pod port.
+    pub table: dataplane::table::gateway::GatewayTable,
+    /// Status.
+    pub report: crate::gateway::report::GatewayReport,
 }

@@ -301,7 +301,7 @@ pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a
 }
 
 /// Phase 1 on a listener: a Gateway pod port (`Some`) routes by that port's listeners
-/// ([`crate::gateway_table`]), an Ingress listener by the Ingress routes.
+/// ([`crate::table::gateway`]), an Ingress listener by the Ingress routes.
 #[inline(always)] // Called once; inlined, its result is built in place.
 pub(crate) fn route_on<'a, B>(
     live: &'a Live,

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dataplane::gateway_table::host_matches;
+use dataplane::table::gateway::host_matches;
 use dataplane::table::TlsCert;
 
 use super::routes::{ParentRef, RouteView};

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use dataplane::gateway_table::GatewayRule;
 use dataplane::route_policy::{Alternative, Choice, Pinning};
+use dataplane::table::gateway::GatewayRule;
 use dataplane::table::UpstreamTimeouts;
 use dataplane::{BackendId, FamilyPolicy, Origin, RouteAction};
 

@@ -24,21 +24,21 @@ mod routes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use dataplane::gateway_table::{
+use dataplane::table::gateway::{
     GatewayListener, GatewayPort, GatewayRule, GatewayTable, ListenerRoutes,
 };
 use dataplane::{FamilyPolicy, Origin};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 
 use self::attach::{Attached, GatewayModel, ListenerModel};
-use self::routes::{RouteView, WrittenRef};
-use super::translation::Translation;
+use self::routes::RouteView;
+use super::translation::{GatewayOutput, Translation};
 use super::{Config, Inputs, Reason, UPSTREAM_FAMILY_ANNOTATION};
 use crate::gateway::api::gateways::GatewayListeners;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
-use crate::gateway::conditions::Cond;
+use crate::gateway::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway::{class, listeners, refs, service};
-use crate::object::{Kind, NsName, ObjectKey};
+use crate::object::{NsName, ObjectKey};
 
 pub use attach::intersect;
 
@@ -57,44 +57,6 @@ pub struct GatewayInputs<'a> {
     pub grpc_routes: Vec<&'a GrpcRoute>,
     /// Every ReferenceGrant.
     pub grants: Vec<&'a ReferenceGrant>,
-}
-
-/// What the Gateway API objects' status should say.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GatewayReport {
-    /// Per route (kind, namespace/name): its parents' conditions.
-    pub routes: BTreeMap<(Kind, NsName), RouteReport>,
-    /// Per listener (Gateway, listener name) of our Gateways: the routes attached.
-    pub attached: BTreeMap<(NsName, String), i32>,
-}
-
-/// The status of one route.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RouteReport {
-    /// `metadata.generation`, the conditions' `observedGeneration`.
-    pub generation: Option<i64>,
-    /// One entry per parentRef naming one of our Gateways.
-    pub parents: Vec<ParentReport>,
-}
-
-/// A route's status for one parentRef.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParentReport {
-    /// The parentRef as written.
-    pub parent_ref: WrittenRef,
-    /// `Accepted`.
-    pub accepted: Cond,
-    /// `ResolvedRefs`.
-    pub resolved: Cond,
-}
-
-/// The processor's output, kept by the translation.
-#[derive(Clone, Debug, Default)]
-pub struct GatewayOutput {
-    /// Listeners by pod port.
-    pub table: GatewayTable,
-    /// Status.
-    pub report: GatewayReport,
 }
 
 /// Feeds the Gateway API objects into a translation.

@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use dataplane::gateway_table::{FullRegex, GatewayPath};
+use dataplane::table::gateway::{FullRegex, GatewayPath};
 use dataplane::PathMatch;
 
 use crate::gateway::api::grpcroutes::{GrpcRouteRules, GrpcRouteRulesMatchesMethodType};
 use crate::gateway::api::httproutes::{HttpRouteRules, HttpRouteRulesMatchesPathType};
 use crate::gateway::api::{GrpcRoute, HttpRoute};
+use crate::gateway::report::WrittenRef;
 use crate::object::{Kind, NsName};
 
 /// A route's parentRef with the defaults of the spec filled in.
@@ -28,23 +29,6 @@ pub struct ParentRef {
     pub port: Option<i32>,
     /// The parentRef as written (its status names it so).
     pub written: WrittenRef,
-}
-
-/// A parentRef as the route wrote it (for `status.parents[].parentRef`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct WrittenRef {
-    /// `group` as written.
-    pub group: Option<String>,
-    /// `kind` as written.
-    pub kind: Option<String>,
-    /// `namespace` as written.
-    pub namespace: Option<String>,
-    /// `name`.
-    pub name: String,
-    /// `sectionName` as written.
-    pub section_name: Option<String>,
-    /// `port` as written.
-    pub port: Option<i32>,
 }
 
 /// A backendRef with its defaults.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
-use crate::table::{strip_port, Matched, PathMatch, RouteAction, TlsCert};
+use super::{strip_port, Matched, PathMatch, RouteAction, TlsCert};
 
 /// Every Gateway pod port duet serves, by port.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
