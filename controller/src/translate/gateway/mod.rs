@@ -314,12 +314,16 @@ fn family_policy(t: &mut Translation<'_>, key: &ObjectKey, view: &RouteView) -> 
 /// The certificate of an HTTPS listener: its first `certificateRef`, if it resolves (`Err` when
 /// it does not, which makes the listener invalid).
 fn certificate(
-    t: &Translation<'_>,
+    t: &mut Translation<'_>,
     listener: &GatewayListeners,
     gateway_ns: &str,
     grants: &[ReferenceGrant],
 ) -> Result<Option<Arc<dataplane::table::TlsCert>>, ()> {
     let keys = refs::certificate_refs(listener, gateway_ns);
+    for (namespace, name) in &keys {
+        let key = NsName::new(namespace.clone(), name.clone());
+        t.references.secrets.insert(key);
+    }
     let secrets: BTreeMap<refs::SecretKey, Option<Secret>> = keys
         .iter()
         .map(|k| {
