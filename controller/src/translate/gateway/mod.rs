@@ -401,3 +401,204 @@ fn listener_routes(entries: Entries) -> ListenerRoutes {
     routes.sort();
     routes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::Kind;
+    use k8s_openapi::api::core::v1::Service;
+    use serde_json::json;
+
+    fn gateway() -> Gateway {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"namespace": "gw", "name": "g"},
+            "spec": {"gatewayClassName": "duet", "listeners": [
+                {"name": "a", "port": 80, "protocol": "HTTP", "hostname": "a.example.com"},
+                {"name": "all", "port": 81, "protocol": "HTTP",
+                 "allowedRoutes": {"namespaces": {"from": "All"}}},
+                {"name": "sel", "port": 82, "protocol": "HTTP",
+                 "allowedRoutes": {"namespaces": {"from": "Selector",
+                                                   "selector": {"matchLabels": {"team": "x"}}}}},
+            ]}
+        }))
+        .unwrap()
+    }
+
+    fn route(
+        ns: &str,
+        name: &str,
+        parent: serde_json::Value,
+        hosts: &[&str],
+        backend: serde_json::Value,
+    ) -> HttpRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"namespace": ns, "name": name, "generation": 3},
+            "spec": {"parentRefs": [parent], "hostnames": hosts,
+                     "rules": [{"backendRefs": [backend]}]}
+        }))
+        .unwrap()
+    }
+
+    fn reasons(report: &GatewayReport, ns: &str, name: &str) -> (String, String) {
+        let r = &report.routes[&(Kind::HttpRoute, NsName::new(ns, name))];
+        assert_eq!(r.generation, Some(3));
+        let p = &r.parents[0];
+        (p.accepted.reason.to_owned(), p.resolved.reason.to_owned())
+    }
+
+    #[test]
+    fn attachment_and_references_give_the_spec_reasons() {
+        let class: GatewayClass = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "duet"}, "spec": {"controllerName": "duet.dev/gateway-controller"}
+        }))
+        .unwrap();
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "gw", "name": "web"},
+            "spec": {"ports": [{"name": "http", "port": 8080}]}
+        }))
+        .unwrap();
+        let labelled: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "team", "labels": {"team": "x"}}
+        }))
+        .unwrap();
+        let web = json!({"name": "web", "port": 8080});
+        let routes = [
+            route(
+                "gw",
+                "ok",
+                json!({"name": "g", "sectionName": "a"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "gw",
+                "no-section",
+                json!({"name": "g", "sectionName": "zz"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "gw",
+                "no-port",
+                json!({"name": "g", "port": 9}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "other",
+                "same-only",
+                json!({"name": "g", "namespace": "gw", "sectionName": "a"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "other",
+                "unselected",
+                json!({"name": "g", "namespace": "gw", "sectionName": "sel"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "team",
+                "selected",
+                json!({"name": "g", "namespace": "gw", "sectionName": "sel"}),
+                &[],
+                json!({"name": "web", "namespace": "gw", "port": 8080}),
+            ),
+            route(
+                "gw",
+                "hosts",
+                json!({"name": "g", "sectionName": "a"}),
+                &["b.example.com"],
+                web.clone(),
+            ),
+            route(
+                "gw",
+                "missing",
+                json!({"name": "g", "sectionName": "all"}),
+                &[],
+                json!({"name": "nope", "port": 1}),
+            ),
+            route(
+                "gw",
+                "kind",
+                json!({"name": "g", "sectionName": "all"}),
+                &[],
+                json!({"kind": "ConfigMap", "name": "web"}),
+            ),
+            route(
+                "gw",
+                "theirs",
+                json!({"name": "elsewhere"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "granted",
+                "cross",
+                json!({"name": "g", "namespace": "gw", "sectionName": "all"}),
+                &[],
+                json!({"name": "web", "namespace": "gw", "port": 8080}),
+            ),
+        ];
+        let gw = gateway();
+        let grant: ReferenceGrant = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": {"namespace": "gw", "name": "from-granted"},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "granted"}],
+                     "to": [{"group": "", "kind": "Service", "name": "web"}]}
+        }))
+        .unwrap();
+        let inputs = Inputs {
+            services: vec![&svc],
+            gateway_api: GatewayInputs {
+                namespaces: vec![&labelled],
+                classes: vec![&class],
+                gateways: vec![&gw],
+                http_routes: routes.iter().collect(),
+                grants: vec![&grant],
+                ..GatewayInputs::default()
+            },
+            ..Inputs::default()
+        };
+        let plan = crate::translate::plan_routes(&inputs, &Config::default());
+        let report = &plan.gateway_report;
+        let r = |name: &str, ns: &str| reasons(report, ns, name);
+        let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+        assert_eq!(r("ok", "gw"), s("Accepted", "ResolvedRefs"));
+        assert_eq!(r("no-section", "gw"), s("NoMatchingParent", "ResolvedRefs"));
+        assert_eq!(r("no-port", "gw"), s("NoMatchingParent", "ResolvedRefs"));
+        // `web` without a namespace is `other/web`, which does not exist.
+        assert_eq!(
+            r("same-only", "other"),
+            s("NotAllowedByListeners", "BackendNotFound")
+        );
+        assert_eq!(
+            r("unselected", "other"),
+            s("NotAllowedByListeners", "BackendNotFound")
+        );
+        // Selected by its namespace's labels; the Service in another namespace needs a grant.
+        assert_eq!(r("selected", "team"), s("Accepted", "RefNotPermitted"));
+        assert_eq!(
+            r("hosts", "gw"),
+            s("NoMatchingListenerHostname", "ResolvedRefs")
+        );
+        assert_eq!(r("missing", "gw"), s("Accepted", "BackendNotFound"));
+        assert_eq!(r("cross", "granted"), s("Accepted", "ResolvedRefs"));
+        assert_eq!(r("kind", "gw"), s("Accepted", "InvalidKind"));
+        assert!(!report
+            .routes
+            .contains_key(&(Kind::HttpRoute, NsName::new("gw", "theirs"))));
+        let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
+        assert_eq!((attached("a"), attached("all"), attached("sel")), (1, 3, 1));
+        // Served on the listener ports themselves (manifests mode), each port its listener.
+        assert_eq!(
+            plan.gateways.ports.keys().copied().collect::<Vec<_>>(),
+            [80, 81, 82]
+        );
+    }
+}
