@@ -52,10 +52,16 @@ pub struct GatewayPort {
 impl GatewayPort {
     /// The listener a Host (or SNI) selects: the most specific whose hostname matches.
     pub fn listener(&self, host: &str) -> Option<&GatewayListener> {
-        let host = normalize(host);
+        let mut buf = [0u8; crate::host::MAX_NAME];
+        let host = crate::host::normalize_name(strip_port(host), &mut buf)?;
+        self.listener_of(host)
+    }
+
+    /// The listener of a normalised host.
+    fn listener_of(&self, host: &str) -> Option<&GatewayListener> {
         self.listeners
             .iter()
-            .find(|l| l.hostname.as_deref().is_none_or(|h| host_matches(h, &host)))
+            .find(|l| l.hostname.as_deref().is_none_or(|h| host_matches(h, host)))
     }
 
     /// Sorts listeners by specificity: exact hostnames, then wildcards longest first, then none.
@@ -65,9 +71,11 @@ impl GatewayPort {
     }
 
     /// Finds the route of a request on this port (`host` as received, `path` without query).
+    /// Allocates nothing for hosts of up to 255 bytes.
     pub fn find<'a>(&'a self, host: &str, path: &str) -> Option<Matched<'a>> {
-        let listener = self.listener(host)?;
-        listener.routes.find(&normalize(host), path)
+        let mut buf = [0u8; crate::host::MAX_NAME];
+        let host = crate::host::normalize_name(strip_port(host), &mut buf)?;
+        self.listener_of(host)?.routes.find(host, path)
     }
 }
 
@@ -78,11 +86,6 @@ fn specificity(hostname: Option<&str>) -> (u8, usize) {
         Some(_) => (0, 0),
         None => (2, 0),
     }
-}
-
-/// A Host or SNI in lower case, without port or trailing dot.
-fn normalize(host: &str) -> String {
-    strip_port(host).trim_end_matches('.').to_ascii_lowercase()
 }
 
 /// Whether a Gateway API hostname (`a.example.com` or `*.example.com`, lower case) matches a

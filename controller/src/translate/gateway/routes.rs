@@ -394,3 +394,30 @@ fn hostnames(written: Option<&[String]>) -> Vec<String> {
         .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(view: &MatchView, path: &str) -> bool {
+        view.path.as_ref().is_ok_and(|p| p.matches(path))
+    }
+
+    #[test]
+    fn grpc_methods_are_paths() {
+        let both = grpc_path(Some("pkg.Svc"), Some("Get"), false);
+        assert!(matches(&both, "/pkg.Svc/Get"));
+        assert!(!matches(&both, "/pkg.Svc/Put"));
+        let service = grpc_path(Some("pkg.Svc"), None, false);
+        assert!(matches(&service, "/pkg.Svc/Put"));
+        assert!(!matches(&service, "/pkg.SvcX/Put"));
+        let method = grpc_path(None, Some("Get.x"), false);
+        assert!(matches(&method, "/a.B/Get.x"));
+        assert!(!matches(&method, "/a.B/Getxx"));
+        let regex = grpc_path(Some("pkg\\..*"), None, true);
+        assert!(matches(&regex, "/pkg.Svc/Any"));
+        assert!(!matches(&regex, "/other.Svc/Any"));
+        // Exact before prefix before regex.
+        assert!(both.rank < service.rank && service.rank < regex.rank);
+    }
+}
