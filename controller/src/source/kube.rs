@@ -4,7 +4,8 @@
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, the Gateway API kinds
 //! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) and Namespaces when the cluster
-//! serves `gateway.networking.k8s.io/v1` (asked once at start), `v1` Service, `discovery.k8s.io/v1`
+//! serves `gateway.networking.k8s.io/v1` (asked once at start; they are not waited for before
+//! the first snapshot), `v1` Service, `discovery.k8s.io/v1`
 //! EndpointSlice (only those labelled `kubernetes.io/service-name`) and `v1` Secret (only
 //! `type=kubernetes.io/tls` ones, and by name the CA Secrets Ingresses name: see
 //! [`secrets`](super::secrets)). `managedFields` and the
@@ -133,7 +134,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         ingresses: ingresses.stores,
         ingress_changes: changed_rx,
     };
-    let mut tasks: Vec<Task> = vec![
+    let tasks: Vec<Task> = vec![
         ingresses.task,
         watch_kind(
             vec![Api::<IngressClass>::all(client.clone())],
@@ -161,16 +162,22 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
             countdown.clone(),
         ),
     ];
+    countdown.expect(tasks.len());
+    for task in tasks {
+        tokio::spawn(task);
+    }
+    // Not part of the first sync: without the RBAC to read them, the Ingresses are still served.
     let gateway_sync = Sync {
-        tx: tx.clone(),
-        countdown: countdown.clone(),
+        tx,
+        countdown: Arc::new(SyncCountdown::default()),
         changed: None,
     };
     tokio::spawn(async move {
-        if crate::gateway::controller::installed(&client).await {
-            tasks.extend(gateway_watchers(&client, &namespaces, &gateway_sync));
+        if !crate::gateway::controller::installed(&client).await {
+            return;
         }
-        countdown.expect(tasks.len());
+        let tasks = gateway_watchers(&client, &namespaces, &gateway_sync);
+        gateway_sync.countdown.expect(tasks.len());
         for task in tasks {
             tokio::spawn(task);
         }
