@@ -105,6 +105,7 @@ fn build(c: &mut Criterion) {
         endpoint_slices: w.slices.iter().collect(),
         secrets: Vec::new(),
         names: None,
+        ..Inputs::default()
     };
     let config = Config::default();
     let (snapshot, diagnostics) = translate::build(&inputs, &config);

@@ -116,6 +116,7 @@ pub struct App {
 struct Observers {
     live: Option<watch::Sender<Arc<BTreeSet<NsName>>>>,
     diagnostics: Option<watch::Sender<Arc<Vec<Diagnostic>>>>,
+    gateways: Option<watch::Sender<Arc<crate::gateway::report::GatewayReport>>>,
 }
 
 impl App {
@@ -148,14 +149,22 @@ impl App {
         live: watch::Sender<Arc<BTreeSet<NsName>>>,
         diagnostics: watch::Sender<Arc<Vec<Diagnostic>>>,
     ) {
-        self.observers = Observers {
-            live: Some(live),
-            diagnostics: Some(diagnostics),
-        };
+        self.observers.live = Some(live);
+        self.observers.diagnostics = Some(diagnostics);
+    }
+
+    /// After every publish, sends what the Gateway API objects' status should say (route
+    /// parents, attached routes) to `gateways`, when it changed.
+    pub fn observe_gateways(
+        &mut self,
+        gateways: watch::Sender<Arc<crate::gateway::report::GatewayReport>>,
+    ) {
+        self.observers.gateways = Some(gateways);
     }
 
     /// Tells the observer which of our Ingresses the live snapshot serves.
     fn announce_live(&self) {
+        self.announce_gateways();
         let (Some(tx), Some(plan)) = (&self.observers.live, &self.plan) else {
             return;
         };
@@ -167,6 +176,20 @@ impl App {
             } else {
                 false
             }
+        });
+    }
+
+    /// Tells the Gateway API status writers what the live snapshot serves.
+    fn announce_gateways(&self) {
+        let (Some(tx), Some(plan)) = (&self.observers.gateways, &self.plan) else {
+            return;
+        };
+        tx.send_if_modified(|old| {
+            let changed = **old != *plan.gateway_report;
+            if changed {
+                *old = plan.gateway_report.clone();
+            }
+            changed
         });
     }
 
@@ -286,6 +309,7 @@ impl App {
             // After an endpoint-only change only the changed Services' backends can differ.
             let unchanged = Arc::ptr_eq(&old.routes, &plan.table)
                 && Arc::ptr_eq(&old.certs, &plan.certs)
+                && Arc::ptr_eq(&old.gateways, &plan.gateways)
                 && old.backends.len() == backends.len()
                 && if rebuild_routes {
                     same_backends(&old.backends, backends.iter())
@@ -338,6 +362,9 @@ impl App {
             }
             if *old.certs == *plan.certs {
                 plan.certs = old.certs.clone();
+            }
+            if *old.gateways == *plan.gateways {
+                plan.gateways = old.gateways.clone();
             }
         }
         self.diagnostics.set_annotations(plan.annotations.clone());

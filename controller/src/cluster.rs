@@ -109,11 +109,14 @@ impl Cluster {
             election,
         );
 
+        let (report_tx, report_rx) = watch::channel(Arc::default());
+        app.observe_gateways(report_tx);
         crate::gateway::spawn(
             self.client.clone(),
             config.gateway.clone(),
             gateway_pods_namespace,
             elector.leading(),
+            report_rx,
         );
         let (live_tx, live) = watch::channel(Arc::new(BTreeSet::new()));
         let (diagnostics_tx, diagnostics_rx) = watch::channel(Arc::new(Vec::new()));

@@ -440,6 +440,11 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         drain_timeout: args.drain_timeout,
         ..ProxyConfig::default()
     };
+    let kube = kube_config(args.kube)?;
+    let gateway = translate::GatewaySettings {
+        controller_name: kube.gateway.controller_name.clone(),
+        ports_from_services: !from_files,
+    };
     Ok(Config {
         manifests: args.manifests,
         http_listen: Listen {
@@ -471,9 +476,10 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             max_body_bytes: args.max_body_size,
             allow_loopback_endpoints: from_files || args.allow_loopback_endpoints,
             strict_annotations: args.strict_annotations,
+            gateway,
         },
         proxy,
-        kube: kube_config(args.kube)?,
+        kube,
         edge: Edge {
             trusted_proxies: TrustedProxies(args.trusted_proxies),
             proxy_protocol_http: matches!(args.proxy_protocol.as_deref(), Some("all" | "http")),

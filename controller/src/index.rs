@@ -12,12 +12,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
+use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
 use crate::translate::Inputs;
@@ -36,6 +37,18 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSlice>),
     /// A Secret.
     Secret(Arc<Secret>),
+    /// A Namespace.
+    Namespace(Arc<Namespace>),
+    /// A GatewayClass.
+    GatewayClass(Arc<GatewayClass>),
+    /// A Gateway.
+    Gateway(Arc<Gateway>),
+    /// An HTTPRoute.
+    HttpRoute(Arc<HttpRoute>),
+    /// A GRPCRoute.
+    GrpcRoute(Arc<GrpcRoute>),
+    /// A ReferenceGrant.
+    ReferenceGrant(Arc<ReferenceGrant>),
 }
 
 /// A type of object the index stores: its kind, its [`Object`] variant, its store, and what a
@@ -84,6 +97,12 @@ stored!(
     Service => Service, services, service_impact;
     EndpointSlice => EndpointSlice, endpoint_slices, slice_impact;
     Secret => Secret, secrets, secret_impact;
+    Namespace => Namespace, namespaces, namespace_impact;
+    GatewayClass => GatewayClass, gateway_classes, gateway_impact;
+    Gateway => Gateway, gateways, gateway_impact;
+    HttpRoute => HttpRoute, http_routes, gateway_impact;
+    GrpcRoute => GrpcRoute, grpc_routes, gateway_impact;
+    ReferenceGrant => ReferenceGrant, reference_grants, gateway_impact;
 );
 
 /// Work to do on the stored type of a [`Kind`] only known at run time (see [`for_kind`]).
@@ -102,6 +121,12 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
         Kind::Service => work.run::<Service>(),
         Kind::EndpointSlice => work.run::<EndpointSlice>(),
         Kind::Secret => work.run::<Secret>(),
+        Kind::Namespace => work.run::<Namespace>(),
+        Kind::GatewayClass => work.run::<GatewayClass>(),
+        Kind::Gateway => work.run::<Gateway>(),
+        Kind::HttpRoute => work.run::<HttpRoute>(),
+        Kind::GrpcRoute => work.run::<GrpcRoute>(),
+        Kind::ReferenceGrant => work.run::<ReferenceGrant>(),
     }
 }
 
@@ -117,6 +142,12 @@ impl Object {
             Object::Service(o) => of(&**o),
             Object::EndpointSlice(o) => of(&**o),
             Object::Secret(o) => of(&**o),
+            Object::Namespace(o) => of(&**o),
+            Object::GatewayClass(o) => of(&**o),
+            Object::Gateway(o) => of(&**o),
+            Object::HttpRoute(o) => of(&**o),
+            Object::GrpcRoute(o) => of(&**o),
+            Object::ReferenceGrant(o) => of(&**o),
         }
     }
 
@@ -161,6 +192,12 @@ impl Object {
                 index.put(key, o, file)
             }
             Object::Secret(o) => index.put(key, o, file),
+            Object::Namespace(o) => index.put(key, o, file),
+            Object::GatewayClass(o) => index.put(key, o, file),
+            Object::Gateway(o) => index.put(key, o, file),
+            Object::HttpRoute(o) => index.put(key, o, file),
+            Object::GrpcRoute(o) => index.put(key, o, file),
+            Object::ReferenceGrant(o) => index.put(key, o, file),
         }
     }
 }
@@ -246,6 +283,18 @@ pub struct Index {
     pub secrets: Store<Secret>,
     /// The EndpointSlices of each Service.
     slice_owners: SliceOwners,
+    /// Namespaces (for Gateway listeners' route namespace selectors).
+    pub namespaces: Store<Namespace>,
+    /// GatewayClasses (namespace empty).
+    pub gateway_classes: Store<GatewayClass>,
+    /// Gateways.
+    pub gateways: Store<Gateway>,
+    /// HTTPRoutes.
+    pub http_routes: Store<HttpRoute>,
+    /// GRPCRoutes.
+    pub grpc_routes: Store<GrpcRoute>,
+    /// ReferenceGrants.
+    pub reference_grants: Store<ReferenceGrant>,
 }
 
 impl Index {
@@ -394,6 +443,60 @@ impl Index {
         }
     }
 
+    fn namespace_impact(
+        &self,
+        _: &NsName,
+        old: Option<&Namespace>,
+        new: Option<&Namespace>,
+    ) -> Impact {
+        let labels = |n: Option<&Namespace>| n.and_then(|n| n.metadata.labels.clone());
+        if labels(old) != labels(new) && !self.gateways.is_empty() {
+            Impact::routes()
+        } else {
+            Impact::default()
+        }
+    }
+
+    /// A Gateway API object: its spec, annotations, labels or age changed (not its status,
+    /// which duet writes).
+    fn gateway_impact<K: GatewayApiObject>(
+        &self,
+        _: &NsName,
+        old: Option<&K>,
+        new: Option<&K>,
+    ) -> Impact {
+        let routing = |o: Option<&K>| {
+            o.map(|o| {
+                let m = &o.meta_ref();
+                (
+                    o.spec_json(),
+                    m.annotations.clone(),
+                    m.labels.clone(),
+                    m.creation_timestamp.clone(),
+                    m.generation,
+                    m.uid.clone(),
+                )
+            })
+        };
+        if routing(old) == routing(new) {
+            Impact::default()
+        } else {
+            Impact::routes()
+        }
+    }
+
+    /// The Gateway API objects and Namespaces as translation input.
+    fn gateway_inputs(&self) -> crate::translate::gateway::GatewayInputs<'_> {
+        crate::translate::gateway::GatewayInputs {
+            namespaces: self.objects(),
+            classes: self.objects(),
+            gateways: self.objects(),
+            http_routes: self.objects(),
+            grpc_routes: self.objects(),
+            grants: self.objects(),
+        }
+    }
+
     /// The keys of every stored object of a kind.
     pub fn keys(&self, kind: Kind) -> impl Iterator<Item = ObjectKey> + '_ {
         struct Keys<'a>(&'a Index);
@@ -432,9 +535,31 @@ impl Index {
             endpoint_slices: self.objects(),
             secrets: self.objects(),
             names: None,
+            gateway_api: self.gateway_inputs(),
         }
     }
 }
+
+/// A Gateway API kind, as the index compares versions of it.
+trait GatewayApiObject {
+    fn meta_ref(&self) -> &ObjectMeta;
+    fn spec_json(&self) -> Option<serde_json::Value>;
+}
+
+macro_rules! gateway_api_object {
+    ($($ty:ty),*) => {$(
+        impl GatewayApiObject for $ty {
+            fn meta_ref(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn spec_json(&self) -> Option<serde_json::Value> {
+                serde_json::to_value(&self.spec).ok()
+            }
+        }
+    )*};
+}
+
+gateway_api_object!(GatewayClass, Gateway, HttpRoute, GrpcRoute, ReferenceGrant);
 
 /// What of an Ingress translation reads: its spec, annotations and creation time; not its
 /// status or resourceVersion, so that a status write does not rebuild routes.

@@ -194,12 +194,12 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let mut proxy_config = config.proxy.clone();
     proxy_config.https_listen = bound.https.iter().map(|(addr, _)| *addr).collect();
     let runtime = Runtime::with_telemetry(proxy_config, telemetry);
-    let options = Options::new(&config, &runtime)?;
+    let proxy = Proxy::new(runtime.clone());
+    let options = Options::new(&config, &runtime, &proxy)?;
     let (cluster, extra) = start_control(&config, source, &runtime, controller_metrics)?;
     // Registered before "Listening" is logged: a SIGTERM right after it drains, never kills.
     let mut signals = Signals::new()?;
     tracing::info!(http = %list(&bound.http), https = %list(&bound.https), admin = %list(&bound.admin), debug = %list(&bound.debug), "Listening");
-    let proxy = Proxy::new(runtime.clone());
     let tunnels = proxy.tunnels().clone();
     let (proxy_stop, proxy_stopped) = watch::channel(false);
     let listeners = serve_all(
@@ -265,10 +265,12 @@ struct Options {
     proxy_protocol_from: Option<Arc<dataplane::forwarded::TrustedProxies>>,
     /// `--max-connections`, shared by every proxy listener.
     limit: listen::ConnectionLimit,
+    /// The Gateway API listeners' (bound as snapshots name their ports).
+    gateway: dataplane::gateway_listen::GatewayServing,
 }
 
 impl Options {
-    fn new(config: &Config, runtime: &Arc<Runtime>) -> anyhow::Result<Options> {
+    fn new(config: &Config, runtime: &Arc<Runtime>, proxy: &Arc<Proxy>) -> anyhow::Result<Options> {
         let base = ServeOptions {
             header_read_timeout: config.proxy.header_read_timeout,
             keepalive_timeout: config.proxy.keepalive_timeout,
@@ -280,6 +282,7 @@ impl Options {
             proxy_protocol_from: None,
             max_connections: None,
             handshakes: None,
+            gateway_port: None,
         };
         let edge = &config.edge;
         let proxy_protocol_from = if edge.proxy_protocol_from.0.is_empty() {
@@ -304,12 +307,23 @@ impl Options {
             proxy_protocol: edge.proxy_protocol_https.then_some(pp_timeout),
             ..base.clone()
         };
+        let limit = listen::ConnectionLimit::new(config.max_connections);
+        let gateway = dataplane::gateway_listen::GatewayServing {
+            proxy: proxy.clone(),
+            runtime: runtime.clone(),
+            options: ServeOptions {
+                max_connections: Some(limit.clone()),
+                ..base.clone()
+            },
+            fallback: fallback.clone(),
+        };
         Ok(Options {
+            gateway,
             base,
             http,
             tls,
             proxy_protocol_from,
-            limit: listen::ConnectionLimit::new(config.max_connections),
+            limit,
         })
     }
 }
@@ -401,9 +415,13 @@ fn serve_all(
             ended(addr, tokio::spawn(serving))
         })
         .collect();
+    let gateways = tokio::spawn(dataplane::gateway_listen::run(
+        options.gateway,
+        proxy_stopped,
+    ));
     let admins = async move { tokio::join!(join_all(probes), join_all(debugs)) };
     let proxies = async move {
-        join_all(proxies).await;
+        let _ = tokio::join!(join_all(proxies), gateways);
         let _ = admin_stop.send(true);
     };
     async move {

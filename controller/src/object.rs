@@ -26,6 +26,18 @@ pub enum Kind {
     EndpointSlice,
     /// `v1` Secret.
     Secret,
+    /// `v1` Namespace (cluster-scoped; its labels select Gateway API routes).
+    Namespace,
+    /// `gateway.networking.k8s.io/v1` GatewayClass (cluster-scoped).
+    GatewayClass,
+    /// `gateway.networking.k8s.io/v1` Gateway.
+    Gateway,
+    /// `gateway.networking.k8s.io/v1` HTTPRoute.
+    HttpRoute,
+    /// `gateway.networking.k8s.io/v1` GRPCRoute.
+    GrpcRoute,
+    /// `gateway.networking.k8s.io/v1` ReferenceGrant.
+    ReferenceGrant,
 }
 
 impl Kind {
@@ -37,6 +49,12 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Secret => "Secret",
+            Kind::Namespace => "Namespace",
+            Kind::GatewayClass => "GatewayClass",
+            Kind::Gateway => "Gateway",
+            Kind::HttpRoute => "HTTPRoute",
+            Kind::GrpcRoute => "GRPCRoute",
+            Kind::ReferenceGrant => "ReferenceGrant",
         }
     }
 
@@ -44,14 +62,22 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Ingress | Kind::IngressClass => "networking.k8s.io/v1",
-            Kind::Service | Kind::Secret => "v1",
+            Kind::Service | Kind::Secret | Kind::Namespace => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::GatewayClass
+            | Kind::Gateway
+            | Kind::HttpRoute
+            | Kind::GrpcRoute
+            | Kind::ReferenceGrant => "gateway.networking.k8s.io/v1",
         }
     }
 
     /// Whether objects of the kind live in a namespace.
     pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::IngressClass)
+        !matches!(
+            self,
+            Kind::IngressClass | Kind::Namespace | Kind::GatewayClass
+        )
     }
 
     /// The kind of an `apiVersion` and `kind` pair, if duet reads it.
@@ -62,6 +88,12 @@ impl Kind {
             Kind::Service,
             Kind::EndpointSlice,
             Kind::Secret,
+            Kind::Namespace,
+            Kind::GatewayClass,
+            Kind::Gateway,
+            Kind::HttpRoute,
+            Kind::GrpcRoute,
+            Kind::ReferenceGrant,
         ]
         .into_iter()
         .find(|k| k.api_version() == api_version && k.as_str() == kind)

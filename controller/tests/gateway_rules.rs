@@ -204,6 +204,7 @@ async fn gateway(routes: &[Route]) -> anyhow::Result<Gateway> {
             .map(|b| (b.id.clone(), Arc::new(b)))
             .collect(),
         certs: Default::default(),
+        gateways: Default::default(),
     };
     let runtime = Runtime::new(ProxyConfig::default());
     runtime.apply(Arc::new(snapshot));
@@ -224,6 +225,7 @@ async fn gateway(routes: &[Route]) -> anyhow::Result<Gateway> {
             proxy_protocol_from: None,
             max_connections: None,
             handshakes: None,
+            gateway_port: None,
         };
         let proxy = proxy.clone();
         let handler = move |req, conn| proxy.clone().handle(req, conn);

@@ -194,6 +194,122 @@ fn target_ports(service: &Value) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// A dual-stack backend in [`NS`]: the pod `web-0` and the Service `web` (port 8080).
+async fn backend(api: &KubeApi) -> anyhow::Result<()> {
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": NS, "name": "web-0", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "echo", "image": "duet.dev/echo",
+                                 "ports": [{"name": "http", "containerPort": 8080}]}]},
+    }))
+    .await?;
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": NS, "name": "web"},
+        "spec": {"ipFamilyPolicy": "PreferDualStack", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]},
+    }))
+    .await?;
+    Ok(())
+}
+
+/// An HTTPRoute in `ns` for `gateway.test` on listener `section` of `gw/first`, to `gw/web`.
+fn http_route(ns: &str, name: &str, section: &str) -> Value {
+    json!({
+        "apiVersion": GW, "kind": "HTTPRoute", "metadata": {"namespace": ns, "name": name},
+        "spec": {
+            "parentRefs": [{"name": "first", "namespace": NS, "sectionName": section}],
+            "hostnames": ["gateway.test"],
+            "rules": [{"backendRefs": [{"name": "web", "namespace": NS, "port": 8080}]}],
+        },
+    })
+}
+
+/// The route status and listener counts the server stores: `gw/web` accepted with its refs
+/// resolved; `elsewhere/stray` not allowed (the listener admits its own namespace only); the
+/// `http` listener counts one route, `alt` none; the Gateway and `http` are programmed.
+async fn route_status(api: &KubeApi, duet: &Duet) -> anyhow::Result<()> {
+    let parent = |route: &Value| -> anyhow::Result<Value> {
+        let parents = route["status"]["parents"]
+            .as_array()
+            .context("no parents")?;
+        anyhow::ensure!(parents.len() == 1, "{parents:?}");
+        let p = parents[0].clone();
+        anyhow::ensure!(p["controllerName"] == "duet.dev/gateway-controller", "{p}");
+        // As the route's spec holds it (the CRD defaults group and kind).
+        let want = json!({"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                          "name": "first", "namespace": NS, "sectionName": "http"});
+        anyhow::ensure!(p["parentRef"] == want, "{p}");
+        Ok(p)
+    };
+    let cond_is = |p: &Value, kind: &str, status: &str, reason: &str, generation: &Value| {
+        let c = condition(&p["conditions"], kind).with_context(|| format!("no {kind}"))?;
+        anyhow::ensure!(
+            c["status"] == status
+                && c["reason"] == reason
+                && c["observedGeneration"] == *generation,
+            "{kind}: {c}"
+        );
+        Ok(())
+    };
+    until(api, "HTTPRoute", Some(NS), "web", "web accepted", |r| {
+        let p = parent(r)?;
+        let generation = &r["metadata"]["generation"];
+        cond_is(&p, "Accepted", "True", "Accepted", generation)?;
+        cond_is(&p, "ResolvedRefs", "True", "ResolvedRefs", generation)
+    })
+    .await
+    .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
+    until(
+        api,
+        "HTTPRoute",
+        Some("elsewhere"),
+        "stray",
+        "stray refused",
+        |r| {
+            let p = parent(r)?;
+            cond_is(
+                &p,
+                "Accepted",
+                "False",
+                "NotAllowedByListeners",
+                &r["metadata"]["generation"],
+            )
+        },
+    )
+    .await?;
+    until(
+        api,
+        "Gateway",
+        Some(NS),
+        "first",
+        "attachedRoutes and Programmed",
+        |g| {
+            let listeners = g["status"]["listeners"]
+                .as_array()
+                .context("no listeners")?;
+            let count = |name: &str| {
+                listeners
+                    .iter()
+                    .find(|l| l["name"] == name)
+                    .map(|l| l["attachedRoutes"].clone())
+            };
+            anyhow::ensure!(
+                count("http") == Some(json!(1)) && count("alt") == Some(json!(0)),
+                "counts"
+            );
+            let programmed =
+                condition(&g["status"]["conditions"], "Programmed").context("Programmed")?;
+            anyhow::ensure!(programmed["status"] == "True", "{programmed}");
+            let http = listener_condition(g, "http", "Programmed").context("http Programmed")?;
+            anyhow::ensure!(http["status"] == "True", "{http}");
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// A Gateway's Service and status on a cluster of `stack`; traffic; restart; deletion.
 async fn gateway_addresses(stack: Stack) -> anyhow::Result<()> {
     let (cluster, api) = start(stack).await?;
@@ -272,28 +388,42 @@ async fn gateway_addresses(stack: Stack) -> anyhow::Result<()> {
     );
     anyhow::ensure!(bad["supportedKinds"] == json!([]), "{bad}");
 
-    // Traffic: a pod of duet's selector listening on the assigned port answers on both LB
-    // addresses at the listener port.
+    // Traffic: duet binds the assigned pod ports; the load balancer sends each family's traffic
+    // to the ready pod of duet's selector (a stand-in pod whose addresses are duet's here: same
+    // network namespace), and duet routes it by the Gateway's listeners to the backend pod.
     api.create(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"namespace": DUET_NS, "name": "duet-0", "labels": {"app": "duet-gw"}},
-        "spec": {"containers": [{"name": "echo", "image": "duet.dev/echo", "ports": [{"containerPort": 20000}]}]},
+        "spec": {"containers": [{"name": "idle", "image": "duet.dev/echo", "ports": [{"containerPort": 9999}]}]},
     }))
     .await?;
+    backend(&api).await?;
+    api.create(http_route(NS, "web", "http")).await?;
+    api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "elsewhere"}}))
+        .await?;
+    api.create(http_route("elsewhere", "stray", "http")).await?;
     for ip in &ips {
         let to = SocketAddr::new(ip.parse()?, 80);
-        let echo = client::eventually(&format!("{to} reaches the pod"), LIVE, || async {
+        let echo = client::eventually(&format!("{to} reaches the backend"), LIVE, || async {
             let reply = client::get(to, "gateway.test", "/").await?;
             client::expect_status(&reply, 200)?;
             reply.echo()
         })
-        .await?;
-        anyhow::ensure!(echo.pod == "duet-0", "{echo:?}");
+        .await
+        .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
+        anyhow::ensure!(echo.pod == "web-0", "{echo:?}");
         anyhow::ensure!(
-            echo.local.port() == 20000 && echo.local.is_ipv4() == to.is_ipv4(),
-            "{echo:?}"
+            echo.family == Family::of(&to),
+            "{to} reached the pod over {echo:?}"
+        );
+        // Another host is no route of the listener's: duet's own 404.
+        let reply = client::get(to, "other.test", "/").await?;
+        anyhow::ensure!(
+            reply.status == 404 && reply.header("server") == Some("duet"),
+            "{to}"
         );
     }
+    route_status(&api, &duet).await?;
 
     // Nothing is rewritten in a loop: the status written is the status read back.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -28,6 +28,9 @@ pub struct ConnInfo {
     pub sni: Option<Arc<str>>,
     /// The certificate chain the TLS client presented (leaf first; empty for none).
     pub client_certs: Arc<[rustls_pki_types::CertificateDer<'static>]>,
+    /// The Gateway pod port the connection was accepted on (`None`: an Ingress listener); its
+    /// requests are routed by that port's Gateway listeners.
+    pub gateway_port: Option<u16>,
     /// What every request of the connection forwards about `peer`, formatted once per
     /// connection rather than per request (by [`ConnInfo::new`], from the same address).
     pub(crate) forwarded: PeerHeaders,
@@ -46,6 +49,7 @@ impl ConnInfo {
             tls_version: None,
             sni: None,
             client_certs: Arc::new([]),
+            gateway_port: None,
             forwarded: PeerHeaders::new(peer),
         }
     }

@@ -19,6 +19,10 @@ pub enum ProxyError {
     /// The backend has no target that the family policy admits for this client (503).
     #[error("no ready target in {0}")]
     NoTarget(BackendId),
+    /// The route's backend does not resolve (a Gateway API backendRef to a missing Service or
+    /// of an unsupported kind; 500, as the Gateway API requires).
+    #[error("backend does not resolve: {0}")]
+    Unresolved(BackendId),
     /// Every connection attempt to the backend's targets failed (502).
     #[error("cannot connect to {backend}")]
     Connect {
@@ -82,7 +86,7 @@ impl ProxyError {
             ProxyError::Host(_) | ProxyError::Path(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BadRewrite => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::BadRewrite | ProxyError::Unresolved(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -91,6 +95,7 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => "404 no route for this host and path\n",
             ProxyError::NoTarget(_) => "503 no ready upstream target\n",
+            ProxyError::Unresolved(_) => "500 the route's backend does not resolve\n",
             ProxyError::Forbidden => "403 client address not allowed\n",
             ProxyError::InvalidSourceRanges => "503 this route's source ranges are invalid\n",
             ProxyError::Connect { .. } => "502 cannot connect to upstream\n",

@@ -13,6 +13,7 @@ pub mod conn;
 pub mod error;
 pub mod filters;
 pub mod forwarded;
+pub mod gateway_listen;
 pub mod handshake;
 pub mod host;
 pub mod idle;

@@ -109,6 +109,9 @@ pub struct ServeOptions {
     /// With `tls`: pick the configuration per SNI, asking for client certificates where a route
     /// of the host verifies them (`None`: `tls` for every handshake).
     pub handshakes: Option<Arc<crate::handshake::Handshakes>>,
+    /// The Gateway pod port this listener serves (`None`: an Ingress listener), recorded in each
+    /// connection's [`ConnInfo::gateway_port`].
+    pub gateway_port: Option<u16>,
 }
 
 /// At most one warning per listener this often while connections are refused.
@@ -235,6 +238,7 @@ struct PerConnection<H> {
     proxy_protocol_from: Option<Arc<TrustedProxies>>,
     trusted_proxies: Arc<TrustedProxies>,
     connections: Option<ConnectionMetrics>,
+    gateway_port: Option<u16>,
 }
 
 impl<H> PerConnection<H> {
@@ -261,6 +265,7 @@ impl<H> PerConnection<H> {
             proxy_protocol_from: options.proxy_protocol_from.clone(),
             trusted_proxies: options.trusted_proxies.clone(),
             connections: options.connections.clone(),
+            gateway_port: options.gateway_port,
         }
     }
 
@@ -275,6 +280,7 @@ impl<H> PerConnection<H> {
             return;
         };
         info.trusted = self.trusted_proxies.trusts(info.peer.ip());
+        info.gateway_port = self.gateway_port;
         // Counted by the client's family, after a PROXY protocol header replaced it.
         let _open = self.connections.as_ref().map(|c| c.open(info.family));
         let Some((io, info, alpn_h2)) = self.tls_handshake(stream, info).await else {

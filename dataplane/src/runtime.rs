@@ -91,6 +91,8 @@ pub struct Runtime {
     applied: AtomicBool,
     draining: AtomicBool,
     apply_lock: Mutex<()>,
+    /// The version of the last applied snapshot, for those who act on each (Gateway listeners).
+    applied_version: tokio::sync::watch::Sender<u64>,
     /// Proxy timeouts and limits.
     pub config: ProxyConfig,
     telemetry: Telemetry,
@@ -109,6 +111,7 @@ impl Runtime {
             applied: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             apply_lock: Mutex::new(()),
+            applied_version: tokio::sync::watch::Sender::new(0),
             config,
             telemetry,
         })
@@ -146,6 +149,7 @@ impl Runtime {
         let upstream_tls = UpstreamTlsConfigs::build(&snapshot.routes, &old.upstream_tls);
         let certs_changed = !Arc::ptr_eq(&old.snapshot.certs, &snapshot.certs);
         metrics.snapshot_applied(&snapshot, backends_changed, certs_changed);
+        let version = snapshot.version;
         self.live.store(Arc::new(Live {
             snapshot,
             backends,
@@ -153,6 +157,12 @@ impl Runtime {
             upstream_tls,
         }));
         self.applied.store(true, Ordering::Release);
+        self.applied_version.send_replace(version);
+    }
+
+    /// Changes each time a snapshot is applied.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied_version.subscribe()
     }
 
     /// The live snapshot; one load per request, no lock.

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
+pub mod gateway;
+
 /// An address family: of a client, of a listener, of an upstream address. Serialised as
 /// `ipv4` / `ipv6`, as in logs, JSON and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -213,6 +215,9 @@ impl Target {
 #[derive(Clone, Debug)]
 pub struct BackendId(Arc<BackendName>);
 
+/// The prefix of unresolved backend ids (no Service name starts with it).
+const UNRESOLVED: &str = "!unresolved:";
+
 #[derive(Debug)]
 struct BackendName {
     id: Box<str>,
@@ -228,6 +233,21 @@ impl BackendId {
             namespace: namespace.into(),
             service: service.into(),
         }))
+    }
+
+    /// A backend that does not resolve (a Gateway API backendRef to a missing Service, a kind
+    /// duet does not serve, a reference not granted): requests routed to it get 500.
+    pub fn unresolved(what: &str) -> BackendId {
+        BackendId(Arc::new(BackendName {
+            id: format!("{UNRESOLVED}{what}").into(),
+            namespace: "".into(),
+            service: "".into(),
+        }))
+    }
+
+    /// Whether the id is an [`unresolved`](BackendId::unresolved) backend's.
+    pub fn is_unresolved(&self) -> bool {
+        self.0.id.starts_with(UNRESOLVED)
     }
 
     /// `namespace/service:port`.
@@ -1052,6 +1072,8 @@ pub struct Snapshot {
     pub backends: HashMap<BackendId, Arc<Backend>>,
     /// Certificates.
     pub certs: Arc<CertTable>,
+    /// Gateway API listeners by pod port ([`gateway`]).
+    pub gateways: Arc<gateway::GatewayTable>,
 }
 
 fn sorted_backends<S: Serializer>(

@@ -44,6 +44,18 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         "referencegrants",
         true,
     ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "HTTPRoute",
+        "httproutes",
+        true,
+    ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "GRPCRoute",
+        "grpcroutes",
+        true,
+    ),
 ];
 
 /// A client for one API server.

@@ -7,11 +7,11 @@
 //!   (server-side apply, field manager `duet-gateway`; [`super::service`]) and the status is
 //!   written: `addresses` from the Service in its family order, `Accepted`, `Programmed`, and per
 //!   listener `Accepted`, `Conflicted`, `Programmed`, `ResolvedRefs`, `supportedKinds` and
-//!   `attachedRoutes` (0: routes are not served yet), every condition with the Gateway's
-//!   `observedGeneration`. A Gateway that stops being ours loses its Service.
+//!   `attachedRoutes` (from the translation's [`GatewayReport`]), every condition with the
+//!   Gateway's `observedGeneration`. A Gateway that stops being ours loses its Service.
 //!
-//! `Programmed` stays `False` (reason `Pending`) once addresses are assigned: duet's dataplane
-//! does not bind the assigned pod ports yet (the next step of issue 14).
+//! `Programmed` turns `True` once addresses are assigned: every replica's dataplane binds the
+//! assigned pod ports from the Service (`dataplane::gateway_listen`).
 //!
 //! Objects are watched as `DynamicObject` and decoded one by one: one the types refuse is
 //! logged and skipped, never a failed list. Reconciles of non-leaders return at once; gaining
@@ -44,6 +44,7 @@ use super::api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
 use super::conditions::{dated, Cond};
 use super::listeners::{self, Verdict};
 use super::ports::{self, Allocation, Claim, GatewayKey};
+use super::report::GatewayReport;
 use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
 use super::{class, refs, GatewayConfig};
 
@@ -73,6 +74,8 @@ struct Ctx {
     pods: Store<Pod>,
     /// Assignments this process wrote, which the Service store may not show yet.
     written: Mutex<HashMap<GatewayKey, BTreeMap<u16, u16>>>,
+    /// What the live snapshot serves: the routes attached to each listener.
+    report: watch::Receiver<Arc<GatewayReport>>,
 }
 
 /// Starts the GatewayClass and Gateway controllers when the cluster serves the Gateway API (else
@@ -82,10 +85,17 @@ pub fn spawn(
     config: GatewayConfig,
     pod_namespace: String,
     leading: watch::Receiver<bool>,
+    report: watch::Receiver<Arc<GatewayReport>>,
 ) {
     tokio::spawn(async move {
         if installed(&client).await {
-            start(client, config, pod_namespace, leading);
+            super::route_status::spawn(
+                client.clone(),
+                config.controller_name.clone(),
+                report.clone(),
+                leading.clone(),
+            );
+            start(client, config, pod_namespace, leading, report);
         } else {
             tracing::info!(
                 "Gateway API (gateway.networking.k8s.io/v1 GatewayClass, Gateway) is not installed \
@@ -97,7 +107,7 @@ pub fn spawn(
 
 /// Whether the cluster serves `gateway.networking.k8s.io/v1` GatewayClasses and Gateways (the
 /// CRDs are installed). Asked until the API answers: an error other than 404 is retried.
-async fn installed(client: &Client) -> bool {
+pub async fn installed(client: &Client) -> bool {
     loop {
         match client
             .list_api_group_resources("gateway.networking.k8s.io/v1")
@@ -122,6 +132,7 @@ fn start(
     config: GatewayConfig,
     pod_namespace: String,
     leading: watch::Receiver<bool>,
+    report: watch::Receiver<Arc<GatewayReport>>,
 ) {
     let class_ar = ApiResource::erase::<GatewayClass>(&());
     let gateway_ar = ApiResource::erase::<Gateway>(&());
@@ -155,6 +166,7 @@ fn start(
         services,
         pods,
         written: Mutex::new(HashMap::new()),
+        report: report.clone(),
     });
     let by_class = ctx.gateways.clone();
     let gateway_controller = gateway_controller
@@ -167,6 +179,7 @@ fn start(
         )
         .reconcile_all_on(changes(pods_changed))
         .reconcile_all_on(changes(grants_changed))
+        .reconcile_all_on(reports(report))
         .reconcile_all_on(leadership_gained(leading.clone()))
         .run(reconcile_gateway, error_policy, ctx.clone());
     tokio::spawn(gateway_controller.for_each(log_result("Gateway")));
@@ -205,6 +218,14 @@ where
 
 /// One item per change of the counter.
 fn changes(rx: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
+}
+
+/// One item per change of the Gateway report.
+fn reports(rx: watch::Receiver<Arc<GatewayReport>>) -> impl Stream<Item = ()> + Send {
     futures_util::stream::unfold(rx, |mut rx| async move {
         rx.changed().await.ok()?;
         Some(((), rx))
@@ -432,12 +453,14 @@ async fn reconcile_gateway(
             .any(|v| v.valid() && v.port == i32::from(*p))
     });
     let placed = place_service(&ctx, &gateway, &ports).await?;
+    let attached = ctx.report.borrow().attached.clone();
     let status = gateway_status(
         &gateway,
         &verdicts,
         accepted,
         &ports,
         &placed,
+        &attached,
         Timestamp::now(),
     );
     if gateway.status.as_ref() != Some(&status) {
@@ -577,8 +600,8 @@ async fn apply_slices(
     Ok(())
 }
 
-/// Why listeners and the Gateway are not programmed although they have addresses.
-const NOT_BOUND: &str = "addresses assigned; duet's dataplane does not bind Gateway listeners yet";
+/// The routes attached to each listener of our Gateways.
+type Attached = BTreeMap<(crate::object::NsName, String), i32>;
 
 /// The Gateway's status.
 fn gateway_status(
@@ -587,8 +610,10 @@ fn gateway_status(
     accepted: Cond,
     ports: &BTreeMap<u16, u16>,
     placed: &Placed,
+    attached: &Attached,
     now: Timestamp,
 ) -> GatewayStatus {
+    let key = crate::object::NsName::of(&gateway.metadata);
     let generation = gateway.metadata.generation;
     let old = gateway.status.clone().unwrap_or_default();
     let programmed = if !accepted.status {
@@ -602,7 +627,7 @@ fn gateway_status(
             "the Gateway's Service has no address yet",
         )
     } else {
-        Cond::no("Programmed", "Pending", NOT_BOUND)
+        Cond::yes("Programmed", "Programmed", "")
     };
     let old_conditions = old.conditions.clone().unwrap_or_default();
     let conditions = dated(
@@ -622,8 +647,9 @@ fn gateway_status(
                 .map(|l| l.conditions.clone())
                 .unwrap_or_default();
             let conds = listener_conditions(v, accepted.status, ports);
+            let routes = attached.get(&(key.clone(), v.name.clone())).copied();
             GatewayStatusListeners {
-                attached_routes: 0,
+                attached_routes: routes.unwrap_or(0),
                 conditions: dated(&conds, generation, &old, now),
                 name: v.name.clone(),
                 supported_kinds: Some(
@@ -670,7 +696,7 @@ fn listener_conditions(
         );
     }
     let programmed = if v.valid() && gateway_accepted && has_port {
-        Cond::no("Programmed", "Pending", NOT_BOUND)
+        Cond::yes("Programmed", "Programmed", "")
     } else {
         Cond::no("Programmed", "Invalid", "the listener is not valid")
     };

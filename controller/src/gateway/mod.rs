@@ -1,7 +1,7 @@
 //! Gateway API support (issue 14, in progress): the API types, GatewayClasses of our controller
-//! accepted, and each Gateway of our classes given its own addresses of both families through a
-//! LoadBalancer Service duet manages, with the Gateway's status. Routes are not served yet
-//! (README, "Gateway API (in progress)").
+//! accepted, each Gateway of our classes given its own addresses of both families through a
+//! LoadBalancer Service duet manages, with the Gateway's status, and the status of the routes
+//! attached to them (served through `translate::gateway`; README, "Gateway API (in progress)").
 
 pub mod api;
 pub mod class;
@@ -11,6 +11,8 @@ pub mod controller;
 pub mod listeners;
 pub mod ports;
 pub mod refs;
+pub mod report;
+pub mod route_status;
 pub mod service;
 
 pub use config::{GatewayArgs, GatewayConfig, DEFAULT_CONTROLLER_NAME};

@@ -236,6 +236,22 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
             Object::EndpointSlice(Arc::new(slice))
         }
         Kind::Secret => Object::Secret(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
+        Kind::Namespace => {
+            Object::Namespace(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::GatewayClass => {
+            Object::GatewayClass(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::Gateway => Object::Gateway(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
+        Kind::HttpRoute => {
+            Object::HttpRoute(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::GrpcRoute => {
+            Object::GrpcRoute(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::ReferenceGrant => {
+            Object::ReferenceGrant(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
     })
 }
 

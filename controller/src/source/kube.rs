@@ -2,7 +2,10 @@
 //! watched namespace), objects trimmed before caching, feeding the same [`Change`] stream as the
 //! manifest folder.
 //!
-//! Watched: `networking.k8s.io/v1` Ingress and IngressClass, `v1` Service, `discovery.k8s.io/v1`
+//! Watched: `networking.k8s.io/v1` Ingress and IngressClass, the Gateway API kinds
+//! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) and Namespaces when the cluster
+//! serves `gateway.networking.k8s.io/v1` (asked once at start; they are not waited for before
+//! the first snapshot), `v1` Service, `discovery.k8s.io/v1`
 //! EndpointSlice (only those labelled `kubernetes.io/service-name`) and `v1` Secret (only
 //! `type=kubernetes.io/tls` ones, and by name the CA Secrets Ingresses name: see
 //! [`secrets`](super::secrets)). `managedFields` and the
@@ -22,7 +25,7 @@ use std::sync::Arc;
 
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{FutureExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::reflector::{self, Store};
@@ -33,6 +36,7 @@ use tokio::sync::{mpsc, watch};
 use super::watch::{namespaced, seen, Seen, SyncCountdown, Task, Watched};
 pub use super::watch::{trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
 use super::SourceEvent;
+use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::index::Change;
 use crate::object::SERVICE_NAME_LABEL;
 
@@ -151,7 +155,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         )
         .task,
         super::secrets::watch(
-            client,
+            client.clone(),
             &namespaces,
             stores.clone(),
             tx.clone(),
@@ -162,7 +166,52 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
     for task in tasks {
         tokio::spawn(task);
     }
+    // Not part of the first sync: without the RBAC to read them, the Ingresses are still served.
+    let gateway_sync = Sync {
+        tx,
+        countdown: Arc::new(SyncCountdown::default()),
+        changed: None,
+    };
+    tokio::spawn(async move {
+        if !crate::gateway::controller::installed(&client).await {
+            return;
+        }
+        let tasks = gateway_watchers(&client, &namespaces, &gateway_sync);
+        gateway_sync.countdown.expect(tasks.len());
+        for task in tasks {
+            tokio::spawn(task);
+        }
+    });
     stores
+}
+
+/// The watchers of the Gateway API kinds and of Namespaces (whose labels select routes), when
+/// the cluster serves the Gateway API.
+fn gateway_watchers(client: &Client, namespaces: &[String], sync: &Sync) -> Vec<Task> {
+    let base = || vec![watcher::Config::default()];
+    let each = || Sync {
+        tx: sync.tx.clone(),
+        countdown: sync.countdown.clone(),
+        changed: None,
+    };
+    vec![
+        watch_kind(vec![Api::<Namespace>::all(client.clone())], base(), each()).task,
+        watch_kind(
+            vec![Api::<GatewayClass>::all(client.clone())],
+            base(),
+            each(),
+        )
+        .task,
+        watch_kind(namespaced::<Gateway>(client, namespaces), base(), each()).task,
+        watch_kind(namespaced::<HttpRoute>(client, namespaces), base(), each()).task,
+        watch_kind(namespaced::<GrpcRoute>(client, namespaces), base(), each()).task,
+        watch_kind(
+            namespaced::<ReferenceGrant>(client, namespaces),
+            base(),
+            each(),
+        )
+        .task,
+    ]
 }
 
 /// One kind's watcher, built: its reflector stores and the task to run.

@@ -16,6 +16,7 @@ mod certs;
 mod diagnostic;
 mod endpoints;
 mod external;
+pub mod gateway;
 pub mod gateway_rule;
 mod ingress;
 pub mod nginx;
@@ -69,6 +70,27 @@ pub struct Config {
     pub allow_loopback_endpoints: bool,
     /// `--strict-annotations`: refuse Ingresses carrying snippet annotations whole.
     pub strict_annotations: bool,
+    /// How Gateway API objects are served.
+    pub gateway: GatewaySettings,
+}
+
+/// What Gateway API translation needs from the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewaySettings {
+    /// `--gateway-controller-name`: GatewayClasses naming it are ours.
+    pub controller_name: String,
+    /// Kubernetes mode: each listener's pod port is the `targetPort` of the Gateway's Service
+    /// `duet-NAME`; in `--manifests` mode (false) it is the listener port itself.
+    pub ports_from_services: bool,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> GatewaySettings {
+        GatewaySettings {
+            controller_name: crate::gateway::DEFAULT_CONTROLLER_NAME.to_owned(),
+            ports_from_services: false,
+        }
+    }
 }
 
 /// The `nginx.ingress.kubernetes.io/` annotations of one of our Ingresses and what duet does with
@@ -96,6 +118,8 @@ pub struct Inputs<'a> {
     pub secrets: Vec<&'a Secret>,
     /// The resolver's latest answers for ExternalName Services' names (`None`: no resolver).
     pub names: Option<&'a Resolved>,
+    /// The Gateway API objects and Namespaces ([`gateway::GatewayProcessor`]).
+    pub gateway_api: gateway::GatewayInputs<'a>,
 }
 
 /// What the current routes use: set after each route build, so that the index can tell whether
@@ -142,6 +166,10 @@ pub struct RoutePlan {
     pub certs: Arc<CertTable>,
     /// The ingress-nginx annotations of our Ingresses (those having any), by Ingress.
     pub annotations: Vec<AnnotationReport>,
+    /// Gateway API listeners by pod port.
+    pub gateways: Arc<dataplane::table::gateway::GatewayTable>,
+    /// What the Gateway API objects' status says (route parents, attached routes).
+    pub gateway_report: Arc<crate::gateway::report::GatewayReport>,
 }
 
 /// Assembles a snapshot from a plan and its backends.
@@ -155,6 +183,7 @@ pub fn snapshot(
         routes: plan.table.clone(),
         backends,
         certs: plan.certs.clone(),
+        gateways: plan.gateways.clone(),
     }
 }
 
@@ -164,6 +193,7 @@ pub fn snapshot(
 pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
     let mut translation = translation::Translation::new(inputs, config);
     ingress::IngressProcessor::new(inputs, config).run(&mut translation);
+    gateway::GatewayProcessor::new(inputs, config).run(&mut translation);
     translation.finish()
 }
 

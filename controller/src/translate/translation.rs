@@ -52,6 +52,8 @@ pub(crate) struct Translation<'a> {
     pub(crate) routes: RouteModel,
     /// The ingress-nginx annotation reports so far.
     pub(crate) annotations: Vec<AnnotationReport>,
+    /// The Gateway API listeners and their status, once the gateway processor ran.
+    pub(crate) gateways: GatewayOutput,
 }
 
 impl<'a> Translation<'a> {
@@ -68,7 +70,13 @@ impl<'a> Translation<'a> {
             backends: BTreeMap::new(),
             routes: RouteModel::default(),
             annotations: Vec::new(),
+            gateways: Default::default(),
         }
+    }
+
+    /// The Service of a name, if it exists.
+    pub(crate) fn service(&self, name: &NsName) -> Option<&'a Service> {
+        self.services.get(name).copied()
     }
 
     /// Records a problem of `object`.
@@ -263,7 +271,11 @@ impl<'a> Translation<'a> {
         let table = self
             .routes
             .build(&mut self.diagnostics, &mut self.annotations);
-        let used: BTreeSet<&BackendId> = table.backend_ids().collect();
+        let gateway_ids = self.gateways.table.actions().flat_map(|action| {
+            let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
+            std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
+        });
+        let used: BTreeSet<&BackendId> = table.backend_ids().chain(gateway_ids).collect();
         let backends = self
             .backends
             .into_iter()
@@ -279,6 +291,8 @@ impl<'a> Translation<'a> {
             diagnostics,
             certs: Arc::new(self.certs.finish()),
             annotations: self.annotations,
+            gateways: Arc::new(self.gateways.table),
+            gateway_report: Arc::new(self.gateways.report),
         }
     }
 }
@@ -300,4 +314,13 @@ fn cluster_ips(service: &Service) -> Vec<IpAddr> {
         .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
         .map(|ip| ip.to_canonical())
         .collect()
+}
+
+/// The processor's output, kept by the translation.
+#[derive(Clone, Debug, Default)]
+pub struct GatewayOutput {
+    /// Listeners by pod port.
+    pub table: dataplane::table::gateway::GatewayTable,
+    /// Status.
+    pub report: crate::gateway::report::GatewayReport,
 }

@@ -172,7 +172,7 @@ impl Proxy {
         // Answered before its body is read, a request's body is discarded in the background
         // (`linger::unread`), so the answer reaches a client still sending.
         let live = self.runtime.load_full();
-        let mut routed = match route(&live, &req) {
+        let mut routed = match route_on(&live, &req, conn.gateway_port) {
             Ok(routed) => routed,
             Err(error) => return linger::unread(req, Err(error)),
         };
@@ -315,8 +315,19 @@ impl Proxy {
 
 /// Phase 1: the request's host and normalised target, and the route of `live` they match (404
 /// when none does).
-#[inline(always)] // Called once; inlined, its result is built in place.
+#[cfg(test)]
 pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a>, ProxyError> {
+    route_on(live, req, None)
+}
+
+/// Phase 1 on a listener: a Gateway pod port (`Some`) routes by that port's listeners
+/// ([`crate::table::gateway`]), an Ingress listener by the Ingress routes.
+#[inline(always)] // Called once; inlined, its result is built in place.
+pub(crate) fn route_on<'a, B>(
+    live: &'a Live,
+    req: &Request<B>,
+    gateway_port: Option<u16>,
+) -> Result<Routed<'a>, ProxyError> {
     let host = crate::host::request_host(req)?;
     let target = headers::origin_form(req.uri())?;
     let view = crate::request_match::RequestView {
@@ -325,11 +336,15 @@ pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a
         path: target.path(),
         query: target.query(),
     };
-    let matched = live
-        .snapshot
-        .routes
-        .find_request(host.as_str(), &view)
-        .ok_or(ProxyError::NoRoute)?;
+    let matched = match gateway_port {
+        None => live.snapshot.routes.find_request(host.as_str(), &view),
+        Some(port) => live
+            .snapshot
+            .gateways
+            .port(port)
+            .and_then(|p| p.find_request(host.as_str(), &view)),
+    };
+    let matched = matched.ok_or(ProxyError::NoRoute)?;
     let cors = crate::policy::cors_for(matched.action, req.headers()).map(Box::new);
     let preflight = crate::policy::preflight(req.method(), cors.as_deref()).map(Box::new);
     Ok(Routed {
@@ -359,10 +374,13 @@ pub(crate) fn choose<'a>(
     let (host, ip) = (routed.host.as_str(), conn.peer.ip());
     let steered =
         crate::policy::steer_request(action, headers, &routed.target, host, ip, &live.backends);
-    let backend = live
-        .backends
-        .get(steered.backend)
-        .ok_or_else(|| ProxyError::NoTarget(steered.backend.clone()))?;
+    let backend = live.backends.get(steered.backend).ok_or_else(|| {
+        if steered.backend.is_unresolved() {
+            ProxyError::Unresolved(steered.backend.clone())
+        } else {
+            ProxyError::NoTarget(steered.backend.clone())
+        }
+    })?;
     let protocol = action.protocol.unwrap_or(backend.backend.protocol);
     exchange.upstream_protocol(protocol);
     let filters = action.filters.as_deref();
@@ -502,6 +520,7 @@ mod tests {
             routes: Arc::new(routes),
             backends: [(backend.id.clone(), Arc::new(backend))].into(),
             certs: Default::default(),
+            gateways: Default::default(),
         };
         let config = ProxyConfig {
             https_listen: vec![

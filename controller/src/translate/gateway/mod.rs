@@ -1,0 +1,612 @@
+//! The Gateway API processor: our Gateways (their class names `--gateway-controller-name`),
+//! the HTTPRoutes and GRPCRoutes attached to them and the ReferenceGrants they rely on, into the
+//! [`Translation`]: a [`GatewayTable`] of listeners per pod port, the backends it uses, and a
+//! [`GatewayReport`] that the status writers publish, so what is served and what status says
+//! come from the same pure functions.
+//!
+//! - Listeners: those [`listeners::check`] finds valid, in a Gateway it accepts, with their
+//!   certificates resolved ([`refs::problem`]); the pod port is the `targetPort` of the Gateway's
+//!   Service `duet-NAME` (Kubernetes mode) or the listener port (`--manifests` mode).
+//! - Attachment per parentRef ([`attach`]); routes oldest first (creationTimestamp, then
+//!   namespace/name).
+//! - Rules: per host entry of a listener, sorted by the spec's precedence: path Exact, then
+//!   PathPrefix, then RegularExpression, longer first; then the older route, then
+//!   namespace/name, then rule and match order. A match that also tests headers, query
+//!   parameters or the method is not served here (those matches are `gateway_rule`'s); filters
+//!   and timeouts are not applied here either.
+//! - backendRefs ([`backends`]): Services, weighted, cross-namespace with a ReferenceGrant;
+//!   one that does not resolve sends its share of requests to 500.
+
+mod attach;
+mod backends;
+mod routes;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use dataplane::table::gateway::{
+    GatewayListener, GatewayPort, GatewayRule, GatewayTable, ListenerRoutes,
+};
+use dataplane::{FamilyPolicy, Origin};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+
+use self::attach::{Attached, GatewayModel, ListenerModel};
+use self::routes::RouteView;
+use super::translation::{GatewayOutput, Translation};
+use super::{Config, Inputs, Reason, UPSTREAM_FAMILY_ANNOTATION};
+use crate::gateway::api::gateways::GatewayListeners;
+use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use crate::gateway::conditions::Cond;
+use crate::gateway::report::{GatewayReport, ParentReport, RouteReport};
+use crate::gateway::{class, listeners, refs, service};
+use crate::object::{NsName, ObjectKey};
+
+pub use attach::intersect;
+
+/// The Gateway API objects (and Namespaces, whose labels select routes) to translate.
+#[derive(Clone, Debug, Default)]
+pub struct GatewayInputs<'a> {
+    /// Every Namespace.
+    pub namespaces: Vec<&'a Namespace>,
+    /// Every GatewayClass.
+    pub classes: Vec<&'a GatewayClass>,
+    /// Every Gateway.
+    pub gateways: Vec<&'a Gateway>,
+    /// Every HTTPRoute.
+    pub http_routes: Vec<&'a HttpRoute>,
+    /// Every GRPCRoute.
+    pub grpc_routes: Vec<&'a GrpcRoute>,
+    /// Every ReferenceGrant.
+    pub grants: Vec<&'a ReferenceGrant>,
+}
+
+/// Feeds the Gateway API objects into a translation.
+pub(crate) struct GatewayProcessor<'a> {
+    inputs: GatewayInputs<'a>,
+    config: &'a Config,
+}
+
+/// A route's rule entries on one listener host, before sorting.
+type Entries = BTreeMap<Option<String>, Vec<(SortKey, GatewayRule)>>;
+
+/// The precedence of a rule entry within a host entry (smaller wins).
+type SortKey = (backends::Rank, i64, NsName, usize, usize);
+
+impl<'a> GatewayProcessor<'a> {
+    /// The processor of the Gateway API objects of `inputs`.
+    pub(crate) fn new(inputs: &Inputs<'a>, config: &'a Config) -> GatewayProcessor<'a> {
+        GatewayProcessor {
+            inputs: inputs.gateway_api.clone(),
+            config,
+        }
+    }
+
+    /// Builds the listeners, attaches the routes, and writes the table and report into `t`.
+    pub(crate) fn run(self, t: &mut Translation<'_>) {
+        let gateways = self.gateways(t);
+        if gateways.is_empty() {
+            return;
+        }
+        let namespaces: BTreeMap<String, BTreeMap<String, String>> = self
+            .inputs
+            .namespaces
+            .iter()
+            .map(|n| {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                (name, n.metadata.labels.clone().unwrap_or_default())
+            })
+            .collect();
+        let mut views: Vec<RouteView> = self
+            .inputs
+            .http_routes
+            .iter()
+            .map(|r| routes::http(r))
+            .chain(self.inputs.grpc_routes.iter().map(|r| routes::grpc(r)))
+            .collect();
+        views.sort_by(|a, b| (a.created, &a.key, a.kind).cmp(&(b.created, &b.key, b.kind)));
+        let mut report = GatewayReport::default();
+        for g in &gateways {
+            for l in &g.listeners {
+                report.attached.insert((g.key.clone(), l.name.clone()), 0);
+            }
+        }
+        // Per (Gateway index, listener index): the rules by host.
+        let mut entries: BTreeMap<(usize, usize), Entries> = BTreeMap::new();
+        for view in &views {
+            self.add_route(t, view, &gateways, &namespaces, &mut report, &mut entries);
+        }
+        t.gateways = GatewayOutput {
+            table: table(&gateways, entries),
+            report,
+        };
+    }
+
+    /// Our Gateways with their listeners judged.
+    fn gateways(&self, t: &mut Translation<'_>) -> Vec<GatewayModel> {
+        let name = &self.config.gateway.controller_name;
+        let ours: BTreeSet<&str> = self
+            .inputs
+            .classes
+            .iter()
+            .filter(|c| class::is_ours(c, name))
+            .filter_map(|c| c.metadata.name.as_deref())
+            .collect();
+        let grants: Vec<ReferenceGrant> = self.inputs.grants.iter().map(|g| (*g).clone()).collect();
+        let mut gateways: Vec<&Gateway> = self
+            .inputs
+            .gateways
+            .iter()
+            .copied()
+            .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
+            .collect();
+        gateways.sort_by_key(|g| NsName::of(&g.metadata));
+        gateways
+            .into_iter()
+            .map(|g| self.gateway(t, g, &grants))
+            .collect()
+    }
+
+    /// One Gateway: its listeners, with their pod ports and certificates.
+    fn gateway(
+        &self,
+        t: &mut Translation<'_>,
+        gateway: &Gateway,
+        grants: &[ReferenceGrant],
+    ) -> GatewayModel {
+        let key = NsName::of(&gateway.metadata);
+        let verdicts = listeners::check(&gateway.spec);
+        let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts).status;
+        let ports = self.pod_ports(t, gateway, &key);
+        let listeners = gateway
+            .spec
+            .listeners
+            .iter()
+            .zip(&verdicts)
+            .map(|(l, v)| {
+                let cert = if l.protocol == "HTTPS" {
+                    certificate(t, l, &key.namespace, grants)
+                } else {
+                    Ok(None)
+                };
+                let pod_port = u16::try_from(l.port)
+                    .ok()
+                    .and_then(|p| ports.get(&p).copied());
+                let allowed = l.allowed_routes.as_ref();
+                let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
+                ListenerModel {
+                    name: l.name.clone(),
+                    port: l.port,
+                    pod_port,
+                    hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
+                    tls: l.protocol == "HTTPS",
+                    kinds: v.kinds.clone(),
+                    from: attach::from_namespaces(
+                        namespaces.and_then(|n| n.from.as_ref()),
+                        namespaces.and_then(|n| n.selector.as_ref()),
+                    ),
+                    valid: accepted && v.valid() && cert.is_ok(),
+                    cert: cert.ok().flatten(),
+                }
+            })
+            .collect();
+        GatewayModel { key, listeners }
+    }
+
+    /// listener port -> pod port: the Gateway's Service's in Kubernetes mode, the listener port
+    /// itself in `--manifests` mode.
+    fn pod_ports(
+        &self,
+        t: &mut Translation<'_>,
+        gateway: &Gateway,
+        key: &NsName,
+    ) -> BTreeMap<u16, u16> {
+        if !self.config.gateway.ports_from_services {
+            return gateway
+                .spec
+                .listeners
+                .iter()
+                .filter_map(|l| u16::try_from(l.port).ok())
+                .map(|p| (p, p))
+                .collect();
+        }
+        let name = NsName::new(key.namespace.clone(), service::service_name(&key.name));
+        t.references.services.insert(name.clone());
+        let uid = gateway.metadata.uid.as_deref();
+        let owned = |s: &&k8s_openapi::api::core::v1::Service| {
+            s.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| Some(o.uid.as_str()) == uid)
+        };
+        t.service(&name)
+            .filter(owned)
+            .map(service::held_ports)
+            .unwrap_or_default()
+    }
+
+    /// Attaches one route to our Gateways, resolves its backends and adds its rules.
+    fn add_route(
+        &self,
+        t: &mut Translation<'_>,
+        view: &RouteView,
+        gateways: &[GatewayModel],
+        namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+        report: &mut GatewayReport,
+        entries: &mut BTreeMap<(usize, usize), Entries>,
+    ) {
+        let mut parents = Vec::new();
+        let mut attached: Vec<(usize, Attached)> = Vec::new();
+        for parent in view.parents.iter().filter(|p| attach::names_a_gateway(p)) {
+            let Some(gi) = gateways
+                .iter()
+                .position(|g| g.key.namespace == parent.namespace && g.key.name == parent.name)
+            else {
+                continue;
+            };
+            let (accepted, listeners) = attach::attach(view, parent, &gateways[gi], namespaces);
+            parents.push((parent.written.clone(), accepted));
+            attached.extend(listeners.into_iter().map(|a| (gi, a)));
+        }
+        if parents.is_empty() {
+            return;
+        }
+        let key = ObjectKey::new(view.kind, &*view.key.namespace, &*view.key.name);
+        let policy = family_policy(t, &key, view);
+        let origin = Origin {
+            namespace: view.key.namespace.as_str().into(),
+            name: view.key.name.as_str().into(),
+            created: view.created,
+        };
+        let (rules, resolved, refused) =
+            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants);
+        if let Some(refusal) = refused {
+            // A rule duet cannot serve (an unsupported filter, a bad regex) is left out, and the
+            // route says why on each parent that accepted it.
+            for (_, accepted) in parents.iter_mut().filter(|(_, a)| a.status) {
+                *accepted = Cond::no("Accepted", refusal.reason, refusal.message.clone());
+            }
+        }
+        let mut counted: BTreeSet<(usize, usize)> = BTreeSet::new();
+        for (gi, a) in attached {
+            if counted.insert((gi, a.listener)) {
+                let g = &gateways[gi];
+                let name = g.listeners[a.listener].name.clone();
+                *report.attached.entry((g.key.clone(), name)).or_default() += 1;
+            }
+            let by_host = entries.entry((gi, a.listener)).or_default();
+            for host in &a.hostnames {
+                let list = by_host.entry(host.clone()).or_default();
+                list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
+                    (
+                        (*rank, view.created, view.key.clone(), *ri, *mi),
+                        rule.clone(),
+                    )
+                }));
+            }
+        }
+        let parents = parents
+            .into_iter()
+            .map(|(parent_ref, accepted)| ParentReport {
+                parent_ref,
+                accepted,
+                resolved: resolved.clone(),
+            })
+            .collect();
+        let route_report = RouteReport {
+            generation: view.generation,
+            parents,
+        };
+        report
+            .routes
+            .insert((view.kind, view.key.clone()), route_report);
+    }
+}
+
+/// The route's family policy: `duet.dev/upstream-family`, else `--upstream-family`.
+fn family_policy(t: &mut Translation<'_>, key: &ObjectKey, view: &RouteView) -> FamilyPolicy {
+    let global = t.config.family_policy;
+    let Some(value) = view.annotations.get(UPSTREAM_FAMILY_ANNOTATION) else {
+        return global;
+    };
+    match value.trim().parse::<FamilyPolicy>() {
+        Ok(policy) => policy,
+        Err(e) => {
+            let message = format!("{UPSTREAM_FAMILY_ANNOTATION}: {e}; using {global:?}");
+            t.diagnose(key, Reason::InvalidAnnotation, message);
+            global
+        }
+    }
+}
+
+/// The certificate of an HTTPS listener: its first `certificateRef`, if it resolves (`Err` when
+/// it does not, which makes the listener invalid).
+fn certificate(
+    t: &mut Translation<'_>,
+    listener: &GatewayListeners,
+    gateway_ns: &str,
+    grants: &[ReferenceGrant],
+) -> Result<Option<Arc<dataplane::table::TlsCert>>, ()> {
+    let keys = refs::certificate_refs(listener, gateway_ns);
+    for (namespace, name) in &keys {
+        let key = NsName::new(namespace.clone(), name.clone());
+        t.references.secrets.insert(key);
+    }
+    let secrets: BTreeMap<refs::SecretKey, Option<Secret>> = keys
+        .iter()
+        .map(|k| {
+            let found = t.secrets.get(&NsName::new(k.0.clone(), k.1.clone()));
+            (k.clone(), found.map(|s| (*s).clone()))
+        })
+        .collect();
+    if refs::problem(listener, gateway_ns, grants, &secrets).is_some() {
+        return Err(());
+    }
+    let Some(first) = keys.first() else {
+        return Ok(None);
+    };
+    let Some(Some(secret)) = secrets.get(first) else {
+        return Err(());
+    };
+    let data = secret.data.as_ref();
+    let field = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
+    let source = format!("{}/{}", first.0, first.1);
+    match (field("tls.crt"), field("tls.key")) {
+        (Some(crt), Some(key)) => dataplane::tls::load_pem(&source, crt, key)
+            .map(|c| Some(Arc::new(c)))
+            .map_err(|_| ()),
+        _ => Err(()),
+    }
+}
+
+/// The listeners of every pod port, with their rules sorted.
+fn table(
+    gateways: &[GatewayModel],
+    mut entries: BTreeMap<(usize, usize), Entries>,
+) -> GatewayTable {
+    let mut ports: BTreeMap<u16, GatewayPort> = BTreeMap::new();
+    for (gi, g) in gateways.iter().enumerate() {
+        for (li, l) in g.listeners.iter().enumerate() {
+            let (Some(pod_port), true) = (l.pod_port, l.valid) else {
+                continue;
+            };
+            let routes = listener_routes(entries.remove(&(gi, li)).unwrap_or_default());
+            let port = ports.entry(pod_port).or_default();
+            port.tls |= l.tls;
+            port.listeners.push(GatewayListener {
+                name: format!("{}/{}", g.key, l.name).into(),
+                hostname: l.hostname.as_deref().map(Into::into),
+                cert: l.cert.clone(),
+                routes,
+            });
+        }
+    }
+    GatewayTable {
+        ports: ports
+            .into_iter()
+            .map(|(p, mut port)| {
+                port.sort();
+                (p, Arc::new(port))
+            })
+            .collect(),
+    }
+}
+
+/// One listener's rules by host, each host's sorted by precedence.
+fn listener_routes(entries: Entries) -> ListenerRoutes {
+    let mut routes = ListenerRoutes::default();
+    for (host, mut rules) in entries {
+        rules.sort_by(|a, b| a.0.cmp(&b.0));
+        let rules: Vec<GatewayRule> = rules.into_iter().map(|(_, r)| r).collect();
+        match host {
+            None => routes.any_host = rules,
+            Some(h) if h.starts_with("*.") => routes.wildcard.push((h.into(), rules)),
+            Some(h) => {
+                routes.exact.insert(h.into(), rules);
+            }
+        }
+    }
+    routes.sort();
+    routes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::Kind;
+    use k8s_openapi::api::core::v1::Service;
+    use serde_json::json;
+
+    fn gateway() -> Gateway {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"namespace": "gw", "name": "g"},
+            "spec": {"gatewayClassName": "duet", "listeners": [
+                {"name": "a", "port": 80, "protocol": "HTTP", "hostname": "a.example.com"},
+                {"name": "all", "port": 81, "protocol": "HTTP",
+                 "allowedRoutes": {"namespaces": {"from": "All"}}},
+                {"name": "sel", "port": 82, "protocol": "HTTP",
+                 "allowedRoutes": {"namespaces": {"from": "Selector",
+                                                   "selector": {"matchLabels": {"team": "x"}}}}},
+            ]}
+        }))
+        .unwrap()
+    }
+
+    fn route(
+        ns: &str,
+        name: &str,
+        parent: serde_json::Value,
+        hosts: &[&str],
+        backend: serde_json::Value,
+    ) -> HttpRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"namespace": ns, "name": name, "generation": 3},
+            "spec": {"parentRefs": [parent], "hostnames": hosts,
+                     "rules": [{"backendRefs": [backend]}]}
+        }))
+        .unwrap()
+    }
+
+    fn reasons(report: &GatewayReport, ns: &str, name: &str) -> (String, String) {
+        let r = &report.routes[&(Kind::HttpRoute, NsName::new(ns, name))];
+        assert_eq!(r.generation, Some(3));
+        let p = &r.parents[0];
+        (p.accepted.reason.to_owned(), p.resolved.reason.to_owned())
+    }
+
+    #[test]
+    fn attachment_and_references_give_the_spec_reasons() {
+        let class: GatewayClass = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "duet"}, "spec": {"controllerName": "duet.dev/gateway-controller"}
+        }))
+        .unwrap();
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "gw", "name": "web"},
+            "spec": {"ports": [{"name": "http", "port": 8080}]}
+        }))
+        .unwrap();
+        let labelled: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "team", "labels": {"team": "x"}}
+        }))
+        .unwrap();
+        let web = json!({"name": "web", "port": 8080});
+        let routes = [
+            route(
+                "gw",
+                "ok",
+                json!({"name": "g", "sectionName": "a"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "gw",
+                "no-section",
+                json!({"name": "g", "sectionName": "zz"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "gw",
+                "no-port",
+                json!({"name": "g", "port": 9}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "other",
+                "same-only",
+                json!({"name": "g", "namespace": "gw", "sectionName": "a"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "other",
+                "unselected",
+                json!({"name": "g", "namespace": "gw", "sectionName": "sel"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "team",
+                "selected",
+                json!({"name": "g", "namespace": "gw", "sectionName": "sel"}),
+                &[],
+                json!({"name": "web", "namespace": "gw", "port": 8080}),
+            ),
+            route(
+                "gw",
+                "hosts",
+                json!({"name": "g", "sectionName": "a"}),
+                &["b.example.com"],
+                web.clone(),
+            ),
+            route(
+                "gw",
+                "missing",
+                json!({"name": "g", "sectionName": "all"}),
+                &[],
+                json!({"name": "nope", "port": 1}),
+            ),
+            route(
+                "gw",
+                "kind",
+                json!({"name": "g", "sectionName": "all"}),
+                &[],
+                json!({"kind": "ConfigMap", "name": "web"}),
+            ),
+            route(
+                "gw",
+                "theirs",
+                json!({"name": "elsewhere"}),
+                &[],
+                web.clone(),
+            ),
+            route(
+                "granted",
+                "cross",
+                json!({"name": "g", "namespace": "gw", "sectionName": "all"}),
+                &[],
+                json!({"name": "web", "namespace": "gw", "port": 8080}),
+            ),
+        ];
+        let gw = gateway();
+        let grant: ReferenceGrant = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ReferenceGrant",
+            "metadata": {"namespace": "gw", "name": "from-granted"},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "granted"}],
+                     "to": [{"group": "", "kind": "Service", "name": "web"}]}
+        }))
+        .unwrap();
+        let inputs = Inputs {
+            services: vec![&svc],
+            gateway_api: GatewayInputs {
+                namespaces: vec![&labelled],
+                classes: vec![&class],
+                gateways: vec![&gw],
+                http_routes: routes.iter().collect(),
+                grants: vec![&grant],
+                ..GatewayInputs::default()
+            },
+            ..Inputs::default()
+        };
+        let plan = crate::translate::plan_routes(&inputs, &Config::default());
+        let report = &plan.gateway_report;
+        let r = |name: &str, ns: &str| reasons(report, ns, name);
+        let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+        assert_eq!(r("ok", "gw"), s("Accepted", "ResolvedRefs"));
+        assert_eq!(r("no-section", "gw"), s("NoMatchingParent", "ResolvedRefs"));
+        assert_eq!(r("no-port", "gw"), s("NoMatchingParent", "ResolvedRefs"));
+        // `web` without a namespace is `other/web`, which does not exist.
+        assert_eq!(
+            r("same-only", "other"),
+            s("NotAllowedByListeners", "BackendNotFound")
+        );
+        assert_eq!(
+            r("unselected", "other"),
+            s("NotAllowedByListeners", "BackendNotFound")
+        );
+        // Selected by its namespace's labels; the Service in another namespace needs a grant.
+        assert_eq!(r("selected", "team"), s("Accepted", "RefNotPermitted"));
+        assert_eq!(
+            r("hosts", "gw"),
+            s("NoMatchingListenerHostname", "ResolvedRefs")
+        );
+        assert_eq!(r("missing", "gw"), s("Accepted", "BackendNotFound"));
+        assert_eq!(r("cross", "granted"), s("Accepted", "ResolvedRefs"));
+        assert_eq!(r("kind", "gw"), s("Accepted", "InvalidKind"));
+        assert!(!report
+            .routes
+            .contains_key(&(Kind::HttpRoute, NsName::new("gw", "theirs"))));
+        let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
+        assert_eq!((attached("a"), attached("all"), attached("sel")), (1, 3, 1));
+        // Served on the listener ports themselves (manifests mode), each port its listener.
+        assert_eq!(
+            plan.gateways.ports.keys().copied().collect::<Vec<_>>(),
+            [80, 81, 82]
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! HTTPRoutes and GRPCRoutes seen one way ([`RouteView`]): what attachment, backend resolution
+//! and the route table need of either kind.
+
+use std::collections::BTreeMap;
+
+use dataplane::filters::BackendFilters;
+
+use crate::gateway::api::grpcroutes::GrpcRouteRules;
+use crate::gateway::api::httproutes::HttpRouteRules;
+use crate::gateway::api::{GrpcRoute, HttpRoute};
+use crate::gateway::report::WrittenRef;
+use crate::object::{Kind, NsName};
+use crate::translate::gateway_rule::{self, RuleRefusal, RuleRouting};
+
+/// A route's parentRef with the defaults of the spec filled in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ParentRef {
+    /// `group` (default `gateway.networking.k8s.io`).
+    pub group: String,
+    /// `kind` (default `Gateway`).
+    pub kind: String,
+    /// `namespace` (default: the route's).
+    pub namespace: String,
+    /// `name`.
+    pub name: String,
+    /// `sectionName`: the listener's name.
+    pub section_name: Option<String>,
+    /// `port`: the listener's port.
+    pub port: Option<i32>,
+    /// The parentRef as written (its status names it so).
+    pub written: WrittenRef,
+}
+
+/// A backendRef with its defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendRef {
+    /// `group` (default core, `""`).
+    pub group: String,
+    /// `kind` (default `Service`).
+    pub kind: String,
+    /// The namespace (default: the route's).
+    pub namespace: String,
+    /// `name`.
+    pub name: String,
+    /// `port`.
+    pub port: Option<i32>,
+    /// `weight` (default 1).
+    pub weight: i32,
+    /// The backendRef's own filters (HTTPRoute), applied when it serves the request.
+    pub filters: Option<BackendFilters>,
+}
+
+/// One rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleView {
+    /// Its matches, filters and timeouts ([`gateway_rule`]), or why it cannot be served.
+    pub routing: Result<RuleRouting, RuleRefusal>,
+    /// Its backendRefs.
+    pub backends: Vec<BackendRef>,
+}
+
+/// An HTTPRoute or a GRPCRoute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteView {
+    /// `HTTPRoute` or `GRPCRoute`.
+    pub kind: Kind,
+    /// Namespace and name.
+    pub key: NsName,
+    /// `metadata.creationTimestamp` in Unix seconds (0 when unset).
+    pub created: i64,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// The annotations (the family policy's).
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.hostnames`, lower case.
+    pub hostnames: Vec<String>,
+    /// `spec.parentRefs`.
+    pub parents: Vec<ParentRef>,
+    /// `spec.rules`.
+    pub rules: Vec<RuleView>,
+}
+
+impl RouteView {
+    /// The kind's name: `HTTPRoute` or `GRPCRoute`.
+    pub fn kind_name(&self) -> &'static str {
+        self.kind.as_str()
+    }
+}
+
+fn parent(
+    route_ns: &str,
+    group: &Option<String>,
+    kind: &Option<String>,
+    namespace: &Option<String>,
+    name: &str,
+    section_name: &Option<String>,
+    port: Option<i32>,
+) -> ParentRef {
+    ParentRef {
+        group: group
+            .clone()
+            .unwrap_or_else(|| crate::gateway::api::GROUP.to_owned()),
+        kind: kind.clone().unwrap_or_else(|| "Gateway".to_owned()),
+        namespace: namespace.clone().unwrap_or_else(|| route_ns.to_owned()),
+        name: name.to_owned(),
+        section_name: section_name.clone(),
+        port,
+        written: WrittenRef {
+            group: group.clone(),
+            kind: kind.clone(),
+            namespace: namespace.clone(),
+            name: name.to_owned(),
+            section_name: section_name.clone(),
+            port,
+        },
+    }
+}
+
+fn backend(
+    route_ns: &str,
+    group: &Option<String>,
+    kind: &Option<String>,
+    namespace: &Option<String>,
+    name: &str,
+    port: Option<i32>,
+    weight: Option<i32>,
+) -> BackendRef {
+    BackendRef {
+        group: group.clone().unwrap_or_default(),
+        kind: kind.clone().unwrap_or_else(|| "Service".to_owned()),
+        namespace: namespace.clone().unwrap_or_else(|| route_ns.to_owned()),
+        name: name.to_owned(),
+        port,
+        weight: weight.unwrap_or(1),
+        filters: None,
+    }
+}
+
+fn meta_parts(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (NsName, i64) {
+    let created = meta
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second());
+    (NsName::of(meta), created)
+}
+
+/// An HTTPRoute's view.
+pub fn http(route: &HttpRoute) -> RouteView {
+    let (key, created) = meta_parts(&route.metadata);
+    let ns = key.namespace.clone();
+    let spec = &route.spec;
+    let parents = spec.parent_refs.iter().flatten();
+    let parents = parents.map(|p| {
+        parent(
+            &ns,
+            &p.group,
+            &p.kind,
+            &p.namespace,
+            &p.name,
+            &p.section_name,
+            p.port,
+        )
+    });
+    RouteView {
+        kind: Kind::HttpRoute,
+        created,
+        generation: route.metadata.generation,
+        annotations: route.metadata.annotations.clone().unwrap_or_default(),
+        hostnames: hostnames(spec.hostnames.as_deref()),
+        parents: parents.collect(),
+        rules: spec
+            .rules
+            .iter()
+            .flatten()
+            .map(|r| http_rule(&ns, r))
+            .collect(),
+        key,
+    }
+}
+
+fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
+    let mut routing = gateway_rule::http_rule(rule);
+    let mut backends = Vec::new();
+    for b in rule.backend_refs.iter().flatten() {
+        let mut view = backend(
+            ns,
+            &b.group,
+            &b.kind,
+            &b.namespace,
+            &b.name,
+            b.port,
+            b.weight,
+        );
+        match gateway_rule::http_backend_filters(b.filters.as_deref().unwrap_or_default()) {
+            Ok(filters) => view.filters = filters,
+            Err(refusal) => routing = Err(refusal),
+        }
+        backends.push(view);
+    }
+    RuleView { routing, backends }
+}
+
+/// A GRPCRoute's view: a method match is a path match on `/SERVICE/METHOD`.
+pub fn grpc(route: &GrpcRoute) -> RouteView {
+    let (key, created) = meta_parts(&route.metadata);
+    let ns = key.namespace.clone();
+    let spec = &route.spec;
+    let parents = spec.parent_refs.iter().flatten();
+    let parents = parents.map(|p| {
+        parent(
+            &ns,
+            &p.group,
+            &p.kind,
+            &p.namespace,
+            &p.name,
+            &p.section_name,
+            p.port,
+        )
+    });
+    RouteView {
+        kind: Kind::GrpcRoute,
+        created,
+        generation: route.metadata.generation,
+        annotations: route.metadata.annotations.clone().unwrap_or_default(),
+        hostnames: hostnames(spec.hostnames.as_deref()),
+        parents: parents.collect(),
+        rules: spec
+            .rules
+            .iter()
+            .flatten()
+            .map(|r| grpc_rule(&ns, r))
+            .collect(),
+        key,
+    }
+}
+
+fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
+    let backends = rule.backend_refs.iter().flatten();
+    let backends = backends.map(|b| {
+        backend(
+            ns,
+            &b.group,
+            &b.kind,
+            &b.namespace,
+            &b.name,
+            b.port,
+            b.weight,
+        )
+    });
+    RuleView {
+        routing: gateway_rule::grpc_rule(rule),
+        backends: backends.collect(),
+    }
+}
+
+fn hostnames(written: Option<&[String]>) -> Vec<String> {
+    written
+        .unwrap_or_default()
+        .iter()
+        .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+        .collect()
+}

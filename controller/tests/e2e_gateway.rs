@@ -1,0 +1,376 @@
+//! End to end in `--manifests` mode, over real sockets on 127.0.0.1 and [::1]: a GatewayClass of
+//! duet's, a Gateway and HTTPRoutes in a folder, served on the Gateway's own listener port (in
+//! this mode the pod port is the listener port). Clients of each family reach the pods over their
+//! own family; listener isolation; hostname intersection; path precedence; weighted backendRefs
+//! with one target per pod; 500 for a backendRef that does not resolve.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use conformance::client::{self, Conn};
+use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
+use serde_json::{json, Value};
+
+const DUET: &str = env!("CARGO_BIN_EXE_duet");
+const NS: &str = "e2e";
+
+/// A port free on both 0.0.0.0 and [::] (the Gateway listener binds both).
+fn free_port() -> anyhow::Result<u16> {
+    for _ in 0..20 {
+        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
+        let port = v4.local_addr()?.port();
+        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no port free on both families")
+}
+
+fn gateway_class() -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "duet"},
+        "spec": {"controllerName": "duet.dev/gateway-controller"}
+    })
+}
+
+fn gateway(port: u16, listeners: &[(&str, Option<&str>)]) -> Value {
+    let listeners: Vec<Value> = listeners
+        .iter()
+        .map(|(name, host)| {
+            let mut l = json!({"name": name, "port": port, "protocol": "HTTP"});
+            if let Some(h) = host {
+                l["hostname"] = json!(h);
+            }
+            l
+        })
+        .collect();
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "gw", "namespace": NS},
+        "spec": {"gatewayClassName": "duet", "listeners": listeners}
+    })
+}
+
+/// A backendRef: `(kind, name, weight)`.
+type Backend<'a> = (&'a str, &'a str, u32);
+
+/// A rule: `(path type, path, backends)`.
+type Rule<'a> = (&'a str, &'a str, &'a [Backend<'a>]);
+
+/// An HTTPRoute of one rule per [`Rule`].
+fn route(name: &str, section: Option<&str>, hostnames: &[&str], rules: &[Rule<'_>]) -> Value {
+    let mut parent = json!({"name": "gw"});
+    if let Some(s) = section {
+        parent["sectionName"] = json!(s);
+    }
+    let rules: Vec<Value> = rules
+        .iter()
+        .map(|(kind, path, backends)| {
+            let refs: Vec<Value> = backends
+                .iter()
+                .map(|(k, n, w)| json!({"kind": k, "name": n, "port": 8080, "weight": w}))
+                .collect();
+            json!({"matches": [{"path": {"type": kind, "value": path}}], "backendRefs": refs})
+        })
+        .collect();
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"parentRefs": [parent], "hostnames": hostnames, "rules": rules}
+    })
+}
+
+fn svc(name: &str) -> Backend<'_> {
+    ("Service", name, 1)
+}
+
+/// Starts the fleets (one Service each), writes them and `docs`, starts duet.
+async fn setup(
+    fleets: &[(&str, Vec<PodSpec>)],
+    docs: Vec<Value>,
+) -> anyhow::Result<(Vec<Fleet>, ManifestDir, conformance::Duet)> {
+    let dir = ManifestDir::new()?;
+    let mut started = Vec::new();
+    for (name, pods) in fleets {
+        let fleet = Fleet::start(NS, name, pods)?;
+        dir.write(&format!("svc-{name}.yaml"), &fleet.manifests())?;
+        started.push(fleet);
+    }
+    dir.write("gateway.yaml", &docs)?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    Ok((started, dir, duet))
+}
+
+fn at(family: Family, port: u16) -> SocketAddr {
+    SocketAddr::new(family.loopback(), port)
+}
+
+/// The Service that answered `host` and `path` on the Gateway port (`Err` for a non-200), having
+/// checked the pod was reached over the client's family.
+async fn served_by(conn: &mut Conn, host: &str, path: &str) -> anyhow::Result<String> {
+    let reply = conn.get(host, path).await?;
+    client::expect_status(&reply, 200)?;
+    let echo = reply.echo()?;
+    anyhow::ensure!(
+        echo.family == conn.family(),
+        "{host}{path}: pod reached over {} by a {} client",
+        echo.family,
+        conn.family()
+    );
+    Ok(echo.service)
+}
+
+/// A connection to the Gateway port, once duet has bound it.
+async fn connect(family: Family, port: u16) -> anyhow::Result<Conn> {
+    client::eventually("Gateway listener bound", Duration::from_secs(10), || {
+        Conn::http1(at(family, port))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_isolate_intersect_hostnames_and_serve_both_families() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let docs = vec![
+        gateway_class(),
+        gateway(
+            port,
+            &[
+                ("exact", Some("foo.example.com")),
+                ("wild", Some("*.example.com")),
+                ("any", None),
+            ],
+        ),
+        // Only on `exact`, only /exact: `foo.example.com/other` must not fall to `wild`'s routes.
+        route(
+            "r-exact",
+            Some("exact"),
+            &[],
+            &[("Exact", "/exact", &[svc("gw-exact")])],
+        ),
+        route(
+            "r-wild",
+            Some("wild"),
+            &[],
+            &[("PathPrefix", "/", &[svc("gw-wild")])],
+        ),
+        // Intersected with `*.example.com`: only b.example.com; `other.test` is not served there.
+        route(
+            "r-host",
+            Some("wild"),
+            &["b.example.com", "other.test"],
+            &[("PathPrefix", "/host", &[svc("gw-host")])],
+        ),
+        route(
+            "r-any",
+            Some("any"),
+            &[],
+            &[("PathPrefix", "/", &[svc("gw-any")])],
+        ),
+        // Precedence on one host: Exact before the longer prefix before the shorter one.
+        route(
+            "r-paths",
+            Some("any"),
+            &["paths.test"],
+            &[
+                ("PathPrefix", "/a", &[svc("gw-any")]),
+                ("PathPrefix", "/a/b", &[svc("gw-wild")]),
+                ("Exact", "/a/b/c", &[svc("gw-host")]),
+                ("RegularExpression", "/re/[0-9]+", &[svc("gw-exact")]),
+            ],
+        ),
+    ];
+    let fleets: Vec<(&str, Vec<PodSpec>)> = ["gw-exact", "gw-wild", "gw-host", "gw-any"]
+        .into_iter()
+        .map(|s| (s, vec![PodSpec::dual(&format!("{s}-pod"))]))
+        .collect();
+    let (_fleets, _dir, duet) = setup(&fleets, docs).await?;
+    for family in Family::BOTH {
+        let mut conn = connect(family, port).await?;
+        let got = served_by(&mut conn, "foo.example.com", "/exact").await?;
+        assert_eq!(got, "gw-exact", "{family}");
+        let other = conn.get("foo.example.com", "/other").await?;
+        assert_eq!(
+            other.status,
+            404,
+            "{family}: listener isolation: {}",
+            other.text()
+        );
+        assert_eq!(
+            served_by(&mut conn, "a.b.example.com", "/x").await?,
+            "gw-wild"
+        );
+        assert_eq!(
+            served_by(&mut conn, "b.example.com", "/host").await?,
+            "gw-host"
+        );
+        assert_eq!(
+            served_by(&mut conn, "c.example.com", "/host").await?,
+            "gw-wild"
+        );
+        assert_eq!(served_by(&mut conn, "other.test", "/host").await?, "gw-any");
+        assert_eq!(
+            served_by(&mut conn, &format!("example.com:{port}"), "/").await?,
+            "gw-any"
+        );
+        for (path, svc) in [
+            ("/a", "gw-any"),
+            ("/a/bx", "gw-any"),
+            ("/a/b/x", "gw-wild"),
+            ("/a/b/c", "gw-host"),
+            ("/re/42", "gw-exact"),
+            ("/re/42/x", "gw-any"),
+        ] {
+            assert_eq!(
+                served_by(&mut conn, "paths.test", path).await?,
+                svc,
+                "{family} {path}"
+            );
+        }
+    }
+    // The Ingress listeners are untouched: no Ingress, no route.
+    let reply = client::get(duet.http(Family::V4), "foo.example.com", "/exact").await?;
+    assert_eq!(reply.status, 404);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_backend_refs_count_each_pod_once_and_unresolved_ones_answer_500(
+) -> anyhow::Result<()> {
+    let port = free_port()?;
+    let docs = vec![
+        gateway_class(),
+        gateway(port, &[("http", None)]),
+        route(
+            "weights",
+            None,
+            &[],
+            &[
+                (
+                    "PathPrefix",
+                    "/split",
+                    &[("Service", "w-a", 3), ("Service", "w-b", 1)],
+                ),
+                ("PathPrefix", "/missing", &[svc("nope")]),
+                ("PathPrefix", "/kind", &[("ConfigMap", "w-a", 1)]),
+                (
+                    "PathPrefix",
+                    "/half",
+                    &[("Service", "w-a", 1), ("Service", "nope", 1)],
+                ),
+            ],
+        ),
+    ];
+    // w-a: one dual-stack pod and one IPv4-only pod; w-b: one dual-stack pod.
+    let fleets = vec![
+        (
+            "w-a",
+            vec![PodSpec::dual("a-dual"), PodSpec::v4_only("a-v4")],
+        ),
+        ("w-b", vec![PodSpec::dual("b-dual")]),
+    ];
+    let (_fleets, _dir, _duet) = setup(&fleets, docs).await?;
+    const N: usize = 400;
+    for family in Family::BOTH {
+        let mut conn = connect(family, port).await?;
+        let mut by_service: BTreeMap<String, usize> = BTreeMap::new();
+        let mut by_pod: BTreeMap<String, usize> = BTreeMap::new();
+        for _ in 0..N {
+            let reply = conn.get("w.test", "/split").await?;
+            client::expect_status(&reply, 200)?;
+            let echo = reply.echo()?;
+            *by_service.entry(echo.service).or_default() += 1;
+            *by_pod.entry(echo.pod).or_default() += 1;
+        }
+        let a = by_service.get("w-a").copied().unwrap_or(0);
+        // 3:1 of 400 is 300; a binomial's 6 sigma is about 52.
+        assert!(
+            (240..=360).contains(&a),
+            "{family}: w-a got {a} of {N}: {by_service:?}"
+        );
+        // Within w-a each pod is one target: the dual-stack pod is not counted twice. IPv6
+        // clients reach the IPv4-only pod over IPv4 (PreferSameFamily falls back).
+        let dual = by_pod.get("a-dual").copied().unwrap_or(0);
+        let v4 = by_pod.get("a-v4").copied().unwrap_or(0);
+        // Counted per address, the dual-stack pod would get two shares in three.
+        assert!(dual.abs_diff(v4) <= a / 4, "{family}: {by_pod:?}");
+        for path in ["/missing", "/kind"] {
+            let reply = conn.get("w.test", path).await?;
+            assert_eq!(reply.status, 500, "{family} {path}: {}", reply.text());
+        }
+        let mut errors = 0;
+        for _ in 0..200 {
+            let reply = conn.get("w.test", "/half").await?;
+            match reply.status.as_u16() {
+                500 => errors += 1,
+                200 => assert_eq!(reply.echo()?.service, "w-a"),
+                other => anyhow::bail!("{family} /half: {other}"),
+            }
+        }
+        assert!(
+            (40..=160).contains(&errors),
+            "{family}: {errors} of 200 answered 500"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_listeners_present_their_own_certificates_by_sni() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let a = conformance::tls::cert(&["a.example.com"]);
+    let wild = conformance::tls::cert(&["*.example.com"]);
+    let https = |name: &str, host: &str, secret: &str| {
+        json!({"name": name, "port": port, "protocol": "HTTPS", "hostname": host,
+               "tls": {"certificateRefs": [{"name": secret}]}})
+    };
+    let docs = vec![
+        gateway_class(),
+        conformance::tls::secret(NS, "a", &a),
+        conformance::tls::secret(NS, "wild", &wild),
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "gw", "namespace": NS},
+            "spec": {"gatewayClassName": "duet", "listeners": [
+                https("a", "a.example.com", "a"), https("wild", "*.example.com", "wild")]}
+        }),
+        route(
+            "r-a",
+            Some("a"),
+            &[],
+            &[("PathPrefix", "/", &[svc("tls-a")])],
+        ),
+        route(
+            "r-wild",
+            Some("wild"),
+            &[],
+            &[("PathPrefix", "/", &[svc("tls-wild")])],
+        ),
+    ];
+    let fleets: Vec<(&str, Vec<PodSpec>)> = ["tls-a", "tls-wild"]
+        .into_iter()
+        .map(|s| (s, vec![PodSpec::dual(&format!("{s}-pod"))]))
+        .collect();
+    let (_fleets, _dir, _duet) = setup(&fleets, docs).await?;
+    for family in Family::BOTH {
+        for (sni, cert, service) in [
+            ("a.example.com", &a, "tls-a"),
+            ("x.y.example.com", &wild, "tls-wild"),
+        ] {
+            let (mut conn, hs) =
+                client::eventually("HTTPS listener", Duration::from_secs(10), || {
+                    Conn::https(at(family, port), Some(sni), &["http/1.1"])
+                })
+                .await?;
+            assert_eq!(hs.cert, cert.der, "{family} {sni}: wrong certificate");
+            assert_eq!(
+                served_by(&mut conn, sni, "/").await?,
+                service,
+                "{family} {sni}"
+            );
+        }
+    }
+    Ok(())
+}
