@@ -374,3 +374,89 @@ async fn https_listeners_present_their_own_certificates_by_sni() -> anyhow::Resu
     }
     Ok(())
 }
+
+/// An HTTPRoute of raw rules (matches, filters and backendRefs as the API writes them).
+fn raw_route(name: &str, rules: Value) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"parentRefs": [{"name": "gw"}], "hostnames": [format!("{name}.test")],
+                 "rules": rules}
+    })
+}
+
+/// Rule internals served on a Gateway's own port: header, query and method matches with their
+/// precedence, a request header filter, a redirect; a route whose only rule asks for a filter
+/// duet does not serve is not served, and the other routes keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let to = |svc: &str| json!([{"name": svc, "port": 8080}]);
+    let docs = vec![
+        gateway_class(),
+        gateway(port, &[("any", None)]),
+        raw_route(
+            "match",
+            json!([
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                 "backendRefs": to("gw-plain")},
+                {"matches": [{"headers": [{"name": "x-version", "value": "2"}]}],
+                 "filters": [{"type": "RequestHeaderModifier",
+                              "requestHeaderModifier": {"set": [{"name": "x-by", "value": "duet"}]}}],
+                 "backendRefs": to("gw-header")},
+                {"matches": [{"queryParams": [{"name": "canary", "value": "yes"}]}],
+                 "backendRefs": to("gw-query")},
+                {"matches": [{"method": "POST"}], "backendRefs": to("gw-post")}
+            ]),
+        ),
+        raw_route(
+            "moved",
+            json!([{"filters": [{"type": "RequestRedirect",
+                                 "requestRedirect": {"hostname": "new.test", "statusCode": 301}}]}]),
+        ),
+        raw_route(
+            "mirror",
+            json!([{"filters": [{"type": "RequestMirror",
+                                 "requestMirror": {"backendRef": {"name": "gw-plain", "port": 8080}}}],
+                    "backendRefs": to("gw-plain")}]),
+        ),
+    ];
+    let fleets: Vec<(&str, Vec<PodSpec>)> = ["gw-plain", "gw-header", "gw-query", "gw-post"]
+        .into_iter()
+        .map(|s| (s, vec![PodSpec::dual(&format!("{s}-pod"))]))
+        .collect();
+    let (_fleets, _dir, _duet) = setup(&fleets, docs).await?;
+    for family in Family::BOTH {
+        let mut conn = connect(family, port).await?;
+        assert_eq!(served_by(&mut conn, "match.test", "/a").await?, "gw-plain");
+        let req = client::request(conformance::http::Method::GET, "match.test", "/a")
+            .header("x-version", "2")
+            .header("x-by", "client")
+            .body(Default::default())?;
+        let reply = conn.send(req).await?;
+        client::expect_status(&reply, 200)?;
+        let echo = reply.echo()?;
+        assert_eq!(echo.service, "gw-header", "{family}: header match");
+        assert_eq!(echo.family, family);
+        assert_eq!(
+            echo.headers.get("X-By").map(Vec::as_slice),
+            Some(&["duet".to_owned()][..]),
+            "{family}: RequestHeaderModifier set"
+        );
+        assert_eq!(
+            served_by(&mut conn, "match.test", "/a?canary=yes").await?,
+            "gw-query"
+        );
+        let post = client::request(conformance::http::Method::POST, "match.test", "/a")
+            .body(Default::default())?;
+        let reply = conn.send(post).await?;
+        client::expect_status(&reply, 200)?;
+        assert_eq!(reply.echo()?.service, "gw-post", "{family}: method match");
+        let moved = conn.get("moved.test", "/x?y=1").await?;
+        assert_eq!(moved.status, 301, "{family}: {}", moved.text());
+        assert_eq!(moved.header("location"), Some("http://new.test/x?y=1"));
+        let mirror = conn.get("mirror.test", "/").await?;
+        assert_eq!(mirror.status, 404, "{family}: a refused rule is not served");
+    }
+    Ok(())
+}
