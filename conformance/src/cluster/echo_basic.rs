@@ -12,7 +12,8 @@
 //! (`pods/NAMESPACE_NAME/VOLUME/`, the `items` it names or every key), and an env value naming
 //! a path under the volume's `mountPath` is rewritten to that copy (no mount namespace, so the
 //! program reads the copy; `echo-basic` reads its certificate files only through env values).
-//! Anything else a pod asks for (another `valueFrom`, a second container) is a refusal.
+//! Other volumes (the service-account token, config maps) are not given. Anything else a pod
+//! asks for (another `valueFrom`, a second container) is a refusal.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -66,9 +67,9 @@ pub fn runs(pod: &Value) -> bool {
         .pointer("/spec/containers/0/image")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    image.strip_prefix(ECHO_BASIC_IMAGE).is_some_and(|rest| {
-        rest.is_empty() || rest.starts_with(':') || rest.starts_with('@')
-    })
+    image
+        .strip_prefix(ECHO_BASIC_IMAGE)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':') || rest.starts_with('@'))
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -101,7 +102,9 @@ fn field(pod: &Value, path: &str, ips: &[IpAddr]) -> Option<String> {
 /// The container's environment: literal values and downward API fields, in order.
 pub fn environment(pod: &Value, ips: &[IpAddr]) -> anyhow::Result<Vec<(String, String)>> {
     let mut env = Vec::new();
-    let entries = pod.pointer("/spec/containers/0/env").and_then(Value::as_array);
+    let entries = pod
+        .pointer("/spec/containers/0/env")
+        .and_then(Value::as_array);
     for entry in entries.into_iter().flatten() {
         let name = str_at(entry, "/name").to_owned();
         let value = if let Some(v) = entry["value"].as_str() {
@@ -127,16 +130,23 @@ async fn secret_volumes(
     folder: &Path,
 ) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let ns = str_at(pod, "/metadata/namespace");
-    let volumes = pod["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+    let volumes = pod["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let mut mounts = Vec::new();
-    let wanted = pod.pointer("/spec/containers/0/volumeMounts").and_then(Value::as_array);
+    let wanted = pod
+        .pointer("/spec/containers/0/volumeMounts")
+        .and_then(Value::as_array);
     for mount in wanted.into_iter().flatten() {
         let name = str_at(mount, "/name");
         let Some(volume) = volumes.iter().find(|v| v["name"] == name) else {
             bail!("volumeMount {name} names no volume");
         };
+        // Other volumes (the service-account token every pod gets, config maps) are not
+        // given: echo-basic reads none.
         let Some(secret_name) = volume.pointer("/secret/secretName").and_then(Value::as_str) else {
-            bail!("volume {name}: only secret volumes are supported");
+            continue;
         };
         let secret = api
             .get("v1", "Secret", Some(ns), secret_name)
@@ -195,8 +205,8 @@ fn served_port(pod: &Value) -> u16 {
 
 impl EchoBasic {
     /// Starts the program for `pod` in `net` (addresses `ips`) and waits until it accepts
-    /// connections on its port over one of them (the gRPC server binds `0.0.0.0` only, so the
-    /// IPv4 address when there is one). Fails with the end of its log if it exits first.
+    /// connections on its port (over its IPv4 address when it has one). Fails with the end of its
+    /// log if it exits first.
     pub async fn start(
         &self,
         api: &KubeApi,
@@ -205,7 +215,10 @@ impl EchoBasic {
         net: &mut PodNet,
     ) -> anyhow::Result<()> {
         let containers = pod["spec"]["containers"].as_array().map_or(0, Vec::len);
-        anyhow::ensure!(containers == 1, "{containers} containers: echo-basic pods have one");
+        anyhow::ensure!(
+            containers == 1,
+            "{containers} containers: echo-basic pods have one"
+        );
         let folder = self.dir.join("pods").join(format!(
             "{}_{}",
             str_at(pod, "/metadata/namespace"),
@@ -252,7 +265,9 @@ mod tests {
     fn the_echo_image_any_tag_runs_echo_basic() {
         let pod = |image: &str| json!({"spec": {"containers": [{"image": image}]}});
         assert!(runs(&pod("registry.k8s.io/gateway-api/echo-basic:v1.5.1")));
-        assert!(runs(&pod("registry.k8s.io/gateway-api/echo-basic@sha256:00")));
+        assert!(runs(&pod(
+            "registry.k8s.io/gateway-api/echo-basic@sha256:00"
+        )));
         assert!(!runs(&pod("registry.k8s.io/gateway-api/echo-basic-x:v1")));
         assert!(!runs(&pod("registry.k8s.io/coredns/coredns:v1.12.2")));
         assert!(!runs(&json!({})));
@@ -269,7 +284,10 @@ mod tests {
                 {"name": "GRPC_ECHO_SERVER", "value": "1"},
             ]}]},
         });
-        let ips: Vec<IpAddr> = vec!["fd00:10:244::5".parse().unwrap(), "10.244.0.5".parse().unwrap()];
+        let ips: Vec<IpAddr> = vec![
+            "fd00:10:244::5".parse().unwrap(),
+            "10.244.0.5".parse().unwrap(),
+        ];
         let env = environment(&pod, &ips).unwrap();
         let want = [
             ("POD_NAME", "p"),
@@ -289,9 +307,18 @@ mod tests {
 
     #[test]
     fn paths_under_a_secret_mount_point_at_the_copy() {
-        let mounts = vec![("/etc/secret-volume".to_owned(), PathBuf::from("/tmp/c/pods/x/v"))];
-        assert_eq!(rewrite("/etc/secret-volume/crt", &mounts), "/tmp/c/pods/x/v/crt");
-        assert_eq!(rewrite("/etc/secret-volumes/crt", &mounts), "/etc/secret-volumes/crt");
+        let mounts = vec![(
+            "/etc/secret-volume".to_owned(),
+            PathBuf::from("/tmp/c/pods/x/v"),
+        )];
+        assert_eq!(
+            rewrite("/etc/secret-volume/crt", &mounts),
+            "/tmp/c/pods/x/v/crt"
+        );
+        assert_eq!(
+            rewrite("/etc/secret-volumes/crt", &mounts),
+            "/etc/secret-volumes/crt"
+        );
         assert_eq!(rewrite("1", &mounts), "1");
     }
 }

@@ -298,10 +298,13 @@ impl Cluster {
             &bin.join("kube-controller-manager"),
             &kcm_args,
         )?;
-        let echo_basic = options.echo_basic.clone().map(|program| echo_basic::EchoBasic {
-            program,
-            dir: cluster.dir.clone(),
-        });
+        let echo_basic = options
+            .echo_basic
+            .clone()
+            .map(|program| echo_basic::EchoBasic {
+                program,
+                dir: cluster.dir.clone(),
+            });
         cluster.kubelet = Some(kubelet::Kubelet::start(
             cluster.netns.path(),
             &cluster.kubeconfig,

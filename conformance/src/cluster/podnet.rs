@@ -156,7 +156,9 @@ impl PodNet {
 
     /// Whether the program has exited (with its status).
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Kills the program; the namespace (with the veth pair and its routes) goes on drop.

@@ -155,7 +155,13 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
                 for line in report.lines(&PROFILES) {
                     println!("{line}");
                 }
-                let failed = report.failed_core();
+                let mut failed = report.failed_core();
+                if !report.ran() {
+                    let log = report_dir.join(format!("{name}.log"));
+                    let why = setup_failure(&std::fs::read_to_string(log).unwrap_or_default());
+                    println!("{name}: no test ran, the suite's setup failed: {why}");
+                    failed.push("(setup)".to_owned());
+                }
                 if !failed.is_empty() {
                     println!("{name}: failed core tests: {}", failed.join(", "));
                 }
@@ -244,6 +250,31 @@ async fn one_run(run: &Run) -> anyhow::Result<Report> {
     Report::parse(&yaml).with_context(|| format!("cannot read {}", report.display()))
 }
 
+/// Why the suite's setup failed, from its output: its assertion message and the last thing it
+/// waited for (`... Gateway not Programmed yet`).
+fn setup_failure(log: &str) -> String {
+    let after = |line: &str, marker: &str| {
+        line.split_once(marker)
+            .map(|(_, rest)| rest.trim().to_owned())
+    };
+    let message = log
+        .lines()
+        .filter_map(|l| after(l, "Messages:"))
+        .next_back()
+        .unwrap_or_else(|| "no message in its output".to_owned());
+    let waited = log
+        .lines()
+        .filter(|l| {
+            l.contains("helpers.go") && (l.contains("not Programmed") || l.contains("not ready"))
+        })
+        .filter_map(|l| after(l, "Z: "))
+        .next_back();
+    match waited {
+        Some(w) => format!("{message} (last: {w})"),
+        None => message,
+    }
+}
+
 /// Creates duet's namespace and pod and returns the pod's addresses, primary family first.
 async fn duet_pod(api: &crate::runner::kube_api::KubeApi) -> anyhow::Result<Vec<String>> {
     api.create(json!({"apiVersion": "v1", "kind": "Namespace",
@@ -312,4 +343,52 @@ async fn run_suite(run: &Run, kubeconfig: &Path) -> anyhow::Result<()> {
         log_path.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_setup_is_explained_from_the_suite_output() {
+        let log = "    helpers.go:285: 2026-12-01T11:22:52.1Z: ns/a Gateway not Programmed yet\n\
+                   \tMessages:   \terror waiting for ns namespaces to be ready\n";
+        assert_eq!(
+            setup_failure(log),
+            "error waiting for ns namespaces to be ready (last: ns/a Gateway not Programmed yet)"
+        );
+        assert_eq!(setup_failure(""), "no message in its output");
+    }
+
+    #[test]
+    fn named_flags_and_raw_flags_reach_the_suite() {
+        let cli = GatewayCli::try_parse_from([
+            "x",
+            "--report-dir",
+            "r",
+            "--run-test",
+            "HTTPRouteWeight",
+            "--supported-features",
+            "Gateway,HTTPRoute",
+            "--",
+            "-debug",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.flags(),
+            [
+                "-run-test=HTTPRouteWeight",
+                "-supported-features=Gateway,HTTPRoute",
+                "-debug"
+            ]
+        );
+        assert_eq!(cli.runs().len(), 2);
+        assert!(
+            GatewayCli::try_parse_from(["x", "--family", "ipv5", "--report-dir", "r"]).is_err()
+        );
+        assert!(
+            GatewayCli::try_parse_from(["x"]).is_err(),
+            "--report-dir is required"
+        );
+    }
 }

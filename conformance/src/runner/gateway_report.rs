@@ -7,9 +7,9 @@ use serde::Deserialize;
 /// The part of a report the runner prints.
 #[derive(Debug, Deserialize)]
 pub struct Report {
-    /// One per conformance profile that ran.
+    /// One per conformance profile that ran; `null` when the suite's setup failed (no test ran).
     #[serde(default)]
-    pub profiles: Vec<ProfileReport>,
+    pub profiles: Option<Vec<ProfileReport>>,
 }
 
 /// A profile's results (`GATEWAY-HTTP`, `GATEWAY-GRPC`).
@@ -60,12 +60,23 @@ impl Report {
         Ok(serde_saphyr::from_str(yaml)?)
     }
 
+    /// The profiles' results (none when the suite's setup failed).
+    pub fn profiles(&self) -> &[ProfileReport] {
+        self.profiles.as_deref().unwrap_or_default()
+    }
+
+    /// Whether any test ran: the suite writes `profiles: null` when its setup (base manifests,
+    /// Gateways `Programmed`, pods ready) failed before the first test.
+    pub fn ran(&self) -> bool {
+        !self.profiles().is_empty()
+    }
+
     /// `PROFILE core: N passed, N failed, N skipped` and the same for extended, for every
     /// profile of `names` (in that order; a profile the report lacks counts nothing).
     pub fn lines(&self, names: &[&str]) -> Vec<String> {
         let mut out = Vec::new();
         for name in names {
-            let profile = self.profiles.iter().find(|p| p.name == *name);
+            let profile = self.profiles().iter().find(|p| p.name == *name);
             let none = Status::default();
             let core = profile.map_or(&none, |p| &p.core);
             let extended = profile.and_then(|p| p.extended.as_ref()).unwrap_or(&none);
@@ -82,7 +93,7 @@ impl Report {
 
     /// The failed core tests of every profile, `PROFILE/Test`.
     pub fn failed_core(&self) -> Vec<String> {
-        self.profiles
+        self.profiles()
             .iter()
             .flat_map(|p| {
                 let named: Vec<String> = p
@@ -175,12 +186,15 @@ profiles:
 
     #[test]
     fn a_profile_that_did_not_run_counts_nothing_and_garbage_is_an_error() {
-        let report = Report::parse("profiles: []\n").unwrap();
+        // What the suite writes when its setup fails (no Gateway became Programmed).
+        let report = Report::parse("kind: ConformanceReport\nprofiles: null\n").unwrap();
+        assert!(!report.ran());
         assert_eq!(
             report.lines(&["GATEWAY-GRPC"])[0],
             "GATEWAY-GRPC core: 0 passed, 0 failed, 0 skipped"
         );
         assert!(report.failed_core().is_empty());
+        assert!(Report::parse(REPORT).unwrap().ran());
         assert!(Report::parse("profiles: [{name: 1, core: 7}]").is_err());
     }
 }
