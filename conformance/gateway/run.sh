@@ -50,7 +50,9 @@ fi
 cd "$here"
 "$bin/crds" apply -kubeconfig "$kubeconfig"
 "$bin/crds" gatewayclass -kubeconfig "$kubeconfig"
-DUET_GATEWAY_CONFORMANCE=1 DUET_VERSION=${DUET_VERSION:-v$version} KUBECONFIG=$kubeconfig \
-  "$bin/conformance.test" -test.v -test.count=1 -test.timeout 90m -test.run '^TestConformance$' \
-  -kubeconfig="$kubeconfig" -report-output="$report" "$@"
 echo "report: $report"
+# exec: a parent-death signal given to this script (duet-conformance gateway gives one) holds
+# for the suite too.
+DUET_GATEWAY_CONFORMANCE=1 DUET_VERSION=${DUET_VERSION:-v$version} KUBECONFIG=$kubeconfig \
+  exec "$bin/conformance.test" -test.v -test.count=1 -test.timeout 90m -test.run '^TestConformance$' \
+  -kubeconfig="$kubeconfig" -report-output="$report" "$@"

@@ -7,8 +7,9 @@
 //!   IPv6 address, directly and through a LoadBalancer Service's addresses of both families;
 //! - a gRPC pod (`GRPC_ECHO_SERVER`) listens on both addresses (`echo-basic` listens on
 //!   `0.0.0.0:3000` with Go's network `tcp`, which Go opens as one dual-stack IPv6 socket);
-//! - a pod with a secret volume gets the Secret's files: its HTTPS port (which `echo-basic`
-//!   opens only when it can read the certificate) accepts connections on both families;
+//! - a pod with a secret volume waits for its Secret, then gets the Secret's files: its HTTPS
+//!   port (which `echo-basic` opens only when it can read the certificate) accepts connections
+//!   on both families;
 //! - every other pod is still the in-process echo server;
 //! - a deleted pod's program and network go (its address stops answering).
 //!
@@ -128,8 +129,6 @@ async fn echo_basic_pods(stack: Stack) -> anyhow::Result<()> {
     let api = cluster.api().await?;
     api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
         .await?;
-    let cert = tls::cert(&["tls.example.com"]);
-    api.create(tls::secret(NS, "certs", &cert)).await?;
     api.create(deployment("http", IMAGE, json!([]), json!({})))
         .await?;
     api.create(deployment(
@@ -210,6 +209,24 @@ async fn echo_basic_pods(stack: Stack) -> anyhow::Result<()> {
             "gRPC echo-basic on {ip} refuses connections"
         );
     }
+    // The TLS pod waits for its Secret (created after it, as the suite does), then runs.
+    client::eventually("the TLS pod waits for its Secret", WAIT, || async {
+        let pods = api.list("v1", "Pod", Some(NS), "app=tls").await?;
+        let waiting = pods.iter().any(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["reason"] == "ContainerCreating" && c["message"] == "waiting for Secret certs"
+                })
+        });
+        anyhow::ensure!(waiting, "{pods:?}");
+        Ok(())
+    })
+    .await?;
+    let cert = tls::cert(&["tls.example.com"]);
+    api.create(tls::secret(NS, "certs", &cert)).await?;
     let (_, tls_ips) = running_pod(&api, "tls").await?;
     for ip in &tls_ips {
         let to = SocketAddr::new(*ip, 8443);

@@ -12,8 +12,9 @@
 //! (`pods/NAMESPACE_NAME/VOLUME/`, the `items` it names or every key), and an env value naming
 //! a path under the volume's `mountPath` is rewritten to that copy (no mount namespace, so the
 //! program reads the copy; `echo-basic` reads its certificate files only through env values).
-//! Other volumes (the service-account token, config maps) are not given. Anything else a pod
-//! asks for (another `valueFrom`, a second container) is a refusal.
+//! Other volumes (the service-account token, config maps) are not given. A pod whose Secret does
+//! not exist yet waits (`Pending`, `Ready=False`, reason `ContainerCreating`) until it does.
+//! Anything else a pod asks for (another `valueFrom`, a second container) is a refusal.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -121,6 +122,20 @@ pub fn environment(pod: &Value, ips: &[IpAddr]) -> anyhow::Result<Vec<(String, S
         env.push((name, value));
     }
     Ok(env)
+}
+
+/// The first Secret a secret volume of the pod names that does not exist (yet: the suite creates
+/// some Secrets after the Deployments that mount them, and a kubelet waits for them).
+pub async fn missing_secret(api: &KubeApi, pod: &Value) -> anyhow::Result<Option<String>> {
+    let ns = str_at(pod, "/metadata/namespace");
+    for volume in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+        if let Some(name) = volume.pointer("/secret/secretName").and_then(Value::as_str) {
+            if api.get("v1", "Secret", Some(ns), name).await?.is_none() {
+                return Ok(Some(name.to_owned()));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Writes the pod's secret volumes under `folder` and returns (`mountPath`, copy) per mount.

@@ -147,6 +147,8 @@ struct State {
     running: HashMap<String, Running>,
     /// Pods the kubelet refused (by uid): reported once, not retried.
     refused: Vec<String>,
+    /// Pods waiting for a Secret (by uid): reported once.
+    waiting: Vec<String>,
     allocated: u32,
     /// Runs the suite's echo pods as the real `echo-basic`, when set.
     echo_basic: Option<EchoBasic>,
@@ -247,6 +249,7 @@ impl State {
             stack,
             running: HashMap::new(),
             refused: Vec::new(),
+            waiting: Vec::new(),
             allocated: 1,
             echo_basic: None,
         }
@@ -360,6 +363,8 @@ impl State {
             }
         }
         self.refused.retain(|uid| live.contains(uid));
+        self.waiting
+            .retain(|uid| live.contains(uid) && !self.running.contains_key(uid));
         Ok(())
     }
 
@@ -382,7 +387,12 @@ impl State {
             return Ok(());
         }
         let planned = match &self.echo_basic {
-            Some(_) if echo_basic::runs(pod) => self.run_echo_basic(pod, &uid, &path).await,
+            Some(_) if echo_basic::runs(pod) => {
+                if let Some(secret) = echo_basic::missing_secret(&self.api, pod).await? {
+                    return self.wait_for_secret(&uid, &path, &secret).await;
+                }
+                self.run_echo_basic(pod, &uid, &path).await
+            }
             _ => match plan(pod, self.stack) {
                 Ok(plan) => return self.run_pod(pod, &uid, &path, plan).await,
                 Err(e) => Err(e),
@@ -401,6 +411,20 @@ impl State {
                 Err(e)
             }
         }
+    }
+
+    /// Reports (once) a pod waiting for a Secret its volumes name; the next passes look again.
+    async fn wait_for_secret(&mut self, uid: &str, path: &str, secret: &str) -> anyhow::Result<()> {
+        if self.waiting.iter().any(|u| u == uid) {
+            return Ok(());
+        }
+        self.waiting.push(uid.to_owned());
+        let status = json!({"status": {"phase": "Pending", "conditions": [
+            {"type": "Ready", "status": "False", "reason": "ContainerCreating",
+             "message": format!("waiting for Secret {secret}"), "lastTransitionTime": now()}]}});
+        self.send(Method::PATCH, &format!("{path}/status"), &status)
+            .await?;
+        Ok(())
     }
 
     /// Runs a pod of the suite's echo image as the real `echo-basic` in a network namespace of
