@@ -156,14 +156,14 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
                     println!("{line}");
                 }
                 let mut failed = report.failed_core();
+                if !failed.is_empty() {
+                    println!("{name}: failed core tests: {}", failed.join(", "));
+                }
                 if !report.ran() {
                     let log = report_dir.join(format!("{name}.log"));
                     let why = setup_failure(&std::fs::read_to_string(log).unwrap_or_default());
                     println!("{name}: no test ran, the suite's setup failed: {why}");
-                    failed.push("(setup)".to_owned());
-                }
-                if !failed.is_empty() {
-                    println!("{name}: failed core tests: {}", failed.join(", "));
+                    failed.push("setup".to_owned());
                 }
                 failed_core.extend(failed.into_iter().map(|t| format!("{name}: {t}")));
             }
@@ -179,7 +179,8 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
         );
     }
     println!(
-        "Gateway API conformance: {} core failures, {} runs incomplete, {:.1} s",
+        "Gateway API conformance: {} core failures (a failed setup counts one), {} runs \
+         incomplete, {:.1} s",
         failed_core.len(),
         broken.len(),
         started.elapsed().as_secs_f64()
