@@ -30,7 +30,6 @@ use clap::Parser;
 use serde_json::json;
 
 use super::gateway_report::Report;
-use super::Profile;
 use crate::cluster::{self, echo_basic, Cluster, Stack};
 use crate::duet::DuetBuilder;
 
@@ -42,17 +41,29 @@ const POD_LABEL: (&str, &str) = ("app", "duet-gateway");
 /// The profiles whose counts are printed.
 const PROFILES: [&str; 2] = ["GATEWAY-HTTP", "GATEWAY-GRPC"];
 
+/// Which runs: the primary family of the dual-stack cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Primary {
+    /// A dual-stack cluster whose primary family is IPv4 (report ipv4.yaml).
+    Ipv4,
+    /// A dual-stack cluster whose primary family is IPv6 (report ipv6.yaml).
+    Ipv6,
+    /// Both, IPv4 first.
+    Both,
+}
+
 /// `duet-conformance gateway`.
 #[derive(Debug, Parser)]
 #[command(
     name = "duet-conformance gateway",
+    bin_name = "duet-conformance gateway",
     about = "Run the upstream Gateway API conformance suite against duet on the test cluster, \
              on an IPv4-primary and an IPv6-primary dual-stack cluster"
 )]
 pub struct GatewayCli {
-    /// Which primary family: ipv4 (dual-stack, IPv4 first), ipv6 (dual-stack, IPv6 first), both.
+    /// The primary family of the dual-stack cluster of each run.
     #[arg(long, value_enum, default_value = "both")]
-    pub family: Profile,
+    pub family: Primary,
     /// Where the reports (ipv4.yaml, ipv6.yaml) and the logs go.
     #[arg(long, value_name = "DIR")]
     pub report_dir: PathBuf,
@@ -100,9 +111,9 @@ impl GatewayCli {
     /// The runs: (name, stack), in order.
     fn runs(&self) -> Vec<(&'static str, Stack)> {
         match self.family {
-            Profile::Ipv4 => vec![("ipv4", Stack::Dual)],
-            Profile::Ipv6 => vec![("ipv6", Stack::DualIpv6)],
-            Profile::Both => vec![("ipv4", Stack::Dual), ("ipv6", Stack::DualIpv6)],
+            Primary::Ipv4 => vec![("ipv4", Stack::Dual)],
+            Primary::Ipv6 => vec![("ipv6", Stack::DualIpv6)],
+            Primary::Both => vec![("ipv4", Stack::Dual), ("ipv6", Stack::DualIpv6)],
         }
     }
 }
