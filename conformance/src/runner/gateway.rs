@@ -163,19 +163,7 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
         println!("== Gateway API conformance, {name}: dual-stack cluster, {name} primary");
         match on_own_thread(run).await {
             Ok(report) => {
-                for line in report.lines(&PROFILES) {
-                    println!("{line}");
-                }
-                let mut failed = report.failed_core();
-                if !failed.is_empty() {
-                    println!("{name}: failed core tests: {}", failed.join(", "));
-                }
-                if !report.ran() {
-                    let log = report_dir.join(format!("{name}.log"));
-                    let why = setup_failure(&std::fs::read_to_string(log).unwrap_or_default());
-                    println!("{name}: no test ran, the suite's setup failed: {why}");
-                    failed.push("setup".to_owned());
-                }
+                let failed = print_counts(name, &report, &report_dir);
                 failed_core.extend(failed.into_iter().map(|t| format!("{name}: {t}")));
             }
             Err(e) => {
@@ -200,6 +188,25 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+/// Prints a run's counts (and why its setup failed, if it did); returns its failed core tests
+/// (`setup` for a failed setup).
+fn print_counts(name: &str, report: &Report, report_dir: &Path) -> Vec<String> {
+    for line in report.lines(&PROFILES) {
+        println!("{line}");
+    }
+    let mut failed = report.failed_core();
+    if !failed.is_empty() {
+        println!("{name}: failed core tests: {}", failed.join(", "));
+    }
+    if !report.ran() {
+        let log = report_dir.join(format!("{name}.log"));
+        let why = setup_failure(&std::fs::read_to_string(log).unwrap_or_default());
+        println!("{name}: no test ran, the suite's setup failed: {why}");
+        failed.push("setup".to_owned());
+    }
+    failed
 }
 
 /// One run on a thread of its own: the cluster's processes die with it.
