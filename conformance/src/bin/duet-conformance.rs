@@ -1,12 +1,29 @@
-//! `duet-conformance`: the Ingress conformance runner (see `conformance::runner`).
+//! `duet-conformance`: the Ingress conformance runner (see `conformance::runner`), and
+//! `duet-conformance gateway`, the Gateway API conformance runner
+//! (`conformance::runner::gateway`).
 
 use clap::Parser;
+use conformance::runner::gateway::GatewayCli;
+use conformance::runner::Cli;
 use tokio::signal::unix::{signal, SignalKind};
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    let cli = match conformance::runner::Cli::try_parse() {
-        Ok(cli) => cli,
+/// What to run.
+enum Command {
+    Ingress(Cli),
+    Gateway(GatewayCli),
+}
+
+/// Parses the command line; a bad one exits 64 with its first line, `--help` exits 0.
+fn parse() -> Command {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let parsed = if args.get(1).is_some_and(|a| a == "gateway") {
+        args.remove(1);
+        GatewayCli::try_parse_from(args).map(Command::Gateway)
+    } else {
+        Cli::try_parse_from(args).map(Command::Ingress)
+    };
+    match parsed {
+        Ok(command) => command,
         Err(e) if e.use_stderr() => {
             let text = e.to_string();
             eprintln!("{}", text.lines().next().unwrap_or("bad arguments"));
@@ -16,7 +33,12 @@ async fn main() {
             let _ = e.print();
             std::process::exit(0);
         }
-    };
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let command = parse();
     // A panic unwinding out of main drops the guard; `exit` skips destructors, so every exit
     // below calls `shutdown` itself. (A SIGKILL is covered by duet's parent-death signal.)
     let _guard = Shutdown;
@@ -28,7 +50,7 @@ async fn main() {
         }
     };
     let code = tokio::select! {
-        result = conformance::runner::main(cli) => match result {
+        result = run(command) => match result {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("duet-conformance: {e:#}");
@@ -46,6 +68,13 @@ async fn main() {
     };
     conformance::runner::shutdown();
     std::process::exit(code);
+}
+
+async fn run(command: Command) -> anyhow::Result<i32> {
+    match command {
+        Command::Ingress(cli) => conformance::runner::main(cli).await,
+        Command::Gateway(cli) => conformance::runner::gateway::main(cli).await,
+    }
 }
 
 /// Stops the runner's children when main unwinds.

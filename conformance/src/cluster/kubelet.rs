@@ -14,6 +14,16 @@
 //! the cluster does not have is absent. A pod it cannot run (a bad annotation or port) stays
 //! `Pending` with `Ready=False`, reason `DuetKubeletRefused` and the error as message.
 //!
+//! Pods of the Gateway API suite's echo server (image [`ECHO_BASIC_IMAGE`], any tag) run the real
+//! `echo-basic` program instead when the cluster was started with one
+//! ([`super::Options::echo_basic`]; see [`super::echo_basic`]): each in a network namespace of
+//! its own joined to the cluster's by a veth pair ([`super::podnet`]), with addresses of every
+//! cluster family, its container's `env` (values and the downward API's `fieldRef`s) and its
+//! secret volumes written to the cluster's folder (a path under a secret volume's `mountPath` in
+//! an env value is rewritten to that copy: there is no mount namespace). It is reported ready
+//! once its port (the first container port, else 3000) accepts connections; a program that exits
+//! before is a refusal as above, with the end of its log as message.
+//!
 //! It runs on a thread of its own inside the cluster's network namespace, polling the Pod list
 //! (a few Pods on one node: a list every 200 ms costs nothing and never misses a change).
 
@@ -28,7 +38,9 @@ use serde_json::{json, Value};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::oneshot;
 
+use super::echo_basic::{self, EchoBasic};
 use super::netns::{enter_path, local_address};
+use super::podnet::PodNet;
 use super::{Stack, NODE_IP_V4, NODE_IP_V6, NODE_NAME, POD_CIDR_V4, POD_CIDR_V6};
 use crate::echo::{EchoOptions, EchoServer, Family, Identity};
 use crate::fleet::Port;
@@ -59,13 +71,18 @@ impl Drop for Kubelet {
 
 impl Kubelet {
     /// Starts the kubelet thread in the namespace at `netns`, talking to the API server of
-    /// `kubeconfig`.
-    pub fn start(netns: &Path, kubeconfig: &Path, stack: Stack) -> anyhow::Result<Kubelet> {
+    /// `kubeconfig`; `echo_basic` runs the suite's echo pods as the real program.
+    pub fn start(
+        netns: &Path,
+        kubeconfig: &Path,
+        stack: Stack,
+        echo_basic: Option<EchoBasic>,
+    ) -> anyhow::Result<Kubelet> {
         let (stop, stopped) = oneshot::channel();
         let (netns, kubeconfig) = (netns.to_owned(), kubeconfig.to_owned());
         let thread = std::thread::Builder::new()
             .name("duet-kubelet".into())
-            .spawn(move || run_thread(&netns, &kubeconfig, stack, stopped))
+            .spawn(move || run_thread(&netns, &kubeconfig, stack, echo_basic, stopped))
             .context("cannot start the kubelet thread")?;
         Ok(Kubelet {
             stop: Some(stop),
@@ -74,11 +91,18 @@ impl Kubelet {
     }
 }
 
-fn run_thread(netns: &Path, kubeconfig: &Path, stack: Stack, stopped: oneshot::Receiver<()>) {
+fn run_thread(
+    netns: &Path,
+    kubeconfig: &Path,
+    stack: Stack,
+    echo_basic: Option<EchoBasic>,
+    stopped: oneshot::Receiver<()>,
+) {
     let run = async {
         enter_path(netns)?;
         let api = KubeApi::from_kubeconfig(kubeconfig).await?;
         let mut kubelet = State::new(api, stack);
+        kubelet.echo_basic = echo_basic;
         kubelet.run(stopped).await;
         anyhow::Ok(())
     };
@@ -100,6 +124,9 @@ struct Running {
     ips: Vec<IpAddr>,
     _server: Option<EchoServer>,
     _closed: Vec<Socket>,
+    /// A pod running a real program in a network namespace of its own (its addresses are there,
+    /// not in `ips`); dropping it kills the program and removes the namespace.
+    _net: Option<PodNet>,
 }
 
 impl Running {
@@ -120,7 +147,11 @@ struct State {
     running: HashMap<String, Running>,
     /// Pods the kubelet refused (by uid): reported once, not retried.
     refused: Vec<String>,
+    /// Pods waiting for a Secret (by uid): reported once.
+    waiting: Vec<String>,
     allocated: u32,
+    /// Runs the suite's echo pods as the real `echo-basic`, when set.
+    echo_basic: Option<EchoBasic>,
 }
 
 fn now() -> String {
@@ -218,7 +249,9 @@ impl State {
             stack,
             running: HashMap::new(),
             refused: Vec::new(),
+            waiting: Vec::new(),
             allocated: 1,
+            echo_basic: None,
         }
     }
 
@@ -330,6 +363,8 @@ impl State {
             }
         }
         self.refused.retain(|uid| live.contains(uid));
+        self.waiting
+            .retain(|uid| live.contains(uid) && !self.running.contains_key(uid));
         Ok(())
     }
 
@@ -351,8 +386,20 @@ impl State {
         if self.running.contains_key(&uid) || self.refused.contains(&uid) {
             return Ok(());
         }
-        match plan(pod, self.stack) {
-            Ok(plan) => self.run_pod(pod, &uid, &path, plan).await,
+        let planned = match &self.echo_basic {
+            Some(_) if echo_basic::runs(pod) => {
+                if let Some(secret) = echo_basic::missing_secret(&self.api, pod).await? {
+                    return self.wait_for_secret(&uid, &path, &secret).await;
+                }
+                self.run_echo_basic(pod, &uid, &path).await
+            }
+            _ => match plan(pod, self.stack) {
+                Ok(plan) => return self.run_pod(pod, &uid, &path, plan).await,
+                Err(e) => Err(e),
+            },
+        };
+        match planned {
+            Ok(()) => Ok(()),
             Err(e) => {
                 self.refused.push(uid);
                 let t = now();
@@ -364,6 +411,49 @@ impl State {
                 Err(e)
             }
         }
+    }
+
+    /// Reports (once) a pod waiting for a Secret its volumes name; the next passes look again.
+    async fn wait_for_secret(&mut self, uid: &str, path: &str, secret: &str) -> anyhow::Result<()> {
+        if self.waiting.iter().any(|u| u == uid) {
+            return Ok(());
+        }
+        self.waiting.push(uid.to_owned());
+        let status = json!({"status": {"phase": "Pending", "conditions": [
+            {"type": "Ready", "status": "False", "reason": "ContainerCreating",
+             "message": format!("waiting for Secret {secret}"), "lastTransitionTime": now()}]}});
+        self.send(Method::PATCH, &format!("{path}/status"), &status)
+            .await?;
+        Ok(())
+    }
+
+    /// Runs a pod of the suite's echo image as the real `echo-basic` in a network namespace of
+    /// its own, addresses of every cluster family; reports it running once it listens.
+    async fn run_echo_basic(&mut self, pod: &Value, uid: &str, path: &str) -> anyhow::Result<()> {
+        let Some(echo) = self.echo_basic.clone() else {
+            bail!("no echo-basic program");
+        };
+        self.allocated += 1;
+        let n = self.allocated;
+        let ips: Vec<IpAddr> = self
+            .stack
+            .families()
+            .iter()
+            .map(|&f| self.allocate(f))
+            .collect();
+        let mut net = PodNet::create(n, &ips)?;
+        echo.start(&self.api, pod, &ips, &mut net).await?;
+        self.report_running(pod, path, &ips).await?;
+        self.running.insert(
+            uid.to_owned(),
+            Running {
+                ips: Vec::new(),
+                _server: None,
+                _closed: Vec::new(),
+                _net: Some(net),
+            },
+        );
+        Ok(())
     }
 
     /// Binds an unscheduled pod to this node (what kube-scheduler would do).
@@ -422,6 +512,7 @@ impl State {
             ips: Vec::new(),
             _server: None,
             _closed: Vec::new(),
+            _net: None,
         };
         let started = start_servers(pod, plan, &ips, &mut running);
         let reported = match started {

@@ -15,11 +15,13 @@
 //! started it however that thread ends; dropping the [`Cluster`] kills them at once. The
 //! namespace has no name and disappears with its last member.
 
+pub mod echo_basic;
 pub mod faults;
 pub mod kubelet;
 pub mod loadbalancer;
 pub mod netns;
 mod pki;
+pub mod podnet;
 pub mod shared;
 
 use std::path::{Path, PathBuf};
@@ -130,6 +132,10 @@ pub struct Options {
     /// kube-controller-manager starts, so its garbage collector watches Gateways from the start
     /// (CRDs added later are picked up at its next discovery resync, up to 30 s on).
     pub gateway_api: bool,
+    /// The `echo-basic` program ([`echo_basic::build`]): when set, the kubelet runs pods of the
+    /// Gateway API suite's echo image ([`echo_basic::ECHO_BASIC_IMAGE`]) as that real program,
+    /// each in a network namespace of its own; every other pod stays an in-process echo server.
+    pub echo_basic: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -140,6 +146,7 @@ impl Default for Options {
             dir: None,
             apiserver_flags: Vec::new(),
             gateway_api: false,
+            echo_basic: None,
         }
     }
 }
@@ -291,10 +298,18 @@ impl Cluster {
             &bin.join("kube-controller-manager"),
             &kcm_args,
         )?;
+        let echo_basic = options
+            .echo_basic
+            .clone()
+            .map(|program| echo_basic::EchoBasic {
+                program,
+                dir: cluster.dir.clone(),
+            });
         cluster.kubelet = Some(kubelet::Kubelet::start(
             cluster.netns.path(),
             &cluster.kubeconfig,
             cluster.stack,
+            echo_basic,
         )?);
         cluster.loadbalancer = Some(loadbalancer::LoadBalancer::start(
             cluster.netns.path(),

@@ -4,6 +4,8 @@
 
 pub mod cluster;
 pub mod expect;
+pub mod gateway;
+pub mod gateway_report;
 pub mod kube_api;
 pub mod parse;
 pub mod pod_shape;
