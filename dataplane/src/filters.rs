@@ -10,8 +10,6 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use serde::{Serialize, Serializer};
 
-use crate::table::{BackendId, PathMatch};
-
 /// A rule's filters and timeouts; the proxy applies what is set.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Filters {
@@ -43,7 +41,7 @@ pub struct Filters {
     pub backend_timeout: Option<Duration>,
     /// backendRef filters: applied after the rule's when that backend serves the request.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub per_backend: Vec<(BackendId, BackendFilters)>,
+    pub per_backend: Vec<(Arc<str>, BackendFilters)>,
 }
 
 /// The header modifiers of one backendRef (`HTTPRouteBackendRequestHeaderModification`).
@@ -132,19 +130,15 @@ pub enum PathModifier {
 }
 
 impl PathModifier {
-    /// The new path for `path`, which the rule's `matched` path match matched. A prefix
-    /// replacement of a path matched otherwise than by a prefix (or exactly) leaves it as is.
-    pub fn apply(&self, matched: Option<&PathMatch>, path: &str) -> String {
+    /// The new path for `path`, which the rule's path match matched: `matched` is that match's
+    /// literal path (an `Exact` or prefix match; `None` for a regex). A prefix replacement of a
+    /// path matched by a regex leaves it as is.
+    pub fn apply(&self, matched: Option<&str>, path: &str) -> String {
         match (self, matched) {
             (PathModifier::Full(full), _) => full.to_string(),
-            (
-                PathModifier::Prefix(replacement),
-                Some(
-                    PathMatch::Prefix(prefix)
-                    | PathMatch::ImplementationSpecific(prefix)
-                    | PathMatch::Exact(prefix),
-                ),
-            ) => replace_prefix(prefix, replacement, path),
+            (PathModifier::Prefix(replacement), Some(prefix)) => {
+                replace_prefix(prefix, replacement, path)
+            }
             (PathModifier::Prefix(_), _) => path.to_owned(),
         }
     }
@@ -205,7 +199,7 @@ fn bracketed(host: &str) -> std::borrow::Cow<'_, str> {
 
 /// Splits a `Host` value into name and port (IPv6 literals keep their brackets).
 fn split_host(host: &str) -> (&str, Option<u16>) {
-    let name = crate::table::strip_port(host);
+    let name = crate::host::strip_port(host);
     let port = host
         .get(name.len()..)
         .and_then(|rest| rest.strip_prefix(':'))
@@ -215,13 +209,13 @@ fn split_host(host: &str) -> (&str, Option<u16>) {
 
 impl RedirectFilter {
     /// The `Location` for a request: `scheme` and `host` are the request's (`host` as received,
-    /// port and IPv6 brackets included), `matched` the rule's path match, `path` and `query`
+    /// port and IPv6 brackets included), `matched` the literal path of the rule's match, `path` and `query`
     /// the request's (the query is kept).
     pub fn location(
         &self,
         scheme: &str,
         host: &str,
-        matched: Option<&PathMatch>,
+        matched: Option<&str>,
         path: &str,
         query: Option<&str>,
     ) -> String {
@@ -272,12 +266,7 @@ fn optional_value<S: Serializer>(v: &Option<HeaderValue>, s: S) -> Result<S::Ok,
 
 impl UrlRewrite {
     /// The origin-form target sent upstream when the path is rewritten (the query kept).
-    pub fn target(
-        &self,
-        matched: Option<&PathMatch>,
-        path: &str,
-        query: Option<&str>,
-    ) -> Option<String> {
+    pub fn target(&self, matched: Option<&str>, path: &str, query: Option<&str>) -> Option<String> {
         let mut target = self.path.as_ref()?.apply(matched, path);
         if let Some(query) = query {
             target.push('?');
@@ -290,7 +279,7 @@ impl UrlRewrite {
 impl Filters {
     /// The upstream request's headers, last: the rewritten `Host`, then the rule's header
     /// modifier, then that of `backend` (the one serving the request).
-    pub fn prepare_upstream(&self, backend: &BackendId, headers: &mut HeaderMap) {
+    pub fn prepare_upstream(&self, backend: &str, headers: &mut HeaderMap) {
         if let Some(host) = self.rewrite.as_ref().and_then(|r| r.hostname.as_ref()) {
             headers.insert(header::HOST, host.clone());
         }
@@ -303,7 +292,7 @@ impl Filters {
     }
 
     /// The response's headers: the rule's modifier, then that of `backend`.
-    pub fn respond(&self, backend: &BackendId, headers: &mut HeaderMap) {
+    pub fn respond(&self, backend: &str, headers: &mut HeaderMap) {
         let own = self
             .of_backend(backend)
             .and_then(|f| f.response_headers.as_ref());
@@ -312,9 +301,9 @@ impl Filters {
         }
     }
 
-    fn of_backend(&self, backend: &BackendId) -> Option<&BackendFilters> {
+    fn of_backend(&self, backend: &str) -> Option<&BackendFilters> {
         let mut all = self.per_backend.iter();
-        all.find(|(id, _)| id == backend).map(|(_, f)| f)
+        all.find(|(id, _)| &**id == backend).map(|(_, f)| f)
     }
 }
 

@@ -174,6 +174,20 @@ pub fn lookup<'a, V>(
     }
 }
 
+/// Removes a `:port` from a Host value, keeping IPv6 literals in brackets (`[::1]:80` -> `[::1]`).
+pub fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return match host.find(']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
+    }
+    match host.rfind(':') {
+        Some(i) if host[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &host[..i],
+        _ => host,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -743,6 +743,15 @@ impl PathMatch {
             PathMatch::Regex(r) => &r.pattern,
         }
     }
+
+    /// The literal path of an `Exact` or prefix match (`None` for a regex): what a Gateway API
+    /// `ReplacePrefixMatch` replaces.
+    pub fn literal(&self) -> Option<&str> {
+        match self {
+            PathMatch::Regex(_) => None,
+            other => Some(other.path()),
+        }
+    }
 }
 
 fn normalize_prefix(path: &str) -> &str {
@@ -946,19 +955,7 @@ impl RouteTable {
     }
 }
 
-/// Removes a `:port` from a Host value, keeping IPv6 literals in brackets (`[::1]:80` -> `[::1]`).
-pub fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return match host.find(']') {
-            Some(end) => &host[..=end],
-            None => host,
-        };
-    }
-    match host.rfind(':') {
-        Some(i) if host[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &host[..i],
-        _ => host,
-    }
-}
+pub use crate::host::strip_port;
 
 /// One certificate chain with its signing key, ready for rustls, and where it came from.
 #[derive(Clone, Debug)]

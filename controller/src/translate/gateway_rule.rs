@@ -104,7 +104,7 @@ impl RuleRouting {
     /// serves the request.
     pub fn add_backend_filters(&mut self, backend: BackendId, filters: BackendFilters) {
         let mut all = self.filters.as_deref().cloned().unwrap_or_default();
-        all.per_backend.push((backend, filters));
+        all.per_backend.push((backend.as_str().into(), filters));
         self.filters = Some(Arc::new(all));
     }
 }

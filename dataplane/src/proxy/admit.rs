@@ -76,7 +76,11 @@ fn gateway_filters(a: &mut Admission<'_, '_>) -> Verdict {
     let Some(filters) = routed.matched.action.filters.as_deref() else {
         return Ok(());
     };
-    let (matched, target) = (routed.matched.matcher, &routed.target);
+    let matched = routed
+        .matched
+        .matcher
+        .and_then(crate::table::PathMatch::literal);
+    let target = &routed.target;
     if let Some(r) = &filters.redirect {
         let scheme = crate::forwarded::request_scheme(a.headers, a.conn);
         let host = routed.host.as_str();

@@ -208,7 +208,7 @@ impl Proxy {
         let mut res = self.respond(sent, in_flight, client_upgrade, &plan, conn)?;
         crate::policy::respond(res.headers_mut(), cookie, routed.cors.as_deref());
         if let Some(filters) = routed.matched.action.filters.as_deref() {
-            filters.respond(plan.steered.backend, res.headers_mut());
+            filters.respond(plan.steered.backend.as_str(), res.headers_mut());
         }
         Ok(res)
     }
@@ -438,7 +438,7 @@ fn upstream_request(
     headers::prepare_request(&mut req, &routed.host, target, conn, upgrade);
     crate::policy::set_upstream_host(routed.matched.action, req.headers_mut());
     if let Some(filters) = routed.matched.action.filters.as_deref() {
-        filters.prepare_upstream(plan.steered.backend, req.headers_mut());
+        filters.prepare_upstream(plan.steered.backend.as_str(), req.headers_mut());
     }
     headers::declare_length(req.headers_mut(), length);
     if trailers {
