@@ -338,7 +338,9 @@ impl<H> PerConnection<H> {
         info.trusted = self.trusted_proxies.trusts(info.peer.ip());
         // Counted by the client's family, after a PROXY protocol header replaced it.
         let _open = self.connections.as_ref().map(|c| c.open(info.family));
-        let Some((io, info, alpn_h2)) = self.tls_handshake(stream, info).await else {
+        // Boxed: the handshake's state (a rustls connection mid-handshake, its timer) is freed
+        // once done instead of sizing the connection's task for its whole life.
+        let Some((io, info, alpn_h2)) = Box::pin(self.tls_handshake(stream, info)).await else {
             return;
         };
         let client = info.peer;

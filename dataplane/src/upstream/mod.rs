@@ -217,7 +217,14 @@ impl Upstream {
         }
         let (mut conn, mut fresh) = match self.checkout(peer) {
             Some(conn) => (conn, false),
-            None => (self.connect(peer).await.map_err(SendError::Unsent)?, true),
+            // Boxed, here and below: a connect (TCP, TLS and HTTP handshakes) is rare on pooled
+            // connections, and inline its state would size every request's future.
+            None => (
+                Box::pin(self.connect(peer))
+                    .await
+                    .map_err(SendError::Unsent)?,
+                true,
+            ),
         };
         let mut replay = (!fresh)
             .then(|| slot.as_ref().and_then(Replay::of))
@@ -249,7 +256,12 @@ impl Upstream {
                 }
                 Retry::Failed(e) => return Err(SendError::Failed(ProxyError::Upstream(e))),
             }
-            (conn, fresh) = (self.connect(peer).await.map_err(SendError::Unsent)?, true);
+            (conn, fresh) = (
+                Box::pin(self.connect(peer))
+                    .await
+                    .map_err(SendError::Unsent)?,
+                true,
+            );
         }
     }
 
