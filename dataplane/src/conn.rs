@@ -29,6 +29,8 @@ pub struct ConnInfo {
     /// What every request of the connection forwards about `peer`, formatted once per
     /// connection rather than per request (by [`ConnInfo::new`], from the same address).
     pub(crate) forwarded: PeerHeaders,
+    /// `X-Forwarded-Port`: the local port and its header value, formatted once per connection.
+    pub(crate) local_port: (u16, HeaderValue),
 }
 
 impl ConnInfo {
@@ -44,6 +46,7 @@ impl ConnInfo {
             tls_version: None,
             sni: None,
             forwarded: PeerHeaders::new(peer),
+            local_port: (local.port(), HeaderValue::from(local.port())),
         }
     }
 
