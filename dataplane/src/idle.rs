@@ -15,7 +15,7 @@
 //! lies at least that far ahead, so none is missed, and a busy keep-alive connection costs no
 //! timer or task wakeup per request.
 //!
-//! An HTTP/1.1 connection idle for [`PARK_AFTER`] after a request without a body is parked: the
+//! An HTTP/1.1 connection idle for [`PARK_AFTER`] (250 ms) after a request without a body is parked: the
 //! watchdog asks for it ([`Wake::Park`]), and the next read that would wait fails with
 //! [`Parked`] instead, so the HTTP server lets go of the connection (and of its buffers) at a
 //! message boundary; `listen` then waits for the socket to become readable with no buffer at all.
@@ -62,8 +62,10 @@ struct Shared {
 
 /// How long an HTTP/1.1 connection stays idle before it is parked (its HTTP server state and
 /// buffers released until the client sends again). Busy keep-alive connections, whose next
-/// request follows within this time, keep theirs and pay nothing per request.
-pub const PARK_AFTER: Duration = Duration::from_secs(1);
+/// request follows within this time, keep theirs and pay nothing per request (their watchdog
+/// wakes this often while a request is in flight). Short, so that connections opened in a burst
+/// do not all hold buffers at once: freed memory stays with the process.
+pub const PARK_AFTER: Duration = Duration::from_millis(250);
 
 /// What the watchdog woke for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

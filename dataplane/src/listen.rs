@@ -389,8 +389,9 @@ impl<H> PerConnection<H> {
     where
         H: Handler,
     {
-        let conn = self.http2.serve_connection(TokioIo::new(io), service);
-        let mut conn = std::pin::pin!(conn);
+        // Boxed: HTTP/2's connection state (codec, HPACK tables, streams) would otherwise size
+        // the task of every connection, HTTP/1.1 ones too.
+        let mut conn = Box::pin(self.http2.serve_connection(TokioIo::new(io), service));
         let mut draining = false;
         loop {
             tokio::select! {
