@@ -234,6 +234,11 @@ impl Activity {
 pub struct Busy(Option<Activity>);
 
 impl Busy {
+    /// A mark of no request (counts nothing).
+    pub fn none() -> Busy {
+        Busy(None)
+    }
+
     /// A response body that keeps the request in flight until it ends or is dropped.
     pub fn body<B>(self, inner: B) -> BusyBody<B> {
         BusyBody { inner, busy: self }

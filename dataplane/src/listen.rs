@@ -265,17 +265,56 @@ type Answer<B> = Result<Response<idle::BusyBody<B>>, std::convert::Infallible>;
 impl<H: Handler> Service<Request<Incoming>> for ConnService<H> {
     type Response = Response<idle::BusyBody<H::Body>>;
     type Error = std::convert::Infallible;
-    /// Boxed: the connection (an idle one too) and HTTP/2's task per stream hold a pointer to the
-    /// handler's future, not the future itself.
-    type Future = Pin<Box<dyn Future<Output = Answer<H::Body>> + Send>>;
+    /// Inline: HTTP/1.1's server keeps one in place per connection (dropped while parked).
+    type Future = Answering<H::Future>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let busy = self.activity.begin_parkable(parkable(&req));
-        let response = self.handler.call(req, self.info.clone());
-        Box::pin(async move {
-            let response = response.await?;
-            Ok(response.map(|body| busy.body(body)))
-        })
+        Answering {
+            response: self.handler.call(req, self.info.clone()),
+            busy: Some(busy),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The handler's answer to one request; its response body keeps the connection busy.
+    pub struct Answering<F> {
+        #[pin]
+        response: F,
+        busy: Option<idle::Busy>,
+    }
+}
+
+impl<F, B> Future for Answering<F>
+where
+    F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
+{
+    type Output = Answer<B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer<B>> {
+        let this = self.project();
+        let Poll::Ready(Ok(response)) = this.response.poll(cx) else {
+            return Poll::Pending;
+        };
+        // Taken once: hyper polls no answer after it was ready.
+        let busy = this.busy.take().unwrap_or_else(idle::Busy::none);
+        Poll::Ready(Ok(response.map(|body| busy.body(body))))
+    }
+}
+
+/// An HTTP/2 connection's service: [`ConnService`] with each answer boxed, so the task hyper
+/// spawns per stream holds a pointer, not the handler's future (copied on each move).
+#[derive(Clone, Debug)]
+struct BoxedService<H>(ConnService<H>);
+
+impl<H: Handler> Service<Request<Incoming>> for BoxedService<H> {
+    type Response = Response<idle::BusyBody<H::Body>>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<Answering<H::Future>>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        Box::pin(self.0.call(req))
     }
 }
 
@@ -391,6 +430,7 @@ impl<H> PerConnection<H> {
     {
         // Boxed: HTTP/2's connection state (codec, HPACK tables, streams) would otherwise size
         // the task of every connection, HTTP/1.1 ones too.
+        let service = BoxedService(service);
         let mut conn = Box::pin(self.http2.serve_connection(TokioIo::new(io), service));
         let mut draining = false;
         loop {
