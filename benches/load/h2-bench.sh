@@ -119,11 +119,11 @@ h2load_run() {
   [[ $family == ipv6 ]] && host='[::1]'
   out=$(taskset -c "$CORE_LOAD" h2load -t 1 -c 20 -m 10 -D "$seconds" \
     -H ':authority: bench.example' "https://$host:$HTTPS_PORT/" 2>&1) || die "h2load failed: $out"
-  local done ok
-  done=$(awk '/^requests:/ {print $8}' <<<"$out")
+  local answered ok
+  answered=$(awk '/^requests:/ {print $8}' <<<"$out")
   ok=$(awk '/^status codes:/ {print $3}' <<<"$out")
-  [[ -n $done && $ok == "$done" && $done -gt 0 ]] || die "$family: $done requests done, ${ok:-0} answered 2xx: $out"
-  echo "$done"
+  [[ -n $answered && $ok == "$answered" && $answered -gt 0 ]] || die "$family: $answered requests succeeded, ${ok:-0} answered 2xx: $out"
+  echo "$answered"
 }
 
 declare -A RESULTS=()
