@@ -153,6 +153,7 @@ family, duet, nginx = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
 d = statistics.median(map(float, duet)) if duet else None
 n = statistics.median(map(float, nginx)) if nginx else None
 ratio = f", ratio {d / n:.2f}" if d and n else ""
-print(f"median {family}: duet {d} us/request, nginx {n} us/request{ratio}")
+fmt = lambda v: "-" if v is None else f"{v:.1f}"
+print(f"median {family}: duet {fmt(d)} us/request, nginx {fmt(n)} us/request{ratio}")
 PY
 done
