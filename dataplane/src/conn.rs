@@ -34,6 +34,8 @@ pub struct ConnInfo {
     /// What every request of the connection forwards about `peer`, formatted once per
     /// connection rather than per request (by [`ConnInfo::new`], from the same address).
     pub(crate) forwarded: PeerHeaders,
+    /// `X-Forwarded-Port`: the local port and its header value, formatted once per connection.
+    pub(crate) local_port: (u16, HeaderValue),
 }
 
 impl ConnInfo {
@@ -51,6 +53,7 @@ impl ConnInfo {
             client_certs: Arc::new([]),
             gateway_port: None,
             forwarded: PeerHeaders::new(peer),
+            local_port: (local.port(), HeaderValue::from(local.port())),
         }
     }
 

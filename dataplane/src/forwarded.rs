@@ -58,7 +58,9 @@ pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
         append(headers, &header::FORWARDED, &element);
     } else {
         headers.insert(&X_FORWARDED_FOR, peer.ip.clone());
-        if let Ok(v) = HeaderValue::from_str(&element) {
+        // The element's buffer becomes the value (checked, not copied): it is ASCII, as the
+        // peer's address, the validated host and the scheme are.
+        if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)) {
             headers.insert(header::FORWARDED, v);
         }
     }
@@ -78,7 +80,11 @@ pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
         }
     }
     if !keep(headers, &X_FORWARDED_PORT) {
-        headers.insert(&X_FORWARDED_PORT, HeaderValue::from(conn.local.port()));
+        let port = match &conn.local_port {
+            (port, value) if *port == conn.local.port() => value.clone(),
+            _ => HeaderValue::from(conn.local.port()),
+        };
+        headers.insert(&X_FORWARDED_PORT, port);
     }
 }
 

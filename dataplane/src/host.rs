@@ -101,7 +101,8 @@ pub fn is_valid_host(host: &[u8]) -> bool {
             .strip_suffix(']')
             .is_some_and(|ip| ip.parse::<Ipv6Addr>().is_ok());
     }
-    name.parse::<Ipv4Addr>().is_ok() || is_dns_name(name)
+    // Every IPv4 address is also a DNS name by these rules: the name check, one pass, goes first.
+    is_dns_name(name) || name.parse::<Ipv4Addr>().is_ok()
 }
 
 /// Splits `host:port` (`[v6]:port`); the port is `None` without a colon after the host.
@@ -125,16 +126,30 @@ fn split_port(host: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Dot-separated labels of 1 to 63 letters, digits, `-` and `_`, 253 bytes in all, one trailing
+/// dot allowed; checked in one pass (every request's host goes through it).
 fn is_dns_name(name: &str) -> bool {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            (1..=63).contains(&label.len())
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
+    let name = name.strip_suffix('.').unwrap_or(name).as_bytes();
+    if name.is_empty() || name.len() > 253 {
+        return false;
+    }
+    let mut label = 0usize;
+    for &b in name {
+        if b == b'.' {
+            if label == 0 {
+                return false;
+            }
+            label = 0;
+        } else if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            label += 1;
+            if label > 63 {
+                return false;
+            }
+        } else {
+            return false;
+        }
+    }
+    label > 0
 }
 
 /// The longest DNS name, in bytes: longer names match no entry.
@@ -239,6 +254,32 @@ mod tests {
             long_name.as_str(),
         ] {
             assert!(!is_valid_host(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    /// The rules of [`is_dns_name`] as written before its one-pass form.
+    fn dns_name_by_split(name: &str) -> bool {
+        let name = name.strip_suffix('.').unwrap_or(name);
+        !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|label| {
+                (1..=63).contains(&label.len())
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_one_pass_name_check_agrees_with_the_rules(name in "[a-zA-Z0-9._ -]{0,300}") {
+            proptest::prop_assert_eq!(is_dns_name(&name), dns_name_by_split(&name), "{}", name);
+        }
+
+        #[test]
+        fn the_one_pass_name_check_agrees_on_long_labels(a in 0usize..70, b in 0usize..70, dot in proptest::bool::ANY) {
+            let name = format!("{}.{}{}", "a".repeat(a), "b".repeat(b), if dot { "." } else { "" });
+            proptest::prop_assert_eq!(is_dns_name(&name), dns_name_by_split(&name));
         }
     }
 

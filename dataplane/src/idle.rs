@@ -14,6 +14,11 @@
 //! request in flight): any deadline that arises meanwhile (a request ends, a next head starts)
 //! lies at least that far ahead, so none is missed, and a busy keep-alive connection costs no
 //! timer or task wakeup per request.
+//!
+//! An HTTP/1.1 connection idle for [`PARK_AFTER`] (250 ms) after a request without a body is parked: the
+//! watchdog asks for it ([`Wake::Park`]), and the next read that would wait fails with
+//! [`Parked`] instead, so the HTTP server lets go of the connection (and of its buffers) at a
+//! message boundary; `listen` then waits for the socket to become readable with no buffer at all.
 
 use std::io;
 use std::pin::Pin;
@@ -49,7 +54,33 @@ struct Shared {
     idle_since: AtomicU64,
     /// Milliseconds after `start`, plus one, when the first byte arrived while idle (0: none).
     head_since: AtomicU64,
+    /// The last request ended at a message boundary that may be parked at (no body, no upgrade).
+    parkable: AtomicBool,
+    /// The watchdog asked the connection to park at its next read that would wait.
+    park: AtomicBool,
 }
+
+/// How long an HTTP/1.1 connection stays idle before it is parked (its HTTP server state and
+/// buffers released until the client sends again). Busy keep-alive connections, whose next
+/// request follows within this time, keep theirs and pay nothing per request (their watchdog
+/// wakes this often while a request is in flight). Short, so that connections opened in a burst
+/// do not all hold buffers at once: freed memory stays with the process.
+pub const PARK_AFTER: Duration = Duration::from_millis(250);
+
+/// What the watchdog woke for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// Idle too long, or a request head too slow: close the connection.
+    Expired,
+    /// Idle for [`PARK_AFTER`] after a parkable request: park the connection.
+    Park,
+}
+
+/// The read error that tells the HTTP server a parked connection is to be let go of (see the
+/// module docs); never seen by a client.
+#[derive(Debug, thiserror::Error)]
+#[error("idle connection parked")]
+pub struct Parked;
 
 /// What a connection is doing, shared by its reader, its requests and its watchdog.
 #[derive(Clone, Debug)]
@@ -71,6 +102,8 @@ impl Activity {
             h2: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
+            parkable: AtomicBool::new(false),
+            park: AtomicBool::new(false),
         }))
     }
 
@@ -97,9 +130,52 @@ impl Activity {
 
     /// A request head arrived; the connection is active until the returned guard drops.
     pub fn begin(&self) -> Busy {
-        self.0.served.store(true, Ordering::SeqCst);
-        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.begin_parkable(false)
+    }
+
+    /// [`Activity::begin`] for a request after which the connection may be parked once idle
+    /// (`parkable`: it has no body and asks for no upgrade, so the server is at a message
+    /// boundary once the response ends).
+    pub fn begin_parkable(&self, parkable: bool) -> Busy {
+        let s = &self.0;
+        s.served.store(true, Ordering::SeqCst);
+        s.parkable.store(parkable, Ordering::SeqCst);
+        s.park.store(false, Ordering::SeqCst);
+        s.in_flight.fetch_add(1, Ordering::SeqCst);
         Busy(Some(self.clone()))
+    }
+
+    /// Asks the connection to park at its next read that would wait.
+    pub fn request_park(&self) {
+        self.0.park.store(true, Ordering::SeqCst);
+    }
+
+    /// Withdraws a park request (the connection is served again).
+    pub fn clear_park(&self) {
+        self.0.park.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether a read that would wait parks the connection now: asked for, and still idle.
+    fn park_due(&self) -> bool {
+        let s = &self.0;
+        s.park.load(Ordering::SeqCst) && s.in_flight.load(Ordering::SeqCst) == 0
+    }
+
+    /// When the connection is to be parked as things stand (`None`: not parkable now, or already
+    /// asked to park): `after` past the end of a parkable request, while no next head started.
+    fn park_at(&self, after: Duration) -> Option<Instant> {
+        let s = &self.0;
+        let parkable = s.served.load(Ordering::SeqCst)
+            && s.parkable.load(Ordering::SeqCst)
+            && !s.h2.load(Ordering::SeqCst)
+            && !s.park.load(Ordering::SeqCst)
+            && s.in_flight.load(Ordering::SeqCst) == 0
+            && s.head_since.load(Ordering::SeqCst) == 0;
+        let since = deadline(
+            s.start,
+            Duration::from_millis(s.idle_since.load(Ordering::SeqCst)),
+        );
+        parkable.then(|| deadline(since, after))
     }
 
     /// When the connection is to be closed as things stand (`None`: a request is in flight).
@@ -120,18 +196,33 @@ impl Activity {
 
     /// Resolves once the connection has been idle too long, or a request head too slow.
     pub async fn expired(&self, t: Timeouts) {
+        self.next(t, None).await;
+    }
+
+    /// Resolves once the connection has been idle too long or a request head too slow
+    /// ([`Wake::Expired`]), or, with `park_after`, once it has been idle that long after a
+    /// parkable request ([`Wake::Park`]).
+    pub async fn next(&self, t: Timeouts, park_after: Option<Duration>) -> Wake {
         // A deadline that arises after `now` is at least `check` after it (see the module
-        // docs), so waking at `now + check` at the latest never misses one.
+        // docs), so waking at `now + check` at the latest never misses one. The same holds for
+        // the park time with `park_after`.
         let check = t.keepalive.min(t.header_read);
+        let check = park_after.map_or(check, |after| check.min(after));
         let sleep = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(sleep);
         loop {
             let now = Instant::now();
-            let wake = match self.deadline(t) {
-                Some(at) if now >= at => return,
+            let mut wake = match self.deadline(t) {
+                Some(at) if now >= at => return Wake::Expired,
                 Some(at) => at.min(deadline(now, check)),
                 None => deadline(now, check),
             };
+            if let Some(at) = park_after.and_then(|after| self.park_at(after)) {
+                if now >= at {
+                    return Wake::Park;
+                }
+                wake = wake.min(at);
+            }
             sleep.as_mut().reset(wake);
             sleep.as_mut().await;
         }
@@ -143,6 +234,11 @@ impl Activity {
 pub struct Busy(Option<Activity>);
 
 impl Busy {
+    /// A mark of no request (counts nothing).
+    pub fn none() -> Busy {
+        Busy(None)
+    }
+
     /// A response body that keeps the request in flight until it ends or is dropped.
     pub fn body<B>(self, inner: B) -> BusyBody<B> {
         BusyBody { inner, busy: self }
@@ -195,13 +291,19 @@ impl<B: Body + Unpin> Body for BusyBody<B> {
     }
 }
 
-/// A client stream that reports arriving bytes to its connection's [`Activity`].
+/// A client stream that reports arriving bytes to its connection's [`Activity`], and parks the
+/// connection when asked to (see the module docs).
 #[derive(Debug)]
 pub struct Watched<S> {
     inner: S,
     activity: Activity,
     /// No byte has arrived yet.
     first: bool,
+    /// Bytes were handed to `inner` and not yet flushed by it.
+    unflushed: bool,
+    /// A read failed with [`Parked`]: the HTTP server is letting go; its shutdown must not
+    /// reach the stream.
+    parked: bool,
 }
 
 /// How an HTTP/2 connection (prior knowledge, or ALPN `h2`) begins.
@@ -214,7 +316,25 @@ impl<S> Watched<S> {
             inner,
             activity,
             first: true,
+            unflushed: false,
+            parked: false,
         }
+    }
+
+    /// Whether a read failed with [`Parked`] (the HTTP server let go of an idle connection).
+    pub fn is_parked(&self) -> bool {
+        self.parked
+    }
+
+    /// Served again after being parked: reads and shutdowns reach the stream as before.
+    pub fn unpark(&mut self) {
+        self.parked = false;
+        self.activity.clear_park();
+    }
+
+    /// The stream.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
     }
 }
 
@@ -238,6 +358,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
             }
             this.activity.read();
         }
+        if polled.is_pending() && !this.unflushed && this.activity.park_due() {
+            this.parked = true;
+            return Poll::Ready(Err(io::Error::other(Parked)));
+        }
         polled
     }
 }
@@ -248,7 +372,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.unflushed = true;
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -256,7 +382,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        this.unflushed = true;
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -264,11 +392,21 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        let flushed = Pin::new(&mut this.inner).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = flushed {
+            this.unflushed = false;
+        }
+        flushed
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        if this.parked {
+            // The HTTP server ends a parked connection: the stream stays open for the next one.
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 

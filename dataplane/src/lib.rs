@@ -21,6 +21,7 @@ pub mod limits;
 pub mod listen;
 pub mod metrics;
 pub mod observe;
+pub mod park;
 pub mod path;
 pub mod policy;
 pub mod proxy;

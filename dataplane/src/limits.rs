@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 
 use bytes::Buf;
 use hyper::body::{Body, Frame, SizeHint};
+use hyper::server::conn::{http1, http2};
 use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto;
 
 /// Largest request head (request line plus headers) on HTTP/1.1, and largest header list on
 /// HTTP/2: 32 KiB, like nginx's `large_client_header_buffers 4 8k`. Larger heads get 431.
@@ -57,12 +57,10 @@ pub const H2_UPSTREAM_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
 /// much per upstream connection.
 pub const UPSTREAM_H1_BUF: usize = 32 * 1024;
 
-/// Applies the head-size and HTTP/2 limits to a listener's connection builder.
-pub fn apply(builder: &mut auto::Builder<TokioExecutor>) {
-    builder.http1().max_buf_size(MAX_HEADER_BYTES);
-    builder
-        .http2()
-        .max_header_list_size(MAX_HEADER_BYTES as u32)
+/// Applies the head-size and HTTP/2 limits to a listener's connection builders.
+pub fn apply(h1: &mut http1::Builder, h2: &mut http2::Builder<TokioExecutor>) {
+    h1.max_buf_size(MAX_HEADER_BYTES);
+    h2.max_header_list_size(MAX_HEADER_BYTES as u32)
         .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
         .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
         .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS)

@@ -8,23 +8,23 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
-use hyper::service::service_fn;
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::{http1, http2};
+use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
-use crate::idle;
+use crate::idle::{self, Activity, Wake, Watched};
 use crate::metrics::ConnectionMetrics;
+use crate::park::{self, Rewind};
 use crate::proxy_protocol::{self, Header};
 use crate::table::{normalize_addr, Family};
 
@@ -180,7 +180,9 @@ pub async fn serve<H: Handler>(
     let listener = TcpListener::from_std(listener)?;
     let local_default = listener.local_addr()?;
     let each = Arc::new(PerConnection::new(&options, handler));
-    let graceful = GracefulShutdown::new();
+    // Each connection holds a receiver: `true` asks it to finish gracefully; once every receiver
+    // is gone, all have.
+    let (drain, draining) = watch::channel(false);
     let mut warned: Option<tokio::time::Instant> = None;
     while let Some((stream, peer)) = accept(&listener, local_default, &mut shutdown).await {
         let Some(permit) = admit(&options, peer, local_default, &mut warned) else {
@@ -190,15 +192,17 @@ pub async fn serve<H: Handler>(
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
         let info = ConnInfo::new(peer, local);
-        let served = each.clone().serve(stream, info, graceful.watcher());
+        let served = each.clone().serve(stream, info, draining.clone());
         tokio::spawn(async move {
             let _permit = permit;
             served.await;
         });
     }
     drop(listener);
+    drop(draining);
+    drain.send_replace(true);
     tokio::select! {
-        _ = graceful.shutdown() => {}
+        _ = drain.closed() => {}
         _ = tokio::time::sleep(options.drain_timeout) => {
             tracing::warn!(listener = %local_default, "Drain timed out; closing remaining connections");
         }
@@ -230,7 +234,8 @@ async fn accept(
 /// What every connection of a listener is served with, shared by its connections.
 struct PerConnection<H> {
     handler: H,
-    builder: auto::Builder<TokioExecutor>,
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     handshakes: Option<Arc<crate::handshake::Handshakes>>,
     timeouts: idle::Timeouts,
@@ -241,20 +246,115 @@ struct PerConnection<H> {
     gateway_port: Option<u16>,
 }
 
+/// The stream hyper serves: the accepted one, watched for activity (and parked while idle),
+/// with the bytes read to tell HTTP/2 from HTTP/1.1 (or left by a parked server) given back.
+type Io = Rewind<Watched<Stream>>;
+
+/// A client connection's service: each request answered by the handler, the connection active
+/// from its head until its response body ends.
+#[derive(Clone)]
+struct ConnService<H> {
+    handler: H,
+    info: Arc<ConnInfo>,
+    activity: Activity,
+}
+
+impl<H> std::fmt::Debug for ConnService<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnService")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A response as the connection sends it.
+type Answer<B> = Result<Response<idle::BusyBody<B>>, std::convert::Infallible>;
+
+impl<H: Handler> Service<Request<Incoming>> for ConnService<H> {
+    type Response = Response<idle::BusyBody<H::Body>>;
+    type Error = std::convert::Infallible;
+    /// Inline: HTTP/1.1's server keeps one in place per connection (dropped while parked).
+    type Future = Answering<H::Future>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let busy = self.activity.begin_parkable(parkable(&req));
+        Answering {
+            response: self.handler.call(req, self.info.clone()),
+            busy: Some(busy),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The handler's answer to one request; its response body keeps the connection busy.
+    pub struct Answering<F> {
+        #[pin]
+        response: F,
+        busy: Option<idle::Busy>,
+    }
+}
+
+impl<F, B> Future for Answering<F>
+where
+    F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
+{
+    type Output = Answer<B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer<B>> {
+        let this = self.project();
+        let Poll::Ready(Ok(response)) = this.response.poll(cx) else {
+            return Poll::Pending;
+        };
+        // Taken once: hyper polls no answer after it was ready.
+        let busy = this.busy.take().unwrap_or_else(idle::Busy::none);
+        Poll::Ready(Ok(response.map(|body| busy.body(body))))
+    }
+}
+
+/// An HTTP/2 connection's service: [`ConnService`] with each answer boxed, so the task hyper
+/// spawns per stream holds a pointer, not the handler's future (copied on each move).
+#[derive(Clone, Debug)]
+struct BoxedService<H>(ConnService<H>);
+
+impl<H: Handler> Service<Request<Incoming>> for BoxedService<H> {
+    type Response = Response<idle::BusyBody<H::Body>>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<Answering<H::Future>>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        Box::pin(self.0.call(req))
+    }
+}
+
+/// Whether the connection may be parked once this request's response has ended: the request
+/// has no body left for the server to read and asks for no protocol switch.
+fn parkable<B: Body>(req: &Request<B>) -> bool {
+    req.body().is_end_stream()
+        && req.method() != hyper::Method::CONNECT
+        && !req.headers().contains_key(hyper::header::UPGRADE)
+}
+
+/// The HTTP/1.1 server of a client connection, boxed: dropped while the connection is parked.
+type H1Conn<H> = Pin<Box<http1::UpgradeableConnection<TokioIo<Io>, ConnService<H>>>>;
+
+/// A connection's end: `Ok(true)` when the watchdog closed it (idle or slow).
+type Ended = Result<bool, Box<dyn std::error::Error + Send + Sync>>;
+
 impl<H> PerConnection<H> {
     fn new(options: &ServeOptions, handler: H) -> PerConnection<H> {
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
+        let mut http1 = http1::Builder::new();
+        http1
             .timer(TokioTimer::new())
             // Head and idle times are watched by `idle` for both protocols.
             .header_read_timeout(None)
             .keep_alive(true);
-        builder.http2().timer(TokioTimer::new());
-        crate::limits::apply(&mut builder);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2.timer(TokioTimer::new());
+        crate::limits::apply(&mut http1, &mut http2);
         PerConnection {
             handler,
-            builder,
+            http1,
+            http2,
             tls: options.tls.clone().map(tokio_rustls::TlsAcceptor::from),
             handshakes: options.handshakes.clone(),
             timeouts: idle::Timeouts {
@@ -270,9 +370,14 @@ impl<H> PerConnection<H> {
     }
 
     /// Serves one accepted connection: its PROXY protocol header where expected, its TLS
-    /// handshake on an HTTPS listener, then HTTP until it ends, idles or is too slow.
-    async fn serve(self: Arc<Self>, stream: TcpStream, info: ConnInfo, watcher: Watcher)
-    where
+    /// handshake on an HTTPS listener, then HTTP until it ends, idles or is too slow; finishes
+    /// gracefully once `drain` turns true.
+    async fn serve(
+        self: Arc<Self>,
+        stream: TcpStream,
+        info: ConnInfo,
+        mut drain: watch::Receiver<bool>,
+    ) where
         H: Handler,
     {
         let mut stream = stream;
@@ -283,46 +388,190 @@ impl<H> PerConnection<H> {
         info.gateway_port = self.gateway_port;
         // Counted by the client's family, after a PROXY protocol header replaced it.
         let _open = self.connections.as_ref().map(|c| c.open(info.family));
-        let Some((io, info, alpn_h2)) = self.tls_handshake(stream, info).await else {
+        // Boxed: the handshake's state (a rustls connection mid-handshake, its timer) is freed
+        // once done instead of sizing the connection's task for its whole life.
+        let Some((io, info, alpn_h2)) = Box::pin(self.tls_handshake(stream, info)).await else {
             return;
         };
         let client = info.peer;
-        let info = Arc::new(info);
-        let activity = idle::Activity::new();
-        let io = idle::Watched::new(io, activity.clone());
-        let watchdog = activity.clone();
-        let handler = self.handler.clone();
-        let service = service_fn(move |req| {
-            let busy = activity.begin();
-            let response = handler.call(req, info.clone());
-            async move {
-                let response = response.await?;
-                Ok::<_, std::convert::Infallible>(response.map(|body| busy.body(body)))
-            }
-        });
+        let activity = Activity::new();
+        let io = Watched::new(io, activity.clone());
+        let service = ConnService {
+            handler: self.handler.clone(),
+            info: Arc::new(info),
+            activity: activity.clone(),
+        };
         // ALPN `h2` promised HTTP/2 (RFC 7301): no sniffing for HTTP/1.1 there, so bytes that
         // are not the preface close the connection. Elsewhere HTTP/1.1 (with upgrades) or
         // HTTP/2 prior knowledge, by the first bytes.
-        let served: Served = if alpn_h2 {
-            let h2 = self.builder.clone().http2_only();
-            let conn = h2.serve_connection(TokioIo::new(io), service).into_owned();
-            Box::pin(watcher.watch(conn))
+        let sniffed = if alpn_h2 {
+            Ok((true, Rewind::new(io, bytes::Bytes::new())))
         } else {
-            let conn = self
-                .builder
-                .serve_connection_with_upgrades(TokioIo::new(io), service);
-            Box::pin(watcher.watch(conn.into_owned()))
+            tokio::select! {
+                sniffed = park::sniff_h2(io) => sniffed,
+                () = activity.expired(self.timeouts) => {
+                    closed_idle(client);
+                    return;
+                }
+                () = stopped(&mut drain) => return,
+            }
         };
-        tokio::select! {
-            ended = served => if let Err(error) = ended {
-                tracing::trace!(error = %error, "Connection ended with an error");
-            },
-            () = watchdog.expired(self.timeouts) => {
-                tracing::trace!(client.addr = %client, "Closed an idle or slow connection");
+        let ended = match sniffed {
+            Ok((true, io)) => self.serve_h2(io, service, &activity, &mut drain).await,
+            Ok((false, io)) => self.serve_h1(io, service, &activity, &mut drain).await,
+            Err(error) => Err(error.into()),
+        };
+        match ended {
+            Ok(true) => closed_idle(client),
+            Ok(false) => {}
+            Err(error) => tracing::trace!(error = %error, "Connection ended with an error"),
+        }
+    }
+
+    /// Serves HTTP/2 until the connection ends.
+    async fn serve_h2(
+        &self,
+        io: Io,
+        service: ConnService<H>,
+        activity: &Activity,
+        drain: &mut watch::Receiver<bool>,
+    ) -> Ended
+    where
+        H: Handler,
+    {
+        // Boxed: HTTP/2's connection state (codec, HPACK tables, streams) would otherwise size
+        // the task of every connection, HTTP/1.1 ones too.
+        let service = BoxedService(service);
+        let mut conn = Box::pin(self.http2.serve_connection(TokioIo::new(io), service));
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                ended = conn.as_mut() => return ended.map(|()| false).map_err(Into::into),
+                () = activity.expired(self.timeouts) => return Ok(true),
+                () = stopped(drain), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
         }
     }
 
+    /// Serves HTTP/1.1 until the connection ends. Idle for [`idle::PARK_AFTER`] after a request
+    /// without a body, the connection is parked: its hyper server is dropped (and its read and
+    /// write buffers with it) and the socket waited on with no buffer; a new server takes it up
+    /// when the client sends again.
+    async fn serve_h1(
+        &self,
+        io: Io,
+        service: ConnService<H>,
+        activity: &Activity,
+        drain: &mut watch::Receiver<bool>,
+    ) -> Ended
+    where
+        H: Handler,
+    {
+        let mut conn: H1Conn<H> = Box::pin(
+            self.http1
+                .serve_connection(TokioIo::new(io), service)
+                .with_upgrades(),
+        );
+        loop {
+            let (io, service) = match self.until_parked(conn, activity, drain).await {
+                Parking::Parked(io, service) => (io, service),
+                Parking::Ended(ended) => return ended,
+            };
+            let family = service.info.family;
+            let counted = self.connections.as_ref().map(|c| c.parked(family));
+            let woken = wait_parked(io, activity, self.timeouts, drain).await;
+            drop(counted);
+            let Some(io) = woken else {
+                return Ok(true);
+            };
+            conn = Box::pin(
+                self.http1
+                    .serve_connection(TokioIo::new(io), service)
+                    .with_upgrades(),
+            );
+        }
+    }
+
+    /// Serves HTTP/1.1 until the connection ends or parks (then its stream, with the bytes the
+    /// server read and did not use put back, and the service).
+    async fn until_parked(
+        &self,
+        mut conn: H1Conn<H>,
+        activity: &Activity,
+        drain: &mut watch::Receiver<bool>,
+    ) -> Parking<H>
+    where
+        H: Handler,
+    {
+        let mut draining = false;
+        let ended = loop {
+            let park_after = (!draining).then_some(idle::PARK_AFTER);
+            tokio::select! {
+                ended = conn.as_mut() => break ended,
+                wake = activity.next(self.timeouts, park_after) => match wake {
+                    Wake::Expired => return Parking::Ended(Ok(true)),
+                    // The next poll of the server reads, and that read parks.
+                    Wake::Park => activity.request_park(),
+                },
+                () = stopped(drain), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        };
+        let parts = Pin::into_inner(conn).into_parts();
+        match parts {
+            Some(parts) if parts.io.inner().get_ref().is_parked() => {
+                let mut io = parts.io.into_inner().rewound(parts.read_buf);
+                io.get_mut().unpark();
+                Parking::Parked(io, parts.service)
+            }
+            _ => Parking::Ended(ended.map(|()| false).map_err(Into::into)),
+        }
+    }
+}
+
+/// How [`PerConnection::until_parked`] ended.
+enum Parking<H> {
+    /// The connection parked: its stream and service.
+    Parked(Io, ConnService<H>),
+    /// The connection ended.
+    Ended(Ended),
+}
+
+/// Waits while a connection is parked: its stream once the client sends again (or bytes are
+/// pending), `None` once it has been idle too long (dropped, as an idle served one is) or the
+/// listener drains (shut down, as hyper closes an idle connection then).
+async fn wait_parked(
+    mut io: Io,
+    activity: &Activity,
+    timeouts: idle::Timeouts,
+    drain: &mut watch::Receiver<bool>,
+) -> Option<Io> {
+    if io.has_pending() {
+        return Some(io);
+    }
+    let readable = tokio::select! {
+        readable = io.get_ref().get_ref().readable() => readable.is_ok(),
+        () = activity.expired(timeouts) => return None,
+        () = stopped(drain) => false,
+    };
+    if !readable {
+        let _ = tokio::time::timeout(timeouts.header_read, io.shutdown()).await;
+        return None;
+    }
+    Some(io)
+}
+
+/// Logs a connection the watchdog closed.
+fn closed_idle(client: SocketAddr) {
+    tracing::trace!(client.addr = %client, "Closed an idle or slow connection");
+}
+
+impl<H> PerConnection<H> {
     /// The connection as its PROXY protocol header describes it, where one is expected; `None`
     /// closes the connection (a peer not allowed to send one, or a bad header).
     async fn proxy_header(&self, stream: &mut TcpStream, info: ConnInfo) -> Option<ConnInfo> {
@@ -407,14 +656,20 @@ fn admit(
     None
 }
 
-/// A connection being served, until it ends.
-type Served =
-    Pin<Box<dyn Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Send>>;
-
 /// An accepted connection, plain or TLS.
 enum Stream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    /// Waits until the socket has bytes (or an end) to read.
+    async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.readable().await,
+            Stream::Tls(s) => s.get_ref().0.readable().await,
+        }
+    }
 }
 
 impl AsyncRead for Stream {

@@ -1,5 +1,5 @@
-//! Client connections by listener address and client family: accepted, open, refused at the
-//! connection limit.
+//! Client connections by listener address and client family: accepted, open, parked while idle,
+//! refused at the connection limit.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,6 +23,7 @@ struct ListenerLabels {
 #[derive(Clone, Debug)]
 pub(super) struct ConnectionFamilies {
     connections_active: Series<ListenerLabels, Gauge>,
+    connections_parked: Series<ListenerLabels, Gauge>,
     connections_total: Series<ListenerLabels, Counter>,
     connections_refused: Series<ListenerLabels, Counter>,
 }
@@ -31,6 +32,7 @@ impl ConnectionFamilies {
     pub(super) fn register(registry: &mut Registry) -> ConnectionFamilies {
         let f = ConnectionFamilies {
             connections_active: Series::default(),
+            connections_parked: Series::default(),
             connections_total: Series::default(),
             connections_refused: Series::default(),
         };
@@ -38,6 +40,11 @@ impl ConnectionFamilies {
             "duet_connections_active",
             "Open client connections, by listener address and client address family",
             f.connections_active.clone(),
+        );
+        registry.register(
+            "duet_connections_parked",
+            "Open client connections parked while idle (HTTP/1.1, no server state or buffers held), by listener address and client address family",
+            f.connections_parked.clone(),
         );
         registry.register(
             "duet_connections",
@@ -67,6 +74,11 @@ impl Metrics {
                     .connections_active
                     .get_or_create_owned(&labels(f))
             }),
+            parked: FAMILIES.map(|f| {
+                self.connections
+                    .connections_parked
+                    .get_or_create_owned(&labels(f))
+            }),
             total: FAMILIES.map(|f| {
                 self.connections
                     .connections_total
@@ -85,6 +97,7 @@ impl Metrics {
 #[derive(Clone, Debug)]
 pub struct ConnectionMetrics {
     active: [Gauge; 2],
+    parked: [Gauge; 2],
     total: [Counter; 2],
     refused: [Counter; 2],
 }
@@ -98,13 +111,21 @@ impl ConnectionMetrics {
         OpenConnection(self.active[i].clone())
     }
 
+    /// Counts a connection as parked while idle until the guard drops.
+    pub fn parked(&self, family: Family) -> OpenConnection {
+        let gauge = &self.parked[slot(family)];
+        gauge.inc();
+        OpenConnection(gauge.clone())
+    }
+
     /// Counts a connection refused by the connection limit.
     pub fn refused(&self, family: Family) {
         self.refused[slot(family)].inc();
     }
 }
 
-/// Keeps a connection counted in `duet_connections_active` while alive.
+/// Keeps a connection counted in a gauge (`duet_connections_active`, `duet_connections_parked`)
+/// while alive.
 #[derive(Debug)]
 pub struct OpenConnection(Gauge);
 

@@ -1,13 +1,12 @@
 //! Idle HTTP/1.1 upstream connections, by address and TLS settings: a connection serves one
 //! request at a time and goes back to the pool when its response body is done.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
 
-use super::{PoolKey, UpstreamBody};
+use super::{PoolKey, PoolMap, UpstreamBody};
 
 /// A pooled connection and when it went idle.
 type IdleConn = (SendRequest<UpstreamBody>, Instant);
@@ -15,7 +14,7 @@ type IdleConn = (SendRequest<UpstreamBody>, Instant);
 /// Idle upstream HTTP/1.1 connections by address and TLS settings.
 #[derive(Debug)]
 pub(super) struct Pool {
-    idle: Mutex<HashMap<PoolKey, Vec<IdleConn>>>,
+    idle: Mutex<PoolMap<Vec<IdleConn>>>,
     /// How long a connection may stay idle.
     max_idle: Duration,
     /// Idle connections kept per key.

@@ -2,7 +2,6 @@
 //! knowledge or TLS with ALPN `h2`), shared by every request to it and replaced when it closes,
 //! and the HTTP/2 form of an upstream request.
 
-use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,7 +13,7 @@ use http::{Request, Uri, Version};
 use hyper::client::conn::http2;
 
 use super::tls::LiveTls;
-use super::{connect, PoolKey, UpstreamBody};
+use super::{connect, PoolKey, PoolMap, UpstreamBody};
 
 /// A pooled HTTP/2 connection and when a request last took it.
 type PooledH2 = (http2::SendRequest<UpstreamBody>, Instant);
@@ -29,8 +28,8 @@ type Connecting =
 /// request has used for the idle timeout is let go (its open streams still finish).
 #[derive(Default)]
 pub(super) struct Pool {
-    conns: Mutex<HashMap<PoolKey, PooledH2>>,
-    connecting: Mutex<HashMap<PoolKey, Connecting>>,
+    conns: Mutex<PoolMap<PooledH2>>,
+    connecting: Mutex<PoolMap<Connecting>>,
 }
 
 impl std::fmt::Debug for Pool {

@@ -10,7 +10,9 @@ mod h1;
 mod h2;
 pub mod tls;
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +40,55 @@ pub(crate) type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
 
 /// Where a pooled connection goes: the address, and the TLS settings' key (0: plain TCP).
 pub(crate) type PoolKey = (SocketAddr, u64);
+
+/// A map by [`PoolKey`], hashed with [`PoolHasher`]: every request looks its connection up.
+pub(crate) type PoolMap<V> = HashMap<PoolKey, V, BuildHasherDefault<PoolHasher>>;
+
+/// Hashes a [`PoolKey`] a word at a time with one multiply each (FxHash's mix) instead of
+/// SipHash: the keys are upstream addresses of the snapshot and settings' keys, never chosen by a
+/// client, so flooding a map with colliding keys is not open to one.
+#[derive(Debug, Default)]
+pub(crate) struct PoolHasher(u64);
+
+impl PoolHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for PoolHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+}
 
 /// One upstream attempt: where, over which family and protocol, with which TLS settings and
 /// timeouts (pingora's `HttpPeer`, as data).
@@ -217,7 +268,14 @@ impl Upstream {
         }
         let (mut conn, mut fresh) = match self.checkout(peer) {
             Some(conn) => (conn, false),
-            None => (self.connect(peer).await.map_err(SendError::Unsent)?, true),
+            // Boxed, here and below: a connect (TCP, TLS and HTTP handshakes) is rare on pooled
+            // connections, and inline its state would size every request's future.
+            None => (
+                Box::pin(self.connect(peer))
+                    .await
+                    .map_err(SendError::Unsent)?,
+                true,
+            ),
         };
         let mut replay = (!fresh)
             .then(|| slot.as_ref().and_then(Replay::of))
@@ -249,7 +307,12 @@ impl Upstream {
                 }
                 Retry::Failed(e) => return Err(SendError::Failed(ProxyError::Upstream(e))),
             }
-            (conn, fresh) = (self.connect(peer).await.map_err(SendError::Unsent)?, true);
+            (conn, fresh) = (
+                Box::pin(self.connect(peer))
+                    .await
+                    .map_err(SendError::Unsent)?,
+                true,
+            );
         }
     }
 

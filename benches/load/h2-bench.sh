@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# h2-bench.sh — CPU per request over HTTP/2 with TLS (the client path `../shared/bench`, wrk
+# over HTTP/1.1, does not cover): duet against nginx's `http2` in the same run. Loopback only.
+#
+#   cargo build --release -p controller && cargo build -p conformance --bin duet-echo
+#   benches/load/h2-bench.sh                       # 3 rounds, 10 s each, IPv4 and IPv6
+#   ROUNDS=1 DURATION=5 FAMILIES=ipv4 benches/load/h2-bench.sh
+#
+# Each server terminates TLS (the same ECDSA P-256 certificate, ALPN h2) on 127.0.0.1 and [::1]
+# and proxies Host `bench.example` over HTTP/1.1 keep-alive to one duet-echo pod of the client's
+# family: duet (release, one Tokio worker, metrics on, access log off) through an Ingress and a
+# dual-stack Service; nginx (one worker, access log off, `keepalive 64`, the same forwarding
+# headers). The server is pinned to core CORE_SERVER (0), h2load (20 connections x 10 streams,
+# one thread) and the pod to CORE_LOAD (1). Rounds interleave the servers; each run starts a
+# fresh server, warms up WARMUP s, then loads DURATION s and reads the server's CPU time
+# (utime + stime of all its threads, /proc) over that window. Printed per run and, at the end,
+# as medians with duet's ratio to nginx:
+#   duet h2-tls ipv4: 41234 requests/s, CPU 23.1 us/request
+#   median ipv4: duet 23.1 us/request, nginx 18.2 us/request, ratio 1.27
+# Fails (exit 1) when a server does not start or any request is not answered 2xx.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-2}
+FAMILIES=${FAMILIES:-"ipv4 ipv6"}
+SERVERS=${SERVERS:-"duet nginx"}
+CORE_SERVER=${CORE_SERVER:-0}
+CORE_LOAD=${CORE_LOAD:-1}
+
+need h2load curl python3 openssl taskset nginx
+DUET=$(duet_bin)
+CLK_TCK=$(getconf CLK_TCK)
+make_work h2bench
+make_cert "$WORK"
+read -r ECHO_PORT HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 5)
+ECHO_BIN=$(echo_bin)
+taskset -c "$CORE_LOAD" "$ECHO_BIN" --quiet --pod "upstream-0=127.0.0.1:$ECHO_PORT,[::1]:$ECHO_PORT" \
+  --namespace bench --service upstream >/dev/null 2>&1 &
+STARTED_PIDS+=($!)
+wait_200 "http://127.0.0.1:$ECHO_PORT/" 30 $!
+wait_200 "http://[::1]:$ECHO_PORT/" 30 $!
+mkdir -p "$WORK/manifests"
+write_proxy_manifests "$WORK/manifests" "$ECHO_PORT" "$WORK"
+
+# Starts duet pinned to the server core; sets SERVER_PID.
+start_duet() {
+  TOKIO_WORKER_THREADS=1 DUET_LOG=warn taskset -c "$CORE_SERVER" "$DUET" serve \
+    --manifests "$WORK/manifests" --access-log off \
+    --https-listen "127.0.0.1:$HTTPS_PORT" --https-listen "[::1]:$HTTPS_PORT" \
+    --http-listen "127.0.0.1:$HTTP_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
+    --debug-listen "127.0.0.1:$DEBUG_PORT" \
+    --default-tls-secret bench/bench-tls --shutdown-delay 0 --drain-timeout 1s \
+    >"$WORK/duet.out" 2>"$WORK/duet.err" &
+  SERVER_PID=$!
+  STARTED_PIDS+=("$SERVER_PID")
+  wait_200 "http://127.0.0.1:$ADMIN_PORT/readyz" 30 "$SERVER_PID"
+}
+
+# Starts nginx (one worker, master in the foreground) pinned to the server core; sets
+# SERVER_PID to the worker and SERVER_MAIN to the master.
+start_nginx() {
+  mkdir -p "$WORK/nginx"
+  cat >"$WORK/nginx/nginx.conf" <<CONF
+user root;
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  keepalive_requests 10000000;
+  http2_max_requests 10000000;
+  upstream echo4 { server 127.0.0.1:$ECHO_PORT; keepalive 64; }
+  upstream echo6 { server [::1]:$ECHO_PORT; keepalive 64; }
+  map \$server_addr \$echo { ~: echo6; default echo4; }
+  server {
+    listen 127.0.0.1:$HTTPS_PORT ssl http2;
+    listen [::1]:$HTTPS_PORT ssl http2;
+    server_name bench.example;
+    ssl_certificate $WORK/tls.crt;
+    ssl_certificate_key $WORK/tls.key;
+    location / {
+      proxy_pass http://\$echo;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Real-IP \$remote_addr;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+    }
+  }
+}
+CONF
+  taskset -c "$CORE_SERVER" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' \
+    2>"$WORK/nginx/stderr" &
+  SERVER_MAIN=$!
+  STARTED_PIDS+=("$SERVER_MAIN")
+  local tries=0
+  until [[ $(curl -sk -o /dev/null -w '%{http_code}' --resolve "bench.example:$HTTPS_PORT:127.0.0.1" \
+    "https://bench.example:$HTTPS_PORT/") == 200 ]]; do
+    kill -0 "$SERVER_MAIN" 2>/dev/null || die "nginx did not start: $(cat "$WORK/nginx/stderr")"
+    ((tries++ < 300)) || die "nginx not answering"
+    sleep 0.1
+  done
+  SERVER_PID=$(pgrep -P "$SERVER_MAIN" | head -1)
+}
+
+# CPU ticks (utime + stime, every thread) of PID.
+ticks() {
+  awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$1/stat"
+}
+
+# h2load for SECONDS against FAMILY; prints the requests answered 2xx (fails unless all were).
+h2load_run() {
+  local family=$1 seconds=$2 host=127.0.0.1 out
+  [[ $family == ipv6 ]] && host='[::1]'
+  out=$(taskset -c "$CORE_LOAD" h2load -t 1 -c 20 -m 10 -D "$seconds" \
+    -H ':authority: bench.example' "https://$host:$HTTPS_PORT/" 2>&1) || die "h2load failed: $out"
+  local answered ok
+  answered=$(awk '/^requests:/ {print $8}' <<<"$out")
+  ok=$(awk '/^status codes:/ {print $3}' <<<"$out")
+  [[ -n $answered && $ok == "$answered" && $answered -gt 0 ]] || die "$family: $answered requests succeeded, ${ok:-0} answered 2xx: $out"
+  echo "$answered"
+}
+
+declare -A RESULTS=()
+note "duet $DUET; $(nginx -v 2>&1); $(nproc) cores; $ROUNDS rounds of ${DURATION}s; $(date -u +%FT%TZ)"
+for round in $(seq "$ROUNDS"); do
+  for server in $SERVERS; do
+    for family in $FAMILIES; do
+      "start_$server"
+      h2load_run "$family" "$WARMUP" >/dev/null
+      before=$(ticks "$SERVER_PID")
+      requests=$(h2load_run "$family" "$DURATION")
+      after=$(ticks "$SERVER_PID")
+      us=$(python3 -c "import sys; t, n, hz = map(int, sys.argv[1:]); print(f'{t * 1e6 / hz / n:.1f}')" \
+        "$((after - before))" "$requests" "$CLK_TCK")
+      echo "$server h2-tls $family round $round: $((requests / DURATION)) requests/s, CPU $us us/request"
+      RESULTS[$server.$family]+="$us "
+      kill -TERM "${SERVER_MAIN:-$SERVER_PID}"
+      wait "${SERVER_MAIN:-$SERVER_PID}" 2>/dev/null || true
+      unset SERVER_MAIN
+    done
+  done
+done
+for family in $FAMILIES; do
+  python3 - "$family" "${RESULTS[duet.$family]:-}" "${RESULTS[nginx.$family]:-}" <<'PY'
+import statistics, sys
+family, duet, nginx = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+d = statistics.median(map(float, duet)) if duet else None
+n = statistics.median(map(float, nginx)) if nginx else None
+ratio = f", ratio {d / n:.2f}" if d and n else ""
+fmt = lambda v: "-" if v is None else f"{v:.1f}"
+print(f"median {family}: duet {fmt(d)} us/request, nginx {fmt(n)} us/request{ratio}")
+PY
+done

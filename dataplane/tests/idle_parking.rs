@@ -1,0 +1,231 @@
+//! Idle HTTP/1.1 client connections are parked (their HTTP server state and buffers released,
+//! counted in `duet_connections_parked`) and serve their next requests as before: over real
+//! sockets on 127.0.0.1 and [::1], a listener served by `listen::serve` with a handler that
+//! answers with the request's target and client address.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dataplane::forwarded::TrustedProxies;
+use dataplane::idle::PARK_AFTER;
+use dataplane::listen::{self, ConnInfo, ServeOptions};
+use dataplane::metrics::Metrics;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+const KEEPALIVE: Duration = Duration::from_millis(4000);
+
+/// A listener on `addr` answering every request with `target client-address`, and its metrics.
+struct Server {
+    addr: SocketAddr,
+    registry: Registry,
+    stop: watch::Sender<bool>,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    conn: Arc<ConnInfo>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let text = format!("{} {}", req.uri(), conn.peer);
+    Ok(Response::new(Full::new(Bytes::from(text))))
+}
+
+fn server(ip: &str) -> Server {
+    let listener = listen::bind(SocketAddr::new(ip.parse().unwrap(), 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_secs(60),
+        keepalive_timeout: KEEPALIVE,
+        drain_timeout: Duration::from_secs(5),
+        tls: None,
+        proxy_protocol: None,
+        trusted_proxies: Arc::new(TrustedProxies::default()),
+        connections: Some(metrics.listener(addr)),
+        proxy_protocol_from: None,
+        max_connections: None,
+    };
+    let (stop, stopped) = watch::channel(false);
+    let served = tokio::spawn(listen::serve(listener, options, answer, stopped));
+    Server {
+        addr,
+        registry,
+        stop,
+        served,
+    }
+}
+
+impl Server {
+    /// `duet_connections_parked` of this listener and the family of its address.
+    fn parked(&self) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        let family = if self.addr.is_ipv4() { "ipv4" } else { "ipv6" };
+        let series = format!(
+            "duet_connections_parked{{listener=\"{}\",family=\"{family}\"}} ",
+            self.addr
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// Waits until `duet_connections_parked` is `n` (at most 10 s).
+    async fn until_parked(&self, n: u64) {
+        let start = Instant::now();
+        while self.parked() != n {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{}: {} parked, not {n}",
+                self.addr,
+                self.parked()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Reads one response (head and `Content-Length` body): its status line and body.
+async fn response(tcp: &mut TcpStream) -> (String, String) {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(tcp.read_u8().await.expect("response head"));
+    }
+    let head = String::from_utf8(head).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_owned)
+        })
+        .map_or(0, |l| l.trim().parse().unwrap());
+    let mut body = vec![0; length];
+    tcp.read_exact(&mut body).await.unwrap();
+    let status = head.lines().next().unwrap().to_owned();
+    (status, String::from_utf8(body).unwrap())
+}
+
+async fn get(tcp: &mut TcpStream, target: &str) -> (String, String) {
+    let request = format!("GET {target} HTTP/1.1\r\nHost: park.test\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    response(tcp).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http1_connections_park_and_serve_their_next_requests() {
+    for ip in ["127.0.0.1", "::1"] {
+        let server = server(ip);
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        let me = tcp.local_addr().unwrap();
+        assert_eq!(
+            get(&mut tcp, "/one").await,
+            ("HTTP/1.1 200 OK".into(), format!("/one {me}"))
+        );
+        assert_eq!(server.parked(), 0, "{ip}: parked at once");
+        server.until_parked(1).await;
+        // The next request on the parked connection, then two pipelined in one write.
+        assert_eq!(get(&mut tcp, "/two").await.1, format!("/two {me}"));
+        assert_eq!(server.parked(), 0, "{ip}: still counted as parked");
+        server.until_parked(1).await;
+        tcp.write_all(
+            b"GET /three HTTP/1.1\r\nHost: p\r\n\r\nGET /four HTTP/1.1\r\nHost: p\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert_eq!(response(&mut tcp).await.1, format!("/three {me}"));
+        assert_eq!(response(&mut tcp).await.1, format!("/four {me}"));
+        // A head that arrives in pieces across the park time.
+        server.until_parked(1).await;
+        tcp.write_all(b"GET /fi").await.unwrap();
+        tokio::time::sleep(PARK_AFTER * 2).await;
+        tcp.write_all(b"ve HTTP/1.1\r\nHost: p\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(response(&mut tcp).await.1, format!("/five {me}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_connection_refuses_a_64_kib_head_as_a_fresh_one_does() {
+    for ip in ["127.0.0.1", "::1"] {
+        let server = server(ip);
+        let big = format!(
+            "GET / HTTP/1.1\r\nHost: park.test\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(64 * 1024)
+        );
+        let mut fresh = TcpStream::connect(server.addr).await.unwrap();
+        fresh.write_all(big.as_bytes()).await.unwrap();
+        let refused = response(&mut fresh).await.0;
+        assert!(refused.starts_with("HTTP/1.1 431"), "{ip}: {refused}");
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        get(&mut tcp, "/").await;
+        server.until_parked(1).await;
+        tcp.write_all(big.as_bytes()).await.unwrap();
+        assert_eq!(response(&mut tcp).await.0, refused, "{ip}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_connection_is_closed_after_the_keepalive_timeout_and_on_shutdown() {
+    for ip in ["127.0.0.1", "::1"] {
+        let server = server(ip);
+        let mut idle = TcpStream::connect(server.addr).await.unwrap();
+        get(&mut idle, "/").await;
+        let since = Instant::now();
+        server.until_parked(1).await;
+        let mut rest = Vec::new();
+        tokio::time::timeout(KEEPALIVE * 4, idle.read_to_end(&mut rest))
+            .await
+            .unwrap_or_else(|_| panic!("{ip}: parked connection not closed"))
+            .unwrap();
+        let after = since.elapsed();
+        assert!(
+            after >= KEEPALIVE - Duration::from_millis(100),
+            "{ip}: closed after {after:?}"
+        );
+        assert!(rest.is_empty());
+        assert_eq!(server.parked(), 0);
+
+        let mut drained = TcpStream::connect(server.addr).await.unwrap();
+        get(&mut drained, "/").await;
+        server.until_parked(1).await;
+        server.stop.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(4), drained.read_to_end(&mut rest))
+            .await
+            .unwrap_or_else(|_| panic!("{ip}: parked connection not closed on shutdown"))
+            .unwrap();
+        let served = tokio::time::timeout(Duration::from_secs(4), server.served).await;
+        served.expect("listener did not finish").unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_after_a_request_with_a_body_is_not_parked() {
+    for ip in ["127.0.0.1", "::1"] {
+        let server = server(ip);
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(b"POST /form HTTP/1.1\r\nHost: p\r\nContent-Length: 3\r\n\r\nabc")
+            .await
+            .unwrap();
+        assert_eq!(
+            response(&mut tcp).await.1,
+            format!("/form {}", tcp.local_addr().unwrap())
+        );
+        tokio::time::sleep(PARK_AFTER * 3).await;
+        assert_eq!(server.parked(), 0, "{ip}");
+        assert!(get(&mut tcp, "/").await.0.starts_with("HTTP/1.1 200"));
+    }
+}
