@@ -54,6 +54,8 @@ fn server(ip: &str) -> Server {
         connections: Some(metrics.listener(addr)),
         proxy_protocol_from: None,
         max_connections: None,
+        handshakes: None,
+        gateway_port: None,
     };
     let (stop, stopped) = watch::channel(false);
     let served = tokio::spawn(listen::serve(listener, options, answer, stopped));
