@@ -10,7 +10,10 @@
 //! `ip duet_lb` and one `ip6 duet_lb` table, each with a `prerouting` and an `output` nat chain
 //! (so connections from inside the namespace, where the tests and pods run, are forwarded too),
 //! replaced whole in one `nft -f` transaction whenever they change. The client's address is kept
-//! (DNAT, no SNAT), as a load balancer with `externalTrafficPolicy: Local` keeps it.
+//! (DNAT, no SNAT), as a load balancer with `externalTrafficPolicy: Local` keeps it. The cluster
+//! IPs of those Services are forwarded the same way (the Service ranges get a `local` route), as
+//! kube-proxy would: a Gateway whose status still shows them (the load balancer not having
+//! answered yet) is reachable there too.
 //!
 //! A Service whose `status.loadBalancer.ingress` someone else wrote (a test standing in for a
 //! load balancer of its own) is left to them: its addresses are released and it is skipped from
@@ -34,7 +37,8 @@ use http::Method;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use super::netns::{enter_path, local_address};
+use super::netns::{enter_path, ip, local_address};
+use super::{POD_INTERFACE, SERVICE_CIDR_V4, SERVICE_CIDR_V6};
 use crate::runner::kube_api::KubeApi;
 
 /// The IPv4 load-balancer pool (`10.250.0.1` to `10.250.0.254`).
@@ -99,6 +103,7 @@ pub fn nft_available() -> bool {
 fn run_thread(netns: &Path, kubeconfig: &Path, mut stopped: oneshot::Receiver<()>) {
     let run = async {
         enter_path(netns)?;
+        route_service_ranges()?;
         let api = KubeApi::from_kubeconfig(kubeconfig).await?;
         let mut state = State::new(api);
         loop {
@@ -333,14 +338,17 @@ impl State {
                 str_at(service, "/metadata/name"),
             );
             let slices = by_service.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let cluster_ips = cluster_ips(service);
             for port in tcp_ports(service) {
-                if let Some(lb) = assigned.v4 {
-                    let targets = endpoints(slices, "IPv4", &port.name);
-                    v4.extend(rule(lb.into(), port.port, &targets));
-                }
-                if let Some(lb) = assigned.v6 {
-                    let targets = endpoints(slices, "IPv6", &port.name);
-                    v6.extend(rule(lb.into(), port.port, &targets));
+                let targets_v4 = endpoints(slices, "IPv4", &port.name);
+                let targets_v6 = endpoints(slices, "IPv6", &port.name);
+                let addresses = assigned.v4.map(IpAddr::from).into_iter();
+                let addresses = addresses.chain(assigned.v6.map(IpAddr::from));
+                for ip in addresses.chain(cluster_ips.iter().copied()) {
+                    match ip {
+                        IpAddr::V4(_) => v4.extend(rule(ip, port.port, &targets_v4)),
+                        IpAddr::V6(_) => v6.extend(rule(ip, port.port, &targets_v6)),
+                    }
                 }
             }
         }
@@ -469,6 +477,38 @@ impl State {
             }
         }
     }
+}
+
+/// A Service's `spec.clusterIPs` (what a Gateway's status falls back to before the load balancer
+/// answers): forwarded like its load-balancer addresses, as kube-proxy would.
+fn cluster_ips(service: &Value) -> Vec<IpAddr> {
+    let ips = service["spec"]["clusterIPs"]
+        .as_array()
+        .into_iter()
+        .flatten();
+    ips.filter_map(|ip| ip.as_str()?.parse().ok()).collect()
+}
+
+/// Makes the Service ranges routable inside the namespace (a `local` route on the loopback):
+/// the nft rules then forward a Service's cluster IPs to its endpoints.
+fn route_service_ranges() -> anyhow::Result<()> {
+    ip(&[
+        "route",
+        "replace",
+        "local",
+        SERVICE_CIDR_V4,
+        "dev",
+        POD_INTERFACE,
+    ])?;
+    ip(&[
+        "-6",
+        "route",
+        "replace",
+        "local",
+        SERVICE_CIDR_V6,
+        "dev",
+        POD_INTERFACE,
+    ])
 }
 
 /// The `status.loadBalancer.ingress` entries for a Service's addresses, in its family order.

@@ -52,8 +52,11 @@ pub struct ListenerModel {
     pub kinds: Vec<&'static str>,
     /// The namespaces whose routes it admits.
     pub from: FromNamespaces,
-    /// Accepted, refs resolved, not conflicted, in an accepted Gateway.
+    /// Accepted and not conflicted, in an accepted Gateway: routes may attach.
     pub valid: bool,
+    /// Its certificate references resolve (an HTTPS listener whose do not still takes routes,
+    /// counted in `attachedRoutes` as the spec asks, but is not served).
+    pub servable: bool,
     /// The certificate of an HTTPS listener.
     pub cert: Option<Arc<TlsCert>>,
 }

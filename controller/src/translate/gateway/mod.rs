@@ -184,7 +184,8 @@ impl<'a> GatewayProcessor<'a> {
                         namespaces.and_then(|n| n.from.as_ref()),
                         namespaces.and_then(|n| n.selector.as_ref()),
                     ),
-                    valid: accepted && v.valid() && cert.is_ok(),
+                    valid: accepted && v.valid(),
+                    servable: cert.is_ok(),
                     cert: cert.ok().flatten(),
                 }
             })
@@ -367,7 +368,7 @@ fn table(
     let mut ports: BTreeMap<u16, GatewayPort> = BTreeMap::new();
     for (gi, g) in gateways.iter().enumerate() {
         for (li, l) in g.listeners.iter().enumerate() {
-            let (Some(pod_port), true) = (l.pod_port, l.valid) else {
+            let (Some(pod_port), true) = (l.pod_port, l.valid && l.servable) else {
                 continue;
             };
             let routes = listener_routes(entries.remove(&(gi, li)).unwrap_or_default());
