@@ -95,10 +95,10 @@ target/debug/duet-conformance ../shared/conformance/upstream-ingress/features co
 # The upstream Gateway API conformance suite v1.6.3, unmodified, GATEWAY-HTTP and GATEWAY-GRPC
 # core, on a dual-stack cluster with IPv4 primary and on one with IPv6 primary. It prints per run
 # `GATEWAY-HTTP core: N passed, N failed, N skipped` (and extended, and GATEWAY-GRPC); the reports
-# are in target/gateway-conformance/. A run that cannot happen (no cluster, no report) always fails
-# the build. Core test failures fail it only when GATEWAY_CORE_MUST_PASS is 1: duet does not pass
-# the core profiles yet (issue 14), so it is 0; set it to 1 once Gateway routes land.
-GATEWAY_CORE_MUST_PASS=0
+# are in target/gateway-conformance/. A run that cannot happen (no cluster, no report) fails the
+# build, and so does any failed core test (duet passes both core profiles on both families);
+# GATEWAY_CORE_MUST_PASS=0 would only print the numbers.
+GATEWAY_CORE_MUST_PASS=1
 echo "== Gateway API conformance, core, IPv4 and IPv6 primary (README: Gateway API conformance)"
 gateway_flags=()
 if [[ $GATEWAY_CORE_MUST_PASS != 1 ]]; then
