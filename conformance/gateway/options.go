@@ -32,13 +32,30 @@ var Profiles = []suite.ConformanceProfileName{
 }
 
 // SupportedFeatures are the features passed to the suite when no -supported-features flag is
-// given: the Core features of Profiles. Extended features join this list as duet implements
-// them, and duet's GatewayClass status.supportedFeatures must list the same.
+// given: the Core features of Profiles and the Extended features duet passes on both family
+// orders. duet's GatewayClass status.supportedFeatures (controller/src/gateway/class.rs) lists
+// the same.
 var SupportedFeatures = []features.FeatureName{
 	features.SupportGateway,
 	features.SupportReferenceGrant,
 	features.SupportHTTPRoute,
 	features.SupportGRPCRoute,
+	features.SupportGatewayPort8080,
+	features.SupportHTTPRoute303RedirectStatusCode,
+	features.SupportHTTPRoute307RedirectStatusCode,
+	features.SupportHTTPRoute308RedirectStatusCode,
+	features.SupportHTTPRouteBackendProtocolH2C,
+	features.SupportHTTPRouteBackendProtocolWebSocket,
+	features.SupportHTTPRouteBackendTimeout,
+	features.SupportHTTPRouteHostRewrite,
+	features.SupportHTTPRouteMethodMatching,
+	features.SupportHTTPRoutePathRedirect,
+	features.SupportHTTPRoutePathRewrite,
+	features.SupportHTTPRoutePortRedirect,
+	features.SupportHTTPRouteQueryParamMatching,
+	features.SupportHTTPRouteRequestTimeout,
+	features.SupportHTTPRouteResponseHeaderModification,
+	features.SupportHTTPRouteSchemeRedirect,
 }
 
 // Env is how options read the environment (os.Getenv in the test, a map in unit tests).

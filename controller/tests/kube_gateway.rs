@@ -132,7 +132,11 @@ async fn gateway_classes_of_our_controller_are_accepted_others_untouched() {
             "our class accepted",
             |c| {
                 accepted_at(c, &c["metadata"]["generation"])?;
-                anyhow::ensure!(c["status"]["supportedFeatures"] == json!([]));
+                let features = c["status"]["supportedFeatures"].as_array();
+                let named = |n: &str| features.is_some_and(|f| f.iter().any(|x| x["name"] == n));
+                anyhow::ensure!(
+                    named("HTTPRoute") && named("GRPCRoute") && named("GatewayPort8080")
+                );
                 Ok(())
             },
         )

@@ -1,9 +1,9 @@
 //! GatewayClasses: those whose `spec.controllerName` is ours (`--gateway-controller-name`) get
 //! `Accepted` and `supportedFeatures`; others are never touched.
 //!
-//! `supportedFeatures` lists the conformance features duet passes. It is empty for now: duet
-//! serves no route of a Gateway yet, so it passes none of the suite's features (README, "Gateway
-//! API (in progress)"); each joins the list when its tests pass on both family runs.
+//! `supportedFeatures` lists the conformance features duet passes on both family runs of the
+//! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP
+//! and GATEWAY-GRPC and the extended ones of `conformance/gateway/options.go`.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -13,7 +13,28 @@ use super::api::gatewayclasses::{
 use super::conditions::{dated, Cond};
 
 /// The conformance features duet passes (see the module documentation).
-pub const SUPPORTED_FEATURES: &[&str] = &[];
+pub const SUPPORTED_FEATURES: &[&str] = &[
+    "GRPCRoute",
+    "Gateway",
+    "GatewayPort8080",
+    "HTTPRoute",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteBackendProtocolH2C",
+    "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteHostRewrite",
+    "HTTPRouteMethodMatching",
+    "HTTPRoutePathRedirect",
+    "HTTPRoutePathRewrite",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteResponseHeaderModification",
+    "HTTPRouteSchemeRedirect",
+    "ReferenceGrant",
+];
 
 /// Whether the class is ours.
 pub fn is_ours(class: &GatewayClass, controller_name: &str) -> bool {
@@ -80,7 +101,14 @@ mod tests {
             ("Accepted", "True")
         );
         assert_eq!(cond.observed_generation, Some(3));
-        assert_eq!(s.supported_features, Some(Vec::new()));
+        let names: Vec<String> = s
+            .supported_features
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert!(names.is_sorted() && names.len() == 20, "{names:?}");
+        assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(
