@@ -520,6 +520,32 @@ def test_rbac_scoped_to_watched_namespaces():
     assert flags(container(objects)["args"])["--watch-namespace"] == ["team-a", "team-b"]
 
 
+GATEWAY_RULES = {
+    *{("gateway.networking.k8s.io", r, v, None)
+      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "referencegrants")
+      for v in ("get", "list", "watch")},
+    *{("gateway.networking.k8s.io", f"{r}/status", v, None)
+      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes") for v in ("update", "patch")},
+    *{("", "namespaces", v, None) for v in ("get", "list", "watch")},
+    *{("", "services", v, None) for v in ("create", "patch", "update", "delete")},
+    *{("discovery.k8s.io", "endpointslices", v, None) for v in ("create", "patch", "update", "delete")},
+}
+
+
+def test_gateway_api_grants_what_the_gateway_controller_calls_and_selects_the_release_pods():
+    objects = render({"gatewayAPI": {"enabled": True}})
+    pods = {("", "pods", v, None) for v in ("get", "list", "watch")}
+    assert granted(objects) == {"*": CLUSTER_RULES | GATEWAY_RULES, NAMESPACE: LEASE_RULES | pods}
+    [selector] = flags(container(objects)["args"])["--gateway-pod-selector"]
+    labels = dict(kv.split("=", 1) for kv in selector.split(","))
+    workload = next(o for o in objects if o["kind"] in ("Deployment", "DaemonSet"))
+    pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert labels and all(pod_labels.get(k) == v for k, v in labels.items()), (labels, pod_labels)
+    assert labels["app.kubernetes.io/instance"] == RELEASE
+    # Off by default: no Gateway rules, no selector flag.
+    assert "--gateway-pod-selector" not in flags(container(render())["args"])
+
+
 def test_rbac_off_renders_no_roles():
     objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"}})
     assert not [o for o in objects if o["kind"].endswith("Role") or o["kind"].endswith("Binding")]

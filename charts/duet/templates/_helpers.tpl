@@ -70,6 +70,26 @@ app.kubernetes.io/part-of: duet
   verbs: ["create", "patch"]
 {{- end }}
 
+{{/* Gateway API (gatewayAPI.enabled): the kinds read, their status written, and one
+LoadBalancer Service with its EndpointSlices managed per Gateway, in the Gateway's namespace. */}}
+{{- define "duet.rules.gateway" -}}
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["gatewayclasses", "gateways", "httproutes", "grpcroutes", "referencegrants"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["gatewayclasses/status", "gateways/status", "httproutes/status", "grpcroutes/status"]
+  verbs: ["update", "patch"]
+- apiGroups: [""]
+  resources: ["namespaces", "services", "secrets"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["create", "patch", "update", "delete"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+{{- end }}
+
 {{/* The leader-election Lease: one per release, so two releases in a namespace do not share it. */}}
 {{- define "duet.leaseName" -}}
 {{ include "duet.fullname" . }}-leader
@@ -162,6 +182,9 @@ app.kubernetes.io/part-of: duet
 {{- end }}
 - "--shutdown-delay={{ .Values.controller.shutdownDelaySeconds }}s"
 - "--drain-timeout={{ .Values.controller.drainSeconds }}s"
+{{- if .Values.gatewayAPI.enabled }}
+- "--gateway-pod-selector={{ include "duet.selectorLabels" . | replace ": " "=" | replace "\n" "," }}"
+{{- end }}
 {{- if .Values.controller.strictAnnotations }}
 - "--strict-annotations"
 {{- end }}
