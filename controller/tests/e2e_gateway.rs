@@ -425,7 +425,7 @@ async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> any
         .into_iter()
         .map(|s| (s, vec![PodSpec::dual(&format!("{s}-pod"))]))
         .collect();
-    let (_fleets, _dir, _duet) = setup(&fleets, docs).await?;
+    let (_fleets, _dir, duet) = setup(&fleets, docs).await?;
     for family in Family::BOTH {
         let mut conn = connect(family, port).await?;
         assert_eq!(served_by(&mut conn, "match.test", "/a").await?, "gw-plain");
@@ -458,5 +458,15 @@ async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> any
         let mirror = conn.get("mirror.test", "/").await?;
         assert_eq!(mirror.status, 404, "{family}: a refused rule is not served");
     }
+    // Per-route metrics name the route (its namespace and name, the Service, the route host).
+    let metrics = duet.admin_get(Family::V4, "/metrics").await?.text();
+    let route =
+        format!(r#"namespace="{NS}",ingress="match",service="gw-header",host="match.test""#);
+    anyhow::ensure!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("duet_requests_total{") && l.contains(&route)),
+        "no duet_requests_total series with {route}"
+    );
     Ok(())
 }

@@ -18,6 +18,7 @@ use super::{
     FAMILIES, METHOD_LABELS,
 };
 use crate::ptr_key::{addr_of, AddrMap};
+use crate::table::gateway::GatewayTable;
 use crate::table::{Family, RouteAction, RouteTable, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -393,6 +394,8 @@ struct RouteIndex {
     by_key: HashMap<RouteKey, Arc<RouteMetrics>>,
     /// The table the addresses belong to.
     table: Option<Arc<RouteTable>>,
+    /// The Gateway listener tables the addresses belong to.
+    gateways: Option<Arc<GatewayTable>>,
 }
 
 /// The route handles of one applied snapshot.
@@ -409,18 +412,21 @@ impl LiveMetrics {
         snapshot: &Snapshot,
         previous: &LiveMetrics,
     ) -> LiveMetrics {
-        if let Some(table) = &previous.index.table {
-            if Arc::ptr_eq(table, &snapshot.routes) {
+        if let (Some(table), Some(gateways)) = (&previous.index.table, &previous.index.gateways) {
+            if Arc::ptr_eq(table, &snapshot.routes) && Arc::ptr_eq(gateways, &snapshot.gateways) {
                 return previous.clone();
             }
         }
         let routes = &snapshot.routes;
         let mut index = RouteIndex {
             table: Some(routes.clone()),
+            gateways: Some(snapshot.gateways.clone()),
             ..RouteIndex::default()
         };
         let mut host_labels: HashMap<&str, Arc<str>> = HashMap::new();
-        for (host, action) in routes.actions() {
+        // Gateway API routes are labelled like Ingress ones: `ingress` is the route's name.
+        let gateway_actions = snapshot.gateways.host_actions();
+        for (host, action) in routes.actions().chain(gateway_actions) {
             let service = action.backend.service().clone();
             let host = host_labels
                 .entry(host)

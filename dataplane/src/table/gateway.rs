@@ -31,6 +31,23 @@ impl GatewayTable {
         self.ports.get(&port)
     }
 
+    /// Every action with the route hostname it is attached under (`""` for routes without
+    /// hostnames), for per-route metrics.
+    pub fn host_actions(&self) -> impl Iterator<Item = (&str, &RouteAction)> {
+        self.ports
+            .values()
+            .flat_map(|p| &p.listeners)
+            .flat_map(|l| {
+                let routes = &l.routes;
+                let exact = routes.exact.iter().map(|(h, r)| (&**h, r));
+                let wild = routes.wildcard.iter().map(|(h, r)| (&**h, r));
+                exact
+                    .chain(wild)
+                    .chain(std::iter::once(("", &routes.any_host)))
+                    .flat_map(|(h, rules)| rules.iter().map(move |r| (h, &r.action)))
+            })
+    }
+
     /// Every action of every listener (for the backends the table uses).
     pub fn actions(&self) -> impl Iterator<Item = &RouteAction> {
         self.ports
