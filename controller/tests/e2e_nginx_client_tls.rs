@@ -25,7 +25,8 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
-const HOSTS: [&str; 6] = [
+const HOSTS: [&str; 7] = [
+    "cn.test",
     "on.test",
     "opt.test",
     "noca.test",
@@ -170,6 +171,7 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
     let ca = TestCa::new("duet client CA");
     let alice = ca.issue_client("alice", &["duet"]);
     let rogue = TestCa::new("rogue CA").issue_client("mallory", &[]);
+    let bob = ca.issue_client("bob", &[]);
     let server = tls::cert(&HOSTS);
     let fleet = Fleet::start("mtls", "web", &[PodSpec::dual("pod")])?;
     let dir = ManifestDir::with_class()?;
@@ -201,6 +203,7 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
             &[("auth-tls-error-page", "https://errors.example/cert")],
         ),
         ingress("off.test", &[("auth-tls-verify-client", "off")]),
+        ingress("cn.test", &[("auth-tls-match-cn", "CN=bob$")]),
         Ingress::new("mtls", "plain")
             .host("plain.test", "web")
             .tls(&["plain.test"], "web-tls"),
@@ -260,6 +263,16 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
         client::expect_status(&reply, 400)?;
         assert!(
             reply.text().contains("The SSL certificate error"),
+            "{family}"
+        );
+
+        // auth-tls-match-cn: the subject DN must match, else 403 with nginx's words.
+        let (reply, _) = get(to, "cn.test", "cn.test", Some(&bob)).await?;
+        client::expect_status(&reply, 200)?;
+        let (reply, _) = get(to, "cn.test", "cn.test", Some(&alice)).await?;
+        client::expect_status(&reply, 403)?;
+        assert!(
+            reply.text().contains("client certificate unauthorized"),
             "{family}"
         );
 

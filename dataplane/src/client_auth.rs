@@ -51,6 +51,54 @@ pub struct ClientAuth {
     /// request gets 503 (fail closed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<Arc<str>>,
+    /// `auth-tls-match-cn`: the subject DN must match this regex, else 403.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub match_cn: Option<MatchCn>,
+}
+
+/// ingress-nginx's `auth-tls-match-cn`: nginx's `if ($ssl_client_s_dn !~ REGEX) { return 403; }`,
+/// a case-sensitive regex found anywhere in the subject DN (RFC 2253, as `ssl-client-subject-dn`;
+/// empty without a certificate). Compared and serialised by its pattern.
+#[derive(Clone, Debug)]
+pub struct MatchCn {
+    pattern: Arc<str>,
+    regex: regex::Regex,
+}
+
+/// Bounds on a compiled `auth-tls-match-cn` regex (hostile input).
+const MATCH_CN_SIZE_LIMIT: usize = 1 << 20;
+
+impl MatchCn {
+    /// Compiles `pattern` (Rust `regex` syntax, unanchored).
+    pub fn new(pattern: &str) -> Result<MatchCn, regex::Error> {
+        let regex = regex::RegexBuilder::new(pattern)
+            .size_limit(MATCH_CN_SIZE_LIMIT)
+            .dfa_size_limit(MATCH_CN_SIZE_LIMIT)
+            .build()?;
+        Ok(MatchCn {
+            pattern: pattern.into(),
+            regex,
+        })
+    }
+
+    /// Whether a subject DN is allowed.
+    pub fn allows(&self, subject: &str) -> bool {
+        self.regex.is_match(subject)
+    }
+}
+
+impl PartialEq for MatchCn {
+    fn eq(&self, other: &MatchCn) -> bool {
+        self.pattern == other.pattern
+    }
+}
+
+impl Eq for MatchCn {}
+
+impl Serialize for MatchCn {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.pattern)
+    }
 }
 
 fn count<S: Serializer>(ca: &Arc<[CertificateDer<'static>]>, s: S) -> Result<S::Ok, S::Error> {
@@ -77,7 +125,12 @@ pub enum Decision {
     Redirect(Arc<str>),
     /// Answer 503: the route's CA cannot be used.
     Unavailable,
+    /// Answer 403 ([`FORBIDDEN`]): the subject does not match `auth-tls-match-cn`.
+    Forbidden,
 }
+
+/// nginx's 403 text when `auth-tls-match-cn` does not match.
+pub const FORBIDDEN: &str = "403 client certificate unauthorized\n";
 
 /// nginx's 400 text without a certificate.
 pub const NO_CERTIFICATE: &str = "400 No required SSL certificate was sent\n";
@@ -94,6 +147,7 @@ impl ClientAuth {
         let Some(leaf) = chain.first() else {
             return match self.verify {
                 VerifyClient::On => self.refuse(NO_CERTIFICATE),
+                _ if !self.subject_allowed("") => Decision::Forbidden,
                 _ => Decision::Pass(vec![("ssl-client-verify", "NONE".to_owned())]),
             };
         };
@@ -106,7 +160,11 @@ impl ClientAuth {
             Err(why) => format!("FAILED:{why}"),
         };
         let mut headers = vec![("ssl-client-verify", status)];
-        if let Some((subject, issuer)) = distinguished_names(leaf) {
+        let names = distinguished_names(leaf);
+        if !self.subject_allowed(names.as_ref().map_or("", |(subject, _)| subject)) {
+            return Decision::Forbidden;
+        }
+        if let Some((subject, issuer)) = names {
             headers.push(("ssl-client-subject-dn", subject));
             headers.push(("ssl-client-issuer-dn", issuer));
         }
@@ -114,6 +172,11 @@ impl ClientAuth {
             headers.push(("ssl-client-cert", escaped_pem(leaf)));
         }
         Decision::Pass(headers)
+    }
+
+    /// Whether `auth-tls-match-cn` (if any) allows this subject DN.
+    fn subject_allowed(&self, subject: &str) -> bool {
+        self.match_cn.as_ref().is_none_or(|m| m.allows(subject))
     }
 
     fn refuse(&self, text: &'static str) -> Decision {
@@ -347,6 +410,7 @@ mod tests {
             pass_certificate: false,
             error_page: None,
             error: None,
+            match_cn: None,
         }
     }
 
@@ -356,7 +420,40 @@ mod tests {
             Decision::BadRequest(text) => text,
             Decision::Redirect(_) => "redirect",
             Decision::Unavailable => "unavailable",
+            Decision::Forbidden => FORBIDDEN,
         }
+    }
+
+    #[test]
+    fn match_cn_refuses_other_subjects_with_403_and_no_certificate_unless_it_matches_empty() {
+        let (root, issuer) = ca("root", None);
+        let alice = [client(&[(DnType::CommonName, "alice")], &issuer)];
+        let bob = [client(&[(DnType::CommonName, "bob")], &issuer)];
+        let only_alice = |mode| ClientAuth {
+            match_cn: Some(MatchCn::new("CN=alice").unwrap()),
+            ..auth(&root, mode, 1)
+        };
+        assert_eq!(
+            verdict(&only_alice(VerifyClient::On).decide(&alice)),
+            "SUCCESS"
+        );
+        assert_eq!(
+            only_alice(VerifyClient::On).decide(&bob),
+            Decision::Forbidden
+        );
+        // nginx's `$ssl_client_s_dn` is empty without a certificate: no match, 403.
+        assert_eq!(
+            only_alice(VerifyClient::Optional).decide(&[]),
+            Decision::Forbidden
+        );
+        // A certificate that does not verify is still refused as such first.
+        let (_, other) = ca("other", None);
+        let forged = [client(&[(DnType::CommonName, "alice")], &other)];
+        assert_eq!(
+            verdict(&only_alice(VerifyClient::On).decide(&forged)),
+            BAD_CERTIFICATE
+        );
+        assert!(MatchCn::new("CN=(").is_err());
     }
 
     #[test]

@@ -139,6 +139,7 @@ fn client_certificate(a: &mut Admission<'_, '_>) -> Verdict {
             Ok(())
         }
         Decision::BadRequest(text) => local(StatusCode::BAD_REQUEST, text),
+        Decision::Forbidden => local(StatusCode::FORBIDDEN, crate::client_auth::FORBIDDEN),
         Decision::Redirect(page) => answer(ProxyBody::redirect(StatusCode::FOUND, &page)),
         Decision::Unavailable => local(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -67,7 +67,7 @@ pub const KEYS: [Key; 137] = [
     key("canary-weight", Honoured),
     key("canary-weight-total", Honoured),
     key("auth-tls-error-page", Honoured),
-    key("auth-tls-match-cn", Unsupported("not implemented yet: the certificate's subject is not matched")),
+    key("auth-tls-match-cn", Different("Rust's regex crate, not PCRE (lookaround and backreferences are invalid-value, and an invalid value makes the routes answer 503)")),
     key("auth-tls-pass-certificate-to-upstream", Honoured),
     key("auth-tls-secret", Different(CLIENT_TLS)),
     key("auth-tls-verify-client", Honoured),

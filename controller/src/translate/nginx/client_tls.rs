@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dataplane::client_auth::CertificateDer;
-use dataplane::client_auth::{ClientAuth, VerifyClient};
+use dataplane::client_auth::{ClientAuth, MatchCn, VerifyClient};
 use k8s_openapi::api::core::v1::Secret;
 
 use super::{Read, Status, PREFIX};
@@ -18,12 +18,13 @@ use crate::translate::{Diagnostic, Reason, References};
 pub const AUTH_TLS_SECRET_ANNOTATION: &str = "nginx.ingress.kubernetes.io/auth-tls-secret";
 
 /// The keys this module reads (after the prefix).
-pub const KEYS: [&str; 5] = [
+pub const KEYS: [&str; 6] = [
     "auth-tls-secret",
     "auth-tls-verify-client",
     "auth-tls-verify-depth",
     "auth-tls-pass-certificate-to-upstream",
     "auth-tls-error-page",
+    "auth-tls-match-cn",
 ];
 
 /// The client-certificate annotations of one Ingress, validated.
@@ -36,6 +37,8 @@ pub struct Annotations {
     depth: Option<u8>,
     pass: bool,
     error_page: Option<String>,
+    /// `auth-tls-match-cn`: the pattern, or why it is refused (the routes then answer 503).
+    match_cn: Option<Result<String, String>>,
 }
 
 /// Whether this module reads a key.
@@ -74,6 +77,18 @@ pub fn apply(name: &str, value: &str, a: &mut Annotations) -> Result<(), String>
         }
         "auth-tls-pass-certificate-to-upstream" => a.pass = super::parse_bool(v)?,
         "auth-tls-error-page" => a.error_page = Some(super::parse_url(v)?),
+        "auth-tls-match-cn" => {
+            // ingress-nginx accepts `CN=` followed by a regex; anything else fails closed.
+            let checked = if !v.starts_with("CN=") {
+                Err(format!("{value:?} does not start with CN="))
+            } else {
+                MatchCn::new(v)
+                    .map(|_| v.to_owned())
+                    .map_err(|e| format!("{value:?} is not a valid regular expression: {e}"))
+            };
+            a.match_cn = Some(checked.clone());
+            checked.map_err(|e| format!("{e}; the Ingress's routes answer 503 (fail closed)"))?;
+        }
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())
@@ -132,6 +147,13 @@ pub(crate) fn resolve(
                 .map_err(|e| (Reason::InvalidAnnotation, format!("Secret {wanted}: {e}"))),
         }
     };
+    let ca = match &a.match_cn {
+        Some(Err(problem)) => ca.and(Err((
+            Reason::InvalidAnnotation,
+            format!("auth-tls-match-cn {problem}"),
+        ))),
+        _ => ca,
+    };
     let (ca, error) = match ca {
         Ok(ca) => (ca, None),
         Err((reason, problem)) => {
@@ -148,6 +170,11 @@ pub(crate) fn resolve(
         pass_certificate: a.pass,
         error_page: a.error_page.as_deref().map(Arc::from),
         error,
+        match_cn: a
+            .match_cn
+            .as_ref()
+            .and_then(|m| m.as_ref().ok())
+            .and_then(|p| MatchCn::new(p).ok()),
     }))
 }
 

@@ -104,6 +104,7 @@ fn every_honoured_key_has_a_parser() {
         "auth-tls-verify-client" => "optional",
         "auth-tls-verify-depth" => "2",
         "auth-tls-error-page" => "https://errors.example/cert",
+        "auth-tls-match-cn" => "CN=(alice|bob)",
         "proxy-buffering" | "proxy-request-buffering" => "off",
         "proxy-buffer-size" => "16k",
         _ => "true",
