@@ -1,7 +1,7 @@
-//! Gateway API support (issue 14, in progress): the API types, GatewayClasses of our controller
+//! Gateway API support: the API types, GatewayClasses of our controller
 //! accepted, each Gateway of our classes given its own addresses of both families through a
 //! LoadBalancer Service duet manages, with the Gateway's status, and the status of the routes
-//! attached to them (served through `translate::gateway`; README, "Gateway API (in progress)").
+//! attached to them (served through `translate::gateway`; README, "Gateway API").
 
 pub mod api;
 pub mod class;
