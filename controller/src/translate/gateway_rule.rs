@@ -235,6 +235,22 @@ fn push_header(
     Ok(())
 }
 
+/// One `RequestHeaderModifier` or `ResponseHeaderModifier` filter into `slot` (at most one of
+/// each): the generated types give every place a filter can be written (rule, backendRef,
+/// GRPCRoute) its own struct with the same fields, so this is a macro, not a function.
+macro_rules! header_filter {
+    ($slot:expr, $written:expr, $kind:literal) => {{
+        let m = $written.as_ref().map(|m| {
+            modifier(
+                m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
+                m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
+                m.remove.iter().flatten(),
+            )
+        });
+        once($slot, m.transpose()?, $kind)?;
+    }};
+}
+
 /// The rule's filters; `matches` decides whether a prefix replacement is allowed.
 fn http_filters(
     list: &[HttpRouteRulesFilters],
@@ -244,34 +260,18 @@ fn http_filters(
     for f in list {
         match f.r#type {
             HttpRouteRulesFiltersType::RequestHeaderModifier => {
-                let m = f.request_header_modifier.as_ref();
-                let modifier = m.map(|m| {
-                    modifier(
-                        m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.remove.iter().flatten(),
-                    )
-                });
-                once(
+                header_filter!(
                     &mut out.request_headers,
-                    modifier.transpose()?,
-                    "RequestHeaderModifier",
-                )?;
+                    f.request_header_modifier,
+                    "RequestHeaderModifier"
+                );
             }
             HttpRouteRulesFiltersType::ResponseHeaderModifier => {
-                let m = f.response_header_modifier.as_ref();
-                let modifier = m.map(|m| {
-                    modifier(
-                        m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.remove.iter().flatten(),
-                    )
-                });
-                once(
+                header_filter!(
                     &mut out.response_headers,
-                    modifier.transpose()?,
-                    "ResponseHeaderModifier",
-                )?;
+                    f.response_header_modifier,
+                    "ResponseHeaderModifier"
+                );
             }
             HttpRouteRulesFiltersType::RequestRedirect => {
                 let r = f.request_redirect.as_ref().map(|r| redirect(r, matches));
@@ -511,32 +511,18 @@ pub fn http_backend_filters(
     for f in list {
         match f.r#type {
             HttpRouteRulesBackendRefsFiltersType::RequestHeaderModifier => {
-                let m = f.request_header_modifier.as_ref().map(|m| {
-                    modifier(
-                        m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.remove.iter().flatten(),
-                    )
-                });
-                once(
+                header_filter!(
                     &mut out.request_headers,
-                    m.transpose()?,
-                    "RequestHeaderModifier",
-                )?;
+                    f.request_header_modifier,
+                    "RequestHeaderModifier"
+                );
             }
             HttpRouteRulesBackendRefsFiltersType::ResponseHeaderModifier => {
-                let m = f.response_header_modifier.as_ref().map(|m| {
-                    modifier(
-                        m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.remove.iter().flatten(),
-                    )
-                });
-                once(
+                header_filter!(
                     &mut out.response_headers,
-                    m.transpose()?,
-                    "ResponseHeaderModifier",
-                )?;
+                    f.response_header_modifier,
+                    "ResponseHeaderModifier"
+                );
             }
             ref other => {
                 return Err(unsupported(format!(
@@ -627,32 +613,18 @@ fn grpc_filters(list: &[GrpcRouteRulesFilters]) -> Result<Filters, RuleRefusal> 
     for f in list {
         match f.r#type {
             GrpcRouteRulesFiltersType::RequestHeaderModifier => {
-                let m = f.request_header_modifier.as_ref().map(|m| {
-                    modifier(
-                        m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.remove.iter().flatten(),
-                    )
-                });
-                once(
+                header_filter!(
                     &mut out.request_headers,
-                    m.transpose()?,
-                    "RequestHeaderModifier",
-                )?;
+                    f.request_header_modifier,
+                    "RequestHeaderModifier"
+                );
             }
             GrpcRouteRulesFiltersType::ResponseHeaderModifier => {
-                let m = f.response_header_modifier.as_ref().map(|m| {
-                    modifier(
-                        m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
-                        m.remove.iter().flatten(),
-                    )
-                });
-                once(
+                header_filter!(
                     &mut out.response_headers,
-                    m.transpose()?,
-                    "ResponseHeaderModifier",
-                )?;
+                    f.response_header_modifier,
+                    "ResponseHeaderModifier"
+                );
             }
             ref other => {
                 return Err(unsupported(format!(
