@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
+use dataplane::upstream::tls::AnyServerCert;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde_json::{json, Value};
@@ -212,7 +212,7 @@ pub async fn handshake_on(
 ) -> anyhow::Result<(TlsStream<TcpStream>, Handshake)> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let seen = Arc::new(Recorder {
-        provider: provider.clone(),
+        any: AnyServerCert::new(provider.clone()),
         cert: Mutex::new(None),
     });
     let versions = if versions.is_empty() {
@@ -258,9 +258,11 @@ pub async fn handshake_on(
     ))
 }
 
+/// Records the certificate the server presented and accepts it; signatures are checked by the
+/// dataplane's [`AnyServerCert`].
 #[derive(Debug)]
 struct Recorder {
-    provider: Arc<CryptoProvider>,
+    any: AnyServerCert,
     cert: Mutex<Option<Vec<u8>>>,
 }
 
@@ -268,13 +270,14 @@ impl ServerCertVerifier for Recorder {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         *self.cert.lock().unwrap() = Some(end_entity.to_vec());
-        Ok(ServerCertVerified::assertion())
+        self.any
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
     }
 
     fn verify_tls12_signature(
@@ -283,12 +286,7 @@ impl ServerCertVerifier for Recorder {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.any.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -297,18 +295,11 @@ impl ServerCertVerifier for Recorder {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.any.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.any.supported_verify_schemes()
     }
 }
 

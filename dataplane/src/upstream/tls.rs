@@ -83,7 +83,7 @@ fn client_config(settings: &UpstreamTls) -> Result<Arc<rustls::ClientConfig>, ru
     let mut config = match settings.trust() {
         TrustRoots::SkipVerify => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_custom_certificate_verifier(Arc::new(AnyServerCert::new(provider)))
             .with_no_client_auth(),
         TrustRoots::SystemRoots => builder
             .with_root_certificates(system_roots())
@@ -171,11 +171,19 @@ fn system_roots() -> Arc<RootCertStore> {
         .clone()
 }
 
-/// Accepts any certificate (signatures are still checked): `backend-tls-skip-verify`.
+/// Accepts any server certificate (the handshake's signatures are still checked):
+/// `backend-tls-skip-verify`, and the test clients that assert on the certificate they got.
 #[derive(Debug)]
-struct NoVerify(Arc<CryptoProvider>);
+pub struct AnyServerCert(Arc<CryptoProvider>);
 
-impl ServerCertVerifier for NoVerify {
+impl AnyServerCert {
+    /// A verifier checking signatures with `provider`'s algorithms.
+    pub fn new(provider: Arc<CryptoProvider>) -> Self {
+        AnyServerCert(provider)
+    }
+}
+
+impl ServerCertVerifier for AnyServerCert {
     fn verify_server_cert(
         &self,
         _end_entity: &CertificateDer<'_>,

@@ -136,61 +136,85 @@ fn backend(
     }
 }
 
-fn meta_parts(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (NsName, i64) {
-    let created = meta
-        .creation_timestamp
-        .as_ref()
-        .map_or(0, |t| t.0.as_second());
-    (NsName::of(meta), created)
+/// A [`ParentRef`] from a generated parentRef (HTTPRoute's and GRPCRoute's are distinct
+/// generated types with the same fields).
+macro_rules! parent_of {
+    ($ns:expr, $p:expr) => {
+        parent(
+            $ns,
+            &$p.group,
+            &$p.kind,
+            &$p.namespace,
+            &$p.name,
+            &$p.section_name,
+            $p.port,
+        )
+    };
+}
+
+/// A [`BackendRef`] from a generated backendRef, as [`parent_of`] for parentRefs.
+macro_rules! backend_of {
+    ($ns:expr, $b:expr) => {
+        backend(
+            $ns,
+            &$b.group,
+            &$b.kind,
+            &$b.namespace,
+            &$b.name,
+            $b.port,
+            $b.weight,
+        )
+    };
+}
+
+/// A route's view from its metadata and hostnames; `parts` gives its parents and rules from
+/// the route's namespace.
+fn route_view(
+    kind: Kind,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    written_hostnames: Option<&[String]>,
+    parts: impl FnOnce(&str) -> (Vec<ParentRef>, Vec<RuleView>),
+) -> RouteView {
+    let key = NsName::of(meta);
+    let (parents, rules) = parts(&key.namespace);
+    RouteView {
+        kind,
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+        generation: meta.generation,
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        hostnames: hostnames(written_hostnames),
+        parents,
+        rules,
+        key,
+    }
 }
 
 /// An HTTPRoute's view.
 pub fn http(route: &HttpRoute) -> RouteView {
-    let (key, created) = meta_parts(&route.metadata);
-    let ns = key.namespace.clone();
     let spec = &route.spec;
-    let parents = spec.parent_refs.iter().flatten();
-    let parents = parents.map(|p| {
-        parent(
-            &ns,
-            &p.group,
-            &p.kind,
-            &p.namespace,
-            &p.name,
-            &p.section_name,
-            p.port,
-        )
-    });
-    RouteView {
-        kind: Kind::HttpRoute,
-        created,
-        generation: route.metadata.generation,
-        annotations: route.metadata.annotations.clone().unwrap_or_default(),
-        hostnames: hostnames(spec.hostnames.as_deref()),
-        parents: parents.collect(),
-        rules: spec
-            .rules
-            .iter()
-            .flatten()
-            .map(|r| http_rule(&ns, r))
-            .collect(),
-        key,
-    }
+    route_view(
+        Kind::HttpRoute,
+        &route.metadata,
+        spec.hostnames.as_deref(),
+        |ns| {
+            let parents = spec.parent_refs.iter().flatten();
+            let rules = spec.rules.iter().flatten();
+            (
+                parents.map(|p| parent_of!(ns, p)).collect(),
+                rules.map(|r| http_rule(ns, r)).collect(),
+            )
+        },
+    )
 }
 
 fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
     let mut routing = gateway_rule::http_rule(rule);
     let mut backends = Vec::new();
     for b in rule.backend_refs.iter().flatten() {
-        let mut view = backend(
-            ns,
-            &b.group,
-            &b.kind,
-            &b.namespace,
-            &b.name,
-            b.port,
-            b.weight,
-        );
+        let mut view = backend_of!(ns, b);
         match gateway_rule::http_backend_filters(b.filters.as_deref().unwrap_or_default()) {
             Ok(filters) => view.filters = filters,
             Err(refusal) => routing = Err(refusal),
@@ -202,54 +226,27 @@ fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
 
 /// A GRPCRoute's view: a method match is a path match on `/SERVICE/METHOD`.
 pub fn grpc(route: &GrpcRoute) -> RouteView {
-    let (key, created) = meta_parts(&route.metadata);
-    let ns = key.namespace.clone();
     let spec = &route.spec;
-    let parents = spec.parent_refs.iter().flatten();
-    let parents = parents.map(|p| {
-        parent(
-            &ns,
-            &p.group,
-            &p.kind,
-            &p.namespace,
-            &p.name,
-            &p.section_name,
-            p.port,
-        )
-    });
-    RouteView {
-        kind: Kind::GrpcRoute,
-        created,
-        generation: route.metadata.generation,
-        annotations: route.metadata.annotations.clone().unwrap_or_default(),
-        hostnames: hostnames(spec.hostnames.as_deref()),
-        parents: parents.collect(),
-        rules: spec
-            .rules
-            .iter()
-            .flatten()
-            .map(|r| grpc_rule(&ns, r))
-            .collect(),
-        key,
-    }
+    route_view(
+        Kind::GrpcRoute,
+        &route.metadata,
+        spec.hostnames.as_deref(),
+        |ns| {
+            let parents = spec.parent_refs.iter().flatten();
+            let rules = spec.rules.iter().flatten();
+            (
+                parents.map(|p| parent_of!(ns, p)).collect(),
+                rules.map(|r| grpc_rule(ns, r)).collect(),
+            )
+        },
+    )
 }
 
 fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
     let backends = rule.backend_refs.iter().flatten();
-    let backends = backends.map(|b| {
-        backend(
-            ns,
-            &b.group,
-            &b.kind,
-            &b.namespace,
-            &b.name,
-            b.port,
-            b.weight,
-        )
-    });
     RuleView {
         routing: gateway_rule::grpc_rule(rule),
-        backends: backends.collect(),
+        backends: backends.map(|b| backend_of!(ns, b)).collect(),
     }
 }
 
