@@ -11,7 +11,9 @@ with one IPv4 and one IPv6 address each, in one IPv4 and one IPv6 EndpointSlice 
 
 Addresses are data only: duet never connects to them unless a request is routed there, and the
 scale bench sends none. Even so they are loopback (IPv4 pod n is 127.(1 + n / 65536).x.y, so
-100,000 pods fit below 127.3.0.0) and ULA (IPv6 pod n is fd00:5ca1:e::<n>), never routable.
+100,000 pods fit below 127.3.0.0) and ULA (IPv6 pod n is fd00:5ca1:e::<n>), never routable;
+`--addresses benchmark` (for an API server, which refuses loopback endpoints: scale-kube.sh)
+uses 198.18.0.0/15 and 2001:db8:5ca1:e::/64 instead.
 
 Layouts: `object` (default) writes one file per object (`eps-<ns>-<svc>-ipv4.yaml`, ...), so a
 bench can change one EndpointSlice file; `service` writes one file per Service holding the
@@ -21,17 +23,32 @@ change. The output is the same for the same flags.
 """
 
 import argparse
+import ipaddress
 import json
 import os
 import sys
 
 
+# `--addresses`: loopback/ULA for --manifests folders; the benchmarking range (RFC 2544,
+# 198.18.0.0/15) and the documentation prefix (2001:db8::/32) for an API server, which refuses
+# loopback addresses in EndpointSlices and IPv6 ones not in canonical form. None is ever routed to.
+ADDRESSES = {
+    "loopback": (lambda n: f"127.{1 + n // 65536}.{(n // 256) % 256}.{n % 256}",
+                 lambda n: f"fd00:5ca1:e::{n // 65536:x}:{n % 65536:x}",
+                 "127.254.254.254", 253 * 65536),
+    "benchmark": (lambda n: f"198.{18 + n // 65536}.{(n // 256) % 256}.{n % 256}",
+                  lambda n: str(ipaddress.IPv6Address(f"2001:db8:5ca1:e::{n // 65536:x}:{n % 65536:x}")),
+                  "198.19.255.254", 2 * 65536 - 2),
+}
+ADDRESS_PLAN = "loopback"
+
+
 def pod_ipv4(n: int) -> str:
-    return f"127.{1 + n // 65536}.{(n // 256) % 256}.{n % 256}"
+    return ADDRESSES[ADDRESS_PLAN][0](n)
 
 
 def pod_ipv6(n: int) -> str:
-    return f"fd00:5ca1:e::{n // 65536:x}:{n % 65536:x}"
+    return ADDRESSES[ADDRESS_PLAN][1](n)
 
 
 def pod_uid(n: int) -> str:
@@ -139,7 +156,7 @@ def generate(args: argparse.Namespace) -> dict:
             info = {
                 "endpointslice_file": files["eps-ipv4"],
                 "endpointslice_address": pod_ipv4(first_pod),
-                "endpointslice_new_address": "127.254.254.254",
+                "endpointslice_new_address": ADDRESSES[ADDRESS_PLAN][2],
                 "ingress_file": files["ing"],
                 "ingress_host": f"app-{i}.scale.example",
                 "ingress_service": name,
@@ -165,11 +182,15 @@ def main() -> None:
     parser.add_argument("--paths", type=int, default=2, help="paths per Ingress")
     parser.add_argument("--namespaces", type=int, default=20)
     parser.add_argument("--layout", choices=["object", "service"], default="object")
+    parser.add_argument("--addresses", choices=sorted(ADDRESSES), default="loopback",
+                        help="pod addresses: loopback/ULA, or 198.18.0.0/15 and 2001:db8:: for an API server")
     args = parser.parse_args()
+    global ADDRESS_PLAN
+    ADDRESS_PLAN = args.addresses
     if not 1 <= args.ingresses <= 1_000_000 or not 1 <= args.pods <= 1000:
         parser.error("--ingresses must be 1..1000000 and --pods 1..1000")
-    if args.ingresses * args.pods >= 253 * 65536:
-        parser.error("too many pods for 127.1.0.0 - 127.253.255.255")
+    if args.ingresses * args.pods >= ADDRESSES[ADDRESS_PLAN][3]:
+        parser.error(f"too many pods for the {ADDRESS_PLAN} addresses")
     if args.paths < 1 or args.namespaces < 1:
         parser.error("--paths and --namespaces must be at least 1")
     info = generate(args)

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# scale-kube.sh — scale.sh's figures in Kubernetes mode: the gen-scale.py objects are created in
+# a real control plane (duet-cluster: etcd, kube-apiserver, kube-controller-manager in a network
+# namespace of their own), then `duet serve --kubeconfig` runs in that namespace. Loopback of
+# that namespace only; no request is routed to a pod (the pods' addresses are data).
+#
+#   cargo build --release -p controller && cargo build -p conformance --bin duet-cluster
+#   conformance/cluster/build.sh                 # the control plane's binaries
+#   benches/load/scale-kube.sh                   # the issue-13 size (about 3 min to load)
+#   GEN_ARGS="--ingresses 1000" benches/load/scale-kube.sh
+#   benches/load/scale-kube.sh /tmp/scale        # a folder made by gen-scale.py --addresses benchmark
+#
+# Reports (one "name: value" line each):
+#   load_seconds             creating every object through the API (kube-load.py, 4 connections)
+#   ready_seconds            start of duet to the first /readyz 200 (lists of every kind, the
+#                            first snapshot built and live)
+#   rss_ready_mib            VmRSS when ready, and rss_settled_mib 5 s later
+#   first_build_seconds      duet_snapshot_build_seconds_sum of the first snapshot
+#   endpointslice_*          one address of the first Service's IPv4 slice is replaced (a JSON
+#                            patch through the API): _build_seconds is that snapshot's build
+#                            time, _applied_seconds from the API server's answer to the swap
+#                            (duet_snapshot_applied_timestamp_seconds): the watch's delivery and
+#                            the 50 ms holdoff are in it
+# Fails (exit 1) if the cluster or duet does not become ready, or the change is not applied.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+READY_TIMEOUT=${READY_TIMEOUT:-600}
+CHANGE_TIMEOUT=${CHANGE_TIMEOUT:-60}
+need curl python3 nsenter
+DUET=$(duet_bin)
+CLUSTER_BIN=${CLUSTER_BIN:-$REPO_ROOT/target/debug/duet-cluster}
+[[ -x $CLUSTER_BIN ]] || die "no duet-cluster at $CLUSTER_BIN: run 'cargo build -p conformance --bin duet-cluster' (or set CLUSTER_BIN)"
+make_work scale-kube
+if [[ $# -ge 1 ]]; then
+  DIR=$1
+else
+  DIR="$WORK/manifests"
+  # shellcheck disable=SC2086 # GEN_ARGS is a list of flags
+  "$LOAD_DIR/gen-scale.py" --out "$DIR" --addresses benchmark ${GEN_ARGS:-} >&2
+fi
+[[ -f $DIR/.scale.json ]] || die "$DIR has no .scale.json: make it with gen-scale.py"
+info() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$DIR/.scale.json" "$1"; }
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.{sys.argv[3]}f}')" "$1" "$2" "${3:-3}"; }
+within() { awk -v a="$1" -v b="$(now)" -v l="$2" 'BEGIN {exit !(b - a < l)}'; }
+mib() { python3 -c "import sys; print(f'{int(sys.argv[1]) / 1024:.1f}')" "$1"; }
+
+# The control plane, in its own network namespace.
+CDIR="$WORK/cluster"
+"$CLUSTER_BIN" up --dir "$CDIR" >"$WORK/cluster.log" 2>&1 &
+STARTED_PIDS+=("$!")
+start=$(now)
+until grep -qx ready "$WORK/cluster.log"; do
+  within "$start" 180 || die "the cluster did not start: $(tail -5 "$WORK/cluster.log")"
+  sleep 0.2
+done
+NETNS=$(cat "$CDIR/netns")
+# Every curl of this script and of lib.sh's helpers runs in the cluster's namespace.
+curl() { nsenter --net="$NETNS" curl "$@"; }
+KUBECONFIG_FILE="$CDIR/kubeconfig"
+
+note "duet $DUET in Kubernetes mode on $DIR: $(info ingresses) Ingresses, $(info endpointslices) EndpointSlices, $(info pods) pods; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
+loaded=$(now)
+nsenter --net="$NETNS" python3 "$LOAD_DIR/kube-load.py" --kubeconfig "$KUBECONFIG_FILE" "$DIR" >&2
+echo "load_seconds: $(since "$loaded" "$(now)" 1)"
+
+ADMIN_PORT=9901
+ADMIN="http://127.0.0.1:$ADMIN_PORT"
+LOG="$WORK/duet"
+start=$(now)
+# nsenter execs duet: the pid is duet's.
+DUET_LOG=info nsenter --net="$NETNS" "$DUET" serve --kubeconfig "$KUBECONFIG_FILE" --access-log off \
+  --http-listen 127.0.0.1:8080 --http-listen "[::1]:8080" \
+  --https-listen 127.0.0.1:8443 --https-listen "[::1]:8443" \
+  --admin-listen "127.0.0.1:$ADMIN_PORT" --shutdown-delay 0 >"$LOG.out" 2>"$LOG.err" &
+PID=$!
+STARTED_PIDS=("$PID" "${STARTED_PIDS[@]}")
+until [[ $(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/readyz") == 200 ]]; do
+  kill -0 "$PID" 2>/dev/null || die "duet exited before it was ready: $(tail -5 "$LOG.err")"
+  within "$start" "$READY_TIMEOUT" || die "/readyz not 200 within ${READY_TIMEOUT}s"
+  sleep 0.01
+done
+ready=$(now)
+rss_ready=$(rss_kib "$PID")
+echo "ready_seconds: $(since "$start" "$ready")"
+echo "rss_ready_mib: $(mib "$rss_ready")"
+echo "first_build_seconds: $(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)"
+sleep 5
+echo "rss_settled_mib: $(mib "$(rss_kib "$PID")")"
+
+# One endpoint address replaced through the API.
+slice_file="$DIR/$(info endpointslice_file)"
+slice=$(python3 -c "
+import re, sys
+text = open(sys.argv[1]).read()
+name = re.search(r'^  name: (\S+)', text, re.M).group(1)
+ns = re.search(r'^  namespace: (\S+)', text, re.M).group(1)
+print(f'{ns}/{name}')" "$slice_file")
+sum=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
+count=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count)
+applied_before=$(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds)
+answered=$(nsenter --net="$NETNS" python3 "$LOAD_DIR/kube-load.py" --kubeconfig "$KUBECONFIG_FILE" \
+  --patch-slice "$slice" --address "$(info endpointslice_address)=$(info endpointslice_new_address)")
+until [[ $(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds) != "$applied_before" ]]; do
+  within "$answered" "$CHANGE_TIMEOUT" || die "the EndpointSlice change was not applied within ${CHANGE_TIMEOUT}s"
+  sleep 0.005
+done
+sleep 0.2 # a second snapshot for the same change would show in the count
+sum2=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
+count2=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count)
+((count2 == count + 1)) || note "$((count2 - count)) snapshots were built for one change"
+echo "endpointslice_build_seconds: $(since "$sum" "$sum2" 6)"
+echo "endpointslice_applied_seconds: $(since "$answered" "$(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds)")"
+echo "rss_end_mib: $(mib "$(rss_kib "$PID")")"
+kill -0 "$PID" || die "duet exited"
