@@ -291,7 +291,7 @@ fn uuid_bytes(uid: &str) -> Option<[u8; 16]> {
                 d @ b'a'..=b'f' => d - b'a' + 10,
                 _ => return None,
             };
-            value = value << 4 | digit;
+            value = (value << 4) | digit;
         }
         *byte = value;
     }
