@@ -282,7 +282,7 @@ impl App {
                 let inputs = self.index.inputs();
                 let (backends, by_service) = translate::build_backends_by_service(
                     plan,
-                    &inputs.endpoint_slices,
+                    &inputs.slices(),
                     Some(&*self.resolved),
                     config,
                     previous,

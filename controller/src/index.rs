@@ -13,11 +13,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
+use crate::compact::Slice;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
@@ -33,8 +33,8 @@ pub enum Object {
     IngressClass(Arc<IngressClass>),
     /// A Service.
     Service(Arc<Service>),
-    /// An EndpointSlice.
-    EndpointSlice(Arc<EndpointSlice>),
+    /// An EndpointSlice, in its compact stored form.
+    EndpointSlice(Arc<Slice>),
     /// A Secret.
     Secret(Arc<Secret>),
     /// A Namespace.
@@ -95,7 +95,7 @@ stored!(
     Ingress => Ingress, ingresses, ingress_impact;
     IngressClass => IngressClass, ingress_classes, class_impact;
     Service => Service, services, service_impact;
-    EndpointSlice => EndpointSlice, endpoint_slices, slice_impact;
+    Slice => EndpointSlice, endpoint_slices, slice_impact;
     Secret => Secret, secrets, secret_impact;
     Namespace => Namespace, namespaces, namespace_impact;
     GatewayClass => GatewayClass, gateway_classes, gateway_impact;
@@ -119,7 +119,7 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
         Kind::Ingress => work.run::<Ingress>(),
         Kind::IngressClass => work.run::<IngressClass>(),
         Kind::Service => work.run::<Service>(),
-        Kind::EndpointSlice => work.run::<EndpointSlice>(),
+        Kind::EndpointSlice => work.run::<Slice>(),
         Kind::Secret => work.run::<Secret>(),
         Kind::Namespace => work.run::<Namespace>(),
         Kind::GatewayClass => work.run::<GatewayClass>(),
@@ -277,8 +277,8 @@ pub struct Index {
     pub ingress_classes: Store<IngressClass>,
     /// Services.
     pub services: Store<Service>,
-    /// EndpointSlices.
-    pub endpoint_slices: Store<EndpointSlice>,
+    /// EndpointSlices (compact: see [`compact`](crate::compact)).
+    pub endpoint_slices: Store<Slice>,
     /// Secrets.
     pub secrets: Store<Secret>,
     /// The EndpointSlices of each Service.
@@ -417,12 +417,7 @@ impl Index {
         }
     }
 
-    fn slice_impact(
-        &self,
-        _: &NsName,
-        old: Option<&EndpointSlice>,
-        new: Option<&EndpointSlice>,
-    ) -> Impact {
+    fn slice_impact(&self, _: &NsName, old: Option<&Slice>, new: Option<&Slice>) -> Impact {
         let mut impact = Impact::default();
         if old == new {
             return impact;
@@ -513,7 +508,7 @@ impl Index {
     }
 
     /// The stored EndpointSlices of one Service (labelled with its name, in its namespace).
-    pub fn slices_of(&self, service: &NsName) -> Vec<&EndpointSlice> {
+    pub fn slices_of(&self, service: &NsName) -> Vec<&Slice> {
         self.slice_owners
             .of(service)
             .filter_map(|slice| self.endpoint_slices.get(slice))
@@ -532,7 +527,8 @@ impl Index {
             ingresses: self.objects(),
             ingress_classes: self.objects(),
             services: self.objects(),
-            endpoint_slices: self.objects(),
+            endpoint_slices: Vec::new(),
+            stored_slices: self.objects(),
             secrets: self.objects(),
             names: None,
             gateway_api: self.gateway_inputs(),
@@ -607,15 +603,17 @@ mod tests {
                 .into_iter()
                 .collect(),
         );
-        Object::EndpointSlice(Arc::new(EndpointSlice {
-            metadata: m,
-            address_type: "IPv4".to_owned(),
-            endpoints: Some(vec![k8s_openapi::api::discovery::v1::Endpoint {
-                addresses: vec![address.to_owned()],
-                ..Default::default()
-            }]),
-            ports: None,
-        }))
+        Object::EndpointSlice(Arc::new(Slice::from(
+            k8s_openapi::api::discovery::v1::EndpointSlice {
+                metadata: m,
+                address_type: "IPv4".to_owned(),
+                endpoints: Some(vec![k8s_openapi::api::discovery::v1::Endpoint {
+                    addresses: vec![address.to_owned()],
+                    ..Default::default()
+                }]),
+                ports: None,
+            },
+        )))
     }
 
     fn apply(object: Object) -> Change {

@@ -6,6 +6,7 @@
 pub mod app;
 pub mod class;
 pub mod cluster;
+pub mod compact;
 pub mod config;
 pub mod events;
 pub mod gateway;
@@ -16,7 +17,6 @@ pub mod migrate;
 pub mod object;
 pub mod resolve;
 pub mod slices;
-pub mod slim;
 pub mod source;
 pub mod status;
 pub mod translate;

@@ -5,13 +5,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::Metadata;
 use serde::Serialize;
 
-/// The label tying an EndpointSlice to its Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+use crate::compact::SliceView;
+pub use crate::compact::SERVICE_NAME_LABEL;
 
 /// The kinds of object duet reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -216,8 +215,6 @@ pub fn is_dns_label(s: &str) -> bool {
 }
 
 /// The Service an EndpointSlice belongs to (its `kubernetes.io/service-name` label).
-pub fn slice_service(slice: &EndpointSlice) -> Option<NsName> {
-    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
-    Some(NsName::new(namespace, name.clone()))
+pub fn slice_service<S: SliceView + ?Sized>(slice: &S) -> Option<NsName> {
+    Some(NsName::new(slice.namespace(), slice.service()?))
 }

@@ -3,8 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-
+use crate::compact::Slice;
 use crate::object::{slice_service, NsName};
 
 /// The EndpointSlice keys of each Service (by its `kubernetes.io/service-name` label).
@@ -13,12 +12,7 @@ pub struct SliceOwners(BTreeMap<NsName, BTreeSet<NsName>>);
 
 impl SliceOwners {
     /// Records that the slice `key`, stored as `old` (if any), is now `new` (`None`: deleted).
-    pub fn moved(
-        &mut self,
-        key: &NsName,
-        old: Option<&EndpointSlice>,
-        new: Option<&EndpointSlice>,
-    ) {
+    pub fn moved(&mut self, key: &NsName, old: Option<&Slice>, new: Option<&Slice>) {
         if let Some(service) = old.and_then(slice_service) {
             if let Some(slices) = self.0.get_mut(&service) {
                 slices.remove(key);

@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::SourceEvent;
+use crate::compact::Slice;
 use crate::index::{Change, Object};
 use crate::object::{Kind, ObjectKey};
 
@@ -230,11 +231,9 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
             Object::IngressClass(Arc::new(serde_json::from_value(doc).map_err(failed)?))
         }
         Kind::Service => Object::Service(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
-        Kind::EndpointSlice => {
-            let mut slice = serde_json::from_value(doc).map_err(failed)?;
-            crate::slim::slim_slice(&mut slice);
-            Object::EndpointSlice(Arc::new(slice))
-        }
+        Kind::EndpointSlice => Object::EndpointSlice(Arc::new(
+            serde_json::from_value::<Slice>(doc).map_err(failed)?,
+        )),
         Kind::Secret => Object::Secret(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
         Kind::Namespace => {
             Object::Namespace(Arc::new(serde_json::from_value(doc).map_err(failed)?))
@@ -359,11 +358,17 @@ impl FileSource {
             keep
         });
         let removed = self.files.len() != before;
-        let changed: Vec<PathBuf> = present
+        let stale: Vec<(&Path, Option<Stamp>)> = present
             .iter()
-            .filter(|path| self.reread(path, started))
-            .cloned()
+            .filter_map(|path| self.stale(path, started))
             .collect();
+        let reads = read_all(&stale, &self.files, &self.hasher);
+        let mut changed = Vec::new();
+        for ((path, stamp), read) in stale.into_iter().zip(reads) {
+            if self.record(path, stamp, read) {
+                changed.push(path.to_owned());
+            }
+        }
         if changed.is_empty() && !removed {
             return Ok(Vec::new());
         }
@@ -390,55 +395,44 @@ impl FileSource {
         Ok(present)
     }
 
-    /// Reads one file again unless its [`Stamp`] is unchanged; parses it when its content
-    /// changed. Returns whether it changed.
-    fn reread(&mut self, path: &Path, scan_started: std::time::SystemTime) -> bool {
+    /// `path` with its current [`Stamp`], unless the stamp is as at the last read (the file is
+    /// then not read again).
+    fn stale<'p>(
+        &self,
+        path: &'p Path,
+        scan_started: std::time::SystemTime,
+    ) -> Option<(&'p Path, Option<Stamp>)> {
         let meta = std::fs::metadata(path).ok();
         let stamp = meta.as_ref().and_then(|m| Stamp::of(m, scan_started));
-        let known = self.files.get_mut(path);
-        if let (Some(state), Some(stamp)) = (known, stamp) {
+        if let (Some(state), Some(stamp)) = (self.files.get(path), stamp) {
             if state.stamp == Some(stamp) {
-                return false;
+                return None;
             }
         }
-        let content = match std::fs::read(path) {
-            Ok(content) => content,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+        Some((path, stamp))
+    }
+
+    /// Records what reading `path` gave; whether its objects changed.
+    fn record(&mut self, path: &Path, stamp: Option<Stamp>, read: Read) -> bool {
+        let (digest, parsed) = match read {
+            Read::Gone => {
                 // Gone between listing and reading: the next event rescans.
                 self.files.remove(path);
                 return false;
             }
-            Err(error) => {
+            Read::Failed(error) => {
                 if self.files.get(path).is_none_or(|f| f.digest.0 != 0) {
                     tracing::warn!(file = %path.display(), %error, "Cannot read manifest; keeping its last good objects");
                 }
                 return false;
             }
-        };
-        let digest = (
-            content.len(),
-            std::hash::BuildHasher::hash_one(&self.hasher, &content),
-        );
-        if let Some(state) = self.files.get_mut(path) {
-            if state.digest == digest {
-                state.stamp = stamp;
+            Read::Same => {
+                if let Some(state) = self.files.get_mut(path) {
+                    state.stamp = stamp;
+                }
                 return false;
             }
-        }
-        let previous = self
-            .files
-            .get(path)
-            .map(|f| f.objects.as_slice())
-            .unwrap_or_default();
-        let parsed = match std::str::from_utf8(&content) {
-            Ok(text) => parse(text, previous),
-            Err(_) => Parsed {
-                objects: previous.to_vec(),
-                problems: vec![Problem {
-                    object: None,
-                    error: "not UTF-8 text; keeping the file's last good objects".to_owned(),
-                }],
-            },
+            Read::Parsed(digest, parsed) => (digest, parsed),
         };
         log_problems(path, &parsed.problems);
         tracing::debug!(file = %path.display(), objects = parsed.objects.len(), "Manifest read");
@@ -507,6 +501,84 @@ impl FileSource {
         self.emitted = wanted;
         changes
     }
+}
+
+/// What reading one file gave.
+enum Read {
+    /// The file is gone.
+    Gone,
+    /// It cannot be read.
+    Failed(io::Error),
+    /// Its content is as at the last read.
+    Same,
+    /// Its new content's digest and what it parsed to.
+    Parsed((usize, u64), Parsed),
+}
+
+/// Reads and parses the `stale` files, on as many threads as there are cores (each file's text
+/// is dropped once parsed); the results in the order of `stale`.
+fn read_all(
+    stale: &[(&Path, Option<Stamp>)],
+    files: &BTreeMap<PathBuf, FileState>,
+    hasher: &std::hash::RandomState,
+) -> Vec<Read> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .min(stale.len().div_ceil(MIN_FILES_PER_THREAD));
+    let read = |n: usize| read_one(stale[n].0, files.get(stale[n].0), hasher);
+    if threads <= 1 {
+        return (0..stale.len()).map(read).collect();
+    }
+    let mut all: Vec<(usize, Read)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let read = &read;
+                scope.spawn(move || {
+                    (t..stale.len())
+                        .step_by(threads)
+                        .map(|n| (n, read(n)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    all.sort_unstable_by_key(|(n, _)| *n);
+    all.into_iter().map(|(_, read)| read).collect()
+}
+
+/// Below this many files per thread, a scan reads on one thread.
+const MIN_FILES_PER_THREAD: usize = 64;
+
+/// Reads one file; parses it when its content differs from `known`'s.
+fn read_one(path: &Path, known: Option<&FileState>, hasher: &std::hash::RandomState) -> Read {
+    let content = match std::fs::read(path) {
+        Ok(content) => content,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Read::Gone,
+        Err(error) => return Read::Failed(error),
+    };
+    let digest = (
+        content.len(),
+        std::hash::BuildHasher::hash_one(hasher, &content),
+    );
+    if known.is_some_and(|state| state.digest == digest) {
+        return Read::Same;
+    }
+    let previous = known.map(|f| f.objects.as_slice()).unwrap_or_default();
+    let parsed = match std::str::from_utf8(&content) {
+        Ok(text) => parse(text, previous),
+        Err(_) => Parsed {
+            objects: previous.to_vec(),
+            problems: vec![Problem {
+                object: None,
+                error: "not UTF-8 text; keeping the file's last good objects".to_owned(),
+            }],
+        },
+    };
+    Read::Parsed(digest, parsed)
 }
 
 /// Logs the problems of one manifest file (warn).
@@ -684,6 +756,50 @@ items:
         let parsed = parse(text, &[]);
         let keys: Vec<String> = parsed.objects.iter().map(|o| o.key().to_string()).collect();
         assert_eq!(keys, ["Secret x/a", "Secret default/b"]);
+    }
+
+    #[test]
+    fn a_scan_on_several_threads_reads_every_file_in_order() {
+        let dir = std::env::temp_dir().join(format!("duet-files-threads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = 3 * MIN_FILES_PER_THREAD;
+        for n in 0..files {
+            let text = format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s{n:03}, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv6\nendpoints: [{{addresses: [\"2001:db8::{n:x}\"]}}]\n"
+            );
+            std::fs::write(dir.join(format!("s{n:03}.yaml")), text).unwrap();
+        }
+        // The same name twice: the first file by name wins, whichever thread read it.
+        std::fs::write(dir.join("s000-again.yaml"), "apiVersion: v1\nkind: Secret\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: a}\n").unwrap();
+        let mut source = FileSource::new(&dir);
+        let changes = source.scan().unwrap();
+        let keys: Vec<String> = changes
+            .iter()
+            .map(|c| match c {
+                Change::Apply { object, .. } => object.key().to_string(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let mut expected: Vec<String> = (0..files)
+            .map(|n| format!("EndpointSlice default/s{n:03}"))
+            .collect();
+        expected.push("Secret default/a".to_owned());
+        expected.sort();
+        assert_eq!(keys, expected);
+        assert!(source.scan().unwrap().is_empty(), "nothing changed");
+        std::fs::write(dir.join("s007.yaml"), "not: [valid").unwrap();
+        std::fs::remove_file(dir.join("s008.yaml")).unwrap();
+        let changes = source.scan().unwrap();
+        assert_eq!(
+            changes,
+            [Change::Delete(ObjectKey::new(
+                Kind::EndpointSlice,
+                "default",
+                "s008"
+            ))],
+            "the broken file keeps its objects, the removed one loses them"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -26,7 +26,6 @@ use std::sync::Arc;
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Namespace, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
@@ -36,6 +35,7 @@ use tokio::sync::{mpsc, watch};
 use super::watch::{namespaced, seen, Seen, SyncCountdown, Task, Watched};
 pub use super::watch::{trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
 use super::SourceEvent;
+use crate::compact::Slice;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::index::Change;
 use crate::object::SERVICE_NAME_LABEL;
@@ -149,7 +149,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         )
         .task,
         watch_kind(
-            namespaced::<EndpointSlice>(&client, &namespaces),
+            namespaced::<Slice>(&client, &namespaces),
             vec![base.labels(SERVICE_NAME_LABEL)],
             sync(None),
         )

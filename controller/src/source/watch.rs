@@ -25,10 +25,9 @@ use crate::units::Doubling;
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Drops what duet never reads and what makes objects large: `managedFields` and the
-/// last-applied annotation, and of EndpointSlices all translation does not read
-/// ([`slim`](crate::slim)).
+/// last-applied annotation (EndpointSlices are decoded into their compact form,
+/// [`compact`](crate::compact), which keeps neither).
 pub fn trim<K: Resource + 'static>(object: &mut K) {
-    crate::slim::slim(object);
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {

@@ -17,10 +17,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use dataplane::{Backend, BackendId, Family, Target, TargetId};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
 use super::external::external_target;
 use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, Resolved, RoutePlan};
+use crate::compact::{EndpointView, SliceView};
 use crate::object::{slice_service, Kind, NsName, ObjectKey};
 
 /// Backend diagnostics by the Service whose backends they concern, each list sorted.
@@ -35,13 +35,8 @@ pub fn build_backends(
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
 ) -> (HashMap<BackendId, Arc<Backend>>, Vec<Diagnostic>) {
-    let (backends, by_service) = build_backends_by_service(
-        plan,
-        &inputs.endpoint_slices,
-        inputs.names,
-        config,
-        previous,
-    );
+    let (backends, by_service) =
+        build_backends_by_service(plan, &inputs.slices(), inputs.names, config, previous);
     let mut diagnostics: Vec<Diagnostic> = by_service.into_values().flatten().collect();
     diagnostics.sort();
     diagnostics.dedup();
@@ -52,15 +47,15 @@ pub fn build_backends(
 /// one Service's later.
 pub fn build_backends_by_service(
     plan: &RoutePlan,
-    endpoint_slices: &[&EndpointSlice],
+    endpoint_slices: &[&dyn SliceView],
     names: Option<&Resolved>,
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
 ) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
     let used: BTreeSet<&NsName> = plan.backends.values().map(|s| &s.service).collect();
-    let mut slices: BTreeMap<NsName, Vec<&EndpointSlice>> = BTreeMap::new();
+    let mut slices: BTreeMap<NsName, Vec<&dyn SliceView>> = BTreeMap::new();
     for slice in endpoint_slices {
-        if let Some(service) = slice_service(slice) {
+        if let Some(service) = slice_service(*slice) {
             if used.contains(&service) {
                 slices.entry(service).or_default().push(*slice);
             }
@@ -84,10 +79,10 @@ pub fn build_backends_by_service(
 /// again from `slices_of` (their EndpointSlices), every other backend is `previous`'s `Arc`
 /// (never looked at); `diagnostics` (by Service) is updated in place. `None` when `previous`
 /// does not hold exactly the plan's backends (then a whole [`build_backends_by_service`] is due).
-pub fn update_backends<'a>(
+pub fn update_backends<'a, S: SliceView + ?Sized + 'a>(
     plan: &RoutePlan,
     changed: &BTreeSet<NsName>,
-    slices_of: impl Fn(&NsName) -> Vec<&'a EndpointSlice>,
+    slices_of: impl Fn(&NsName) -> Vec<&'a S>,
     names: Option<&Resolved>,
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
@@ -113,10 +108,10 @@ pub fn update_backends<'a>(
 }
 
 /// One backend from its Service's slices; `previous`'s `Arc` when equal by value.
-fn backend_of(
+fn backend_of<S: SliceView + ?Sized>(
     id: &BackendId,
     spec: &BackendSpec,
-    slices: &[&EndpointSlice],
+    slices: &[&S],
     names: Option<&Resolved>,
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
@@ -207,40 +202,40 @@ struct Joined {
 ///
 /// Slices of address type `FQDN`, addresses that do not parse, [`forbidden`] addresses (loopback
 /// only unless `allow_loopback`) and slices lacking the port are skipped with a diagnostic.
-pub fn join_targets(
-    slices: &[&EndpointSlice],
+pub fn join_targets<S: SliceView + ?Sized>(
+    slices: &[&S],
     port_name: &str,
     allow_loopback: bool,
 ) -> (Vec<Target>, Vec<Diagnostic>) {
-    let mut sorted: Vec<&EndpointSlice> = slices.to_vec();
-    sorted.sort_by(|a, b| {
-        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
-    });
+    let mut sorted: Vec<&S> = slices.to_vec();
+    sorted.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
     let mut diagnostics = Vec::new();
     let mut joined: BTreeMap<String, Joined> = BTreeMap::new();
     for slice in sorted {
-        let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
-        let key = ObjectKey::new(
-            Kind::EndpointSlice,
-            namespace,
-            slice.metadata.name.as_deref().unwrap_or_default(),
-        );
+        let namespace = slice.namespace();
+        let key = ObjectKey::new(Kind::EndpointSlice, namespace, slice.name());
         let Some((family, port)) = family_and_port(slice, &key, port_name, &mut diagnostics) else {
             continue;
         };
-        for endpoint in slice.endpoints.iter().flatten() {
+        slice.for_each_endpoint(&mut |endpoint| {
             let Some(addr) = serving_address(
-                endpoint,
-                (&key, &slice.address_type),
+                &endpoint,
+                (&key, slice.address_type()),
                 (family, port),
                 allow_loopback,
                 &mut diagnostics,
             ) else {
-                continue;
+                return;
             };
-            let id = target_id(endpoint, namespace, addr);
-            joined.entry(id).or_default().add(family, addr, endpoint);
-        }
+            let id = endpoint
+                .target
+                .as_deref()
+                .map_or_else(|| addr.to_string(), str::to_owned);
+            joined
+                .entry(id)
+                .or_default()
+                .add(family, addr, endpoint.zone);
+        });
     }
     let targets = joined
         .into_iter()
@@ -256,7 +251,7 @@ pub fn join_targets(
 
 impl Joined {
     /// Adds an endpoint's address of `family` (the first one of each family wins) and zone.
-    fn add(&mut self, family: Family, addr: SocketAddr, endpoint: &Endpoint) {
+    fn add(&mut self, family: Family, addr: SocketAddr, zone: Option<&str>) {
         let slot = match family {
             Family::V4 => &mut self.v4,
             Family::V6 => &mut self.v6,
@@ -265,20 +260,20 @@ impl Joined {
             *slot = Some(addr);
         }
         if self.zone.is_none() {
-            self.zone = endpoint.zone.as_deref().map(Arc::from);
+            self.zone = zone.map(Arc::from);
         }
     }
 }
 
 /// The family of a slice and its TCP port named `port_name`; `None`, with a diagnostic unless
 /// the slice is simply empty, when the slice has nothing to serve.
-fn family_and_port(
-    slice: &EndpointSlice,
+fn family_and_port<S: SliceView + ?Sized>(
+    slice: &S,
     key: &ObjectKey,
     port_name: &str,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<(Family, u16)> {
-    let family = match slice.address_type.as_str() {
+    let family = match slice.address_type() {
         "IPv4" => Family::V4,
         "IPv6" => Family::V6,
         other => {
@@ -294,17 +289,10 @@ fn family_and_port(
     };
     // The endpointslice controller keeps an empty slice per family, without ports, when no
     // pod has an address of that family (or none is left): nothing to route, nothing wrong.
-    if slice.endpoints.as_ref().is_none_or(Vec::is_empty) {
+    if slice.has_no_endpoints() {
         return None;
     }
-    let port = slice.ports.iter().flatten().find(|p| {
-        p.name.as_deref().unwrap_or_default() == port_name
-            && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
-    });
-    let Some(port) = port
-        .and_then(|p| p.port)
-        .and_then(|p| u16::try_from(p).ok())
-    else {
+    let Some(port) = slice.tcp_port(port_name) else {
         diagnostics.push(Diagnostic::new(
             key.clone(),
             Reason::UnknownEndpointPort,
@@ -320,26 +308,26 @@ fn family_and_port(
 /// The address an endpoint serves on, if it serves: ready, not terminating, an address of the
 /// slice's family that duet may proxy to (a diagnostic otherwise).
 fn serving_address(
-    endpoint: &Endpoint,
+    endpoint: &EndpointView<'_>,
     (key, address_type): (&ObjectKey, &str),
     (family, port): (Family, u16),
     allow_loopback: bool,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<SocketAddr> {
-    let conditions = endpoint.conditions.as_ref();
-    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-    if !ready || terminating {
+    if !endpoint.ready || endpoint.terminating {
         return None;
     }
-    let written = endpoint.addresses.first()?;
-    let ip = match written.parse::<IpAddr>() {
-        Ok(ip) if Family::of_ip(&ip) == family => ip.to_canonical(),
+    let written = endpoint.address?;
+    let ip = match written.ip() {
+        Some(ip) if Family::of_ip(&ip) == family => ip.to_canonical(),
         _ => {
             diagnostics.push(Diagnostic::new(
                 key.clone(),
                 Reason::InvalidEndpoint,
-                format!("address {written:?} is not an {address_type} address; endpoint skipped"),
+                format!(
+                    "address {:?} is not an {address_type} address; endpoint skipped",
+                    written.to_string()
+                ),
             ));
             return None;
         }
@@ -353,27 +341,6 @@ fn serving_address(
         return None;
     }
     Some(SocketAddr::new(ip, port))
-}
-
-/// The target an endpoint belongs to: its `targetRef`'s uid, else `kind/namespace/name`, else
-/// (no `targetRef`) its address.
-fn target_id(endpoint: &Endpoint, namespace: &str, addr: SocketAddr) -> String {
-    endpoint
-        .target_ref
-        .as_ref()
-        .and_then(|r| {
-            if let Some(uid) = r.uid.as_deref().filter(|u| !u.is_empty()) {
-                return Some(uid.to_owned());
-            }
-            let name = r.name.as_deref().filter(|n| !n.is_empty())?;
-            Some(format!(
-                "{}/{}/{}",
-                r.kind.as_deref().unwrap_or("Pod"),
-                r.namespace.as_deref().unwrap_or(namespace),
-                name
-            ))
-        })
-        .unwrap_or_else(|| addr.to_string())
 }
 
 /// Why duet refuses to proxy to `ip` (already canonical: IPv4-mapped addresses are IPv4), or

@@ -49,6 +49,7 @@ pub use upstream::{
 };
 
 use crate::class::ClassConfig;
+use crate::compact::{Slice, SliceView};
 use crate::object::NsName;
 
 /// What translation needs from the command line.
@@ -112,14 +113,25 @@ pub struct Inputs<'a> {
     pub ingress_classes: Vec<&'a IngressClass>,
     /// Every Service.
     pub services: Vec<&'a Service>,
-    /// Every EndpointSlice.
+    /// Every EndpointSlice, as the API gives it (tests, benches).
     pub endpoint_slices: Vec<&'a EndpointSlice>,
+    /// Every EndpointSlice, as the index stores it; translated together with `endpoint_slices`.
+    pub stored_slices: Vec<&'a Slice>,
     /// Every Secret.
     pub secrets: Vec<&'a Secret>,
     /// The resolver's latest answers for ExternalName Services' names (`None`: no resolver).
     pub names: Option<&'a Resolved>,
     /// The Gateway API objects and Namespaces ([`gateway::GatewayProcessor`]).
     pub gateway_api: gateway::GatewayInputs<'a>,
+}
+
+impl<'a> Inputs<'a> {
+    /// Every EndpointSlice, of either field.
+    pub fn slices(&self) -> Vec<&'a dyn SliceView> {
+        let api = self.endpoint_slices.iter().map(|s| *s as &dyn SliceView);
+        api.chain(self.stored_slices.iter().map(|s| *s as &dyn SliceView))
+            .collect()
+    }
 }
 
 /// What the current routes use: set after each route build, so that the index can tell whether

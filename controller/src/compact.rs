@@ -1,0 +1,624 @@
+//! The compact form EndpointSlices are stored in ([`Slice`]): at 100,000 dual-stack pods the
+//! k8s-openapi `EndpointSlice` costs about 450 bytes per endpoint (an `Endpoint` is 340 bytes
+//! of mostly empty options, plus its address and uid strings); a [`Slice`] endpoint is 56 bytes.
+//!
+//! A [`Slice`] keeps exactly what translation reads ([`SliceView`]): name, namespace, resource
+//! version (for the watcher) and `kubernetes.io/service-name` label, the address type, each
+//! port's name, number and protocol, and each endpoint's first address, `ready` and
+//! `terminating` conditions, zone and target identity. An address is kept as an [`IpAddr`] when
+//! it is written the way duet prints it, else as written, so that translation refuses a bad
+//! address with the same diagnostic either way; a `targetRef` uid in the usual lowercase UUID
+//! form is kept as its 16 bytes. Decoding never fails on a value (only on the types the API
+//! declares, as k8s-openapi does) and never panics.
+
+use std::borrow::Cow;
+use std::fmt::{self, Write as _};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+/// The label tying an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// What translation reads of an EndpointSlice, from the API type or from a stored [`Slice`].
+pub trait SliceView {
+    /// The namespace (`default` when unset).
+    fn namespace(&self) -> &str;
+    /// The name (empty when unset).
+    fn name(&self) -> &str;
+    /// The `kubernetes.io/service-name` label.
+    fn service(&self) -> Option<&str>;
+    /// The `addressType` as written.
+    fn address_type(&self) -> &str;
+    /// Whether the slice lists no endpoint.
+    fn has_no_endpoints(&self) -> bool;
+    /// The port number of the first port named `name` (`""`: unnamed) whose protocol is TCP
+    /// (unset: TCP); `None` without such a port, or when its number is missing or out of range.
+    fn tcp_port(&self, name: &str) -> Option<u16>;
+    /// Calls `f` with each endpoint, in order.
+    fn for_each_endpoint<'a>(&'a self, f: &mut dyn FnMut(EndpointView<'a>));
+}
+
+/// What translation reads of one endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointView<'a> {
+    /// `conditions.ready` (unset: ready).
+    pub ready: bool,
+    /// `conditions.terminating` (unset: not terminating).
+    pub terminating: bool,
+    /// The first address.
+    pub address: Option<Written<'a>>,
+    /// The target: the `targetRef` uid, else `kind/namespace/name` (kind `Pod` and the slice's
+    /// namespace when unset); `None` without a named `targetRef`.
+    pub target: Option<Cow<'a, str>>,
+    /// The zone.
+    pub zone: Option<&'a str>,
+}
+
+/// An endpoint address: parsed when written as duet prints it, else the text as written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written<'a> {
+    /// An address whose written form is its `Display` form.
+    Ip(IpAddr),
+    /// The address as written (not canonical, or not an address at all).
+    Text(&'a str),
+}
+
+impl Written<'_> {
+    /// The address, when it is one.
+    pub fn ip(&self) -> Option<IpAddr> {
+        match self {
+            Written::Ip(ip) => Some(*ip),
+            Written::Text(text) => text.parse().ok(),
+        }
+    }
+}
+
+impl fmt::Display for Written<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Written::Ip(ip) => ip.fmt(f),
+            Written::Text(text) => f.write_str(text),
+        }
+    }
+}
+
+/// A stored EndpointSlice (see the module documentation).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(from = "EndpointSlice")]
+pub struct Slice {
+    /// Name, namespace, resource version and the `kubernetes.io/service-name` label only.
+    pub metadata: ObjectMeta,
+    address_type: AddressType,
+    ports: Box<[Port]>,
+    endpoints: Option<Box<[CompactEndpoint]>>,
+    /// The zones the endpoints name, each once (an endpoint holds an index).
+    zones: Box<[Box<str>]>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AddressType {
+    V4,
+    V6,
+    Other(Box<str>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Port {
+    name: Option<Box<str>>,
+    port: Option<i32>,
+    protocol: Option<Box<str>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CompactEndpoint {
+    address: Address,
+    target: Target,
+    /// 0: no zone; n: `zones[n - 1]`.
+    zone: u32,
+    /// [`READY_SET`], [`READY`], [`TERMINATING_SET`], [`TERMINATING`].
+    conditions: u8,
+}
+
+const READY_SET: u8 = 1;
+const READY: u8 = 2;
+const TERMINATING_SET: u8 = 4;
+const TERMINATING: u8 = 8;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Address {
+    None,
+    V4(Ipv4Addr),
+    V6(Ipv6Addr),
+    Text(Box<str>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Target {
+    None,
+    Uuid([u8; 16]),
+    Text(Box<str>),
+}
+
+impl PartialEq for Slice {
+    /// Equal in all translation reads: the resource version is not compared (a write that
+    /// changes nothing else has nothing to rebuild).
+    fn eq(&self, other: &Slice) -> bool {
+        let meta = |m: &ObjectMeta| (m.name.clone(), m.namespace.clone(), m.labels.clone());
+        meta(&self.metadata) == meta(&other.metadata)
+            && self.address_type == other.address_type
+            && self.ports == other.ports
+            && self.endpoints == other.endpoints
+            && self.zones == other.zones
+    }
+}
+
+impl From<EndpointSlice> for Slice {
+    fn from(slice: EndpointSlice) -> Slice {
+        let meta = slice.metadata;
+        let namespace = meta.namespace.as_deref().unwrap_or("default").to_owned();
+        let service = meta
+            .labels
+            .and_then(|mut labels| labels.remove_entry(SERVICE_NAME_LABEL));
+        let address_type = match slice.address_type.as_str() {
+            "IPv4" => AddressType::V4,
+            "IPv6" => AddressType::V6,
+            other => AddressType::Other(other.into()),
+        };
+        let ports = slice.ports.unwrap_or_default().into_iter().map(Port::from);
+        let mut zones: Vec<Box<str>> = Vec::new();
+        let endpoints = slice.endpoints.map(|endpoints| {
+            endpoints
+                .into_iter()
+                .map(|e| CompactEndpoint::new(e, &namespace, &mut zones))
+                .collect()
+        });
+        Slice {
+            metadata: ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                resource_version: meta.resource_version,
+                labels: service.map(|entry| [entry].into_iter().collect()),
+                ..ObjectMeta::default()
+            },
+            address_type,
+            ports: ports.collect(),
+            endpoints,
+            zones: zones.into(),
+        }
+    }
+}
+
+impl From<EndpointPort> for Port {
+    fn from(port: EndpointPort) -> Port {
+        Port {
+            name: port.name.map(Into::into),
+            port: port.port,
+            protocol: port.protocol.map(Into::into),
+        }
+    }
+}
+
+impl CompactEndpoint {
+    fn new(endpoint: Endpoint, namespace: &str, zones: &mut Vec<Box<str>>) -> CompactEndpoint {
+        let conditions = endpoint.conditions.map_or(0, |c| {
+            let bits = |set: Option<bool>, is_set: u8, is: u8| match set {
+                Some(true) => is_set | is,
+                Some(false) => is_set,
+                None => 0,
+            };
+            bits(c.ready, READY_SET, READY) | bits(c.terminating, TERMINATING_SET, TERMINATING)
+        });
+        let target = endpoint.target_ref.map_or(Target::None, |r| {
+            if let Some(uid) = r.uid.filter(|u| !u.is_empty()) {
+                return uuid_bytes(&uid).map_or_else(|| Target::Text(uid.into()), Target::Uuid);
+            }
+            match r.name.filter(|n| !n.is_empty()) {
+                Some(name) => Target::Text(
+                    format!(
+                        "{}/{}/{}",
+                        r.kind.as_deref().unwrap_or("Pod"),
+                        r.namespace.as_deref().unwrap_or(namespace),
+                        name
+                    )
+                    .into(),
+                ),
+                None => Target::None,
+            }
+        });
+        let zone = endpoint.zone.map_or(0, |zone| zone_index(zones, zone));
+        CompactEndpoint {
+            address: endpoint
+                .addresses
+                .into_iter()
+                .next()
+                .map_or(Address::None, Address::of),
+            target,
+            zone,
+            conditions,
+        }
+    }
+}
+
+/// The 1-based index of `zone` in `zones`, added when new (0 past `u32::MAX` zones: no zone).
+fn zone_index(zones: &mut Vec<Box<str>>, zone: String) -> u32 {
+    let at = match zones.iter().position(|z| **z == *zone) {
+        Some(at) => at,
+        None => {
+            zones.push(zone.into());
+            zones.len() - 1
+        }
+    };
+    u32::try_from(at + 1).unwrap_or(0)
+}
+
+impl Address {
+    /// An address as written: parsed when `written` is its canonical text.
+    fn of(written: String) -> Address {
+        match written.parse::<IpAddr>() {
+            Ok(IpAddr::V4(ip)) if ip.to_string() == written => Address::V4(ip),
+            Ok(IpAddr::V6(ip)) if ip.to_string() == written => Address::V6(ip),
+            _ => Address::Text(written.into()),
+        }
+    }
+
+    fn view(&self) -> Option<Written<'_>> {
+        match self {
+            Address::None => None,
+            Address::V4(ip) => Some(Written::Ip(IpAddr::V4(*ip))),
+            Address::V6(ip) => Some(Written::Ip(IpAddr::V6(*ip))),
+            Address::Text(text) => Some(Written::Text(text)),
+        }
+    }
+}
+
+/// The 16 bytes of a UUID written in lowercase hexadecimal as 8-4-4-4-12, the form the API
+/// server gives; `None` for any other text (kept as written).
+fn uuid_bytes(uid: &str) -> Option<[u8; 16]> {
+    let bytes = uid.as_bytes();
+    if bytes.len() != 36 || [8, 13, 18, 23].iter().any(|&i| bytes[i] != b'-') {
+        return None;
+    }
+    let mut digits = bytes.iter().filter(|&&b| b != b'-');
+    let mut out = [0u8; 16];
+    for byte in &mut out {
+        let mut value = 0;
+        for _ in 0..2 {
+            let digit = match *digits.next()? {
+                d @ b'0'..=b'9' => d - b'0',
+                d @ b'a'..=b'f' => d - b'a' + 10,
+                _ => return None,
+            };
+            value = (value << 4) | digit;
+        }
+        *byte = value;
+    }
+    digits.next().is_none().then_some(out)
+}
+
+/// The text of [`uuid_bytes`]' result.
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    let mut text = String::with_capacity(36);
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            text.push('-');
+        }
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
+impl SliceView for Slice {
+    fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or("default")
+    }
+
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn service(&self) -> Option<&str> {
+        let labels = self.metadata.labels.as_ref()?;
+        labels.get(SERVICE_NAME_LABEL).map(String::as_str)
+    }
+
+    fn address_type(&self) -> &str {
+        match &self.address_type {
+            AddressType::V4 => "IPv4",
+            AddressType::V6 => "IPv6",
+            AddressType::Other(other) => other,
+        }
+    }
+
+    fn has_no_endpoints(&self) -> bool {
+        self.endpoints.as_deref().is_none_or(<[_]>::is_empty)
+    }
+
+    fn tcp_port(&self, name: &str) -> Option<u16> {
+        let port = self.ports.iter().find(|p| {
+            p.name.as_deref().unwrap_or_default() == name
+                && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+        })?;
+        u16::try_from(port.port?).ok()
+    }
+
+    fn for_each_endpoint<'a>(&'a self, f: &mut dyn FnMut(EndpointView<'a>)) {
+        for endpoint in self.endpoints.iter().flatten() {
+            let bits = endpoint.conditions;
+            let zone = usize::try_from(endpoint.zone).unwrap_or_default();
+            f(EndpointView {
+                ready: bits & READY_SET == 0 || bits & READY != 0,
+                terminating: bits & TERMINATING != 0,
+                address: endpoint.address.view(),
+                target: match &endpoint.target {
+                    Target::None => None,
+                    Target::Uuid(bytes) => Some(Cow::Owned(uuid_text(bytes))),
+                    Target::Text(text) => Some(Cow::Borrowed(text)),
+                },
+                zone: zone
+                    .checked_sub(1)
+                    .and_then(|at| self.zones.get(at))
+                    .map(|z| &**z),
+            });
+        }
+    }
+}
+
+impl SliceView for EndpointSlice {
+    fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or("default")
+    }
+
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    fn service(&self) -> Option<&str> {
+        let labels = self.metadata.labels.as_ref()?;
+        labels.get(SERVICE_NAME_LABEL).map(String::as_str)
+    }
+
+    fn address_type(&self) -> &str {
+        &self.address_type
+    }
+
+    fn has_no_endpoints(&self) -> bool {
+        self.endpoints.as_ref().is_none_or(Vec::is_empty)
+    }
+
+    fn tcp_port(&self, name: &str) -> Option<u16> {
+        let port = self.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or_default() == name
+                && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+        })?;
+        u16::try_from(port.port?).ok()
+    }
+
+    fn for_each_endpoint<'a>(&'a self, f: &mut dyn FnMut(EndpointView<'a>)) {
+        let namespace = self.namespace();
+        for endpoint in self.endpoints.iter().flatten() {
+            let conditions = endpoint.conditions.as_ref();
+            f(EndpointView {
+                ready: conditions.and_then(|c| c.ready).unwrap_or(true),
+                terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
+                address: endpoint.addresses.first().map(|a| Written::Text(a)),
+                target: endpoint.target_ref.as_ref().and_then(|r| {
+                    if let Some(uid) = r.uid.as_deref().filter(|u| !u.is_empty()) {
+                        return Some(Cow::Borrowed(uid));
+                    }
+                    let name = r.name.as_deref().filter(|n| !n.is_empty())?;
+                    Some(Cow::Owned(format!(
+                        "{}/{}/{}",
+                        r.kind.as_deref().unwrap_or("Pod"),
+                        r.namespace.as_deref().unwrap_or(namespace),
+                        name
+                    )))
+                }),
+                zone: endpoint.zone.as_deref(),
+            });
+        }
+    }
+}
+
+impl kube::Resource for Slice {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("EndpointSlice")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("discovery.k8s.io")
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("endpointslices")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn views(slice: &dyn SliceView) -> Vec<EndpointView<'static>> {
+        let mut all = Vec::new();
+        slice.for_each_endpoint(&mut |e| {
+            all.push(EndpointView {
+                ready: e.ready,
+                terminating: e.terminating,
+                address: e.address.map(|a| Written::Text(a.to_string().leak())),
+                target: e.target.map(|t| Cow::Owned(t.into_owned())),
+                zone: e.zone.map(|z| &*z.to_owned().leak()),
+            })
+        });
+        all
+    }
+
+    fn decode(yaml: &str) -> (EndpointSlice, Slice) {
+        let api: EndpointSlice = serde_saphyr::from_str(yaml).expect("an EndpointSlice");
+        let stored: Slice = serde_saphyr::from_str(yaml).expect("a stored slice");
+        (api, stored)
+    }
+
+    const DUAL: &str = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-v6
+  namespace: shop
+  resourceVersion: "7"
+  labels: {kubernetes.io/service-name: web, app: web}
+  annotations: {note: dropped}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP, appProtocol: http}, {name: dns, port: 53, protocol: UDP}]
+endpoints:
+  - addresses: ["2001:db8::1", "2001:db8::2"]
+    conditions: {ready: true, serving: true}
+    nodeName: node-a
+    hostname: pod-a
+    zone: zone-a
+    targetRef: {kind: Pod, namespace: shop, name: pod-a, uid: 0f8fad5b-d9cb-469f-a165-70867728950e}
+  - addresses: ["2001:DB8:0::3"]
+    conditions: {ready: false, terminating: true}
+    zone: zone-a
+    targetRef: {kind: Pod, name: pod-b, uid: Not-A-UUID}
+  - addresses: ["::ffff:10.0.0.4"]
+    targetRef: {name: pod-c}
+  - addresses: ["not an address"]
+    zone: zone-b
+"#;
+
+    #[test]
+    fn a_stored_slice_reads_as_the_api_object() {
+        let (api, stored) = decode(DUAL);
+        assert_eq!(views(&stored), views(&api));
+        for view in [&api as &dyn SliceView, &stored] {
+            assert_eq!(
+                (view.namespace(), view.name(), view.service()),
+                ("shop", "web-v6", Some("web"))
+            );
+            assert_eq!(view.address_type(), "IPv6");
+            assert_eq!(view.tcp_port("http"), Some(8080));
+            assert_eq!(view.tcp_port("dns"), None, "UDP");
+            assert!(!view.has_no_endpoints());
+        }
+        let seen = views(&stored);
+        assert_eq!(
+            seen[0].target.as_deref(),
+            Some("0f8fad5b-d9cb-469f-a165-70867728950e")
+        );
+        assert_eq!(seen[1].target.as_deref(), Some("Not-A-UUID"));
+        assert_eq!(seen[2].target.as_deref(), Some("Pod/shop/pod-c"));
+        assert_eq!(seen[3].target, None);
+        assert_eq!((seen[1].ready, seen[1].terminating), (false, true));
+        assert_eq!((seen[2].ready, seen[2].terminating), (true, false));
+        assert_eq!(
+            seen.iter().map(|e| e.zone).collect::<Vec<_>>(),
+            [Some("zone-a"), Some("zone-a"), None, Some("zone-b")]
+        );
+        // Only what translation reads is kept.
+        assert_eq!(stored.metadata.annotations, None);
+        assert_eq!(stored.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+        assert_eq!(stored.metadata.resource_version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn addresses_are_parsed_only_when_canonical() {
+        let (_, stored) = decode(DUAL);
+        let mut written = Vec::new();
+        stored.for_each_endpoint(&mut |e| written.push(e.address.map(|a| (a, a.to_string()))));
+        let [first, second, third, fourth] = &written[..] else {
+            panic!("{written:?}")
+        };
+        assert_eq!(
+            first.as_ref().map(|(a, _)| *a),
+            Some(Written::Ip("2001:db8::1".parse().unwrap()))
+        );
+        // Kept as written, so a diagnostic quotes what the user wrote.
+        assert_eq!(
+            second.as_ref().map(|(_, t)| t.as_str()),
+            Some("2001:DB8:0::3")
+        );
+        assert_eq!(
+            second.as_ref().and_then(|(a, _)| a.ip()),
+            Some("2001:db8::3".parse().unwrap())
+        );
+        assert_eq!(
+            third.as_ref().map(|(_, t)| t.as_str()),
+            Some("::ffff:10.0.0.4")
+        );
+        assert_eq!(
+            fourth.as_ref().map(|(_, t)| t.as_str()),
+            Some("not an address")
+        );
+        assert_eq!(fourth.as_ref().and_then(|(a, _)| a.ip()), None);
+    }
+
+    #[test]
+    fn resource_version_alone_does_not_make_a_change() {
+        let (_, stored) = decode(DUAL);
+        let mut rewritten = stored.clone();
+        rewritten.metadata.resource_version = Some("8".to_owned());
+        assert_eq!(stored, rewritten);
+        let (_, moved) = decode(&DUAL.replace("2001:db8::1\"", "2001:db8::9\""));
+        assert_ne!(stored, moved);
+    }
+
+    #[test]
+    fn hostile_slices_decode_or_are_refused_without_panic() {
+        // Types the API declares are enforced as k8s-openapi does: a refusal, never a panic.
+        for bad in [
+            "addressType: IPv4\nendpoints: [{addresses: 7}]",
+            "addressType: IPv4\nports: [{port: eighty}]",
+            "addressType: [IPv4]\nendpoints: []",
+        ] {
+            let text = format!("metadata: {{name: x}}\n{bad}\n");
+            assert!(serde_saphyr::from_str::<Slice>(&text).is_err(), "{bad}");
+        }
+        // Values are data: odd ones decode and translation judges them.
+        let odd = "metadata: {name: x}\naddressType: FQDN\nports: [{port: 99999999}]\nendpoints: [{addresses: []}, {addresses: [\"\"], targetRef: {uid: \"\"}}]\n";
+        let stored: Slice = serde_saphyr::from_str(odd).expect("odd values decode");
+        assert_eq!(stored.address_type(), "FQDN");
+        assert_eq!(stored.tcp_port(""), None, "out of range");
+        let seen = views(&stored);
+        assert_eq!(seen[0].address, None);
+        assert_eq!(seen[1].address, Some(Written::Text("")));
+        assert_eq!(seen[1].target, None);
+    }
+
+    #[test]
+    fn uuids_round_trip_and_other_uids_are_kept_as_written() {
+        let uid = "00000000-0000-4000-8000-00000001869f";
+        assert_eq!(uuid_bytes(uid).map(|b| uuid_text(&b)).as_deref(), Some(uid));
+        for other in [
+            "00000000-0000-4000-8000-00000001869F",
+            "00000000-0000-4000-8000-00000001869",
+            "00000000-0000-4000-8000-00000001869fa",
+            "000000000-000-4000-8000-00000001869f",
+            "g0000000-0000-4000-8000-00000001869f",
+            "00000000-0000-4000-8000-0000000186é",
+        ] {
+            assert_eq!(uuid_bytes(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn an_endpoint_is_small() {
+        assert!(std::mem::size_of::<CompactEndpoint>() <= 56);
+    }
+}
