@@ -48,6 +48,7 @@ const PROXY_TLS: &str = "not implemented yet: see duet.dev/backend-ca-secret, du
 const BUFFERING: &str = "not implemented yet: duet streams request and response bodies";
 const HASH: &str = "rendezvous hashing of the key over the pods (a leaving pod moves only its keys); $remote_addr is the full IPv6 address, an IPv4-mapped peer counts as its IPv4 address; only $remote_addr, $binary_remote_addr, $request_uri, $uri, $host, $http_NAME, $cookie_NAME, $arg_NAME";
 const NO_EQUIVALENT: &str = "no duet equivalent";
+const PASSTHROUGH: &str = "needs --enable-ssl-passthrough, as ingress-nginx; connections whose TLS server name is an exact host of the Ingress go unterminated to a pod of the backend of the host's / rule (as ingress-nginx), picked by the balancer with the client's family first under the family policy; without a / rule the host's connections are terminated by duet (ingress-nginx relays them to its default backend); the Ingress's other annotations do not apply to the relayed connections, only to plain HTTP";
 const LOGS: &str = "not implemented yet: the access log is global (--access-log)";
 
 /// Every key of ingress-nginx's final release, in its table's order (by group).
@@ -165,7 +166,7 @@ pub const KEYS: [Key; 137] = [
     key("use-regex", Different(REGEX)),
     key("ssl-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
     key("ssl-prefer-server-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
-    key("ssl-passthrough", Unsupported("not implemented yet: TLS is terminated by duet")),
+    key("ssl-passthrough", Different(PASSTHROUGH)),
     key("satisfy", Unsupported("not implemented yet: every access check must pass (nginx's satisfy all)")),
     key("server-snippet", Snippet),
     key("service-upstream", Different("one target holding the Service's IPv4 and IPv6 cluster IPs (spec.clusterIPs): the client's family picks the cluster IP under the family policy; ingress-nginx uses spec.clusterIP only, the primary family")),
