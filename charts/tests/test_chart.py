@@ -497,6 +497,12 @@ def test_compat_ingress_nginx_takes_over_the_nginx_class():
     # Without the preset: duet's own class, snippets served without them.
     f = flags(container(render())["args"])
     assert f["--ingress-class"] == ["duet"] and "--strict-annotations" not in f
+    assert "--enable-ssl-passthrough" not in flags(container(objects)["args"])
+
+
+def test_ssl_passthrough_is_its_own_switch():
+    f = flags(container(render({"controller": {"enableSslPassthrough": True}}))["args"])
+    assert "--enable-ssl-passthrough" in f
 
 
 def test_rbac_is_exactly_what_duet_calls():

@@ -93,6 +93,32 @@ impl TestCa {
         self.sign(params)
     }
 
+    /// A PEM X509 CRL of this CA (valid from 2020 to 2100) revoking `revoked`.
+    pub fn crl(&self, revoked: &[&TestCert]) -> String {
+        let when = rcgen::date_time_ymd(2020, 1, 1);
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: when,
+            next_update: rcgen::date_time_ymd(2100, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|c| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from_slice(serial_of(&c.der)),
+                    revocation_time: when,
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        params
+            .signed_by(&self.issuer)
+            .expect("CRL")
+            .pem()
+            .expect("CRL PEM")
+    }
+
     /// A certificate of `params` with a fresh key, signed by this CA.
     fn sign(&self, params: rcgen::CertificateParams) -> TestCert {
         let key = rcgen::KeyPair::generate().expect("key generation");
@@ -105,6 +131,29 @@ impl TestCa {
             der: cert.der().to_vec(),
         }
     }
+}
+
+/// The serial number's content octets of a DER certificate.
+fn serial_of(der: &[u8]) -> &[u8] {
+    // One DER TLV: (tag, content, rest); lengths of up to four octets.
+    fn tlv(b: &[u8]) -> (u8, &[u8], &[u8]) {
+        let (tag, first) = (b[0], b[1]);
+        let (len, head) = if first < 0x80 {
+            (usize::from(first), 2)
+        } else {
+            let n = usize::from(first & 0x7f);
+            (
+                b[2..2 + n].iter().fold(0, |l, o| l << 8 | usize::from(*o)),
+                2 + n,
+            )
+        };
+        (tag, &b[head..head + len], &b[head + len..])
+    }
+    let (_, cert, _) = tlv(der);
+    let (_, tbs, _) = tlv(cert);
+    let (tag, _, after) = tlv(tbs);
+    let rest = if tag == 0xa0 { after } else { tbs };
+    tlv(rest).1
 }
 
 /// A rustls server configuration serving `cert` with ALPN `alpn` (e.g. `["h2", "http/1.1"]`).
@@ -122,6 +171,17 @@ pub fn server_config(cert: &TestCert, alpn: &[&str]) -> Arc<rustls::ServerConfig
         .expect("certificate and key");
     config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     Arc::new(config)
+}
+
+/// An `Opaque` Secret holding a CA bundle under `ca.crt` and revocation lists under `ca.crl`.
+pub fn ca_crl_secret(namespace: &str, name: &str, ca_pem: &str, crl_pem: &[u8]) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"namespace": namespace, "name": name},
+        "data": {"ca.crt": base64(ca_pem.as_bytes()), "ca.crl": base64(crl_pem)},
+    })
 }
 
 /// An `Opaque` Secret holding a CA bundle under `ca.crt`.

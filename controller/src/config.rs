@@ -62,6 +62,11 @@ pub struct MigrateCheck {
     #[arg(long, value_name = "NAME")]
     pub ingress_class: Option<String>,
 
+    /// Check as `duet serve --enable-ssl-passthrough` would apply the annotations (without it,
+    /// ssl-passthrough is reported as not applied, as duet serves it by default).
+    #[arg(long)]
+    pub enable_ssl_passthrough: bool,
+
     /// A manifest file, a folder of *.yaml/*.yml files (recursively), or - for standard input:
     /// as `kubectl get ingress -A -o yaml` prints them (Lists, multi-document files, single
     /// objects; kinds other than Ingress are skipped).
@@ -206,6 +211,12 @@ pub struct ServeArgs {
     /// (configuration-snippet, server-snippet, ...) instead of serving them without it.
     #[arg(long)]
     pub strict_annotations: bool,
+
+    /// Relay the HTTPS connections whose TLS server name is a host of an Ingress with
+    /// nginx.ingress.kubernetes.io/ssl-passthrough: "true" to its `/` backend unterminated
+    /// (ingress-nginx's flag of the same name); without it the annotation is not applied.
+    #[arg(long)]
+    pub enable_ssl_passthrough: bool,
     /// The resolv.conf whose name servers, search list and ndots resolve ExternalName Services'
     /// names (A and AAAA, re-resolved when their TTL runs out).
     #[arg(long, value_name = "PATH", default_value = "/etc/resolv.conf")]
@@ -476,6 +487,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             max_body_bytes: args.max_body_size,
             allow_loopback_endpoints: from_files || args.allow_loopback_endpoints,
             strict_annotations: args.strict_annotations,
+            ssl_passthrough: args.enable_ssl_passthrough,
             gateway,
         },
         proxy,

@@ -389,3 +389,69 @@ async fn a_missing_ca_secret_fails_closed() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `ca.crl` in the `auth-tls-secret` Secret: a revoked certificate gets nginx's 400 "The SSL
+/// certificate error", an unrevoked one passes; a CRL that does not parse fails closed (503)
+/// with a diagnostic, other hosts unharmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_client_certificates_are_refused_as_nginx() -> anyhow::Result<()> {
+    let ca = TestCa::new("duet CRL CA");
+    let alice = ca.issue_client("alice", &[]);
+    let eve = ca.issue_client("eve", &[]);
+    let server = tls::cert(&["crl.test", "badcrl.test", "web.test"]);
+    let fleet = Fleet::start("mtls3", "web", &[PodSpec::dual("pod")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("fleet.yaml", &fleet.manifests())?;
+    let crl = ca.crl(&[&eve]);
+    dir.write(
+        "secrets.yaml",
+        &[
+            tls::secret("mtls3", "web-tls", &server),
+            tls::ca_crl_secret("mtls3", "with-crl", &ca.cert_pem, crl.as_bytes()),
+            tls::ca_crl_secret(
+                "mtls3",
+                "bad-crl",
+                &ca.cert_pem,
+                b"-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+            ),
+        ],
+    )?;
+    let ingress = |name: &str, host: &str, secret: &str| {
+        Ingress::new("mtls3", name)
+            .nginx_annotations(&[("auth-tls-secret", secret)])
+            .host(host, "web")
+            .tls(&[host], "web-tls")
+    };
+    let ingresses = [
+        ingress("crl", "crl.test", "mtls3/with-crl"),
+        ingress("badcrl", "badcrl.test", "mtls3/bad-crl"),
+        Ingress::new("mtls3", "web")
+            .host("web.test", "web")
+            .tls(&["web.test"], "web-tls"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let to = duet.https(family);
+        let (reply, _) = get(to, "crl.test", "crl.test", Some(&alice)).await?;
+        client::expect_status(&reply, 200)?;
+        let (reply, _) = get(to, "crl.test", "crl.test", Some(&eve)).await?;
+        client::expect_status(&reply, 400)?;
+        assert!(
+            reply.text().contains("The SSL certificate error"),
+            "{family}: {}",
+            reply.text()
+        );
+        let (reply, _) = get(to, "badcrl.test", "badcrl.test", Some(&alice)).await?;
+        client::expect_status(&reply, 503)?;
+        let (reply, _) = get(to, "web.test", "web.test", None).await?;
+        client::expect_status(&reply, 200)?;
+    }
+    let routes = duet.debug_routes().await?;
+    assert!(
+        routes["diagnostics"].to_string().contains("ca.crl"),
+        "{}",
+        routes["diagnostics"]
+    );
+    Ok(())
+}

@@ -196,6 +196,34 @@ fn the_corpus_reports_every_key_and_exits_1() {
 }
 
 #[test]
+fn ssl_passthrough_needs_the_flag_as_in_ingress_nginx() {
+    let key = format!("{N}ssl-passthrough");
+    let without = check(&["corpus/argocd.yaml"], None);
+    let stdout = String::from_utf8_lossy(&without.stdout);
+    assert_eq!(without.status.code(), Some(1), "{stdout}");
+    assert_eq!(
+        statuses(&stdout)["argocd/argocd-server-ingress"][&key],
+        "ignored-unsupported"
+    );
+    assert!(
+        stdout.contains("no effect without duet's --enable-ssl-passthrough"),
+        "{stdout}"
+    );
+    let with = check(&["--enable-ssl-passthrough", "corpus/argocd.yaml"], None);
+    let stdout = String::from_utf8_lossy(&with.stdout);
+    let got = statuses(&stdout);
+    assert_eq!(
+        got["argocd/argocd-server-ingress"][&key], "honoured-with-difference",
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("not applied to the HTTPS connections relayed by ssl-passthrough"),
+        "{stdout}"
+    );
+    assert_eq!(with.status.code(), Some(0), "{stdout}");
+}
+
+#[test]
 fn without_a_class_every_ingress_is_checked() {
     let out = check(&["corpus"], None);
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls_pki_types::pem::PemObject;
 pub use rustls_pki_types::CertificateDer;
+pub use rustls_pki_types::CertificateRevocationListDer;
 use rustls_pki_types::UnixTime;
 use serde::{Serialize, Serializer};
 
@@ -37,6 +38,11 @@ pub struct ClientAuth {
     /// The CA certificates (`ca.crt`), DER.
     #[serde(serialize_with = "count")]
     pub ca: Arc<[CertificateDer<'static>]>,
+    /// The certificate revocation lists (`ca.crl`), DER; when there are some, each certificate
+    /// of the client's chain (up to the CA) must be covered by one and not revoked, as nginx's
+    /// `ssl_crl` (OpenSSL's CRL_CHECK_ALL); an expired list fails too.
+    #[serde(serialize_with = "count")]
+    pub crls: Arc<[CertificateRevocationListDer<'static>]>,
     /// `auth-tls-verify-client`.
     pub verify: VerifyClient,
     /// `auth-tls-verify-depth`: the most CA certificates above the client's (1: issued directly
@@ -101,8 +107,8 @@ impl Serialize for MatchCn {
     }
 }
 
-fn count<S: Serializer>(ca: &Arc<[CertificateDer<'static>]>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(ca.len() as u64)
+fn count<T, S: Serializer>(items: &Arc<[T]>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(items.len() as u64)
 }
 
 /// The headers ingress-nginx sends upstream about the client certificate.
@@ -199,6 +205,21 @@ impl ClientAuth {
             .filter_map(|c| webpki::anchor_from_trusted_cert(c).ok())
             .collect();
         let cert = webpki::EndEntityCert::try_from(leaf).map_err(|e| e.to_string())?;
+        let crls = self
+            .crls
+            .iter()
+            .map(|der| webpki::OwnedCertRevocationList::from_der(der).map(Into::into))
+            .collect::<Result<Vec<webpki::CertRevocationList<'_>>, _>>()
+            .map_err(|e| e.to_string())?;
+        let crl_refs: Vec<&webpki::CertRevocationList<'_>> = crls.iter().collect();
+        let revocation = webpki::RevocationOptionsBuilder::new(&crl_refs)
+            .ok()
+            .map(|b| {
+                b.with_depth(webpki::RevocationCheckDepth::Chain)
+                    .with_status_policy(webpki::UnknownStatusPolicy::Deny)
+                    .with_expiration_policy(webpki::ExpirationPolicy::Enforce)
+                    .build()
+            });
         let depth = usize::from(self.depth);
         let within_depth = |path: &webpki::VerifiedPath<'_>| {
             if path.intermediate_certificates().count() < depth {
@@ -213,7 +234,7 @@ impl ClientAuth {
             intermediates,
             UnixTime::now(),
             webpki::KeyUsage::client_auth(),
-            None,
+            revocation,
             Some(&within_depth),
         )
         .map(|_| ())
@@ -235,6 +256,21 @@ pub fn parse_ca(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
         })?;
     }
     Ok(certs)
+}
+
+/// The certificate revocation lists of a PEM bundle (`ca.crl`), each checked to parse.
+pub fn parse_crl(pem: &[u8]) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
+    let crls = CertificateRevocationListDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("ca.crl is not PEM ({e})"))?;
+    if crls.is_empty() {
+        return Err("ca.crl holds no X509 CRL".to_owned());
+    }
+    for crl in &crls {
+        webpki::OwnedCertRevocationList::from_der(crl)
+            .map_err(|e| format!("ca.crl holds a revocation list that does not parse ({e})"))?;
+    }
+    Ok(crls)
 }
 
 /// The signature algorithms of duet's provider (ring).
@@ -405,6 +441,7 @@ mod tests {
         ClientAuth {
             source: "ns/ca".into(),
             ca: vec![CertificateDer::from(ca.to_vec())].into(),
+            crls: Arc::from([]),
             verify,
             depth,
             pass_certificate: false,

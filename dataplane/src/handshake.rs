@@ -1,20 +1,22 @@
 //! The TLS handshakes of the HTTPS listeners with client certificates (ingress-nginx's
 //! `auth-tls-*`): the ClientHello is read first, then the server configuration is picked by SNI,
 //! asking for a certificate only where a route of the host verifies them
-//! ([`crate::client_auth`]).
+//! ([`crate::client_auth`]), or the connection is relayed unterminated when the SNI names an
+//! `ssl-passthrough` host ([`crate::passthrough`]).
 
 use std::sync::{Arc, Mutex, Weak};
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{Acceptor, ResolvesServerCert};
+use rustls::server::ResolvesServerCert;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 use crate::client_auth::{algorithms, ClientAuth};
+use crate::passthrough::Relay;
 use crate::runtime::Runtime;
 
 /// Asks for a certificate, hinting the CA subjects, and accepts any whose handshake signature
@@ -70,6 +72,15 @@ impl ClientCertVerifier for RequestCertificate {
     }
 }
 
+/// What became of a connection's ClientHello.
+#[derive(Debug)]
+pub enum Handshake {
+    /// TLS terminated by duet.
+    Tls(Box<TlsStream<TcpStream>>),
+    /// A passthrough host's connection, to relay unterminated.
+    Passthrough(Relay),
+}
+
 /// The TLS handshakes of the HTTPS listeners: the ClientHello is read first, then the server
 /// configuration is picked by SNI: `base` (no client certificate asked for), or, when a route of
 /// the SNI host verifies client certificates, a configuration asking for one (one per CA
@@ -99,11 +110,29 @@ impl Handshakes {
         }
     }
 
-    /// Reads the ClientHello and completes the handshake with the configuration for its SNI.
-    pub async fn accept(&self, stream: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
-        let start = tokio_rustls::LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
-        let config = self.config_for(start.client_hello().server_name());
-        start.into_stream(config).await
+    /// Reads the ClientHello; when its SNI names a passthrough host (ingress-nginx's
+    /// `ssl-passthrough`), returns the connection to relay unterminated, else completes the
+    /// handshake with the configuration for its SNI.
+    pub async fn accept(&self, mut stream: TcpStream) -> std::io::Result<Handshake> {
+        let keep = !self.runtime.load().snapshot.routes.passthrough.is_empty();
+        let hello = crate::passthrough::read_client_hello(&mut stream, keep).await?;
+        let sni = hello
+            .accepted
+            .client_hello()
+            .server_name()
+            .map(str::to_owned);
+        if let (Some(bytes), Some(sni)) = (hello.bytes, sni.as_deref()) {
+            let live = self.runtime.load();
+            if let Some(to) =
+                crate::table::passthrough::find(&live.snapshot.routes.passthrough, sni)
+            {
+                let relay = Relay::new(stream, bytes, to.clone(), self.runtime.clone());
+                return Ok(Handshake::Passthrough(relay));
+            }
+        }
+        let config = self.config_for(sni.as_deref());
+        let start = tokio_rustls::StartHandshake::from_parts(hello.accepted, stream);
+        Ok(Handshake::Tls(Box::new(start.into_stream(config).await?)))
     }
 
     /// The configuration for a ClientHello naming `sni`.

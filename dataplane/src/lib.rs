@@ -22,6 +22,7 @@ pub mod listen;
 pub mod metrics;
 pub mod observe;
 pub mod park;
+pub mod passthrough;
 pub mod path;
 pub mod policy;
 pub mod proxy;

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
+use crate::handshake::Handshake;
 use crate::idle::{self, Activity, Wake, Watched};
 use crate::metrics::ConnectionMetrics;
 use crate::park::{self, Rewind};
@@ -609,15 +610,19 @@ impl<H> PerConnection<H> {
         let handshake = async {
             match &self.handshakes {
                 Some(h) => h.accept(stream).await,
-                None => acceptor.accept(stream).await,
+                None => Ok(Handshake::Tls(Box::new(acceptor.accept(stream).await?))),
             }
         };
         match tokio::time::timeout(self.timeouts.header_read, handshake).await {
-            Ok(Ok(tls)) => {
+            Ok(Ok(Handshake::Passthrough(relay))) => {
+                relay.run(info.family, info.peer).await;
+                None
+            }
+            Ok(Ok(Handshake::Tls(tls))) => {
                 let session = tls.get_ref().1;
                 let alpn_h2 = session.alpn_protocol() == Some(b"h2");
                 let info = info.with_tls(true).with_tls_session(session);
-                Some((Stream::Tls(Box::new(tls)), info, alpn_h2))
+                Some((Stream::Tls(tls), info, alpn_h2))
             }
             Ok(Err(error)) => {
                 tracing::trace!(%error, client.addr = %info.peer, "TLS handshake failed");

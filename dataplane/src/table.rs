@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize, Serializer};
 
 pub mod gateway;
+pub mod passthrough;
 
 /// An address family: of a client, of a listener, of an upstream address. Serialised as
 /// `ipv4` / `ipv6`, as in logs, JSON and metrics.
@@ -881,6 +882,10 @@ pub struct RouteTable {
     pub any_host: HostRules,
     /// The fallback when no rule matched.
     pub default_backend: Option<RouteAction>,
+    /// Hosts whose HTTPS connections are relayed unterminated (ingress-nginx's
+    /// `ssl-passthrough`), by exact name.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub passthrough: passthrough::PassthroughHosts,
 }
 
 /// What a lookup matched.

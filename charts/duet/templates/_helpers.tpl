@@ -188,6 +188,9 @@ LoadBalancer Service with its EndpointSlices managed per Gateway, in the Gateway
 {{- if .Values.controller.strictAnnotations }}
 - "--strict-annotations"
 {{- end }}
+{{- if .Values.controller.enableSslPassthrough }}
+- "--enable-ssl-passthrough"
+{{- end }}
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}

@@ -324,8 +324,26 @@ fn add_rule(
             return;
         }
     };
+    if routes.nginx.ssl_passthrough {
+        passthrough_host(t, routes, &host);
+    }
     for path in rule.http.iter().flat_map(|h| &h.paths) {
         add_path(t, held, routes, &host, path);
+    }
+}
+
+/// An `ssl-passthrough` Ingress's host: relayed by TLS server name, which names exact hosts only
+/// (ingress-nginx's TLS proxy compares whole names too).
+fn passthrough_host(t: &mut Translation<'_>, routes: &IngressRoutes<'_>, host: &HostKey) {
+    match host {
+        HostKey::Exact(name) => t.routes.passthrough(name, &routes.origin),
+        other => {
+            let message = format!(
+                "nginx.ingress.kubernetes.io/ssl-passthrough: {} is not an exact host (a TLS server name is matched whole); its HTTPS connections are terminated by duet",
+                other.describe()
+            );
+            t.diagnose(&routes.key, Reason::IgnoredAnnotation, message);
+        }
     }
 }
 
@@ -424,13 +442,14 @@ fn nginx_compat(
     diagnostics: &mut Vec<Diagnostic>,
     reports: &mut Vec<AnnotationReport>,
 ) -> Option<nginx::Settings> {
-    let read = nginx::read(
+    let mut read = nginx::read(
         ingress
             .metadata
             .annotations
             .as_ref()
             .unwrap_or(&BTreeMap::new()),
     );
+    nginx::passthrough::settle(&mut read, config.ssl_passthrough);
     diagnostics.extend(nginx::diagnostics(key, &read.findings));
     if !read.findings.is_empty() {
         reports.push(AnnotationReport {

@@ -71,6 +71,8 @@ pub struct Config {
     pub allow_loopback_endpoints: bool,
     /// `--strict-annotations`: refuse Ingresses carrying snippet annotations whole.
     pub strict_annotations: bool,
+    /// `--enable-ssl-passthrough`: apply ingress-nginx's `ssl-passthrough` annotation.
+    pub ssl_passthrough: bool,
     /// How Gateway API objects are served.
     pub gateway: GatewaySettings,
 }

@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use dataplane::table::passthrough::Passthrough;
 use dataplane::table::HostRules;
 use dataplane::{Origin, PathMatch, PathRule, RouteAction, RouteTable};
 
@@ -85,6 +86,8 @@ pub(crate) struct RouteModel {
     regex_hosts: BTreeSet<HostKey>,
     /// The default backend, once claimed.
     default_backend: Option<RouteAction>,
+    /// Exact hosts an Ingress with `ssl-passthrough` names, with the first such Ingress.
+    passthrough: BTreeMap<String, Origin>,
 }
 
 impl RouteModel {
@@ -119,6 +122,14 @@ impl RouteModel {
             .map(|(rule, _)| rule)
     }
 
+    /// Marks an exact host as passed through (ingress-nginx's `ssl-passthrough`) by the
+    /// Ingress `origin`.
+    pub(crate) fn passthrough(&mut self, host: &str, origin: &Origin) {
+        self.passthrough
+            .entry(host.to_owned())
+            .or_insert_with(|| origin.clone());
+    }
+
     /// Who holds the default backend, if anyone does yet.
     pub(crate) fn default_holder(&self) -> Option<&Origin> {
         self.default_backend.as_ref().map(|a| &a.origin)
@@ -140,6 +151,7 @@ impl RouteModel {
             default_backend: self.default_backend,
             ..RouteTable::default()
         };
+        let passthrough = self.passthrough;
         for (host, rules) in self.hosts {
             let rules = if self.regex_hosts.contains(&host) {
                 regex_rules(&host, rules, diagnostics, reports)
@@ -157,8 +169,42 @@ impl RouteModel {
                 HostKey::Any => table.any_host = entry,
             }
         }
+        for (host, origin) in passthrough {
+            passthrough_host(&mut table, host, &origin, diagnostics);
+        }
         table
     }
+}
+
+/// Relays a passthrough host's connections to the backend of its `/` rule (the rule that wins
+/// for `/`, whichever Ingress wrote it, as ingress-nginx's root location); a host without one is
+/// terminated as any other, with a diagnostic.
+fn passthrough_host(
+    table: &mut RouteTable,
+    host: String,
+    origin: &Origin,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    let root = table
+        .exact
+        .get(host.as_str())
+        .and_then(|h| h.rules.iter().find(|r| r.matcher.path() == "/"));
+    let Some(rule) = root else {
+        diagnostics.push(Diagnostic::new(
+            origin_key(origin),
+            Reason::IgnoredAnnotation,
+            format!(
+                "nginx.ingress.kubernetes.io/ssl-passthrough: host {host} has no rule for path /; its HTTPS connections are terminated by duet"
+            ),
+        ));
+        return;
+    };
+    let to = Passthrough {
+        backend: rule.action.backend.clone(),
+        policy: rule.action.policy,
+        origin: rule.action.origin.clone(),
+    };
+    table.passthrough.insert(host.into(), to);
 }
 
 /// One host's rules in precedence order; each rule that loses to an identical match is a

@@ -16,10 +16,11 @@
 //!
 //! One module per family group: [`routes`] (requests, latencies, upstream failures by route and
 //! Service), [`backends`] (targets by kind), [`connections`], [`snapshot`] (version, certificate
-//! expiry) and [`tunnels`]; the access-log drop counter is here.
+//! expiry), [`tunnels`] and [`passthrough`]; the access-log drop counter is here.
 
 mod backends;
 mod connections;
+mod passthrough;
 mod routes;
 mod snapshot;
 mod tunnels;
@@ -102,6 +103,7 @@ pub struct Metrics {
     snapshot: snapshot::SnapshotFamilies,
     access_log_dropped: Counter,
     tunnels: tunnels::TunnelFamilies,
+    passthrough: passthrough::PassthroughFamilies,
 }
 
 impl Metrics {
@@ -119,6 +121,7 @@ impl Metrics {
             access_log_dropped.clone(),
         );
         let tunnels = tunnels::TunnelFamilies::register(registry);
+        let passthrough = passthrough::PassthroughFamilies::register(registry);
         Arc::new(Metrics {
             routes,
             backends,
@@ -126,6 +129,7 @@ impl Metrics {
             snapshot,
             access_log_dropped,
             tunnels,
+            passthrough,
         })
     }
 

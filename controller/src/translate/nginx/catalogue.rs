@@ -43,11 +43,12 @@ const LIMIT: &str = "clients are keyed per address as ingress-nginx; duet.dev/li
 const AFFINITY: &str = "the cookie names the pod (an opaque 16-hex-digit token, never an address), so a dual-stack pod keeps its sessions when the client switches family; HttpOnly always, Secure over HTTPS or with session-cookie-secure";
 const AFFINITY_LATER: &str = "not implemented yet: the affinity cookie's other attributes apply";
 const CORS: &str = "allowed origins are matched whole (scheme, host, port; ingress-nginx's regex is anchored at the end only); the headers go on proxied responses and preflights, not on duet's own error answers; the 204 preflight carries no Content-Length: 0 (HTTP forbids it on 204)";
-const CLIENT_TLS: &str = "the CA Secret must be in the Ingress's namespace (as ingress-nginx without allow-cross-namespace-resources); a certificate is asked for by TLS server name (SNI) and verified per route of the Ingress that sets it, so a Host other than the server name gets 421 (as nginx); plain HTTP without the HTTPS redirect counts as no certificate (nginx does not check it); ca.crl is not read";
+const CLIENT_TLS: &str = "the CA Secret must be in the Ingress's namespace (as ingress-nginx without allow-cross-namespace-resources); a certificate is asked for by TLS server name (SNI) and verified per route of the Ingress that sets it, so a Host other than the server name gets 421 (as nginx); plain HTTP without the HTTPS redirect counts as no certificate (nginx does not check it); ca.crl is checked as nginx's ssl_crl (every certificate of the chain covered by an unexpired CRL), a ca.crl that does not parse makes the routes answer 503";
 const PROXY_TLS: &str = "not implemented yet: see duet.dev/backend-ca-secret, duet.dev/backend-tls-server-name, duet.dev/backend-tls-skip-verify";
 const BUFFERING: &str = "not implemented yet: duet streams request and response bodies";
 const HASH: &str = "rendezvous hashing of the key over the pods (a leaving pod moves only its keys); $remote_addr is the full IPv6 address, an IPv4-mapped peer counts as its IPv4 address; only $remote_addr, $binary_remote_addr, $request_uri, $uri, $host, $http_NAME, $cookie_NAME, $arg_NAME";
 const NO_EQUIVALENT: &str = "no duet equivalent";
+const PASSTHROUGH: &str = "needs --enable-ssl-passthrough, as ingress-nginx; connections whose TLS server name is an exact host of the Ingress go unterminated to a pod of the backend of the host's / rule (as ingress-nginx), picked by the balancer with the client's family first under the family policy; without a / rule the host's connections are terminated by duet (ingress-nginx relays them to its default backend); the Ingress's other annotations do not apply to the relayed connections, only to plain HTTP";
 const LOGS: &str = "not implemented yet: the access log is global (--access-log)";
 
 /// Every key of ingress-nginx's final release, in its table's order (by group).
@@ -120,7 +121,7 @@ pub const KEYS: [Key; 137] = [
     key("opentelemetry-operation-name", Unsupported(NO_EQUIVALENT)),
     key("opentelemetry-trust-incoming-span", Unsupported(NO_EQUIVALENT)),
     key("proxy-body-size", Honoured),
-    key("proxy-buffer-size", Different("upstream response heads up to 32 KiB are accepted whatever the value (nginx answers 502 to a head larger than it)")),
+    key("proxy-buffer-size", Different("upstream response heads up to 32 KiB are accepted whatever the value (nginx answers 502 to a head larger than it); the bound is checked between reads, so a head arriving at once may pass up to about 40 KiB")),
     key("proxy-buffering", Honoured),
     key("proxy-buffers-number", Unsupported(BUFFERING)),
     key("proxy-busy-buffers-size", Unsupported(BUFFERING)),
@@ -165,7 +166,7 @@ pub const KEYS: [Key; 137] = [
     key("use-regex", Different(REGEX)),
     key("ssl-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
     key("ssl-prefer-server-ciphers", Unsupported("duet offers rustls's TLS 1.2 and 1.3 suites")),
-    key("ssl-passthrough", Unsupported("not implemented yet: TLS is terminated by duet")),
+    key("ssl-passthrough", Different(PASSTHROUGH)),
     key("satisfy", Unsupported("not implemented yet: every access check must pass (nginx's satisfy all)")),
     key("server-snippet", Snippet),
     key("service-upstream", Different("one target holding the Service's IPv4 and IPv6 cluster IPs (spec.clusterIPs): the client's family picks the cluster IP under the family policy; ingress-nginx uses spec.clusterIP only, the primary family")),

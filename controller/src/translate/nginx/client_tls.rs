@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dataplane::client_auth::CertificateDer;
+use dataplane::client_auth::{CertificateDer, CertificateRevocationListDer};
 use dataplane::client_auth::{ClientAuth, MatchCn, VerifyClient};
 use k8s_openapi::api::core::v1::Secret;
 
@@ -144,6 +144,7 @@ pub(crate) fn resolve(
                 format!("Secret {wanted} does not exist"),
             )),
             Some(secret) => ca_certificates(secret)
+                .and_then(|ca| Ok((ca, revocation_lists(secret)?)))
                 .map_err(|e| (Reason::InvalidAnnotation, format!("Secret {wanted}: {e}"))),
         }
     };
@@ -154,17 +155,18 @@ pub(crate) fn resolve(
         ))),
         _ => ca,
     };
-    let (ca, error) = match ca {
+    let ((ca, crls), error) = match ca {
         Ok(ca) => (ca, None),
         Err((reason, problem)) => {
             let message = format!("{PREFIX}auth-tls-secret: {problem}: the Ingress's routes answer 503 (fail closed, as ingress-nginx)");
             diagnostics.push(Diagnostic::new(key.clone(), reason, message.clone()));
-            (Vec::new(), Some(Arc::from(message.as_str())))
+            ((Vec::new(), Vec::new()), Some(Arc::from(message.as_str())))
         }
     };
     Some(Arc::new(ClientAuth {
         source: wanted.to_string().into(),
         ca: ca.into(),
+        crls: crls.into(),
         verify,
         depth: a.depth.unwrap_or(1),
         pass_certificate: a.pass,
@@ -176,6 +178,14 @@ pub(crate) fn resolve(
             .and_then(|m| m.as_ref().ok())
             .and_then(|p| MatchCn::new(p).ok()),
     }))
+}
+
+/// The revocation lists of a Secret's `ca.crl` (PEM), none when it has no such key.
+fn revocation_lists(secret: &Secret) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
+    match secret.data.as_ref().and_then(|d| d.get("ca.crl")) {
+        None => Ok(Vec::new()),
+        Some(pem) => dataplane::client_auth::parse_crl(&pem.0),
+    }
 }
 
 /// The CA certificates of a Secret's `ca.crt` (PEM).

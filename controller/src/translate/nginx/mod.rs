@@ -13,6 +13,7 @@ mod buffering;
 mod catalogue;
 pub mod client_tls;
 pub mod cors;
+pub mod passthrough;
 pub mod routing;
 pub mod traffic;
 
@@ -148,6 +149,9 @@ pub struct Settings {
     pub client_tls: client_tls::Annotations,
     /// The buffering keys (see [`buffering`]): reported, nothing to apply (duet streams).
     pub buffering: buffering::Annotations,
+    /// `ssl-passthrough` (see [`passthrough`]): the hosts' HTTPS connections are relayed
+    /// unterminated, under `--enable-ssl-passthrough`.
+    pub ssl_passthrough: bool,
 }
 
 impl Settings {
@@ -505,6 +509,9 @@ fn apply(name: &str, value: &str, settings: &mut Settings) -> Result<(), String>
             client_tls::apply(name, value, &mut settings.client_tls)?
         }
         name if buffering::reads(name) => buffering::apply(name, value, &mut settings.buffering)?,
+        name if passthrough::reads(name) => {
+            passthrough::apply(value, &mut settings.ssl_passthrough)?
+        }
         _ => return Err(format!("{name} has no parser")),
     }
     Ok(())
