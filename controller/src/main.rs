@@ -55,10 +55,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match async_runtime() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("duet: cannot start the async runtime: {error}");
@@ -82,6 +79,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The async runtime: with one worker (`TOKIO_WORKER_THREADS=1`, as a one-core pod or the
+/// benchmarks run duet) a current-thread one, whose task wakeups and parking skip the
+/// multi-thread scheduler's bookkeeping (its one worker polled every task on one thread too);
+/// otherwise Tokio's multi-thread runtime, one worker per core unless the variable says.
+fn async_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let one_worker = std::env::var("TOKIO_WORKER_THREADS").is_ok_and(|n| n.trim() == "1");
+    let mut builder = if one_worker {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    builder.enable_all().build()
 }
 
 /// `duet migrate check`: 0 when every annotation is honoured, 1 when one is not, 64 on bad input.

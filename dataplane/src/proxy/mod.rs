@@ -225,10 +225,13 @@ impl Proxy {
         exchange: &mut Exchange,
     ) -> Result<(Sent, InFlight, usize), ProxyError> {
         let backend = plan.backend;
-        let mut tried: Vec<usize> = Vec::new();
+        let mut tried = Tried::default();
         let mut last_error: Option<io::Error> = None;
         for _ in 0..self.runtime.config.max_target_attempts {
-            let Some(pick) = plan.steered.pick(backend, conn.family, plan.policy, &tried) else {
+            let Some(pick) = plan
+                .steered
+                .pick(backend, conn.family, plan.policy, tried.as_slice())
+            else {
                 break;
             };
             tried.push(pick.index);
@@ -451,6 +454,39 @@ fn upstream_request(
     (req, client_upgrade)
 }
 
+/// The targets a request has tried: inline for the first few (no allocation per request; more
+/// than [`TRIED_INLINE`] attempts, a rare `--max-target-attempts`, spill to the heap).
+#[derive(Debug, Default)]
+struct Tried {
+    inline: [usize; TRIED_INLINE],
+    len: usize,
+    spilled: Vec<usize>,
+}
+
+const TRIED_INLINE: usize = 4;
+
+impl Tried {
+    fn push(&mut self, index: usize) {
+        if self.len < TRIED_INLINE {
+            self.inline[self.len] = index;
+            self.len += 1;
+        } else {
+            if self.spilled.is_empty() {
+                self.spilled.extend_from_slice(&self.inline);
+            }
+            self.spilled.push(index);
+        }
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        if self.spilled.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+}
+
 /// The one place a failed attempt is recorded: a trace line, the Service's connect-failure
 /// counter, and the health of the target's family, whose ejection is counted and warned about.
 fn attempt_failed(
@@ -573,6 +609,16 @@ mod tests {
                 let location = location.map_or("", |v| v.to_str().unwrap()).to_owned();
                 Ok(Some((res.status().as_u16(), location)))
             }
+        }
+    }
+
+    #[test]
+    fn tried_targets_are_all_remembered_past_the_inline_ones() {
+        let mut tried = Tried::default();
+        assert!(tried.as_slice().is_empty());
+        for (n, index) in [7, 3, 9, 0, 5, 11].into_iter().enumerate() {
+            tried.push(index);
+            assert_eq!(tried.as_slice(), &[7, 3, 9, 0, 5, 11][..=n]);
         }
     }
 
