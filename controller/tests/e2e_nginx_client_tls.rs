@@ -17,12 +17,12 @@ use conformance::client::{self, Conn, Reply};
 use conformance::rustls;
 use conformance::tls::{self, TestCa, TestCert};
 use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use dataplane::upstream::tls::AnyServerCert;
 use rustls::client::ResolvesClientCert;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::sign::CertifiedKey;
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::SignatureScheme;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const HOSTS: [&str; 7] = [
@@ -53,45 +53,6 @@ impl ResolvesClientCert for ClientCert {
     }
 }
 
-/// Trusts any server certificate (the test is about the client's).
-#[derive(Debug)]
-struct AnyServer(rustls::crypto::WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
-    }
-}
-
 /// An HTTP/1.1 connection over TLS to `to` with SNI `sni`, presenting `cert`; and whether the
 /// server asked for a certificate.
 async fn connect(
@@ -112,9 +73,8 @@ async fn connect(
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer(
-            provider.signature_verification_algorithms,
-        )))
+        // Any server certificate: the test is about the client's.
+        .with_custom_certificate_verifier(Arc::new(AnyServerCert::new(provider.clone())))
         .with_client_cert_resolver(resolver.clone());
     let tcp = client::connect_tcp(to).await?;
     let local = tcp.local_addr()?;
