@@ -12,6 +12,7 @@
 //! the cluster IP of each family instead of the pods; an ExternalName backend is one target
 //! holding its name's addresses ([`external`](super::external)).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -266,7 +267,7 @@ pub fn join_targets(
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
     });
     let mut diagnostics = Vec::new();
-    let mut joined: BTreeMap<String, Joined> = BTreeMap::new();
+    let mut joined: BTreeMap<Cow<'_, str>, Joined> = BTreeMap::new();
     for slice in sorted {
         let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
         let key = ObjectKey::new(
@@ -406,23 +407,23 @@ fn serving_address(
 
 /// The target an endpoint belongs to: its `targetRef`'s uid, else `kind/namespace/name`, else
 /// (no `targetRef`) its address.
-fn target_id(endpoint: &Endpoint, namespace: &str, addr: SocketAddr) -> String {
+fn target_id<'e>(endpoint: &'e Endpoint, namespace: &str, addr: SocketAddr) -> Cow<'e, str> {
     endpoint
         .target_ref
         .as_ref()
         .and_then(|r| {
             if let Some(uid) = r.uid.as_deref().filter(|u| !u.is_empty()) {
-                return Some(uid.to_owned());
+                return Some(Cow::Borrowed(uid));
             }
             let name = r.name.as_deref().filter(|n| !n.is_empty())?;
-            Some(format!(
+            Some(Cow::Owned(format!(
                 "{}/{}/{}",
                 r.kind.as_deref().unwrap_or("Pod"),
                 r.namespace.as_deref().unwrap_or(namespace),
                 name
-            ))
+            )))
         })
-        .unwrap_or_else(|| addr.to_string())
+        .unwrap_or_else(|| Cow::Owned(addr.to_string()))
 }
 
 /// Why duet refuses to proxy to `ip` (already canonical: IPv4-mapped addresses are IPv4), or
