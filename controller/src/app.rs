@@ -327,7 +327,7 @@ impl App {
         &mut self,
         rebuild_routes: bool,
         pending: &crate::index::Impact,
-    ) -> Option<(HashMap<BackendId, Arc<Backend>>, Option<Vec<BackendId>>)> {
+    ) -> Option<(Backends, Option<Vec<BackendId>>)> {
         let plan = self.plan.as_ref()?;
         let config = &self.config.translate;
         let empty = HashMap::new();
@@ -509,6 +509,9 @@ impl App {
         }
     }
 }
+
+/// Backends by id, as a snapshot holds them.
+type Backends = HashMap<BackendId, Arc<Backend>>;
 
 /// Whether every backend in `new` is the same `Arc` as in `old`.
 fn same_backends<'a>(
