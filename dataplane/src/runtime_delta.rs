@@ -131,8 +131,8 @@ mod tests {
                 target("b-3", None, Some("[fd00::4]:80")),
             ],
         );
-        let v2 = with(&v1, 2, &[new_b.clone()]);
-        runtime.apply_changed(v2.clone(), &v1, &[b.clone()]);
+        let v2 = with(&v1, 2, std::slice::from_ref(&new_b));
+        runtime.apply_changed(v2.clone(), &v1, std::slice::from_ref(&b));
 
         let after = runtime.load_full();
         assert!(Arc::ptr_eq(&after.snapshot, &v2));
@@ -172,9 +172,9 @@ mod tests {
         runtime.apply(v2.clone());
         // Built on v1, naming only b: a's change in v2 must not survive as if v3 kept it.
         let new_b = backend("shop/b:80", vec![target("b-9", Some("10.0.0.9:80"), None)]);
-        let v3 = with(&v1, 3, &[new_b.clone()]);
+        let v3 = with(&v1, 3, std::slice::from_ref(&new_b));
         let b: BackendId = "shop/b:80".parse().unwrap();
-        runtime.apply_changed(v3.clone(), &v1, &[b.clone()]);
+        runtime.apply_changed(v3.clone(), &v1, std::slice::from_ref(&b));
         let live = runtime.load_full();
         assert!(Arc::ptr_eq(&live.snapshot, &v3));
         let a: BackendId = "shop/a:80".parse().unwrap();
