@@ -22,7 +22,11 @@
 #     _debug_routes_seconds  the write to a /debug/routes answer that shows the new address
 #                            (the debug listener, --debug-listen; the request's own time included)
 #     _log                   duet's "Snapshot applied" line (routes.rebuilt says whether the route
-#                            table was rebuilt)
+#                            table was rebuilt, build.ms what the build and apply took)
+#     _live_after_change_seconds  from the change reaching the control loop (the file source's
+#                            rescan done) to the snapshot applied, the 50 ms holdoff included: the
+#                            line's change.age_ms. _applied_seconds minus it is the file watcher's
+#                            share (notify, the 20 ms settle, the rescan)
 #     _rss_applied_mib       VmRSS once applied, before this change's /debug/routes polling
 #                            (the check before each change already asked once). Each answer
 #                            serializes the whole table (28 MB at the issue-13 size) and the heap
@@ -149,6 +153,9 @@ measure_change() {
   echo "${name}_applied_seconds: $(since "$written" "$applied_ts")"
   echo "${name}_debug_routes_seconds: $(since "$written" "$shown")"
   echo "${name}_rss_applied_mib: $(mib "$rss_applied")"
+  local age
+  age=$(sed -n 's/.*change\.age_ms=\([0-9.e+-]*\).*/\1/p' <<<"$applied_line")
+  [[ -n $age ]] && echo "${name}_live_after_change_seconds: $(python3 -c "import sys; print(f'{float(sys.argv[1]) / 1000:.4f}')" "$age")"
   echo "${name}_log: ${applied_line#*INFO }"
 }
 

@@ -101,6 +101,8 @@ pub struct App {
     reported: BTreeSet<Diagnostic>,
     diagnostics: Diagnostics,
     pending: Impact,
+    /// When the first of the pending changes reached the loop.
+    pending_since: Option<std::time::Instant>,
     /// The backend phase's diagnostics of the live backends, by Service.
     backend_diagnostics: translate::ServiceDiagnostics,
     synced: bool,
@@ -132,6 +134,7 @@ impl App {
             reported: BTreeSet::new(),
             diagnostics: Diagnostics::default(),
             pending: Impact::default(),
+            pending_since: None,
             backend_diagnostics: translate::ServiceDiagnostics::new(),
             synced: false,
             observers: Observers::default(),
@@ -245,6 +248,10 @@ impl App {
             let impact = self.index.apply(change);
             self.pending.merge(impact);
         }
+        if !self.pending.is_empty() {
+            self.pending_since
+                .get_or_insert_with(std::time::Instant::now);
+        }
         !self.pending.is_empty()
     }
 
@@ -253,44 +260,14 @@ impl App {
     pub fn publish(&mut self) -> Option<Arc<Snapshot>> {
         let started = std::time::Instant::now();
         let pending = std::mem::take(&mut self.pending);
+        let pending_since = self.pending_since.take();
         let rebuild_routes = self.plan.is_none() || pending.routes;
         if rebuild_routes {
             self.plan_routes();
             self.want_names();
         }
+        let (backends, changed) = self.build_backends(rebuild_routes, &pending)?;
         let plan = self.plan.as_ref()?;
-        let config = &self.config.translate;
-        let empty = HashMap::new();
-        let previous = self.published.as_ref().map_or(&empty, |s| &s.backends);
-        let updated = if rebuild_routes {
-            None
-        } else {
-            let index = &self.index;
-            translate::update_backends(
-                plan,
-                &pending.endpoints,
-                |service| index.slices_of(service),
-                Some(&*self.resolved),
-                config,
-                previous,
-                &mut self.backend_diagnostics,
-            )
-        };
-        let backends = match updated {
-            Some(backends) => backends,
-            None => {
-                let inputs = self.index.inputs();
-                let (backends, by_service) = translate::build_backends_by_service(
-                    plan,
-                    &inputs.slices(),
-                    Some(&*self.resolved),
-                    config,
-                    previous,
-                );
-                self.backend_diagnostics = by_service;
-                backends
-            }
-        };
         let backend_diagnostics = self
             .backend_diagnostics
             .values()
@@ -311,15 +288,12 @@ impl App {
                 && Arc::ptr_eq(&old.certs, &plan.certs)
                 && Arc::ptr_eq(&old.gateways, &plan.gateways)
                 && old.backends.len() == backends.len()
-                && if rebuild_routes {
-                    same_backends(&old.backends, backends.iter())
-                } else {
-                    let changed = plan
-                        .backends
-                        .iter()
-                        .filter(|(_, s)| pending.endpoints.contains(&s.service))
-                        .filter_map(|(id, _)| backends.get_key_value(id));
-                    same_backends(&old.backends, changed)
+                && match &changed {
+                    None => same_backends(&old.backends, backends.iter()),
+                    Some(ids) => same_backends(
+                        &old.backends,
+                        ids.iter().filter_map(|id| backends.get_key_value(id)),
+                    ),
                 };
             if unchanged {
                 tracing::debug!(
@@ -332,22 +306,84 @@ impl App {
         }
         self.version += 1;
         let snapshot = Arc::new(translate::snapshot(plan, backends, self.version));
-        let targets: usize = snapshot.backends.values().map(|b| b.targets.len()).sum();
-        tracing::info!(
-            snapshot.version = self.version,
-            hosts = plan.table.exact.len() + plan.table.wildcard.len(),
-            backends = snapshot.backends.len(),
-            targets,
-            routes.rebuilt = rebuild_routes,
-            "Snapshot applied"
-        );
-        self.runtime.apply(snapshot.clone());
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_build(started.elapsed());
+        match (&changed, &self.published) {
+            (Some(ids), Some(base)) => self.runtime.apply_changed(snapshot.clone(), base, ids),
+            _ => self.runtime.apply(snapshot.clone()),
         }
+        let build = started.elapsed();
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_build(build);
+        }
+        self.log_applied(&snapshot, rebuild_routes, build, pending_since);
         self.published = Some(snapshot.clone());
         self.announce_live();
         Some(snapshot)
+    }
+
+    /// The backends for the plan: after an endpoint-only change, those of the changed Services
+    /// rebuilt and every other one the published `Arc` (with the ids rebuilt); else all of them
+    /// (reusing `Arc`s equal by value).
+    fn build_backends(
+        &mut self,
+        rebuild_routes: bool,
+        pending: &crate::index::Impact,
+    ) -> Option<(Backends, Option<Vec<BackendId>>)> {
+        let plan = self.plan.as_ref()?;
+        let config = &self.config.translate;
+        let empty = HashMap::new();
+        let previous = self.published.as_ref().map_or(&empty, |s| &s.backends);
+        let updated = if rebuild_routes {
+            None
+        } else {
+            let index = &self.index;
+            translate::update_backends(
+                plan,
+                &pending.endpoints,
+                |service| index.slices_of(service),
+                Some(&*self.resolved),
+                config,
+                previous,
+                &mut self.backend_diagnostics,
+            )
+        };
+        if let Some(backends) = updated {
+            let changed = translate::backends_of(plan, &pending.endpoints);
+            return Some((backends, Some(changed)));
+        }
+        let index = &self.index;
+        let (backends, by_service) = translate::build_backends_with(
+            plan,
+            |service| index.slices_of(service),
+            Some(&*self.resolved),
+            config,
+            previous,
+        );
+        self.backend_diagnostics = by_service;
+        Some((backends, None))
+    }
+
+    /// Logs a published snapshot: its size, whether routes were rebuilt, how long the build and
+    /// apply took, and how long after the first change it waited for it went live (the debounce
+    /// holdoff included: the time from the change reaching the control loop).
+    fn log_applied(
+        &self,
+        snapshot: &Snapshot,
+        rebuild_routes: bool,
+        build: Duration,
+        pending_since: Option<std::time::Instant>,
+    ) {
+        let targets: usize = snapshot.backends.values().map(|b| b.targets.len()).sum();
+        let since_change = pending_since.map(|t| t.elapsed().as_secs_f64() * 1e3);
+        tracing::info!(
+            snapshot.version = self.version,
+            hosts = snapshot.routes.exact.len() + snapshot.routes.wildcard.len(),
+            backends = snapshot.backends.len(),
+            targets,
+            routes.rebuilt = rebuild_routes,
+            build.ms = build.as_secs_f64() * 1e3,
+            change.age_ms = since_change,
+            "Snapshot applied"
+        );
     }
 
     /// The route phase from the whole stored state; the old table and certificates are kept
@@ -357,7 +393,7 @@ impl App {
         inputs.names = Some(&*self.resolved);
         let mut plan = translate::plan_routes(&inputs, &self.config.translate);
         if let Some(old) = &self.plan {
-            if *old.table == *plan.table {
+            if translate::reuse_hosts(Arc::make_mut(&mut plan.table), &old.table) {
                 plan.table = old.table.clone();
             }
             if *old.certs == *plan.certs {
@@ -473,6 +509,9 @@ impl App {
         }
     }
 }
+
+/// Backends by id, as a snapshot holds them.
+type Backends = HashMap<BackendId, Arc<Backend>>;
 
 /// Whether every backend in `new` is the same `Arc` as in `old`.
 fn same_backends<'a>(
@@ -761,6 +800,53 @@ spec: {ports: [{port: 80}]}
         let fourth = app.publish().expect("fourth publish");
         assert_eq!(v4s(&fourth, "b"), ["10.0.0.4:8080"]);
         assert_eq!(forbidden(&app), 1);
+    }
+
+    #[test]
+    fn ingress_change_rebuilds_only_the_hosts_it_touches() {
+        let (mut app, runtime) = app();
+        app.ingest(changes(BASE));
+        app.ingest(changes(&slice("a", "10.0.0.1")));
+        app.ingest(changes(&slice("b", "10.0.0.2")));
+        let first = app.publish().expect("first publish");
+        let live_first = runtime.load_full();
+
+        // A second Ingress adds a path on a.test: b.test is not touched.
+        let extra = BASE
+            .split("---")
+            .next()
+            .unwrap()
+            .replace("name: web", "name: extra")
+            .replace("path: /,", "path: /extra,");
+        let extra = extra.split("    - host: b.test").next().unwrap();
+        app.ingest(changes(extra));
+        assert!(app.pending.routes);
+        let second = app.publish().expect("second publish");
+        assert!(second.routes.find("a.test", "/extra").is_some());
+        assert!(!Arc::ptr_eq(&first.routes, &second.routes));
+        let host = |s: &Snapshot, h: &str| s.routes.exact[h].clone();
+        assert!(
+            host(&second, "b.test").same(&host(&first, "b.test")),
+            "the untouched host's rules are the same objects"
+        );
+        assert!(!host(&second, "a.test").same(&host(&first, "a.test")));
+        for (id, backend) in &first.backends {
+            assert!(Arc::ptr_eq(backend, &second.backends[id]), "{id}");
+            assert!(Arc::ptr_eq(
+                &live_first.backends[id],
+                &runtime.load().backends[id]
+            ));
+        }
+
+        // The same Ingress with an annotation duet does not read: a route rebuild that reuses
+        // every host, so the table is the same and nothing is published.
+        let annotated = extra.replace("name: extra", "name: extra, annotations: {note: x}");
+        assert!(app.ingest(changes(&annotated)));
+        assert!(app.publish().is_none(), "nothing to publish");
+        assert!(Arc::ptr_eq(
+            &app.plan.as_ref().unwrap().table,
+            &second.routes
+        ));
     }
 
     async fn settle() {

@@ -160,6 +160,36 @@ impl Runtime {
         self.applied_version.send_replace(version);
     }
 
+    /// Publishes a snapshot built from `base` by replacing the backends `changed` and nothing
+    /// else (routes, certificates, Gateway listeners and every other backend the same `Arc`s):
+    /// the work is proportional to `changed`. When `base` is not the live snapshot, or its
+    /// tables differ, this is [`Runtime::apply`].
+    pub fn apply_changed(
+        &self,
+        snapshot: Arc<Snapshot>,
+        base: &Arc<Snapshot>,
+        changed: &[BackendId],
+    ) {
+        let _one_at_a_time = self.apply_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.live.load_full();
+        if !crate::runtime_delta::applies(&old, &snapshot, base) {
+            drop(_one_at_a_time);
+            return self.apply(snapshot);
+        }
+        let backends = crate::runtime_delta::live_backends(&old, &snapshot, changed);
+        let metrics = self.telemetry.metrics();
+        metrics.backends_replaced(&snapshot, changed);
+        let version = snapshot.version;
+        self.live.store(Arc::new(Live {
+            snapshot,
+            backends,
+            metrics: old.metrics.clone(),
+            upstream_tls: old.upstream_tls.clone(),
+        }));
+        self.applied.store(true, Ordering::Release);
+        self.applied_version.send_replace(version);
+    }
+
     /// Changes each time a snapshot is applied.
     pub fn applied(&self) -> tokio::sync::watch::Receiver<u64> {
         self.applied_version.subscribe()

@@ -825,14 +825,17 @@ impl PathRule {
     }
 }
 
-/// The rules of one host (or of the host-less rules), sorted by precedence.
+/// The rules of one host (or of the host-less rules), sorted by precedence. Cloning shares the
+/// rules: a rebuilt table keeps the entries of hosts that did not change as the same objects
+/// ([`HostRules::same`]), so what the dataplane derives from a rule (metric handles, upstream TLS
+/// configurations, keyed by the rule's address) carries over.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct HostRules {
     /// The host as the Ingress wrote it (`foo.example.com`, `*.example.com`), empty for the
     /// host-less rules.
-    pub host: Box<str>,
+    pub host: Arc<str>,
     /// Sorted: the first rule that matches wins.
-    pub rules: Vec<PathRule>,
+    pub rules: Arc<[PathRule]>,
 }
 
 impl HostRules {
@@ -852,10 +855,16 @@ impl HostRules {
         (
             HostRules {
                 host: host.into(),
-                rules: kept,
+                rules: kept.into(),
             },
             conflicts,
         )
+    }
+
+    /// Whether both are the same entry: their rules are the same objects (a clone, or an entry
+    /// a rebuild reused), not only equal.
+    pub fn same(&self, other: &HostRules) -> bool {
+        Arc::ptr_eq(&self.rules, &other.rules) && self.host == other.host
     }
 
     /// The first rule matching the request's path and conditions.

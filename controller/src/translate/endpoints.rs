@@ -75,6 +75,55 @@ pub fn build_backends_by_service(
     (backends, diagnostics)
 }
 
+/// [`build_backends_by_service`] reading each used Service's slices through `slices_of` (the
+/// index's Service-to-slices map) instead of grouping every stored slice.
+pub fn build_backends_with<'a, S: SliceView + ?Sized + 'a>(
+    plan: &RoutePlan,
+    slices_of: impl Fn(&NsName) -> Vec<&'a S>,
+    names: Option<&Resolved>,
+    config: &Config,
+    previous: &HashMap<BackendId, Arc<Backend>>,
+) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
+    let mut diagnostics = ServiceDiagnostics::new();
+    let mut backends = HashMap::with_capacity(plan.backends.len());
+    let mut current: Option<(&NsName, Vec<&S>)> = None;
+    for (id, spec) in &plan.backends {
+        // Backends are sorted by id (`namespace/service:port`): a Service's are adjacent.
+        if current.as_ref().is_none_or(|(s, _)| **s != spec.service) {
+            current = Some((&spec.service, slices_of(&spec.service)));
+        }
+        let slices = current
+            .as_ref()
+            .map(|(_, v)| v.as_slice())
+            .unwrap_or_default();
+        let (backend, found) = backend_of(id, spec, slices, names, config, previous);
+        add_diagnostics(&mut diagnostics, &spec.service, found);
+        backends.insert(id.clone(), backend);
+    }
+    (backends, diagnostics)
+}
+
+/// The plan's backends on ports of `service`, found by id (`namespace/service:port`, sorted).
+fn service_backends<'p>(
+    plan: &'p RoutePlan,
+    service: &'p NsName,
+) -> impl Iterator<Item = (&'p BackendId, &'p BackendSpec)> + 'p {
+    let from = BackendId::new(&service.namespace, &service.name, "");
+    let prefix = from.as_str().to_owned();
+    plan.backends
+        .range(from..)
+        .take_while(move |(id, _)| id.as_str().starts_with(&prefix))
+        .filter(move |(_, spec)| spec.service == *service)
+}
+
+/// The ids of the plan's backends on ports of the `services`.
+pub fn backends_of(plan: &RoutePlan, services: &BTreeSet<NsName>) -> Vec<BackendId> {
+    services
+        .iter()
+        .flat_map(|service| service_backends(plan, service).map(|(id, _)| id.clone()))
+        .collect()
+}
+
 /// The backends after an endpoint-only change: the backends of the `changed` Services are built
 /// again from `slices_of` (their EndpointSlices), every other backend is `previous`'s `Arc`
 /// (never looked at); `diagnostics` (by Service) is updated in place. `None` when `previous`
@@ -95,7 +144,7 @@ pub fn update_backends<'a, S: SliceView + ?Sized + 'a>(
     for service in changed {
         diagnostics.remove(service);
         let slices = slices_of(service);
-        for (id, spec) in plan.backends.iter().filter(|(_, s)| s.service == *service) {
+        for (id, spec) in service_backends(plan, service) {
             if !previous.contains_key(id) {
                 return None;
             }

@@ -20,6 +20,7 @@ pub mod gateway;
 pub mod gateway_rule;
 mod ingress;
 pub mod nginx;
+mod reuse;
 mod routes;
 mod timeouts;
 mod translation;
@@ -37,11 +38,12 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{
-    build_backends, build_backends_by_service, forbidden, join_targets, update_backends,
-    ServiceDiagnostics,
+    backends_of, build_backends, build_backends_by_service, build_backends_with, forbidden,
+    join_targets, update_backends, ServiceDiagnostics,
 };
 pub use external::{wanted_names, Resolution, Resolved};
 pub use ingress::{BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
+pub use reuse::{reuse_hosts, same_hosts};
 pub use timeouts::{CONNECT_TIMEOUT_ANNOTATION, READ_TIMEOUT_ANNOTATION};
 pub use upstream::{
     app_protocol, BACKEND_CA_SECRET_ANNOTATION, BACKEND_TLS_SERVER_NAME_ANNOTATION,
