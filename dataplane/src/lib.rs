@@ -32,7 +32,6 @@ pub mod read_timeout;
 pub mod request_match;
 pub mod route_policy;
 pub mod runtime;
-mod runtime_delta;
 pub mod send_watch;
 pub mod table;
 pub mod tls;

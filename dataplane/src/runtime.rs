@@ -14,6 +14,8 @@ use crate::observe::Telemetry;
 use crate::table::{BackendId, Family, Snapshot};
 use crate::upstream::tls::UpstreamTlsConfigs;
 
+mod delta;
+
 /// Timeouts and limits of the proxy, parsed once at start.
 #[derive(Clone, Debug)]
 pub struct ProxyConfig {
@@ -172,11 +174,11 @@ impl Runtime {
     ) {
         let _one_at_a_time = self.apply_lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.live.load_full();
-        if !crate::runtime_delta::applies(&old, &snapshot, base) {
+        if !delta::applies(&old, &snapshot, base) {
             drop(_one_at_a_time);
             return self.apply(snapshot);
         }
-        let backends = crate::runtime_delta::live_backends(&old, &snapshot, changed);
+        let backends = delta::live_backends(&old, &snapshot, changed);
         let metrics = self.telemetry.metrics();
         metrics.backends_replaced(&snapshot, changed);
         let version = snapshot.version;

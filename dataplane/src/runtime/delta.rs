@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::Live;
 use crate::balance::LiveBackend;
-use crate::runtime::Live;
 use crate::table::{BackendId, Snapshot};
 
 /// Whether `snapshot` can be applied as a change of `base` over `live`: `base` is the live
