@@ -13,8 +13,9 @@ ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-trixie AS build
 WORKDIR /src
-# jemalloc, the binary's allocator, is built from C with make (the slim image has gcc only).
-RUN apt-get update && apt-get install -y --no-install-recommends make && rm -rf /var/lib/apt/lists/*
+# jemalloc, the binary's allocator, is built from C with make (the slim image has gcc only);
+# pinned to trixie's version (hadolint DL3008).
+RUN apt-get update && apt-get install -y --no-install-recommends make=4.4.1-2 && rm -rf /var/lib/apt/lists/*
 COPY . .
 # Cache mounts keep the registry and the target folder between builds (BuildKit).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
