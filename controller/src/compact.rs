@@ -24,12 +24,21 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// What translation reads of an EndpointSlice, from the API type or from a stored [`Slice`].
 pub trait SliceView {
+    /// The metadata (name, namespace, labels).
+    fn metadata(&self) -> &ObjectMeta;
     /// The namespace (`default` when unset).
-    fn namespace(&self) -> &str;
+    fn namespace(&self) -> &str {
+        self.metadata().namespace.as_deref().unwrap_or("default")
+    }
     /// The name (empty when unset).
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        self.metadata().name.as_deref().unwrap_or_default()
+    }
     /// The `kubernetes.io/service-name` label.
-    fn service(&self) -> Option<&str>;
+    fn service(&self) -> Option<&str> {
+        let labels = self.metadata().labels.as_ref()?;
+        labels.get(SERVICE_NAME_LABEL).map(String::as_str)
+    }
     /// The `addressType` as written.
     fn address_type(&self) -> &str;
     /// Whether the slice lists no endpoint.
@@ -311,17 +320,8 @@ fn uuid_text(bytes: &[u8; 16]) -> String {
 }
 
 impl SliceView for Slice {
-    fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or("default")
-    }
-
-    fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-
-    fn service(&self) -> Option<&str> {
-        let labels = self.metadata.labels.as_ref()?;
-        labels.get(SERVICE_NAME_LABEL).map(String::as_str)
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
     }
 
     fn address_type(&self) -> &str {
@@ -367,17 +367,8 @@ impl SliceView for Slice {
 }
 
 impl SliceView for EndpointSlice {
-    fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or("default")
-    }
-
-    fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-
-    fn service(&self) -> Option<&str> {
-        let labels = self.metadata.labels.as_ref()?;
-        labels.get(SERVICE_NAME_LABEL).map(String::as_str)
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
     }
 
     fn address_type(&self) -> &str {
