@@ -104,6 +104,15 @@ wait_200() {
   done
 }
 
+# Wall-clock time in seconds (fractional); seconds from the first time to the second, printed
+# with DIGITS decimals (default 3); whether less than LIMIT seconds have passed since a time.
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.{sys.argv[3]}f}')" "$1" "$2" "${3:-3}"; }
+within() { awk -v a="$1" -v b="$(now)" -v l="$2" 'BEGIN {exit !(b - a < l)}'; }
+
+# KiB as MiB with one decimal.
+mib() { python3 -c "import sys; print(f'{int(sys.argv[1]) / 1024:.1f}')" "$1"; }
+
 # Resident set size of PID in KiB.
 rss_kib() {
   awk '/^VmRSS:/ {print $2}' "/proc/$1/status"

@@ -41,10 +41,6 @@ else
 fi
 [[ -f $DIR/.scale.json ]] || die "$DIR has no .scale.json: make it with gen-scale.py"
 info() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$DIR/.scale.json" "$1"; }
-now() { date +%s.%N; }
-since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.{sys.argv[3]}f}')" "$1" "$2" "${3:-3}"; }
-within() { awk -v a="$1" -v b="$(now)" -v l="$2" 'BEGIN {exit !(b - a < l)}'; }
-mib() { python3 -c "import sys; print(f'{int(sys.argv[1]) / 1024:.1f}')" "$1"; }
 
 # The control plane, in its own network namespace.
 CDIR="$WORK/cluster"

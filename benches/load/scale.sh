@@ -57,10 +57,6 @@ ADMIN="http://127.0.0.1:$ADMIN_PORT"
 DEBUG="http://127.0.0.1:$DEBUG_PORT"
 LOG="$WORK/duet"
 
-now() { date +%s.%N; }
-since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.{sys.argv[3]}f}')" "$1" "$2" "${3:-3}"; }
-within() { awk -v a="$1" -v b="$(now)" -v l="$2" 'BEGIN {exit !(b - a < l)}'; }
-mib() { python3 -c "import sys; print(f'{int(sys.argv[1]) / 1024:.1f}')" "$1"; }
 
 note "duet $DUET on $DIR: $(info ingresses) Ingresses, $(info endpointslices) EndpointSlices, $(info pods) pods ($(info layout) layout); $(nproc) cores, $(date -u +%FT%TZ)"
 start=$(now)
