@@ -1,7 +1,9 @@
 //! Idle HTTP/1.1 client connections are parked (their HTTP server state and buffers released,
-//! counted in `duet_connections_parked`) and serve their next requests as before: over real
-//! sockets on 127.0.0.1 and [::1], a listener served by `listen::serve` with a handler that
-//! answers with the request's target and client address.
+//! counted in `duet_connections_parked`) and serve their next requests as before, plain and over
+//! TLS (where the TLS session stays); shutdown closes them. Over real sockets on 127.0.0.1 and
+//! [::1], a listener served by `listen::serve` with a handler that answers with the scheme, the
+//! request's target and the client address; TLS with a rustls configuration (ALPN `http/1.1`)
+//! and a rustls client.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,29 +19,79 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_rustls::client::TlsStream;
 
 const KEEPALIVE: Duration = Duration::from_millis(4000);
 
-/// A listener on `addr` answering every request with `target client-address`, and its metrics.
+/// A listener on `addr` answering every request with `scheme target client-address`, its
+/// metrics, and (TLS) a client trusting its certificate.
 struct Server {
     addr: SocketAddr,
     registry: Registry,
     stop: watch::Sender<bool>,
     served: tokio::task::JoinHandle<std::io::Result<()>>,
+    client: Option<tokio_rustls::TlsConnector>,
 }
 
 async fn answer(
     req: Request<Incoming>,
     conn: Arc<ConnInfo>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let text = format!("{} {}", req.uri(), conn.peer);
+    let text = format!("{} {} {}", conn.scheme(), req.uri(), conn.peer);
     Ok(Response::new(Full::new(Bytes::from(text))))
 }
 
+/// A self-signed certificate for `park.test`: the server's configuration (ALPN `h2` and
+/// `http/1.1`, as duet's) and a client trusting it (ALPN `http/1.1`).
+fn tls_pair() -> (Arc<rustls::ServerConfig>, tokio_rustls::TlsConnector) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["park.test".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let der = CertificateDer::from(cert.der().to_vec());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![der.clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der).unwrap();
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    (
+        Arc::new(server),
+        tokio_rustls::TlsConnector::from(Arc::new(client)),
+    )
+}
+
+/// A plain listener.
 fn server(ip: &str) -> Server {
+    serve(ip, None)
+}
+
+/// A TLS listener for `park.test`.
+fn tls_server(ip: &str) -> Server {
+    let (config, client) = tls_pair();
+    serve(ip, Some((config, client)))
+}
+
+fn serve(ip: &str, tls: Option<(Arc<rustls::ServerConfig>, tokio_rustls::TlsConnector)>) -> Server {
+    let (tls, client) = tls.unzip();
     let listener = listen::bind(SocketAddr::new(ip.parse().unwrap(), 0)).unwrap();
     let addr = listener.local_addr().unwrap();
     let mut registry = Registry::default();
@@ -48,7 +100,7 @@ fn server(ip: &str) -> Server {
         header_read_timeout: Duration::from_secs(60),
         keepalive_timeout: KEEPALIVE,
         drain_timeout: Duration::from_secs(5),
-        tls: None,
+        tls,
         proxy_protocol: None,
         trusted_proxies: Arc::new(TrustedProxies::default()),
         connections: Some(metrics.listener(addr)),
@@ -64,10 +116,20 @@ fn server(ip: &str) -> Server {
         registry,
         stop,
         served,
+        client,
     }
 }
 
 impl Server {
+    /// A TLS connection to the listener (a TLS server), and the client's address.
+    async fn connect_tls(&self) -> (TlsStream<TcpStream>, SocketAddr) {
+        let tcp = TcpStream::connect(self.addr).await.unwrap();
+        let me = tcp.local_addr().unwrap();
+        let name = ServerName::try_from("park.test").unwrap();
+        let client = self.client.as_ref().expect("a TLS server");
+        (client.connect(name, tcp).await.unwrap(), me)
+    }
+
     /// `duet_connections_parked` of this listener and the family of its address.
     fn parked(&self) -> u64 {
         let mut text = String::new();
@@ -100,7 +162,7 @@ impl Server {
 }
 
 /// Reads one response (head and `Content-Length` body): its status line and body.
-async fn response(tcp: &mut TcpStream) -> (String, String) {
+async fn response<S: AsyncRead + Unpin>(tcp: &mut S) -> (String, String) {
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         head.push(tcp.read_u8().await.expect("response head"));
@@ -120,10 +182,15 @@ async fn response(tcp: &mut TcpStream) -> (String, String) {
     (status, String::from_utf8(body).unwrap())
 }
 
-async fn get(tcp: &mut TcpStream, target: &str) -> (String, String) {
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) {
+    stream.write_all(bytes).await.unwrap();
+    stream.flush().await.unwrap();
+}
+
+async fn get<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, target: &str) -> (String, String) {
     let request = format!("GET {target} HTTP/1.1\r\nHost: park.test\r\n\r\n");
-    tcp.write_all(request.as_bytes()).await.unwrap();
-    response(tcp).await
+    send(stream, request.as_bytes()).await;
+    response(stream).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,12 +201,12 @@ async fn idle_http1_connections_park_and_serve_their_next_requests() {
         let me = tcp.local_addr().unwrap();
         assert_eq!(
             get(&mut tcp, "/one").await,
-            ("HTTP/1.1 200 OK".into(), format!("/one {me}"))
+            ("HTTP/1.1 200 OK".into(), format!("http /one {me}"))
         );
         assert_eq!(server.parked(), 0, "{ip}: parked at once");
         server.until_parked(1).await;
         // The next request on the parked connection, then two pipelined in one write.
-        assert_eq!(get(&mut tcp, "/two").await.1, format!("/two {me}"));
+        assert_eq!(get(&mut tcp, "/two").await.1, format!("http /two {me}"));
         assert_eq!(server.parked(), 0, "{ip}: still counted as parked");
         server.until_parked(1).await;
         tcp.write_all(
@@ -147,8 +214,8 @@ async fn idle_http1_connections_park_and_serve_their_next_requests() {
         )
         .await
         .unwrap();
-        assert_eq!(response(&mut tcp).await.1, format!("/three {me}"));
-        assert_eq!(response(&mut tcp).await.1, format!("/four {me}"));
+        assert_eq!(response(&mut tcp).await.1, format!("http /three {me}"));
+        assert_eq!(response(&mut tcp).await.1, format!("http /four {me}"));
         // A head that arrives in pieces across the park time.
         server.until_parked(1).await;
         tcp.write_all(b"GET /fi").await.unwrap();
@@ -156,7 +223,7 @@ async fn idle_http1_connections_park_and_serve_their_next_requests() {
         tcp.write_all(b"ve HTTP/1.1\r\nHost: p\r\n\r\n")
             .await
             .unwrap();
-        assert_eq!(response(&mut tcp).await.1, format!("/five {me}"));
+        assert_eq!(response(&mut tcp).await.1, format!("http /five {me}"));
     }
 }
 
@@ -224,10 +291,64 @@ async fn a_connection_after_a_request_with_a_body_is_not_parked() {
             .unwrap();
         assert_eq!(
             response(&mut tcp).await.1,
-            format!("/form {}", tcp.local_addr().unwrap())
+            format!("http /form {}", tcp.local_addr().unwrap())
         );
         tokio::time::sleep(PARK_AFTER * 3).await;
         assert_eq!(server.parked(), 0, "{ip}");
         assert!(get(&mut tcp, "/").await.0.starts_with("HTTP/1.1 200"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tls_connections_park_and_serve_their_next_requests() {
+    for ip in ["127.0.0.1", "::1"] {
+        let server = tls_server(ip);
+        let (mut tls, me) = server.connect_tls().await;
+        assert_eq!(
+            get(&mut tls, "/one").await,
+            ("HTTP/1.1 200 OK".into(), format!("https /one {me}"))
+        );
+        server.until_parked(1).await;
+        // The next request on the parked connection, then two pipelined in one TLS record.
+        assert_eq!(get(&mut tls, "/two").await.1, format!("https /two {me}"));
+        assert_eq!(server.parked(), 0, "{ip}: still counted as parked");
+        server.until_parked(1).await;
+        send(
+            &mut tls,
+            b"GET /three HTTP/1.1\r\nHost: p\r\n\r\nGET /four HTTP/1.1\r\nHost: p\r\n\r\n",
+        )
+        .await;
+        assert_eq!(response(&mut tls).await.1, format!("https /three {me}"));
+        assert_eq!(response(&mut tls).await.1, format!("https /four {me}"));
+        // A head that arrives in two TLS records across the park time.
+        server.until_parked(1).await;
+        send(&mut tls, b"GET /fi").await;
+        tokio::time::sleep(PARK_AFTER * 2).await;
+        send(&mut tls, b"ve HTTP/1.1\r\nHost: p\r\n\r\n").await;
+        assert_eq!(response(&mut tls).await.1, format!("https /five {me}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_tls_connections_are_closed_on_shutdown() {
+    for ip in ["127.0.0.1", "::1"] {
+        let server = tls_server(ip);
+        let (mut first, _) = server.connect_tls().await;
+        let (mut second, _) = server.connect_tls().await;
+        get(&mut first, "/").await;
+        get(&mut second, "/").await;
+        server.until_parked(2).await;
+        server.stop.send_replace(true);
+        for tls in [&mut first, &mut second] {
+            let mut rest = Vec::new();
+            // The server ends the session (close_notify, or the TCP end rustls reports as an
+            // error without one); either way nothing more is sent and the stream ends.
+            let ended = tokio::time::timeout(Duration::from_secs(4), tls.read_to_end(&mut rest))
+                .await
+                .unwrap_or_else(|_| panic!("{ip}: parked TLS connection not closed on shutdown"));
+            assert!(rest.is_empty(), "{ip}: {ended:?} {rest:?}");
+        }
+        let served = tokio::time::timeout(Duration::from_secs(4), server.served).await;
+        served.expect("listener did not finish").unwrap().unwrap();
     }
 }
