@@ -365,6 +365,25 @@ impl Duet {
     }
 }
 
+/// The finding for the ingress-nginx annotation `key` (without its prefix) of the Ingress named
+/// `ingress` in a `/debug/routes` answer's annotation report, if it lists one.
+pub fn nginx_finding(routes: &Value, ingress: &str, key: &str) -> Option<Value> {
+    let full = format!("{}{key}", crate::manifests::NGINX_ANNOTATION_PREFIX);
+    routes["annotations"]
+        .as_array()?
+        .iter()
+        .find(|r| r["ingress"]["name"] == ingress)?["annotations"]
+        .as_array()?
+        .iter()
+        .find(|f| f["key"] == full.as_str())
+        .cloned()
+}
+
+/// The status of [`nginx_finding`]'s finding (`honoured`, `invalid-value`, ...).
+pub fn nginx_status(routes: &Value, ingress: &str, key: &str) -> Option<String> {
+    nginx_finding(routes, ingress, key).map(|f| f["status"].as_str().unwrap_or_default().to_owned())
+}
+
 impl Drop for Duet {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -133,16 +133,7 @@ async fn nginx_annotations_take_effect_and_are_reported() -> anyhow::Result<()> 
 
     // The report in /debug/routes.
     let routes = duet.debug_routes().await?;
-    let status = |ingress: &str, key: &str| -> Option<String> {
-        routes["annotations"]
-            .as_array()?
-            .iter()
-            .find(|r| r["ingress"]["name"] == ingress)?["annotations"]
-            .as_array()?
-            .iter()
-            .find(|f| f["key"] == format!("{N}{key}"))
-            .map(|f| f["status"].as_str().unwrap_or_default().to_owned())
-    };
+    let status = |ingress: &str, key: &str| conformance::duet::nginx_status(&routes, ingress, key);
     for (ingress, key, want) in [
         ("optout", "ssl-redirect", "honoured-with-difference"),
         ("force", "force-ssl-redirect", "honoured-with-difference"),

@@ -293,21 +293,7 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
         client::expect_status(&reply, 421)?;
     }
     let routes = duet.debug_routes().await?;
-    let status = |ingress: &str, key: &str| {
-        routes["annotations"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["ingress"]["name"] == ingress)
-            .and_then(|r| {
-                r["annotations"]
-                    .as_array()?
-                    .iter()
-                    .find(|f| f["key"] == format!("nginx.ingress.kubernetes.io/{key}"))
-                    .cloned()
-            })
-            .map(|f| f["status"].as_str().unwrap_or_default().to_owned())
-    };
+    let status = |ingress: &str, key: &str| conformance::duet::nginx_status(&routes, ingress, key);
     assert_eq!(
         status("on", "auth-tls-secret").as_deref(),
         Some("honoured-with-difference")

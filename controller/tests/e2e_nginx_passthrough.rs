@@ -183,21 +183,8 @@ async fn passthrough_hosts_reach_their_tls_upstream_unterminated_over_both_famil
 
     // The report: honoured with its difference; the other keys say they miss the relay.
     let routes = s.duet.debug_routes().await?;
-    let finding = |key: &str| {
-        routes["annotations"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["ingress"]["name"] == "vault")
-            .and_then(|r| {
-                r["annotations"]
-                    .as_array()?
-                    .iter()
-                    .find(|f| f["key"] == format!("nginx.ingress.kubernetes.io/{key}"))
-                    .cloned()
-            })
-            .unwrap_or_default()
-    };
+    let finding =
+        |key: &str| conformance::duet::nginx_finding(&routes, "vault", key).unwrap_or_default();
     assert_eq!(
         finding("ssl-passthrough")["status"],
         "honoured-with-difference"
