@@ -607,6 +607,10 @@ fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
             args.election_id
         )));
     }
+    let gateway = crate::gateway::GatewayConfig {
+        namespaces: args.watch_namespace.clone(),
+        ..crate::gateway::config::from_args(args.gateway).map_err(ConfigError::Usage)?
+    };
     Ok(KubeConfig {
         settings: KubeSettings {
             kubeconfig: args.kubeconfig,
@@ -616,7 +620,7 @@ fn kube_config(args: KubeArgs) -> Result<KubeConfig, ConfigError> {
         election_namespace: args.election_namespace,
         lease_duration: args.election_lease_duration,
         election_id: args.election_id,
-        gateway: crate::gateway::config::from_args(args.gateway).map_err(ConfigError::Usage)?,
+        gateway,
     })
 }
 
@@ -906,6 +910,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.kube.settings.namespaces, ["shop", "blog"]);
+        assert!(c.kube.gateway.watches("blog") && !c.kube.gateway.watches("other"));
         assert_eq!(
             c.kube.settings.kubeconfig.as_deref(),
             Some(std::path::Path::new("/tmp/kc"))

@@ -51,6 +51,11 @@ async fn start(stack: Stack) -> anyhow::Result<(Cluster, KubeApi)> {
 }
 
 async fn duet(kubeconfig: &Path) -> anyhow::Result<Duet> {
+    duet_with(kubeconfig, &[]).await
+}
+
+/// duet with `extra` arguments after the common ones.
+async fn duet_with(kubeconfig: &Path, extra: &[&str]) -> anyhow::Result<Duet> {
     DuetBuilder::kube(DUET, kubeconfig)
         .args([
             "--election-namespace",
@@ -60,6 +65,7 @@ async fn duet(kubeconfig: &Path) -> anyhow::Result<Duet> {
             "--gateway-pod-selector",
             SELECTOR,
         ])
+        .args(extra.iter().copied())
         .die_with_parent()
         .start()
         .await
@@ -71,7 +77,11 @@ fn class(name: &str, controller: &str) -> Value {
 }
 
 fn gateway(name: &str, listeners: Value) -> Value {
-    json!({"apiVersion": GW, "kind": "Gateway", "metadata": {"namespace": NS, "name": name},
+    gateway_in(NS, name, listeners)
+}
+
+fn gateway_in(ns: &str, name: &str, listeners: Value) -> Value {
+    json!({"apiVersion": GW, "kind": "Gateway", "metadata": {"namespace": ns, "name": name},
            "spec": {"gatewayClassName": "duet", "listeners": listeners}})
 }
 
@@ -665,4 +675,61 @@ async fn without_the_gateway_api_gateway_support_is_off() {
     .await
     .unwrap();
     assert!(!duet.logs().contains("Gateway API watch failed"));
+}
+
+/// With `--watch-namespace`, a Gateway of duet's class in another namespace is not duet's: duet
+/// serves none of its routes, so it must not get a Service, a status or pod ports that the
+/// watched namespace's Gateways then lack. It is created first and its namespace sorts first, so
+/// without the rule it would take pod port 20000.
+#[tokio::test(flavor = "current_thread")]
+async fn gateways_outside_the_watched_namespaces_are_left_alone() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = async {
+        let (cluster, api) = start(Stack::Dual).await?;
+        let outside = "another";
+        api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": outside}}))
+            .await?;
+        let duet = duet_with(cluster.kubeconfig(), &["--watch-namespace", NS]).await?;
+        api.create(class("duet", "duet.dev/gateway-controller"))
+            .await?;
+        let listeners = json!([{"name": "http", "port": 80, "protocol": "HTTP"}]);
+        api.create(gateway_in(outside, "stray", listeners.clone()))
+            .await?;
+        api.create(gateway("inside", listeners)).await?;
+        let service = until(
+            &api,
+            "Service",
+            Some(NS),
+            "duet-inside",
+            "the watched Gateway's Service has LB addresses",
+            |s| {
+                anyhow::ensure!(lb_ips(s).len() == 2, "no LB addresses yet");
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
+        let ports = target_ports(&service);
+        anyhow::ensure!(ports == [(80, 20000)], "ports {ports:?}");
+        until(&api, "Gateway", Some(NS), "inside", "accepted", |g| {
+            accepted_at(g, &g["metadata"]["generation"])
+        })
+        .await?;
+        // Reconciles run one at a time; give a late one for the stray Gateway time to show.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let stray = get(&api, "Gateway", Some(outside), "stray").await?;
+        anyhow::ensure!(
+            stray["status"]["addresses"].is_null()
+                && condition(&stray["status"]["conditions"], "Accepted")
+                    .is_none_or(|c| c["reason"] == "Pending"),
+            "the unwatched Gateway got a status: {:#}",
+            stray["status"]
+        );
+        let service = api
+            .get("v1", "Service", Some(outside), "duet-stray")
+            .await?;
+        anyhow::ensure!(service.is_none(), "the unwatched Gateway got a Service");
+        anyhow::Ok(())
+    };
+    run.await.unwrap();
 }

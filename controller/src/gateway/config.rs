@@ -33,6 +33,9 @@ pub struct GatewayConfig {
     pub controller_name: String,
     /// The labels selecting duet's pods.
     pub pod_selector: BTreeMap<String, String>,
+    /// `--watch-namespace` (empty: every namespace). A Gateway outside these namespaces is not
+    /// ours whatever its class: duet serves no route of it, so it gets no Service and no status.
+    pub namespaces: Vec<String>,
 }
 
 impl Default for GatewayConfig {
@@ -40,11 +43,17 @@ impl Default for GatewayConfig {
         GatewayConfig {
             controller_name: DEFAULT_CONTROLLER_NAME.to_owned(),
             pod_selector: parse_selector(DEFAULT_POD_SELECTOR).unwrap_or_default(),
+            namespaces: Vec::new(),
         }
     }
 }
 
 impl GatewayConfig {
+    /// Whether duet watches `namespace`.
+    pub fn watches(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|ns| ns == namespace)
+    }
+
     /// The pod selector as a label selector string (`a=b,c=d`).
     pub fn selector_string(&self) -> String {
         self.pod_selector
@@ -72,6 +81,7 @@ pub fn from_args(args: GatewayArgs) -> Result<GatewayConfig, String> {
     Ok(GatewayConfig {
         controller_name: args.gateway_controller_name,
         pod_selector,
+        namespaces: Vec::new(),
     })
 }
 

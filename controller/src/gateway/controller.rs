@@ -312,8 +312,14 @@ impl Ctx {
         );
     }
 
-    /// Whether the Gateway's class is one of ours.
+    /// Whether the Gateway is in a watched namespace and its class is one of ours.
     fn ours(&self, gateway: &Gateway) -> bool {
+        if !self
+            .config
+            .watches(gateway.metadata.namespace.as_deref().unwrap_or_default())
+        {
+            return false;
+        }
         let class = self
             .classes
             .state()
