@@ -552,6 +552,22 @@ def test_gateway_api_grants_what_the_gateway_controller_calls_and_selects_the_re
     assert "--gateway-pod-selector" not in flags(container(render())["args"])
 
 
+def test_gateway_api_rules_follow_watched_namespaces():
+    """With controller.watchNamespaces, duet watches Gateways, routes, ReferenceGrants and its
+    Services only there: those rules come by the RoleBindings; GatewayClasses and Namespaces are
+    cluster-scoped."""
+    objects = render({**VARIANTS["watch-namespaces"], "gatewayAPI": {"enabled": True}})
+    cluster_scoped = {r for r in GATEWAY_RULES if r[1].split("/")[0] in ("gatewayclasses", "namespaces")}
+    namespaced = {r for r in CLUSTER_RULES if r[1] != "ingressclasses"} | (GATEWAY_RULES - cluster_scoped)
+    pods = {("", "pods", v, None) for v in ("get", "list", "watch")}
+    assert granted(objects) == {
+        "*": {r for r in CLUSTER_RULES if r[1] == "ingressclasses"} | cluster_scoped,
+        "team-a": namespaced,
+        "team-b": namespaced,
+        NAMESPACE: LEASE_RULES | pods | {("", "services", v, None) for v in ("get", "list", "watch")},
+    }
+
+
 def test_rbac_off_renders_no_roles():
     objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"}})
     assert not [o for o in objects if o["kind"].endswith("Role") or o["kind"].endswith("Binding")]

@@ -6,8 +6,9 @@ makes. duet accepts the chart's GatewayClass controller name, gives a Gateway it
 LoadBalancer Service and EndpointSlices of the release's pods (the stand-in kubelet runs them;
 their addresses live in the cluster's namespace, where duet binds the pod ports), writes the
 Gateway's and the HTTPRoute's status, and serves the route through the load balancer's IPv4 and
-IPv6 addresses. Nothing the chart forgot to grant can hide: any `forbidden` answer in duet's log
-fails the test.
+IPv6 addresses, with the rules granted cluster-wide and, under `controller.watchNamespaces`, in
+the watched namespace only. Nothing the chart forgot to grant can hide: any `forbidden` answer in
+duet's log fails the test.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from test_install import app_objects, get, helm_config, install, until
 from test_real_cluster import RealCluster, duet_from_deployment
 
 GW = "/apis/gateway.networking.k8s.io/v1"
-APP = "app-gateway"
 
 
 @pytest.fixture(scope="module")
@@ -53,29 +53,39 @@ def true(obj: dict, *kinds: str):
     return True if all(v == "True" for v in got.values()) else got
 
 
-def test_gateway_values_let_duet_program_and_serve_a_gateway(gateway_cluster, tmp_path):
+@pytest.mark.parametrize("scoped", [False, True], ids=["cluster-wide", "watch-namespaces"])
+def test_gateway_values_let_duet_program_and_serve_a_gateway(gateway_cluster, tmp_path, scoped):
+    """Cluster-wide, and with controller.watchNamespaces: the Gateway rules then come by a
+    RoleBinding in the watched namespace only (GatewayClasses and Namespaces stay cluster-wide),
+    and duet's Gateway watches must stay inside it."""
     cluster = gateway_cluster
+    app = "app-gw-scoped" if scoped else "app-gw"
+    values = {"gatewayAPI": {"enabled": True}}
+    if scoped:
+        values["controller"] = {"watchNamespaces": [app]}
+    # The namespace first: the chart's RoleBinding goes into it.
+    objects = [o for o in app_objects(app) if o["kind"] != "Ingress"]
+    cluster.create(objects[0])
     with helm_config(cluster, tmp_path) as cfg:
-        install(cfg, {"gatewayAPI": {"enabled": True}})
+        install(cfg, values)
         try:
-            for obj in app_objects(APP):
-                if obj["kind"] != "Ingress":
-                    cluster.create(obj)
+            for obj in objects[1:]:
+                cluster.create(obj)
             create(cluster, f"{GW}/gatewayclasses", {
-                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "duet"},
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": app},
                 "spec": {"controllerName": "duet.dev/gateway-controller"}})
-            create(cluster, f"{GW}/namespaces/{APP}/gateways", {
+            create(cluster, f"{GW}/namespaces/{app}/gateways", {
                 "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-                "metadata": {"name": "edge", "namespace": APP},
-                "spec": {"gatewayClassName": "duet", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
-            create(cluster, f"{GW}/namespaces/{APP}/httproutes", {
+                "metadata": {"name": "edge", "namespace": app},
+                "spec": {"gatewayClassName": app, "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}})
+            create(cluster, f"{GW}/namespaces/{app}/httproutes", {
                 "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-                "metadata": {"name": "web", "namespace": APP},
-                "spec": {"parentRefs": [{"name": "edge"}], "hostnames": ["gateway.app.test"],
+                "metadata": {"name": "web", "namespace": app},
+                "spec": {"parentRefs": [{"name": "edge"}], "hostnames": [f"gateway.{app}.test"],
                          "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}})
             with duet_from_deployment(cluster, tmp_path) as (duet, log):
                 try:
-                    check_programmed_and_served(cluster, duet)
+                    check_programmed_and_served(cluster, duet, app)
                     forbidden = [line for line in log.read_text().splitlines() if "forbidden" in line.lower()]
                     assert not forbidden, forbidden[:5]
                 except BaseException:
@@ -83,38 +93,38 @@ def test_gateway_values_let_duet_program_and_serve_a_gateway(gateway_cluster, tm
                     raise
         finally:
             cfg.uninstall(RELEASE)
-            cluster.request("DELETE", f"/api/v1/namespaces/{APP}")
+            cluster.request("DELETE", f"/api/v1/namespaces/{app}")
 
 
-def check_programmed_and_served(cluster: RealCluster, duet):
+def check_programmed_and_served(cluster: RealCluster, duet, app: str):
     def alive():
         assert duet.poll() is None, f"duet exited with {duet.returncode}"
 
     def class_accepted():
         alive()
-        return true(get(cluster, f"{GW}/gatewayclasses/duet"), "Accepted")
+        return true(get(cluster, f"{GW}/gatewayclasses/{app}"), "Accepted")
 
-    until(60, "GatewayClass duet Accepted", class_accepted)
+    until(60, f"GatewayClass {app} Accepted", class_accepted)
 
     def gateway_programmed():
         alive()
-        gateway = get(cluster, f"{GW}/namespaces/{APP}/gateways/edge")
+        gateway = get(cluster, f"{GW}/namespaces/{app}/gateways/edge")
         addresses = [a["value"] for a in gateway.get("status", {}).get("addresses") or []]
         state = true(gateway, "Accepted", "Programmed")
         return True if state is True and len(addresses) == 2 else (state, addresses)
 
     until(90, "Gateway edge Accepted, Programmed, with an address of each family", gateway_programmed)
-    gateway = get(cluster, f"{GW}/namespaces/{APP}/gateways/edge")
+    gateway = get(cluster, f"{GW}/namespaces/{app}/gateways/edge")
     addresses = [a["value"] for a in gateway["status"]["addresses"]]
     assert [ipaddress.ip_address(a).version for a in addresses] == [4, 6], addresses
 
     # The Gateway's Service and the EndpointSlices duet wrote: the release's ready pods.
-    service = get(cluster, f"/api/v1/namespaces/{APP}/services/duet-edge")
+    service = get(cluster, f"/api/v1/namespaces/{app}/services/duet-edge")
     assert service["spec"]["type"] == "LoadBalancer"
     assert service["metadata"]["ownerReferences"][0]["name"] == "edge"
     def slices_of_release_pods():
         alive()
-        slices = get(cluster, f"/apis/discovery.k8s.io/v1/namespaces/{APP}/endpointslices"
+        slices = get(cluster, f"/apis/discovery.k8s.io/v1/namespaces/{app}/endpointslices"
                               "?labelSelector=kubernetes.io/service-name=duet-edge")["items"]
         pods = get(cluster, f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
         pod_ips = {ip["ip"] for pod in pods for ip in pod.get("status", {}).get("podIPs") or []}
@@ -126,7 +136,7 @@ def check_programmed_and_served(cluster: RealCluster, duet):
 
     def route_accepted():
         alive()
-        route = get(cluster, f"{GW}/namespaces/{APP}/httproutes/web")
+        route = get(cluster, f"{GW}/namespaces/{app}/httproutes/web")
         parents = route.get("status", {}).get("parents") or []
         return True if parents and true(parents[0], "Accepted", "ResolvedRefs") is True else parents
 
@@ -138,10 +148,10 @@ def check_programmed_and_served(cluster: RealCluster, duet):
 
         def served():
             alive()
-            status, body = cluster.get_inside(url, "gateway.app.test")
+            status, body = cluster.get_inside(url, f"gateway.{app}.test")
             return True if status == 200 else (status, body[:200])
 
-        until(60, f"gateway.app.test through {address}", served)
-        echo = json.loads(cluster.get_inside(url, "gateway.app.test")[1])
+        until(60, f"gateway.{app}.test through {address}", served)
+        echo = json.loads(cluster.get_inside(url, f"gateway.{app}.test")[1])
         assert echo["service"] == "web" and echo["pod"].startswith("web-"), echo
         assert echo["family"] == f"ipv{ip.version}", (address, echo)

@@ -70,17 +70,33 @@ app.kubernetes.io/part-of: duet
   verbs: ["create", "patch"]
 {{- end }}
 
-{{/* Gateway API (gatewayAPI.enabled): the kinds read, their status written, and one
-LoadBalancer Service with its EndpointSlices managed per Gateway, in the Gateway's namespace. */}}
-{{- define "duet.rules.gateway" -}}
+{{/* Gateway API (gatewayAPI.enabled), cluster-scoped part: GatewayClasses (read, status written)
+and Namespaces (routes' allowedRoutes selectors). */}}
+{{- define "duet.rules.gateway.cluster" -}}
 - apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["gatewayclasses", "gateways", "httproutes", "grpcroutes", "referencegrants"]
+  resources: ["gatewayclasses"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["gatewayclasses/status", "gateways/status", "httproutes/status", "grpcroutes/status"]
+  resources: ["gatewayclasses/status"]
   verbs: ["update", "patch"]
 - apiGroups: [""]
-  resources: ["namespaces", "services", "secrets"]
+  resources: ["namespaces"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+
+{{/* Gateway API (gatewayAPI.enabled), namespaced part: Gateways, routes and ReferenceGrants read
+and their status written, and one LoadBalancer Service with its EndpointSlices managed per
+Gateway, in the Gateway's namespace. Granted in the watched namespaces only with
+controller.watchNamespaces (duet's Gateway watches are narrowed to them too). */}}
+{{- define "duet.rules.gateway.namespaced" -}}
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["gateways", "httproutes", "grpcroutes", "referencegrants"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["gateways/status", "httproutes/status", "grpcroutes/status"]
+  verbs: ["update", "patch"]
+- apiGroups: [""]
+  resources: ["services", "secrets"]
   verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["services"]

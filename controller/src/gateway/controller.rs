@@ -45,6 +45,7 @@ use super::conditions::{dated, Cond};
 use super::listeners::{self, Verdict};
 use super::ports::{self, Allocation, Claim, GatewayKey};
 use super::report::GatewayReport;
+use super::scope::{self, Stores};
 use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
 use super::{class, refs, GatewayConfig};
 
@@ -67,13 +68,16 @@ struct Ctx {
     client: Client,
     config: GatewayConfig,
     leading: watch::Receiver<bool>,
-    gateways: Store<DynamicObject>,
-    classes: Store<DynamicObject>,
-    grants: Store<DynamicObject>,
-    services: Store<Service>,
-    pods: Store<Pod>,
+    gateways: Stores<DynamicObject>,
+    classes: Stores<DynamicObject>,
+    grants: Stores<DynamicObject>,
+    services: Stores<Service>,
+    pods: Stores<Pod>,
     /// Assignments this process wrote, which the Service store may not show yet.
     written: Mutex<HashMap<GatewayKey, BTreeMap<u16, u16>>>,
+    /// Held through each Gateway reconcile: the controllers of several namespaces must not
+    /// assign pod ports at the same time.
+    one_at_a_time: tokio::sync::Mutex<()>,
     /// What the live snapshot serves: the routes attached to each listener.
     report: watch::Receiver<Arc<GatewayReport>>,
 }
@@ -126,7 +130,10 @@ pub async fn installed(client: &Client) -> bool {
     }
 }
 
-/// Starts the controllers (the Gateway API is installed).
+/// Starts the controllers (the Gateway API is installed). Gateways, ReferenceGrants and the
+/// managed Services are watched in the `--watch-namespace` namespaces only (everywhere without
+/// it; [`scope`]): one Gateway controller per namespace, reconciling one Gateway at a time over
+/// all of them, since pod ports are assigned over every Gateway at once.
 fn start(
     client: Client,
     config: GatewayConfig,
@@ -137,52 +144,60 @@ fn start(
     let class_ar = ApiResource::erase::<GatewayClass>(&());
     let gateway_ar = ApiResource::erase::<Gateway>(&());
     let classes_api = Api::<DynamicObject>::all_with(client.clone(), &class_ar);
-    let gateways_api = Api::<DynamicObject>::all_with(client.clone(), &gateway_ar);
     let managed = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (classes, _) = spawn_reflector(
-        classes_api.clone(),
+    let (classes, _) = spawn_reflectors(
+        vec![classes_api.clone()],
         watcher::Config::default(),
         class_ar.clone(),
     );
-    let (services, _) = spawn_reflector(Api::<Service>::all(client.clone()), managed.clone(), ());
+    let namespaces = config.namespaces.clone();
+    let service_apis = scope::apis::<Service>(&client, &namespaces);
+    let (services, _) = spawn_reflectors(service_apis.clone(), managed.clone(), ());
     let grant_ar = ApiResource::erase::<ReferenceGrant>(&());
-    let grants_api = Api::<DynamicObject>::all_with(client.clone(), &grant_ar);
+    let grant_apis = scope::dynamic_apis(&client, &namespaces, &grant_ar);
     let (grants, grants_changed) =
-        spawn_reflector(grants_api, watcher::Config::default(), grant_ar);
+        spawn_reflectors(grant_apis, watcher::Config::default(), grant_ar);
     let pods_wc = watcher::Config::default().labels(&config.selector_string());
     let pods_api = Api::<Pod>::namespaced(client.clone(), &pod_namespace);
-    let (pods, pods_changed) = spawn_reflector(pods_api, pods_wc, ());
+    let (pods, pods_changed) = spawn_reflectors(vec![pods_api], pods_wc, ());
 
-    let gateway_controller =
-        Controller::new_with(gateways_api, watcher::Config::default(), gateway_ar.clone())
-            .with_config(ControllerConfig::default().concurrency(1));
+    let gateway_controllers: Vec<_> = scope::dynamic_apis(&client, &namespaces, &gateway_ar)
+        .into_iter()
+        .map(|api| {
+            Controller::new_with(api, watcher::Config::default(), gateway_ar.clone())
+                .with_config(ControllerConfig::default().concurrency(1))
+        })
+        .collect();
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         config,
         leading: leading.clone(),
-        gateways: gateway_controller.store(),
+        gateways: Stores(gateway_controllers.iter().map(Controller::store).collect()),
         classes,
         grants,
         services,
         pods,
         written: Mutex::new(HashMap::new()),
+        one_at_a_time: tokio::sync::Mutex::new(()),
         report: report.clone(),
     });
-    let by_class = ctx.gateways.clone();
-    let gateway_controller = gateway_controller
-        .owns_with(Api::<Service>::all(client.clone()), (), managed)
-        .watches_with(
-            classes_api.clone(),
-            class_ar.clone(),
-            watcher::Config::default(),
-            move |c| gateways_of_class(&by_class, &c.name_any()),
-        )
-        .reconcile_all_on(changes(pods_changed))
-        .reconcile_all_on(changes(grants_changed))
-        .reconcile_all_on(reports(report))
-        .reconcile_all_on(leadership_gained(leading.clone()))
-        .run(reconcile_gateway, error_policy, ctx.clone());
-    tokio::spawn(gateway_controller.for_each(log_result("Gateway")));
+    for (controller, services_api) in gateway_controllers.into_iter().zip(service_apis) {
+        let by_class = controller.store();
+        let controller = controller
+            .owns_with(services_api, (), managed.clone())
+            .watches_with(
+                classes_api.clone(),
+                class_ar.clone(),
+                watcher::Config::default(),
+                move |c| gateways_of_class(&by_class, &c.name_any()),
+            )
+            .reconcile_all_on(changes(pods_changed.clone()))
+            .reconcile_all_on(changes(grants_changed.clone()))
+            .reconcile_all_on(reports(report.clone()))
+            .reconcile_all_on(leadership_gained(leading.clone()))
+            .run(reconcile_gateway, error_policy, ctx.clone());
+        tokio::spawn(controller.for_each(log_result("Gateway")));
+    }
 
     let class_controller = Controller::new_with(classes_api, watcher::Config::default(), class_ar)
         .reconcile_all_on(leadership_gained(leading))
@@ -190,30 +205,39 @@ fn start(
     tokio::spawn(class_controller.for_each(log_result("GatewayClass")));
 }
 
-/// A reflector store fed by its own watcher, and a counter of its changes.
-fn spawn_reflector<K>(
-    api: Api<K>,
+/// Reflector stores fed by a watcher each, and one counter of their changes.
+fn spawn_reflectors<K>(
+    apis: Vec<Api<K>>,
     wc: watcher::Config,
     dyntype: K::DynamicType,
-) -> (Store<K>, watch::Receiver<u64>)
+) -> (Stores<K>, watch::Receiver<u64>)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
-    let kind_of = dyntype.clone();
-    let writer = reflector::store::Writer::new(dyntype);
-    let reader = writer.as_reader();
     let (tx, rx) = watch::channel(0u64);
-    let kind = K::kind(&kind_of).into_owned();
-    let stream = reflector::reflector(writer, watcher(api, wc).default_backoff());
-    tokio::spawn(stream.for_each(move |event| {
-        match event {
-            Ok(_) => tx.send_modify(|n| *n += 1),
-            Err(error) => tracing::debug!(kind = %kind, %error, "Gateway API watch failed"),
-        }
-        async {}
-    }));
-    (reader, rx)
+    let tx = Arc::new(tx);
+    let kind = K::kind(&dyntype).into_owned();
+    let stores = apis
+        .into_iter()
+        .map(|api| {
+            let writer = reflector::store::Writer::new(dyntype.clone());
+            let reader = writer.as_reader();
+            let stream = reflector::reflector(writer, watcher(api, wc.clone()).default_backoff());
+            let (tx, kind) = (tx.clone(), kind.clone());
+            tokio::spawn(stream.for_each(move |event| {
+                match event {
+                    Ok(_) => tx.send_modify(|n| *n += 1),
+                    Err(error) => {
+                        tracing::debug!(kind = %kind, %error, "Gateway API watch failed")
+                    }
+                }
+                async {}
+            }));
+            reader
+        })
+        .collect();
+    (Stores(stores), rx)
 }
 
 /// One item per change of the counter.
@@ -429,6 +453,7 @@ async fn reconcile_gateway(
         return Ok(Action::await_change());
     }
     ctx.synced().await;
+    let _one = ctx.one_at_a_time.lock().await;
     let Some(gateway) = decode::<Gateway>(&object) else {
         return Ok(Action::await_change());
     };
@@ -504,6 +529,11 @@ async fn resolve_certificates(
         }
         let mut secrets = BTreeMap::new();
         for key in refs::to_fetch(listener, &namespace, &grants) {
+            if !ctx.config.watches(&key.0) {
+                // Outside --watch-namespace duet may not read Secrets: as if missing.
+                secrets.insert(key, None);
+                continue;
+            }
             let api = Api::<Secret>::namespaced(ctx.client.clone(), &key.0);
             let secret = api.get_opt(&key.1).await?;
             secrets.insert(key, secret);

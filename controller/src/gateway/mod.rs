@@ -13,6 +13,7 @@ pub mod ports;
 pub mod refs;
 pub mod report;
 pub mod route_status;
+pub mod scope;
 pub mod service;
 
 pub use config::{GatewayArgs, GatewayConfig, DEFAULT_CONTROLLER_NAME};
