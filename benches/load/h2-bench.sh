@@ -61,39 +61,12 @@ start_duet() {
 # Starts nginx (one worker, master in the foreground) pinned to the server core; sets
 # SERVER_PID to the worker and SERVER_MAIN to the master.
 start_nginx() {
-  mkdir -p "$WORK/nginx"
-  cat >"$WORK/nginx/nginx.conf" <<CONF
-user root;
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
+  write_nginx_conf "$WORK/nginx" "$ECHO_PORT" "$HTTPS_PORT" "" "$WORK" \
+    "error_log $WORK/nginx/error.log warn;
+events { worker_connections 1024; }" \
+    "access_log off;
   keepalive_requests 10000000;
-  http2_max_requests 10000000;
-  upstream echo4 { server 127.0.0.1:$ECHO_PORT; keepalive 64; }
-  upstream echo6 { server [::1]:$ECHO_PORT; keepalive 64; }
-  map \$server_addr \$echo { ~: echo6; default echo4; }
-  server {
-    listen 127.0.0.1:$HTTPS_PORT ssl http2;
-    listen [::1]:$HTTPS_PORT ssl http2;
-    server_name bench.example;
-    ssl_certificate $WORK/tls.crt;
-    ssl_certificate_key $WORK/tls.key;
-    location / {
-      proxy_pass http://\$echo;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Real-IP \$remote_addr;
-      proxy_set_header X-Forwarded-Proto \$scheme;
-    }
-  }
-}
-CONF
+  http2_max_requests 10000000;"
   taskset -c "$CORE_SERVER" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' \
     2>"$WORK/nginx/stderr" &
   SERVER_MAIN=$!

@@ -10,9 +10,8 @@
 # Kinds: h1 (HTTP/1.1 keep-alive, plain), h1-tls (HTTP/1.1 over TLS, ALPN http/1.1), h2-tls
 # (HTTP/2 over TLS, ALPN h2; one stream, then idle). Both servers terminate TLS with the same
 # ECDSA P-256 certificate and proxy Host `bench.example` over HTTP/1.1 keep-alive to one
-# duet-echo pod (duet: 127.0.0.1 or [::1] by the client's family; nginx: 127.0.0.1, `keepalive
-# 64`). Each kind gets a fresh server: 20 warm-up requests per family, RSS, CONNS connections
-# (opened 100 at a time, requests one at a time so the upstream pool stays at one connection per
+# duet-echo pod of the client's family (nginx: `keepalive 64`, lib.sh's `write_nginx_conf`).
+# Each kind gets a fresh server: 20 warm-up requests per family, RSS, CONNS connections (opened 100 at a time, requests one at a time so the upstream pool stays at one connection per
 # family), 2 s to settle, RSS again. Printed per server and kind:
 #   duet h1: 5000 idle connections, RSS 12.3 -> 170.1 MiB, 31.6 KiB per connection
 # duet: release build, default worker threads, --max-connections 100000, --keepalive-timeout 10m.
@@ -63,38 +62,14 @@ start_duet() {
 # Starts nginx (master in the foreground, one worker); sets SERVER_PID to the worker and
 # SERVER_MAIN to the master.
 start_nginx() {
-  mkdir -p "$WORK/nginx"
-  cat >"$WORK/nginx/nginx.conf" <<CONF
-user root;
-worker_processes 1;
-worker_rlimit_nofile $FDS;
-pid $WORK/nginx/nginx.pid;
+  write_nginx_conf "$WORK/nginx" "$ECHO_PORT" "$HTTPS_PORT" "$HTTP_PORT" "$WORK" \
+    "worker_rlimit_nofile $FDS;
 error_log $WORK/nginx/error.log warn;
-events { worker_connections $((FDS - 64)); }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
+events { worker_connections $((FDS - 64)); }" \
+    "access_log off;
   keepalive_timeout 600s;
   keepalive_requests 100000;
-  http2_idle_timeout 600s;
-  upstream echo { server 127.0.0.1:$ECHO_PORT; keepalive 64; }
-  server {
-    listen 127.0.0.1:$HTTP_PORT;
-    listen [::1]:$HTTP_PORT;
-    listen 127.0.0.1:$HTTPS_PORT ssl http2;
-    listen [::1]:$HTTPS_PORT ssl http2;
-    server_name bench.example;
-    ssl_certificate $WORK/tls.crt;
-    ssl_certificate_key $WORK/tls.key;
-    location / {
-      proxy_pass http://echo;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-CONF
+  http2_idle_timeout 600s;"
   nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' 2>"$WORK/nginx/stderr" &
   local master=$! tries=0
   SERVER_MAIN=$master

@@ -80,43 +80,14 @@ start_duet() {
 start_nginx() {
   local wrapper=$1 out=$2 access_log=$3 log=$4 logline="access_log off;"
   [[ $access_log == json ]] && logline="access_log $log.out json;"
-  mkdir -p "$log.nginx"
-  cat >"$log.nginx/nginx.conf" <<CONF
-user root;
-daemon off;
+  write_nginx_conf "$log.nginx" "$ECHO_PORT" "$HTTPS_PORT" "$HTTP_PORT" "$WORK" \
+    "daemon off;
 master_process off;
-worker_processes 1;
-pid $log.nginx/nginx.pid;
 error_log $log.err notice;
-events { worker_connections 1024; }
-http {
-  log_format json escape=json '{"time":"\$time_iso8601","client_addr":"\$remote_addr","client_port":\$remote_port,"host":"\$host","method":"\$request_method","path":"\$uri","protocol":"\$server_protocol","status":\$status,"bytes":\$body_bytes_sent,"duration_seconds":\$request_time,"upstream_addr":"\$upstream_addr","upstream_response_seconds":"\$upstream_response_time"}';
+events { worker_connections 1024; }" \
+    "log_format json escape=json '{\"time\":\"\$time_iso8601\",\"client_addr\":\"\$remote_addr\",\"client_port\":\$remote_port,\"host\":\"\$host\",\"method\":\"\$request_method\",\"path\":\"\$uri\",\"protocol\":\"\$server_protocol\",\"status\":\$status,\"bytes\":\$body_bytes_sent,\"duration_seconds\":\$request_time,\"upstream_addr\":\"\$upstream_addr\",\"upstream_response_seconds\":\"\$upstream_response_time\"}';
   $logline
-  client_body_temp_path $log.nginx/body;
-  proxy_temp_path $log.nginx/proxy;
-  keepalive_requests 10000000;
-  upstream echo4 { server 127.0.0.1:$ECHO_PORT; keepalive 64; }
-  upstream echo6 { server [::1]:$ECHO_PORT; keepalive 64; }
-  map \$server_addr \$echo { ~: echo6; default echo4; }
-  server {
-    listen 127.0.0.1:$HTTP_PORT;
-    listen [::1]:$HTTP_PORT;
-    listen 127.0.0.1:$HTTPS_PORT ssl http2;
-    listen [::1]:$HTTPS_PORT ssl http2;
-    server_name bench.example;
-    ssl_certificate $WORK/tls.crt;
-    ssl_certificate_key $WORK/tls.key;
-    location / {
-      proxy_pass http://\$echo;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Real-IP \$remote_addr;
-      proxy_set_header X-Forwarded-Proto \$scheme;
-    }
-  }
-}
-CONF
+  keepalive_requests 10000000;"
   wrapper_cmd "$wrapper" "$out"
   "${WRAP[@]}" nginx -p "$log.nginx" -c "$log.nginx/nginx.conf" >/dev/null 2>"$log.stderr" &
   SERVER_PID=$!

@@ -195,6 +195,49 @@ YAML
   fi
 }
 
+# Writes DIR/nginx.conf: nginx as the load scripts compare it with duet, one worker proxying Host
+# `bench.example` over HTTP/1.1 keep-alive (`keepalive 64`) to the duet-echo pod on ECHO_PORT of
+# the client's family with duet's forwarding headers; TLS (CERT_DIR's tls.crt and tls.key, ALPN
+# h2) on 127.0.0.1 and [::1] port HTTPS_PORT, plain HTTP on HTTP_PORT too unless it is empty.
+# MAIN: lines of the main context (at least `events`; error_log, daemon, ...); HTTP: lines of the
+# http context (at least access_log).
+write_nginx_conf() {
+  local dir=$1 echo_port=$2 https_port=$3 http_port=$4 cert_dir=$5 main=$6 http=$7 plain=""
+  [[ -n $http_port ]] && plain="listen 127.0.0.1:$http_port;
+    listen [::1]:$http_port;"
+  mkdir -p "$dir"
+  cat >"$dir/nginx.conf" <<CONF
+user root;
+worker_processes 1;
+pid $dir/nginx.pid;
+$main
+http {
+  $http
+  client_body_temp_path $dir/body;
+  proxy_temp_path $dir/proxy;
+  upstream echo4 { server 127.0.0.1:$echo_port; keepalive 64; }
+  upstream echo6 { server [::1]:$echo_port; keepalive 64; }
+  map \$server_addr \$echo { ~: echo6; default echo4; }
+  server {
+    $plain
+    listen 127.0.0.1:$https_port ssl http2;
+    listen [::1]:$https_port ssl http2;
+    server_name bench.example;
+    ssl_certificate $cert_dir/tls.crt;
+    ssl_certificate_key $cert_dir/tls.key;
+    location / {
+      proxy_pass http://\$echo;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Real-IP \$remote_addr;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+    }
+  }
+}
+CONF
+}
+
 # Writes an ECDSA P-256 self-signed certificate for bench.example into DIR (tls.crt, tls.key).
 make_cert() {
   need openssl
