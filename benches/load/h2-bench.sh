@@ -95,7 +95,9 @@ h2load_run() {
   local answered ok
   answered=$(awk '/^requests:/ {print $8}' <<<"$out")
   ok=$(awk '/^status codes:/ {print $3}' <<<"$out")
-  [[ -n $answered && $ok == "$answered" && $answered -gt 0 ]] || die "$family: $answered requests succeeded, ${ok:-0} answered 2xx: $out"
+  # A timed run counts in its status codes the answers that arrive after its end, not in
+  # "succeeded": at least every succeeded request answered 2xx.
+  [[ -n $answered && -n $ok && $answered -gt 0 && $ok -ge $answered ]] || die "$family: $answered requests succeeded, ${ok:-0} answered 2xx: $out"
   echo "$answered"
 }
 
