@@ -5,15 +5,15 @@
 
 use std::fmt;
 use std::io::{self, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderValue, Method, Uri, Version};
-use serde::Serialize;
+use serde_json::ser::{CompactFormatter, Formatter};
 
 use crate::metrics::Metrics;
 use crate::table::{normalize_addr, Family, UnknownName};
@@ -96,33 +96,6 @@ pub struct Entry {
     pub tls: Option<TlsInfo>,
 }
 
-#[derive(Serialize)]
-struct Line<'a> {
-    time: String,
-    client_addr: String,
-    client_port: u16,
-    client_family: Family,
-    listener: String,
-    host: Option<String>,
-    method: &'a str,
-    path: &'a str,
-    protocol: &'static str,
-    status: u16,
-    bytes: u64,
-    duration_seconds: f64,
-    upstream_addr: Option<String>,
-    upstream_family: Option<Family>,
-    upstream_protocol: Option<&'static str>,
-    upstream_response_seconds: Option<f64>,
-    namespace: Option<&'a str>,
-    ingress: Option<&'a str>,
-    service: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_version: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    sni: Option<&'a str>,
-}
-
 fn protocol(version: Version) -> &'static str {
     match version {
         Version::HTTP_09 => "HTTP/0.9",
@@ -135,43 +108,154 @@ fn protocol(version: Version) -> &'static str {
 }
 
 impl Entry {
-    /// Writes the entry as one JSON line (with the newline). Addresses are normalised
+    /// Writes the entry as one JSON line (with the newline) straight into `out`: the fields in a
+    /// fixed order, strings escaped in place, no intermediate strings. Addresses are normalised
     /// (IPv4-mapped IPv6 as IPv4) and IPv6 is written in RFC 5952 form, bracketed where a port
     /// follows.
     pub fn write_json(&self, out: &mut Vec<u8>) -> io::Result<()> {
         let client = normalize_addr(self.client);
         let upstream = self.upstream.map(normalize_addr);
+        out.extend_from_slice(b"{\"time\":\"");
+        write_rfc3339(out, self.time);
+        out.extend_from_slice(b"\",\"client_addr\":\"");
+        write_ip(out, client.ip())?;
+        out.extend_from_slice(b"\",\"client_port\":");
+        CompactFormatter.write_u16(out, client.port())?;
+        out.extend_from_slice(b",\"client_family\":");
+        write_family(out, Some(Family::of(&client)));
+        out.extend_from_slice(b",\"listener\":\"");
+        write_socket_addr(out, normalize_addr(self.listener))?;
+        out.extend_from_slice(b"\",\"host\":");
+        let host = self
+            .host
+            .as_ref()
+            .map(|h| String::from_utf8_lossy(h.as_bytes()));
+        write_opt_str(out, host.as_deref())?;
+        out.extend_from_slice(b",\"method\":");
+        write_str(out, self.method.as_str())?;
+        out.extend_from_slice(b",\"path\":");
+        write_str(out, self.uri.path())?;
+        out.extend_from_slice(b",\"protocol\":\"");
+        out.extend_from_slice(protocol(self.version).as_bytes());
+        out.extend_from_slice(b"\",\"status\":");
+        CompactFormatter.write_u16(out, self.status)?;
+        out.extend_from_slice(b",\"bytes\":");
+        CompactFormatter.write_u64(out, self.bytes)?;
+        out.extend_from_slice(b",\"duration_seconds\":");
+        write_seconds(out, Some(self.duration))?;
+        self.write_upstream(out, upstream)?;
         let route = self.route.as_ref();
-        let line = Line {
-            time: rfc3339(self.time),
-            client_addr: client.ip().to_string(),
-            client_port: client.port(),
-            client_family: Family::of(&client),
-            listener: normalize_addr(self.listener).to_string(),
-            host: self
-                .host
-                .as_ref()
-                .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned()),
-            method: self.method.as_str(),
-            path: self.uri.path(),
-            protocol: protocol(self.version),
-            status: self.status,
-            bytes: self.bytes,
-            duration_seconds: self.duration.as_secs_f64(),
-            upstream_addr: upstream.map(|a| a.to_string()),
-            upstream_family: upstream.map(|a| Family::of(&a)),
-            upstream_protocol: upstream.and(self.upstream_protocol).map(|p| p.as_str()),
-            upstream_response_seconds: self.upstream_time.map(|t| t.as_secs_f64()),
-            namespace: route.map(|r| &*r[0]),
-            ingress: route.map(|r| &*r[1]),
-            service: route.map(|r| &*r[2]),
-            tls_version: self.tls.as_ref().map(|t| t.version),
-            sni: self.tls.as_ref().and_then(|t| t.sni.as_deref()),
-        };
-        serde_json::to_writer(&mut *out, &line)?;
-        out.push(b'\n');
+        for (name, i) in [
+            (&b",\"namespace\":"[..], 0),
+            (b",\"ingress\":", 1),
+            (b",\"service\":", 2),
+        ] {
+            out.extend_from_slice(name);
+            write_opt_str(out, route.map(|r| &*r[i]))?;
+        }
+        if let Some(tls) = &self.tls {
+            out.extend_from_slice(b",\"tls_version\":");
+            write_str(out, tls.version)?;
+            if let Some(sni) = &tls.sni {
+                out.extend_from_slice(b",\"sni\":");
+                write_str(out, sni)?;
+            }
+        }
+        out.extend_from_slice(b"}\n");
         Ok(())
     }
+
+    /// The upstream fields: address, family, protocol (`null` without an address) and time.
+    fn write_upstream(&self, out: &mut Vec<u8>, upstream: Option<SocketAddr>) -> io::Result<()> {
+        out.extend_from_slice(b",\"upstream_addr\":");
+        match upstream {
+            Some(addr) => {
+                out.push(b'"');
+                write_socket_addr(out, addr)?;
+                out.push(b'"');
+            }
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"upstream_family\":");
+        write_family(out, upstream.map(|a| Family::of(&a)));
+        out.extend_from_slice(b",\"upstream_protocol\":");
+        let protocol = upstream.and(self.upstream_protocol).map(|p| p.as_str());
+        write_opt_str(out, protocol)?;
+        out.extend_from_slice(b",\"upstream_response_seconds\":");
+        write_seconds(out, self.upstream_time)
+    }
+}
+
+/// A JSON string, escaped as `serde_json` escapes one (quotes, backslashes and control
+/// characters); a plain copy when there is nothing to escape, as in almost every field.
+fn write_str(out: &mut Vec<u8>, s: &str) -> io::Result<()> {
+    if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        return serde_json::to_writer(&mut *out, s).map_err(io::Error::from);
+    }
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
+    Ok(())
+}
+
+/// [`write_str`], or `null`.
+fn write_opt_str(out: &mut Vec<u8>, s: Option<&str>) -> io::Result<()> {
+    match s {
+        Some(s) => write_str(out, s),
+        None => {
+            out.extend_from_slice(b"null");
+            Ok(())
+        }
+    }
+}
+
+/// `"ipv4"`, `"ipv6"` (as `Family` serializes), or `null`.
+fn write_family(out: &mut Vec<u8>, family: Option<Family>) {
+    out.extend_from_slice(match family {
+        Some(Family::V4) => b"\"ipv4\"",
+        Some(Family::V6) => b"\"ipv6\"",
+        None => b"null",
+    });
+}
+
+/// Seconds as `serde_json` writes an `f64` (shortest round-trip form), or `null`.
+fn write_seconds(out: &mut Vec<u8>, time: Option<Duration>) -> io::Result<()> {
+    match time {
+        Some(t) => CompactFormatter.write_f64(out, t.as_secs_f64()),
+        None => {
+            out.extend_from_slice(b"null");
+            Ok(())
+        }
+    }
+}
+
+/// An address as `Display` writes it: dotted IPv4, RFC 5952 IPv6.
+fn write_ip(out: &mut Vec<u8>, ip: IpAddr) -> io::Result<()> {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                CompactFormatter.write_u8(out, octet)?;
+            }
+            Ok(())
+        }
+        IpAddr::V6(v6) => write!(out, "{v6}"),
+    }
+}
+
+/// A normalised socket address (no flow label or scope) as `Display` writes it: `a.b.c.d:p`,
+/// `[v6]:p`.
+fn write_socket_addr(out: &mut Vec<u8>, addr: SocketAddr) -> io::Result<()> {
+    let v6 = addr.is_ipv6();
+    if v6 {
+        out.push(b'[');
+    }
+    write_ip(out, addr.ip())?;
+    out.extend_from_slice(if v6 { b"]:" } else { b":" });
+    CompactFormatter.write_u16(out, addr.port())
 }
 
 impl Entry {
@@ -194,6 +278,53 @@ impl Entry {
 pub fn rfc3339(time: SystemTime) -> String {
     let at = jiff::Timestamp::try_from(time).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
     format!("{at:.3}")
+}
+
+/// Seconds from 1970 to the last second `jiff` represents (9999-12-30T22:00:00Z): later times
+/// (and times before 1970) take [`rfc3339`]'s general path.
+const LAST_SECOND: u64 = 253_402_207_200;
+
+/// [`rfc3339`] written into `out`: the date computed from the seconds since 1970 (Howard
+/// Hinnant's `civil_from_days`) without formatting machinery.
+fn write_rfc3339(out: &mut Vec<u8>, time: SystemTime) {
+    let since = match time.duration_since(UNIX_EPOCH) {
+        Ok(since) if since.as_secs() <= LAST_SECOND => since,
+        _ => return out.extend_from_slice(rfc3339(time).as_bytes()),
+    };
+    let secs = since.as_secs();
+    let (days, of_day) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    let mut text = *b"0000-00-00T00:00:00.000Z";
+    put_digits(&mut text[0..4], year);
+    put_digits(&mut text[5..7], month);
+    put_digits(&mut text[8..10], day);
+    put_digits(&mut text[11..13], of_day / 3600);
+    put_digits(&mut text[14..16], of_day / 60 % 60);
+    put_digits(&mut text[17..19], of_day % 60);
+    put_digits(&mut text[20..23], u64::from(since.subsec_millis()));
+    out.extend_from_slice(&text);
+}
+
+/// `n` in decimal, zero-padded to the width of `to`.
+fn put_digits(to: &mut [u8], mut n: u64) {
+    for digit in to.iter_mut().rev() {
+        *digit = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+}
+
+/// Year, month and day of `days` after 1970-01-01 (proleptic Gregorian).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 enum Msg {
@@ -389,6 +520,138 @@ mod tests {
         assert_eq!(v["upstream_protocol"], serde_json::Value::Null);
         assert_eq!(v["tls_version"], "TLSv1.3");
         assert_eq!(v["sni"], "demo.test");
+    }
+
+    /// The line as `serde_json` wrote it before `write_json` wrote fields by hand: the reference
+    /// its bytes must equal.
+    fn serde_line(e: &Entry) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            time: String,
+            client_addr: String,
+            client_port: u16,
+            client_family: Family,
+            listener: String,
+            host: Option<String>,
+            method: &'a str,
+            path: &'a str,
+            protocol: &'static str,
+            status: u16,
+            bytes: u64,
+            duration_seconds: f64,
+            upstream_addr: Option<String>,
+            upstream_family: Option<Family>,
+            upstream_protocol: Option<&'static str>,
+            upstream_response_seconds: Option<f64>,
+            namespace: Option<&'a str>,
+            ingress: Option<&'a str>,
+            service: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tls_version: Option<&'static str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            sni: Option<&'a str>,
+        }
+        let client = normalize_addr(e.client);
+        let upstream = e.upstream.map(normalize_addr);
+        let route = e.route.as_ref();
+        let line = Line {
+            time: rfc3339(e.time),
+            client_addr: client.ip().to_string(),
+            client_port: client.port(),
+            client_family: Family::of(&client),
+            listener: normalize_addr(e.listener).to_string(),
+            host: e
+                .host
+                .as_ref()
+                .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned()),
+            method: e.method.as_str(),
+            path: e.uri.path(),
+            protocol: protocol(e.version),
+            status: e.status,
+            bytes: e.bytes,
+            duration_seconds: e.duration.as_secs_f64(),
+            upstream_addr: upstream.map(|a| a.to_string()),
+            upstream_family: upstream.map(|a| Family::of(&a)),
+            upstream_protocol: upstream.and(e.upstream_protocol).map(|p| p.as_str()),
+            upstream_response_seconds: e.upstream_time.map(|t| t.as_secs_f64()),
+            namespace: route.map(|r| &*r[0]),
+            ingress: route.map(|r| &*r[1]),
+            service: route.map(|r| &*r[2]),
+            tls_version: e.tls.as_ref().map(|t| t.version),
+            sni: e.tls.as_ref().and_then(|t| t.sni.as_deref()),
+        };
+        let mut out = serde_json::to_vec(&line).unwrap();
+        out.push(b'\n');
+        out
+    }
+
+    #[test]
+    fn json_lines_are_byte_for_byte_what_serde_json_writes() {
+        let mut entries = Vec::new();
+        for (client, upstream) in [
+            ("127.0.0.1:1", Some("10.0.0.1:80")),
+            ("[2001:0db8:0:0:0:0:0:1]:4711", Some("[::ffff:10.0.0.1]:80")),
+            ("[::ffff:192.0.2.7]:65535", Some("[fe80::1:0:0:2]:8080")),
+            ("[::]:0", None),
+            ("255.255.255.255:9", Some("[2001:db8:0:1:1:1:1:1]:1")),
+        ] {
+            entries.push(entry(client, upstream));
+        }
+        let mut e = entry("[::1]:2", Some("[::1]:3"));
+        e.host = Some(HeaderValue::from_bytes(b"a\"b\\c\xff\xfe\tz").unwrap());
+        e.method = Method::from_bytes(b"PURGE").unwrap();
+        e.uri = "/%22a/b%5C?x".parse().unwrap();
+        e.version = Version::HTTP_2;
+        e.status = 599;
+        e.bytes = u64::MAX;
+        e.duration = Duration::new(12_345, 678_901_234);
+        e.upstream_time = None;
+        e.route = Some(["n\"s".into(), "in\ngress".into(), "s\u{1}vc".into()]);
+        e.tls = Some(TlsInfo {
+            version: "TLSv1.2",
+            sni: Some("\"sni\u{2028}é".into()),
+        });
+        entries.push(e);
+        let mut e = entry("127.0.0.1:1", Some("127.0.0.1:2"));
+        (e.host, e.route, e.upstream_protocol) = (None, None, None);
+        e.version = Version::HTTP_10;
+        e.duration = Duration::from_nanos(1);
+        e.upstream_time = Some(Duration::from_secs(3));
+        e.tls = Some(TlsInfo {
+            version: "TLSv1.3",
+            sni: None,
+        });
+        entries.push(e);
+        for (i, mut e) in entries.into_iter().enumerate() {
+            for time in [
+                UNIX_EPOCH,
+                UNIX_EPOCH + Duration::new(1_764_448_487, 999_999_999),
+                UNIX_EPOCH + Duration::new(951_782_400 + 86_399, 1_000_000),
+                UNIX_EPOCH + Duration::new(4_102_444_799, 500_000),
+                UNIX_EPOCH + Duration::new(LAST_SECOND, 999_999_999),
+                UNIX_EPOCH + Duration::from_secs(LAST_SECOND + 1),
+                UNIX_EPOCH - Duration::from_secs(1),
+            ] {
+                e.time = time;
+                let mut out = Vec::new();
+                e.write_json(&mut out).unwrap();
+                let (got, want) = (String::from_utf8_lossy(&out), serde_line(&e));
+                assert_eq!(got, String::from_utf8_lossy(&want), "entry {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn dates_match_the_general_path_every_day_for_ten_thousand_years() {
+        let mut out = Vec::new();
+        let last = u64::try_from(jiff::Timestamp::MAX.as_second()).unwrap();
+        assert_eq!(last, LAST_SECOND);
+        for day in (0..LAST_SECOND / 86_400).step_by(13) {
+            let time = UNIX_EPOCH + Duration::new(day * 86_400 + day % 86_400, (day as u32) * 7);
+            out.clear();
+            write_rfc3339(&mut out, time);
+            assert_eq!(out, rfc3339(time).as_bytes(), "day {day}");
+        }
     }
 
     /// A writer that blocks until `gate` says go (or is dropped).

@@ -48,6 +48,10 @@ pub enum ProxyError {
     /// The upstream connection failed while the request was in flight (502).
     #[error("upstream failed")]
     Upstream(#[source] hyper::Error),
+    /// duet's HTTP/1.1 client failed while the request was in flight, or the upstream's
+    /// response head is invalid (502), as [`ProxyError::Upstream`].
+    #[error("upstream failed")]
+    Client(#[source] crate::upstream::ClientError),
     /// The request's host is missing, repeated, contradictory or not a host (400).
     #[error("bad host: {0}")]
     Host(#[from] HostError),
@@ -80,9 +84,10 @@ impl ProxyError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
-            ProxyError::Connect { .. } | ProxyError::Upstream(_) | ProxyError::UnaskedUpgrade => {
-                StatusCode::BAD_GATEWAY
-            }
+            ProxyError::Connect { .. }
+            | ProxyError::Upstream(_)
+            | ProxyError::Client(_)
+            | ProxyError::UnaskedUpgrade => StatusCode::BAD_GATEWAY,
             ProxyError::Host(_) | ProxyError::Path(_) => StatusCode::BAD_REQUEST,
             ProxyError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -99,7 +104,7 @@ impl ProxyError {
             ProxyError::Forbidden => "403 client address not allowed\n",
             ProxyError::InvalidSourceRanges => "503 this route's source ranges are invalid\n",
             ProxyError::Connect { .. } => "502 cannot connect to upstream\n",
-            ProxyError::Upstream(_) => "502 upstream connection failed\n",
+            ProxyError::Upstream(_) | ProxyError::Client(_) => "502 upstream connection failed\n",
             ProxyError::Timeout => "504 upstream timed out\n",
             ProxyError::BodyTooLarge => "413 request body too large\n",
             ProxyError::Host(_) => "400 invalid host\n",

@@ -9,19 +9,19 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::{Either, Full};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 
 use crate::balance::InFlight;
 use crate::error::ProxyError;
 use crate::observe::Exchange;
 use crate::read_timeout::ReadTimeout;
-use crate::upstream::PoolReturn;
+use crate::upstream::{PoolReturn, UpstreamIncoming};
 
 /// The body of a proxied response: the upstream's stream or a short local answer. It holds the
 /// target's in-flight mark until the body is done, so balancing sees streaming responses.
 #[derive(Debug)]
 pub struct ProxyBody {
-    inner: Either<ReadTimeout<Incoming>, Full<Bytes>>,
+    inner: Either<ReadTimeout<UpstreamIncoming>, Full<Bytes>>,
     _in_flight: Option<InFlight>,
     /// Records the request (metrics, access log) when the body is done or dropped.
     pub(super) exchange: Option<Exchange>,
@@ -43,7 +43,7 @@ impl ProxyBody {
     /// An upstream's body, read within `read_timeout` per read, holding the target's in-flight
     /// mark and the pooled connection until done.
     pub(super) fn upstream(
-        body: Incoming,
+        body: UpstreamIncoming,
         read_timeout: Duration,
         in_flight: InFlight,
         pool_return: Option<PoolReturn>,

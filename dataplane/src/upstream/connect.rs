@@ -74,7 +74,7 @@ impl Handshake for http2::SendRequest<UpstreamBody> {
 }
 
 /// TCP connect within `timeout`, `TCP_NODELAY` set.
-async fn tcp(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+pub(super) async fn tcp(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;

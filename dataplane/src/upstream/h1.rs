@@ -1,20 +1,38 @@
 //! Idle HTTP/1.1 upstream connections, by address and TLS settings: a connection serves one
-//! request at a time and goes back to the pool when its response body is done.
+//! request at a time and goes back to the pool when its response body is done. hyper's
+//! connections and those of duet's own client ([`super::client`]) are kept apart, under one cap
+//! per key.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
 
+use super::client::ClientConn;
 use super::{PoolKey, PoolMap, UpstreamBody};
 
 /// A pooled connection and when it went idle.
 type IdleConn = (SendRequest<UpstreamBody>, Instant);
 
+/// The idle connections of one key.
+#[derive(Debug, Default)]
+struct Idle {
+    /// hyper's.
+    hyper: Vec<IdleConn>,
+    /// duet's client's.
+    client: Vec<(ClientConn, Instant)>,
+}
+
+impl Idle {
+    fn len(&self) -> usize {
+        self.hyper.len() + self.client.len()
+    }
+}
+
 /// Idle upstream HTTP/1.1 connections by address and TLS settings.
 #[derive(Debug)]
-pub(super) struct Pool {
-    idle: Mutex<PoolMap<Vec<IdleConn>>>,
+pub(crate) struct Pool {
+    idle: Mutex<PoolMap<Idle>>,
     /// How long a connection may stay idle.
     max_idle: Duration,
     /// Idle connections kept per key.
@@ -33,7 +51,7 @@ impl Pool {
     /// An idle connection ready for a request, if there is one.
     pub(super) fn take(&self, key: PoolKey) -> Option<SendRequest<UpstreamBody>> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.get_mut(&key)?;
+        let list = &mut idle.get_mut(&key)?.hyper;
         while let Some((sender, since)) = list.pop() {
             if sender.is_ready() && since.elapsed() < self.max_idle {
                 return Some(sender);
@@ -46,7 +64,28 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(key).or_default();
         if list.len() < self.max_per_key {
-            list.push((sender, Instant::now()));
+            list.hyper.push((sender, Instant::now()));
+        }
+    }
+
+    /// An idle connection of duet's client, open and quiet, if there is one.
+    pub(super) fn take_client(&self, key: PoolKey) -> Option<ClientConn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = &mut idle.get_mut(&key)?.client;
+        while let Some((mut conn, since)) = list.pop() {
+            if since.elapsed() < self.max_idle && conn.is_idle_open() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// A connection of duet's client whose response is done, back to the pool.
+    pub(super) fn put_client(&self, key: PoolKey, conn: ClientConn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(key).or_default();
+        if list.len() < self.max_per_key {
+            list.client.push((conn, Instant::now()));
         }
     }
 
@@ -54,8 +93,12 @@ impl Pool {
     pub(super) fn reap(&self) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         idle.retain(|_, list| {
-            list.retain(|(sender, since)| !sender.is_closed() && since.elapsed() < self.max_idle);
-            !list.is_empty()
+            let fresh = |since: &Instant| since.elapsed() < self.max_idle;
+            list.hyper
+                .retain(|(sender, since)| !sender.is_closed() && fresh(since));
+            list.client
+                .retain_mut(|(conn, since)| fresh(since) && conn.is_idle_open());
+            list.len() > 0
         });
     }
 }

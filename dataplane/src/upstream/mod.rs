@@ -3,8 +3,11 @@
 //! protocol, HTTP/1.1 ([`h1`]) or HTTP/2 ([`h2`]), with one retry/replay policy for both
 //! ([`after_failure`]) and one send timeout for both (`proxy-send-timeout`, watched by the
 //! request body: [`crate::send_watch`]). Connections are made by [`connect`]; TLS client
-//! configurations come from [`tls`].
+//! configurations come from [`tls`]. A bodyless GET or HEAD to a plain HTTP/1.1 peer goes by
+//! duet's own client instead ([`client`]: no connection task, the body read in the request's
+//! task), under the same pool, timeouts and retry/replay rules.
 
+mod client;
 mod connect;
 mod h1;
 mod h2;
@@ -25,6 +28,7 @@ use hyper::body::{Body, Incoming};
 use hyper::client::conn::{http1, http2, TrySendError};
 use tokio::time::timeout;
 
+pub(crate) use client::ClientError;
 pub(crate) use h1::PoolReturn;
 pub(crate) use h2::{keep_trailers, wants_trailers};
 
@@ -122,11 +126,58 @@ enum Conn {
     H2(http2::SendRequest<UpstreamBody>),
 }
 
+/// The body of an upstream response: hyper's, or one read by duet's own client.
+#[derive(Debug)]
+pub enum UpstreamIncoming {
+    /// From hyper's HTTP/1.1 or HTTP/2 client.
+    Hyper(Incoming),
+    /// From duet's HTTP/1.1 client.
+    Client(client::ClientBody),
+}
+
+impl Body for UpstreamIncoming {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        fn boxed<E: std::error::Error + Send + Sync + 'static>(
+            e: E,
+        ) -> Box<dyn std::error::Error + Send + Sync> {
+            Box::new(e)
+        }
+        match self.get_mut() {
+            UpstreamIncoming::Hyper(body) => std::pin::Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|f| f.map_err(boxed))),
+            UpstreamIncoming::Client(body) => std::pin::Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|f| f.map_err(boxed))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamIncoming::Hyper(body) => body.is_end_stream(),
+            UpstreamIncoming::Client(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            UpstreamIncoming::Hyper(body) => body.size_hint(),
+            UpstreamIncoming::Client(body) => body.size_hint(),
+        }
+    }
+}
+
 /// A response from a peer.
 #[derive(Debug)]
 pub(crate) struct Sent {
     /// The response (an HTTP/2 one relabelled HTTP/1.1, as the client side frames it).
-    pub response: Response<Incoming>,
+    pub response: Response<UpstreamIncoming>,
     /// Whether a new connection was made for it (the address works: its failures are cleared).
     pub connected: bool,
     /// The HTTP/1.1 connection, back to the pool when the response body is done.
@@ -263,6 +314,9 @@ impl Upstream {
         let Some(request) = slot.as_mut() else {
             return Err(no_request());
         };
+        if !peer.protocol.is_h2() && peer.tls.is_none() && client::takes(request) {
+            return self.send_by_client(peer, slot).await;
+        }
         if peer.protocol.is_h2() {
             h2::to_h2_request(request, peer.tls.is_some());
         }
@@ -316,6 +370,57 @@ impl Upstream {
         }
     }
 
+    /// [`Upstream::send`] by duet's own client, for a bodyless GET or HEAD to a plain HTTP/1.1
+    /// peer: the request stays in `slot` (its head is encoded again for a retry, nothing is
+    /// cloned for a replay). A reused connection that fails (closed as it was reused, or before
+    /// the response) is replaced by a fresh one once; a fresh one's failure is the answer.
+    async fn send_by_client(
+        &self,
+        peer: &Peer<'_>,
+        slot: &mut Option<Request<UpstreamBody>>,
+    ) -> Result<Sent, SendError> {
+        let key = peer.key();
+        let (mut conn, mut fresh) = match self.h1.take_client(key) {
+            Some(conn) => (conn, false),
+            None => (
+                Box::pin(client::connect(peer.addr, peer.connect_timeout))
+                    .await
+                    .map_err(SendError::Unsent)?,
+                true,
+            ),
+        };
+        loop {
+            let asked = match slot.as_ref() {
+                Some(request) => conn.prepare(request),
+                None => return Err(no_request()),
+            };
+            let error = match timeout(peer.read_timeout, conn.exchange(asked)).await {
+                Err(_elapsed) => return Err(SendError::Failed(ProxyError::Timeout)),
+                Ok(Ok(head)) => {
+                    let response = head.into_response(self.h1.clone(), key);
+                    return Ok(Sent {
+                        response: response.map(UpstreamIncoming::Client),
+                        connected: fresh,
+                        pool_return: None,
+                    });
+                }
+                Ok(Err(error)) => error,
+            };
+            if let ClientError::Switched = error {
+                // A response, not a failure: answered as an unasked upgrade, never retried.
+                return Err(SendError::Failed(ProxyError::UnaskedUpgrade));
+            }
+            if fresh {
+                return Err(SendError::Failed(ProxyError::Client(error)));
+            }
+            tracing::trace!(%error, "Replaying on a fresh connection");
+            conn = Box::pin(client::connect(peer.addr, peer.connect_timeout))
+                .await
+                .map_err(SendError::Unsent)?;
+            fresh = true;
+        }
+    }
+
     /// An idle (HTTP/1.1) or open (HTTP/2) connection to the peer.
     fn checkout(&self, peer: &Peer<'_>) -> Option<Conn> {
         if peer.protocol.is_h2() {
@@ -339,13 +444,8 @@ impl Upstream {
     /// The response of a connection: an HTTP/1.1 one goes back to the pool with its body (not
     /// after a 101: the connection becomes the tunnel); an HTTP/2 one stays shared.
     #[inline(always)] // Called once; inlined, the response is not copied into and out of it.
-    fn sent(
-        &self,
-        peer: &Peer<'_>,
-        conn: Conn,
-        mut response: Response<Incoming>,
-        fresh: bool,
-    ) -> Sent {
+    fn sent(&self, peer: &Peer<'_>, conn: Conn, response: Response<Incoming>, fresh: bool) -> Sent {
+        let mut response = response.map(UpstreamIncoming::Hyper);
         let pool_return = match conn {
             Conn::H1(sender) => (response.status() != StatusCode::SWITCHING_PROTOCOLS)
                 .then(|| PoolReturn::new(self.h1.clone(), peer.key(), sender)),
