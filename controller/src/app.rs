@@ -649,12 +649,19 @@ spec: {ports: [{port: 80}]}
         assert!(!app.ingest(changes(&slice("unused", "10.0.0.9"))));
         // The same objects again (a resync).
         assert!(!app.ingest(changes(BASE)));
-        // A Service change that leaves routes and backends as they were: rebuilt, not published.
+        // A Service's labels are not stored (nothing reads them): relabelling changes nothing.
         let relabelled = BASE.replace(
             "metadata: {name: a}",
             "metadata: {name: a, labels: {tier: web}}",
         );
-        assert!(app.ingest(changes(&relabelled)));
+        assert!(!app.ingest(changes(&relabelled)));
+        // A Service change that leaves routes and backends as they were: rebuilt, not published.
+        let another_port = BASE.replacen(
+            "spec: {ports: [{port: 80}]}",
+            "spec: {ports: [{port: 80}, {port: 9090}]}",
+            1,
+        );
+        assert!(app.ingest(changes(&another_port)));
         assert!(app.publish().is_none());
         assert_eq!(
             app.published.as_ref().map(|s| s.version),

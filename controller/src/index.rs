@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -21,6 +21,7 @@ use crate::compact::Slice;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
+use crate::stored::StoredService;
 use crate::translate::Inputs;
 pub use crate::translate::References;
 
@@ -31,8 +32,8 @@ pub enum Object {
     Ingress(Arc<Ingress>),
     /// An IngressClass.
     IngressClass(Arc<IngressClass>),
-    /// A Service.
-    Service(Arc<Service>),
+    /// A Service, in its slim stored form.
+    Service(Arc<StoredService>),
     /// An EndpointSlice, in its compact stored form.
     EndpointSlice(Arc<Slice>),
     /// A Secret.
@@ -94,7 +95,7 @@ macro_rules! stored {
 stored!(
     Ingress => Ingress, ingresses, ingress_impact;
     IngressClass => IngressClass, ingress_classes, class_impact;
-    Service => Service, services, service_impact;
+    StoredService => Service, services, service_impact;
     Slice => EndpointSlice, endpoint_slices, slice_impact;
     Secret => Secret, secrets, secret_impact;
     Namespace => Namespace, namespaces, namespace_impact;
@@ -118,7 +119,7 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
     match kind {
         Kind::Ingress => work.run::<Ingress>(),
         Kind::IngressClass => work.run::<IngressClass>(),
-        Kind::Service => work.run::<Service>(),
+        Kind::Service => work.run::<StoredService>(),
         Kind::EndpointSlice => work.run::<Slice>(),
         Kind::Secret => work.run::<Secret>(),
         Kind::Namespace => work.run::<Namespace>(),
@@ -276,7 +277,7 @@ pub struct Index {
     /// IngressClasses (namespace empty).
     pub ingress_classes: Store<IngressClass>,
     /// Services.
-    pub services: Store<Service>,
+    pub services: Store<StoredService>,
     /// EndpointSlices (compact: see [`compact`](crate::compact)).
     pub endpoint_slices: Store<Slice>,
     /// Secrets.
@@ -409,7 +410,12 @@ impl Index {
         }
     }
 
-    fn service_impact(&self, key: &NsName, old: Option<&Service>, new: Option<&Service>) -> Impact {
+    fn service_impact(
+        &self,
+        key: &NsName,
+        old: Option<&StoredService>,
+        new: Option<&StoredService>,
+    ) -> Impact {
         if old != new && self.references.services.contains(key) {
             Impact::routes()
         } else {
@@ -526,7 +532,8 @@ impl Index {
         Inputs {
             ingresses: self.objects(),
             ingress_classes: self.objects(),
-            services: self.objects(),
+            services: Vec::new(),
+            stored_services: self.objects(),
             endpoint_slices: Vec::new(),
             stored_slices: self.objects(),
             secrets: self.objects(),
@@ -574,6 +581,7 @@ fn same_routing(old: Option<&Ingress>, new: Option<&Ingress>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::networking::v1::IngressSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -624,10 +632,10 @@ mod tests {
     fn keys_default_the_namespace() {
         let mut m = meta("x", "web");
         m.namespace = None;
-        let svc = Object::Service(Arc::new(Service {
+        let svc = Object::Service(Arc::new(StoredService::from(Service {
             metadata: m.clone(),
             ..Default::default()
-        }));
+        })));
         assert_eq!(svc.key(), ObjectKey::new(Kind::Service, "default", "web"));
         m.namespace = Some("ignored".to_owned());
         let class = Object::IngressClass(Arc::new(IngressClass {
@@ -721,10 +729,10 @@ mod tests {
     fn services_and_secrets_matter_when_referenced() {
         let mut index = Index::new(ClassConfig::default());
         let svc = |name: &str| {
-            apply(Object::Service(Arc::new(Service {
+            apply(Object::Service(Arc::new(StoredService::from(Service {
                 metadata: meta("default", name),
                 ..Default::default()
-            })))
+            }))))
         };
         assert!(index.apply(svc("web")).is_empty());
         index.set_references(References {

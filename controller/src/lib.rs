@@ -19,5 +19,6 @@ pub mod resolve;
 pub mod slices;
 pub mod source;
 pub mod status;
+pub mod stored;
 pub mod translate;
 pub mod units;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -22,25 +22,22 @@ pub fn now_ms() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
-/// Health of one family of one target.
+/// Failure counts of one family of one target (its ejection deadline is in
+/// the target's state, so that the state fits 32 bytes).
 #[derive(Debug, Default)]
 struct FamilyHealth {
-    consecutive_failures: AtomicU32,
-    ejections: AtomicU32,
-    ejected_until_ms: AtomicU64,
+    consecutive_failures: AtomicU16,
+    ejections: AtomicU16,
 }
 
-impl FamilyHealth {
-    fn ejected(&self, now: u64) -> bool {
-        self.ejected_until_ms.load(Ordering::Relaxed) > now
-    }
-}
-
-/// Mutable state of one target, shared by every snapshot that contains it.
+/// Mutable state of one target, shared by every snapshot that contains it. 32 bytes: one per pod
+/// and Service port, kept by every live backend.
 #[derive(Debug, Default)]
 pub struct TargetState {
     in_flight: AtomicU32,
     health: [FamilyHealth; 2],
+    /// Per family: until when it is ejected (0: never).
+    ejected_until_ms: [AtomicU64; 2],
 }
 
 fn slot(f: Family) -> usize {
@@ -63,7 +60,7 @@ impl TargetState {
 
     /// Whether one family of this target is ejected at `now` (see [`now_ms`]).
     pub fn is_ejected_at(&self, family: Family, now: u64) -> bool {
-        self.health[slot(family)].ejected(now)
+        self.ejected_until_ms[slot(family)].load(Ordering::Relaxed) > now
     }
 
     /// Records a connect failure over one family; returns true when it ejected that family.
@@ -74,12 +71,17 @@ impl TargetState {
     /// [`Self::record_failure`] at `now` (see [`now_ms`]).
     pub fn record_failure_at(&self, family: Family, now: u64) -> bool {
         let h = &self.health[slot(family)];
-        let n = h.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = u32::from(h.consecutive_failures.fetch_add(1, Ordering::Relaxed)) + 1;
         if n >= EJECT_AFTER_FAILURES {
             h.consecutive_failures.store(0, Ordering::Relaxed);
-            let times = h.ejections.fetch_add(1, Ordering::Relaxed).min(3);
-            let window = EJECT_BASE * (1 << times);
-            h.ejected_until_ms
+            let before = h
+                .ejections
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |e| {
+                    Some(e.saturating_add(1))
+                })
+                .unwrap_or(u16::MAX);
+            let window = EJECT_BASE * (1 << before.min(3));
+            self.ejected_until_ms[slot(family)]
                 .store(now + window.as_millis() as u64, Ordering::Relaxed);
             return true;
         }
@@ -98,7 +100,7 @@ impl TargetState {
         if h.consecutive_failures.load(Ordering::Relaxed) != 0 {
             h.consecutive_failures.store(0, Ordering::Relaxed);
         }
-        if h.ejections.load(Ordering::Relaxed) != 0 && !h.ejected(now) {
+        if h.ejections.load(Ordering::Relaxed) != 0 && !self.is_ejected_at(family, now) {
             h.ejections.store(0, Ordering::Relaxed);
         }
     }
@@ -128,9 +130,45 @@ pub struct LiveBackend {
     /// State per target, index-aligned with `backend.targets`.
     pub states: Box<[Arc<TargetState>]>,
     /// Candidate target indices: every target, those with IPv4, those with IPv6.
-    candidates: [Box<[usize]>; 3],
+    candidates: [Candidates; 3],
     /// A round-robin counter per candidate set.
     rr: [AtomicUsize; 3],
+}
+
+/// One candidate set of a backend: every target (no list kept: the common case for the set of
+/// all targets, and for a family every target has), or the indices of those having a family.
+#[derive(Debug)]
+enum Candidates {
+    /// Targets `0..n`.
+    All(usize),
+    /// These targets.
+    Listed(Box<[u32]>),
+}
+
+impl Candidates {
+    /// The targets having an address of `family`.
+    fn having(targets: &[Target], family: Family) -> Candidates {
+        if targets.iter().all(|t| t.addr(family).is_some()) {
+            return Candidates::All(targets.len());
+        }
+        let listed = (0..targets.len()).filter(|&i| targets[i].addr(family).is_some());
+        Candidates::Listed(listed.filter_map(|i| u32::try_from(i).ok()).collect())
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Candidates::All(n) => *n,
+            Candidates::Listed(listed) => listed.len(),
+        }
+    }
+
+    /// The target index of the `k`th candidate (`k < len()`).
+    fn at(&self, k: usize) -> usize {
+        match self {
+            Candidates::All(_) => k,
+            Candidates::Listed(listed) => listed[k] as usize,
+        }
+    }
 }
 
 /// The outcome of a pick: a target and the addresses to try on it, in order.
@@ -161,12 +199,9 @@ impl LiveBackend {
             .iter()
             .map(|t| known.get(&t.id).map(|s| (*s).clone()).unwrap_or_default())
             .collect();
-        let with = |f: Option<Family>| -> Box<[usize]> {
-            (0..backend.targets.len())
-                .filter(|&i| f.is_none_or(|f| backend.targets[i].addr(f).is_some()))
-                .collect()
-        };
-        let candidates = [with(None), with(Some(Family::V4)), with(Some(Family::V6))];
+        let with = |f: Family| Candidates::having(&backend.targets, f);
+        let all = Candidates::All(backend.targets.len());
+        let candidates = [all, with(Family::V4), with(Family::V6)];
         let rr = std::array::from_fn(|k| {
             AtomicUsize::new(previous.map_or(0, |p| p.rr[k].load(Ordering::Relaxed)))
         });
@@ -197,7 +232,7 @@ impl LiveBackend {
             .order(client)
             .into_iter()
             .flatten()
-            .any(|f| t.addr(f).is_some() && (!healthy || !s.health[slot(f)].ejected(now)))
+            .any(|f| t.addr(f).is_some() && (!healthy || !s.is_ejected_at(f, now)))
     }
 
     /// Picks a target for a client, skipping the indices in `tried`, and orders its addresses.
@@ -234,7 +269,7 @@ impl LiveBackend {
     /// The candidate set for a client: targets having the client's family under
     /// RequireSameFamily, every target otherwise (each has at least one address). Precomputed
     /// so that round robin is exact over the set and P2C samples only candidates.
-    fn candidates(&self, client: Family, policy: FamilyPolicy) -> (&[usize], &AtomicUsize) {
+    fn candidates(&self, client: Family, policy: FamilyPolicy) -> (&Candidates, &AtomicUsize) {
         let k = match policy {
             FamilyPolicy::RequireSameFamily => 1 + slot(client),
             _ => 0,
@@ -259,12 +294,15 @@ impl LiveBackend {
         match self.backend.lb {
             LbPolicy::RoundRobin => {
                 let start = rr.fetch_add(1, Ordering::Relaxed);
-                (0..n).map(|k| set[(start + k) % n]).find(|&i| ok(i))
+                (0..n).map(|k| set.at((start + k) % n)).find(|&i| ok(i))
             }
             LbPolicy::P2c => {
                 // Two distinct random candidates; the one with fewer requests in flight wins.
                 // Resamples skip tried or ejected targets cheaply; a scan settles the rare rest.
-                let first = match (0..4).map(|_| fastrand::usize(..n)).find(|&k| ok(set[k])) {
+                let first = match (0..4)
+                    .map(|_| fastrand::usize(..n))
+                    .find(|&k| ok(set.at(k)))
+                {
                     Some(k) => k,
                     None => return self.scan(set, &ok),
                 };
@@ -279,10 +317,10 @@ impl LiveBackend {
                                     k
                                 }
                             })
-                            .find(|&k| ok(set[k]))
+                            .find(|&k| ok(set.at(k)))
                     })
                     .flatten();
-                let (a, b) = (set[first], second.map(|k| set[k]));
+                let (a, b) = (set.at(first), second.map(|k| set.at(k)));
                 Some(match b {
                     Some(b) if self.states[b].in_flight() < self.states[a].in_flight() => b,
                     _ => a,
@@ -293,11 +331,11 @@ impl LiveBackend {
 
     /// A fair fallback when sampling found nothing: the least loaded usable candidate, ties
     /// broken from a random offset so that no target is favoured.
-    fn scan(&self, set: &[usize], ok: &impl Fn(usize) -> bool) -> Option<usize> {
+    fn scan(&self, set: &Candidates, ok: &impl Fn(usize) -> bool) -> Option<usize> {
         let n = set.len();
         let start = fastrand::usize(..n);
         (0..n)
-            .map(|k| set[(start + k) % n])
+            .map(|k| set.at((start + k) % n))
             .filter(|&i| ok(i))
             .min_by_key(|&i| self.states[i].in_flight())
     }
@@ -312,7 +350,7 @@ impl LiveBackend {
         for want_healthy in [true, false] {
             for f in allowed.into_iter().flatten() {
                 if let Some(a) = t.addr(f) {
-                    if s.health[slot(f)].ejected(now) != want_healthy
+                    if s.is_ejected_at(f, now) != want_healthy
                         && !addrs.iter().flatten().any(|(g, _)| *g == f)
                     {
                         addrs[k] = Some((f, a));
@@ -329,6 +367,36 @@ impl LiveBackend {
 mod tests {
     use super::*;
     use crate::table::UpstreamProtocol;
+
+    #[test]
+    fn per_target_state_is_small() {
+        // One per pod and Service port: 100,000 at the issue-13 scale.
+        assert!(std::mem::size_of::<TargetState>() <= 32);
+    }
+
+    #[test]
+    fn dual_stack_backends_keep_no_candidate_lists() {
+        let dual = LiveBackend::new(
+            backend(
+                LbPolicy::RoundRobin,
+                vec![
+                    target("a", Some("10.0.0.1:80"), Some("[fd00::1]:80")),
+                    target("b", Some("10.0.0.2:80"), Some("[fd00::2]:80")),
+                ],
+            ),
+            None,
+        );
+        assert!(dual
+            .candidates
+            .iter()
+            .all(|c| matches!(c, Candidates::All(2))));
+        let mixed = mixed(LbPolicy::RoundRobin);
+        assert_eq!(mixed.candidates[1].len(), 2);
+        assert_eq!(
+            (mixed.candidates[2].at(0), mixed.candidates[2].at(1)),
+            (0, 2)
+        );
+    }
 
     fn target(id: &str, v4: Option<&str>, v6: Option<&str>) -> Target {
         Target {

@@ -118,10 +118,14 @@ pub fn desired_service(owner: &Owner, ports: &BTreeMap<u16, u16>) -> Service {
 /// listener port -> pod port as a Service holds them (ports named `port-N` with a numeric
 /// `targetPort`; anything else is ignored).
 pub fn held_ports(service: &Service) -> BTreeMap<u16, u16> {
-    let ports = service.spec.as_ref().and_then(|s| s.ports.as_ref());
+    let ports = service.spec.as_ref().and_then(|s| s.ports.as_deref());
+    ports_held(ports.unwrap_or_default())
+}
+
+/// [`held_ports`] of a Service's ports.
+pub fn ports_held(ports: &[ServicePort]) -> BTreeMap<u16, u16> {
     ports
-        .into_iter()
-        .flatten()
+        .iter()
         .filter_map(|p| {
             let listener = u16::try_from(p.port).ok()?;
             if p.name.as_deref() != Some(&*port_name(listener)) {

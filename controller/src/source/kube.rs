@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{FutureExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
@@ -39,6 +39,7 @@ use crate::compact::Slice;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::index::Change;
 use crate::object::SERVICE_NAME_LABEL;
+use crate::stored::StoredService;
 
 /// Where the cluster is and what to watch, from the command line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -143,7 +144,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         )
         .task,
         watch_kind(
-            namespaced::<Service>(&client, &namespaces),
+            namespaced::<StoredService>(&client, &namespaces),
             vec![base.clone()],
             sync(None),
         )

@@ -14,11 +14,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use dataplane::{Target, TargetId};
-use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::api::core::v1::ServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{forbidden, BackendSpec, Diagnostic, Reason, RoutePlan};
 use crate::object::{Kind, ObjectKey};
+use crate::stored::ServiceView;
 
 /// The latest answer for one name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -44,19 +45,14 @@ pub(crate) enum ExternalName {
 }
 
 /// Whether `service` is of type `ExternalName`.
-pub(crate) fn is_external(service: &Service) -> bool {
-    service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName")
+pub(crate) fn is_external(service: &dyn ServiceView) -> bool {
+    service.service_type() == Some("ExternalName")
 }
 
 /// The Service's `spec.externalName`, checked: an IP literal or a DNS name (labels of letters,
 /// digits and `-`, at most 63 bytes each, 253 in all); the reason otherwise.
-pub(crate) fn external_name(service: &Service) -> Result<ExternalName, String> {
-    let written = service
-        .spec
-        .as_ref()
-        .and_then(|s| s.external_name.as_deref())
-        .unwrap_or_default()
-        .trim();
+pub(crate) fn external_name(service: &dyn ServiceView) -> Result<ExternalName, String> {
+    let written = service.external_name().unwrap_or_default().trim();
     if let Ok(ip) = written.parse::<IpAddr>() {
         return Ok(ExternalName::Ip(ip.to_canonical()));
     }
@@ -157,7 +153,7 @@ mod tests {
     use super::*;
     use crate::object::NsName;
     use dataplane::table::UpstreamProtocol;
-    use k8s_openapi::api::core::v1::ServiceSpec;
+    use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 
     fn service(name: &str) -> Service {
         Service {

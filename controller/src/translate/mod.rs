@@ -32,6 +32,8 @@ use std::sync::Arc;
 use dataplane::table::CertTable;
 use dataplane::{Backend, BackendId, FamilyPolicy, LbPolicy, RouteTable, Snapshot};
 use k8s_openapi::api::core::v1::{Secret, Service};
+
+use crate::stored::{ServiceView, StoredService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 
@@ -115,8 +117,10 @@ pub struct Inputs<'a> {
     pub ingresses: Vec<&'a Ingress>,
     /// Every IngressClass.
     pub ingress_classes: Vec<&'a IngressClass>,
-    /// Every Service.
+    /// Every Service, as the API gives it (tests, benches).
     pub services: Vec<&'a Service>,
+    /// Every Service, as the index stores it; translated together with `services`.
+    pub stored_services: Vec<&'a StoredService>,
     /// Every EndpointSlice, as the API gives it (tests, benches).
     pub endpoint_slices: Vec<&'a EndpointSlice>,
     /// Every EndpointSlice, as the index stores it; translated together with `endpoint_slices`.
@@ -130,6 +134,13 @@ pub struct Inputs<'a> {
 }
 
 impl<'a> Inputs<'a> {
+    /// Every Service, of either field.
+    pub fn all_services(&self) -> Vec<&'a dyn ServiceView> {
+        let api = self.services.iter().map(|s| *s as &dyn ServiceView);
+        api.chain(self.stored_services.iter().map(|s| *s as &dyn ServiceView))
+            .collect()
+    }
+
     /// Every EndpointSlice, of either field.
     pub fn slices(&self) -> Vec<&'a dyn SliceView> {
         let api = self.endpoint_slices.iter().map(|s| *s as &dyn SliceView);

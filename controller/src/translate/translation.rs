@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use dataplane::table::UpstreamProtocol;
 use dataplane::BackendId;
-use k8s_openapi::api::core::v1::{Secret, Service, ServicePort};
+use k8s_openapi::api::core::v1::{Secret, ServicePort};
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::certs::CertBuilder;
@@ -21,6 +21,7 @@ use super::{
     AnnotationReport, BackendSpec, Config, Diagnostic, Inputs, Reason, References, RoutePlan,
 };
 use crate::object::{by_name, Kind, NsName, ObjectKey};
+use crate::stored::ServiceView;
 
 /// A Service port as a route names it.
 #[derive(Clone, Copy, Debug)]
@@ -37,7 +38,7 @@ pub(crate) enum PortRef<'a> {
 pub(crate) struct Translation<'a> {
     /// The command line's part.
     pub(crate) config: &'a Config,
-    services: BTreeMap<NsName, &'a Service>,
+    services: BTreeMap<NsName, &'a dyn ServiceView>,
     /// Every Secret, by name (for the Secrets routes name beyond certificates and upstream TLS).
     pub(crate) secrets: BTreeMap<NsName, &'a Secret>,
     /// Problems found so far.
@@ -61,7 +62,11 @@ impl<'a> Translation<'a> {
     pub(crate) fn new(inputs: &Inputs<'a>, config: &'a Config) -> Translation<'a> {
         Translation {
             config,
-            services: by_name(&inputs.services),
+            services: inputs
+                .all_services()
+                .into_iter()
+                .map(|s| (NsName::of(s.metadata()), s))
+                .collect(),
             secrets: by_name(&inputs.secrets),
             diagnostics: Vec::new(),
             references: References::default(),
@@ -75,7 +80,7 @@ impl<'a> Translation<'a> {
     }
 
     /// The Service of a name, if it exists.
-    pub(crate) fn service(&self, name: &NsName) -> Option<&'a Service> {
+    pub(crate) fn service(&self, name: &NsName) -> Option<&'a dyn ServiceView> {
         self.services.get(name).copied()
     }
 
@@ -100,11 +105,10 @@ impl<'a> Translation<'a> {
             self.diagnose(from, Reason::MissingService, message);
             return None;
         };
-        let spec = service.spec.as_ref();
-        if external::is_external(service) {
+        if external::is_external(*service) {
             return self.external_backend(from, name, port, what);
         }
-        let ports = spec.and_then(|s| s.ports.as_deref()).unwrap_or_default();
+        let ports = service.ports();
         let (written, found) = match port {
             PortRef::Number(number) => {
                 (number.to_string(), ports.iter().find(|p| p.port == number))
@@ -175,8 +179,7 @@ impl<'a> Translation<'a> {
                 return None;
             }
         };
-        let ports = service.spec.as_ref().and_then(|s| s.ports.as_deref());
-        let ports = ports.unwrap_or_default();
+        let ports = service.ports();
         let (written, found, number) = match port {
             PortRef::Number(n) => (n.to_string(), ports.iter().find(|p| p.port == n), Some(n)),
             PortRef::Name(n) => (
@@ -216,7 +219,7 @@ impl<'a> Translation<'a> {
         let ips = self
             .services
             .get(&spec.service)
-            .map(|s| cluster_ips(s))
+            .map(|s| cluster_ips(*s))
             .unwrap_or_default();
         if ips.is_empty() {
             let message = format!(
@@ -299,18 +302,10 @@ impl<'a> Translation<'a> {
 
 /// The cluster IPs of a Service (`spec.clusterIPs`, else `spec.clusterIP`), parsed; none for a
 /// headless Service.
-fn cluster_ips(service: &Service) -> Vec<IpAddr> {
-    let Some(spec) = service.spec.as_ref() else {
-        return Vec::new();
-    };
-    let listed = spec.cluster_ips.clone().unwrap_or_default();
-    let listed = if listed.is_empty() {
-        spec.cluster_ip.iter().cloned().collect()
-    } else {
-        listed
-    };
-    listed
-        .iter()
+fn cluster_ips(service: &dyn ServiceView) -> Vec<IpAddr> {
+    service
+        .cluster_ips()
+        .into_iter()
         .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
         .map(|ip| ip.to_canonical())
         .collect()

@@ -213,8 +213,8 @@ impl<'a> GatewayProcessor<'a> {
         let name = NsName::new(key.namespace.clone(), service::service_name(&key.name));
         t.references.services.insert(name.clone());
         let uid = gateway.metadata.uid.as_deref();
-        let owned = |s: &&k8s_openapi::api::core::v1::Service| {
-            s.metadata
+        let owned = |s: &&dyn crate::stored::ServiceView| {
+            s.metadata()
                 .owner_references
                 .iter()
                 .flatten()
@@ -222,7 +222,7 @@ impl<'a> GatewayProcessor<'a> {
         };
         t.service(&name)
             .filter(owned)
-            .map(service::held_ports)
+            .map(|s| service::ports_held(s.ports()))
             .unwrap_or_default()
     }
 
