@@ -263,7 +263,7 @@ impl App {
         let pending_since = self.pending_since.take();
         let rebuild_routes = self.plan.is_none() || pending.routes;
         if rebuild_routes {
-            self.plan_routes();
+            self.plan_routes(&pending);
             self.want_names();
         }
         let (backends, changed) = self.build_backends(rebuild_routes, &pending)?;
@@ -386,12 +386,26 @@ impl App {
         );
     }
 
-    /// The route phase from the whole stored state; the old table and certificates are kept
+    /// The route phase from the whole stored state, or for an Ingress-only change over just the
+    /// hosts it touches ([`translate::incremental`]); the old table and certificates are kept
     /// (their `Arc`s) when the rebuild produced the same.
-    fn plan_routes(&mut self) {
+    fn plan_routes(&mut self, pending: &Impact) {
         let mut inputs = self.index.inputs();
         inputs.names = Some(&*self.resolved);
-        let mut plan = translate::plan_routes(&inputs, &self.config.translate);
+        let config = &self.config.translate;
+        let incremental = match &self.plan {
+            Some(old) if !pending.all_routes && !pending.ingresses.is_empty() => {
+                translate::incremental::plan_ingress_change(
+                    old,
+                    &inputs,
+                    config,
+                    &pending.ingresses,
+                )
+            }
+            _ => None,
+        };
+        tracing::debug!(incremental = incremental.is_some(), "Route phase");
+        let mut plan = incremental.unwrap_or_else(|| translate::plan_routes(&inputs, config));
         if let Some(old) = &self.plan {
             if translate::reuse_hosts(Arc::make_mut(&mut plan.table), &old.table) {
                 plan.table = old.table.clone();

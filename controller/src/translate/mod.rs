@@ -18,6 +18,7 @@ mod endpoints;
 mod external;
 pub mod gateway;
 pub mod gateway_rule;
+pub mod incremental;
 mod ingress;
 pub mod nginx;
 mod reuse;
@@ -186,6 +187,8 @@ pub struct RoutePlan {
     pub gateways: Arc<dataplane::table::gateway::GatewayTable>,
     /// What the Gateway API objects' status says (route parents, attached routes).
     pub gateway_report: Arc<crate::gateway::report::GatewayReport>,
+    /// What each Ingress contributed, for [`incremental::plan_ingress_change`].
+    pub footprints: Arc<incremental::Footprints>,
 }
 
 /// Assembles a snapshot from a plan and its backends.
