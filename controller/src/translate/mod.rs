@@ -40,7 +40,7 @@ pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{
     backends_of, build_backends, build_backends_by_service, build_backends_with, forbidden,
-    join_targets, update_backends, ServiceDiagnostics,
+    join_targets, update_backends, update_backends_after_routes, ServiceDiagnostics,
 };
 pub use external::{wanted_names, Resolution, Resolved};
 pub use ingress::{BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
