@@ -205,8 +205,10 @@ mod tests {
         }
         table.any_host = entry("", &[("/any", "any", "a")]);
         table.default_backend = Some(action("fallback", "c"));
-        let mut snapshot = Snapshot::default();
-        snapshot.routes = Arc::new(table.clone());
+        let mut snapshot = Snapshot {
+            routes: Arc::new(table.clone()),
+            ..Snapshot::default()
+        };
         let mut live = LiveMetrics::build(&metrics, &snapshot, &LiveMetrics::default());
         let edits: [&dyn Fn(&mut RouteTable); 5] = [
             &|t| {
