@@ -24,16 +24,17 @@
 #     _log                   duet's "Snapshot applied" line (routes.rebuilt says whether the route
 #                            table was rebuilt, build.ms what the build and apply took)
 #     _live_after_change_seconds  from the change reaching the control loop (the file source's
-#                            rescan done) to the snapshot applied, the 50 ms holdoff included: the
+#                            reread done) to the snapshot applied, the 50 ms holdoff included: the
 #                            line's change.age_ms. _applied_seconds minus it is the file watcher's
-#                            share (notify, the 20 ms settle, the rescan)
+#                            share (notify, the 20 ms settle, the reread)
 #     _rss_applied_mib       VmRSS once applied, before this change's /debug/routes polling
 #                            (the check before each change already asked once). Each answer
 #                            serializes the whole table (28 MB at the issue-13 size) and the heap
 #                            keeps what that took, so rss_end_mib is mostly the bench's own asking
 #   ingress_*                the same for a path added to the first Ingress
-#   The file source rescans the folder on every change and waits 20 ms for more events, the
-#   control loop debounces 50 ms (holdoff): both are in the *_applied_seconds figures.
+#   The file source waits 20 ms for more events, then rereads the files the events name (the
+#   rename's target; the hidden temporary file is ignored), the control loop debounces 50 ms
+#   (holdoff): both are in the *_applied_seconds figures.
 # Fails (exit 1) if duet does not become ready, or a change is not applied or not visible.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

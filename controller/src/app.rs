@@ -262,11 +262,12 @@ impl App {
         let pending = std::mem::take(&mut self.pending);
         let pending_since = self.pending_since.take();
         let rebuild_routes = self.plan.is_none() || pending.routes;
+        let mut replaced = None;
         if rebuild_routes {
-            self.plan_routes();
+            replaced = self.plan_routes(&pending);
             self.want_names();
         }
-        let (backends, changed) = self.build_backends(rebuild_routes, &pending)?;
+        let (backends, changed) = self.build_backends(rebuild_routes, &pending, replaced)?;
         let plan = self.plan.as_ref()?;
         let backend_diagnostics = self
             .backend_diagnostics
@@ -323,15 +324,32 @@ impl App {
     /// The backends for the plan: after an endpoint-only change, those of the changed Services
     /// rebuilt and every other one the published `Arc` (with the ids rebuilt); else all of them
     /// (reusing `Arc`s equal by value).
+    /// After an Ingress change planned host by host (`replaced`: the plan before it), only the
+    /// backends whose spec or endpoints changed are built.
     fn build_backends(
         &mut self,
         rebuild_routes: bool,
         pending: &crate::index::Impact,
+        replaced: Option<RoutePlan>,
     ) -> Option<(Backends, Option<Vec<BackendId>>)> {
         let plan = self.plan.as_ref()?;
         let config = &self.config.translate;
         let empty = HashMap::new();
         let previous = self.published.as_ref().map_or(&empty, |s| &s.backends);
+        if let (Some(old), Some(_)) = (&replaced, &self.published) {
+            let index = &self.index;
+            let backends = translate::update_backends_after_routes(
+                plan,
+                old,
+                &pending.endpoints,
+                |service| index.slices_of(service),
+                Some(&*self.resolved),
+                config,
+                previous,
+                &mut self.backend_diagnostics,
+            );
+            return Some((backends, None));
+        }
         let updated = if rebuild_routes {
             None
         } else {
@@ -386,12 +404,28 @@ impl App {
         );
     }
 
-    /// The route phase from the whole stored state; the old table and certificates are kept
+    /// The route phase from the whole stored state, or for an Ingress-only change over just the
+    /// hosts it touches ([`translate::incremental`]); the old table and certificates are kept
     /// (their `Arc`s) when the rebuild produced the same.
-    fn plan_routes(&mut self) {
+    /// Returns the replaced plan when the new one was planned host by host.
+    fn plan_routes(&mut self, pending: &Impact) -> Option<RoutePlan> {
         let mut inputs = self.index.inputs();
         inputs.names = Some(&*self.resolved);
-        let mut plan = translate::plan_routes(&inputs, &self.config.translate);
+        let config = &self.config.translate;
+        let incremental = match &self.plan {
+            Some(old) if !pending.all_routes && !pending.ingresses.is_empty() => {
+                translate::incremental::plan_ingress_change(
+                    old,
+                    &inputs,
+                    config,
+                    &pending.ingresses,
+                )
+            }
+            _ => None,
+        };
+        let by_host = incremental.is_some();
+        tracing::debug!(incremental = by_host, "Route phase");
+        let mut plan = incremental.unwrap_or_else(|| translate::plan_routes(&inputs, config));
         if let Some(old) = &self.plan {
             if translate::reuse_hosts(Arc::make_mut(&mut plan.table), &old.table) {
                 plan.table = old.table.clone();
@@ -407,7 +441,8 @@ impl App {
         if let Some(metrics) = &self.metrics {
             metrics.set_annotations(&plan.annotations);
         }
-        self.plan = Some(plan);
+        let replaced = self.plan.replace(plan);
+        replaced.filter(|_| by_host)
     }
 
     /// Logs diagnostics not reported before (once per change) and shares the current set.
@@ -854,6 +889,48 @@ spec: {ports: [{port: 80}]}
             &app.plan.as_ref().unwrap().table,
             &second.routes
         ));
+    }
+
+    #[test]
+    fn backends_after_an_ingress_change_by_host_equal_a_full_build() {
+        let (mut app, _runtime) = app();
+        app.ingest(changes(BASE));
+        app.ingest(changes(&slice("a", "10.0.0.1")));
+        app.ingest(changes(&slice("b", "10.0.0.2")));
+        app.publish().expect("first publish");
+        let c = "apiVersion: v1\nkind: Service\nmetadata: {name: c}\nspec: {ports: [{port: 80}]}\n";
+        app.ingest(changes(c));
+        // A loopback pod: a diagnostic of the backend phase once c is used.
+        app.ingest(changes(&slice("c", "127.0.0.1")));
+        app.publish();
+        let web = BASE.split("---").next().unwrap();
+        for (step, ingress) in [
+            (
+                "b.test moves to Service c",
+                web.replace("name: b, port", "name: c, port"),
+            ),
+            ("back to b", web.to_owned()),
+        ] {
+            app.ingest(changes(&ingress));
+            assert!(!app.pending.all_routes && !app.pending.ingresses.is_empty());
+            let snapshot = app.publish().expect("published");
+            let inputs = app.index().inputs();
+            let (full, diagnostics) = translate::build(&inputs, &app.config.translate);
+            let by_value = |s: &Snapshot| -> HashMap<BackendId, Backend> {
+                s.backends
+                    .iter()
+                    .map(|(k, v)| (k.clone(), (**v).clone()))
+                    .collect()
+            };
+            assert_eq!(by_value(&snapshot), by_value(&full), "{step}");
+            let reported: Vec<Diagnostic> = app
+                .diagnostics()
+                .current()
+                .into_iter()
+                .map(|r| r.diagnostic)
+                .collect();
+            assert_eq!(reported, diagnostics, "{step}");
+        }
     }
 
     async fn settle() {

@@ -13,7 +13,7 @@
 //! declares, as k8s-openapi does) and never panics.
 
 use std::borrow::Cow;
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
@@ -318,7 +318,10 @@ fn uuid_text(bytes: &[u8; 16]) -> String {
         if matches!(i, 4 | 6 | 8 | 10) {
             text.push('-');
         }
-        let _ = write!(text, "{byte:02x}");
+        // Two table lookups instead of `write!` (200,000 of these per full build at scale).
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        text.push(char::from(HEX[usize::from(byte >> 4)]));
+        text.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
     text
 }

@@ -233,6 +233,11 @@ pub struct Impact {
     pub routes: bool,
     /// Only these Services' endpoints changed: rebuild their backends, share the routes.
     pub endpoints: BTreeSet<NsName>,
+    /// The Ingresses whose change set `routes`; `all_routes`: something else did too, so the
+    /// whole route phase must run (see `translate::incremental`).
+    pub ingresses: BTreeSet<NsName>,
+    /// Whether routes changed through anything but `ingresses`.
+    pub all_routes: bool,
 }
 
 impl Impact {
@@ -245,12 +250,15 @@ impl Impact {
     pub fn merge(&mut self, other: Impact) {
         self.routes |= other.routes;
         self.endpoints.extend(other.endpoints);
+        self.ingresses.extend(other.ingresses);
+        self.all_routes |= other.all_routes;
     }
 
     fn routes() -> Impact {
         Impact {
             routes: true,
-            endpoints: BTreeSet::new(),
+            all_routes: true,
+            ..Impact::default()
         }
     }
 }
@@ -386,7 +394,11 @@ impl Index {
             || old.is_some_and(|o| self.class.is_ours(o, &classes));
         let is_ours = new.is_some_and(|n| self.class.is_ours(n, &classes));
         if was_ours || is_ours {
-            Impact::routes()
+            Impact {
+                routes: true,
+                ingresses: BTreeSet::from([key.clone()]),
+                ..Impact::default()
+            }
         } else {
             Impact::default()
         }

@@ -4,8 +4,11 @@
 //! Read: `networking.k8s.io/v1` Ingress and IngressClass, `v1` Service and Secret,
 //! `discovery.k8s.io/v1` EndpointSlice (and `v1` List of those). Objects without a namespace are in
 //! `default`. The folder (not each file) is watched with `notify`, so editors that save by writing
-//! a new file and renaming it over the old one work. On any event the folder is rescanned; only
-//! files whose content changed are parsed again, and only those log problems: once per change.
+//! a new file and renaming it over the old one work. An event rereads the manifest files it names
+//! (the folder is rescanned whole when it names a folder or a symlink, such as a ConfigMap
+//! volume's `..data`, when the watch reports an error or an overflow, and when an object is
+//! defined in two files); only files whose content changed are parsed again, and only those log
+//! problems: once per change.
 //!
 //! A bad file never costs other routes: a file that does not parse keeps its last good objects;
 //! a document that does not decode keeps its last good version (matched by kind, namespace and
@@ -321,6 +324,9 @@ pub struct FileSource {
     dir: PathBuf,
     files: BTreeMap<PathBuf, FileState>,
     emitted: BTreeMap<ObjectKey, (Object, Arc<Path>)>,
+    /// Whether the last full union found an object defined in two files: a rescan of some paths
+    /// then redoes the whole union (which file wins depends on every file).
+    duplicates: bool,
     /// Keys the content digests (random per process: a file cannot be crafted to collide).
     hasher: std::hash::RandomState,
 }
@@ -332,6 +338,7 @@ impl FileSource {
             dir: dir.into(),
             files: BTreeMap::new(),
             emitted: BTreeMap::new(),
+            duplicates: false,
             hasher: std::hash::RandomState::new(),
         }
     }
@@ -374,6 +381,130 @@ impl FileSource {
         }
         let wanted = self.union(&changed);
         Ok(self.changes_to(wanted))
+    }
+
+    /// Reads again only `paths` (those of watch events) and returns the changes since the last
+    /// scan, as [`FileSource::scan`] would; a full scan when a path may stand for more than one
+    /// file (a folder, a symlink such as a ConfigMap volume's `..data`, a path outside the
+    /// folder) or when an object is defined in two files.
+    pub fn scan_paths(&mut self, paths: &[PathBuf]) -> Result<Vec<Change>, FilesError> {
+        let mut manifests: Vec<&Path> = Vec::new();
+        for path in paths {
+            match self.event_path(path) {
+                EventPath::Manifest => manifests.push(path),
+                EventPath::Ignored => {}
+                EventPath::Rescan => return self.scan(),
+            }
+        }
+        manifests.sort();
+        manifests.dedup();
+        let started = std::time::SystemTime::now();
+        let mut touched: Vec<(PathBuf, Vec<ObjectKey>)> = Vec::new();
+        let mut stale: Vec<(&Path, Option<Stamp>)> = Vec::new();
+        for path in manifests {
+            let old_keys = self
+                .files
+                .get(path)
+                .map(|f| f.objects.iter().map(Object::key).collect());
+            if !path.is_file() {
+                if self.files.remove(path).is_some() {
+                    tracing::info!(file = %path.display(), "Manifest removed");
+                    touched.push((path.to_owned(), old_keys.unwrap_or_default()));
+                }
+                continue;
+            }
+            if let Some(entry) = self.stale(path, started) {
+                stale.push(entry);
+                touched.push((path.to_owned(), old_keys.unwrap_or_default()));
+            }
+        }
+        let reads = read_all(&stale, &self.files, &self.hasher);
+        let mut changed = Vec::new();
+        for ((path, stamp), read) in stale.into_iter().zip(reads) {
+            let gone = matches!(read, Read::Gone);
+            if self.record(path, stamp, read) || gone {
+                changed.push(path.to_owned());
+            }
+        }
+        touched.retain(|(path, _)| changed.contains(path) || !self.files.contains_key(path));
+        if touched.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.duplicates {
+            let changed: Vec<PathBuf> = touched.into_iter().map(|(p, _)| p).collect();
+            let wanted = self.union(&changed);
+            return Ok(self.changes_to(wanted));
+        }
+        match self.changes_of(&touched) {
+            Some(changes) => Ok(changes),
+            None => {
+                let changed: Vec<PathBuf> = touched.into_iter().map(|(p, _)| p).collect();
+                let wanted = self.union(&changed);
+                Ok(self.changes_to(wanted))
+            }
+        }
+    }
+
+    /// What a watch event's path means for [`FileSource::scan_paths`].
+    fn event_path(&self, path: &Path) -> EventPath {
+        if path.parent() != Some(self.dir.as_path()) {
+            return EventPath::Rescan;
+        }
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("..");
+        let link_or_dir =
+            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink() || m.is_dir());
+        if name.starts_with("..") || link_or_dir {
+            return EventPath::Rescan;
+        }
+        if is_manifest(path) {
+            EventPath::Manifest
+        } else {
+            EventPath::Ignored
+        }
+    }
+
+    /// The changes from the files `touched` (each with the keys it defined before), read again
+    /// and defining no object another file defines; `None` when one does (the caller then
+    /// redoes the whole union).
+    fn changes_of(&mut self, touched: &[(PathBuf, Vec<ObjectKey>)]) -> Option<Vec<Change>> {
+        let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
+        for (path, _) in touched {
+            let Some(state) = self.files.get(path) else {
+                continue;
+            };
+            for object in &state.objects {
+                let key = object.key();
+                let elsewhere = self.emitted.get(&key).is_some_and(|(_, f)| {
+                    **f != **path && !touched.iter().any(|(t, _)| **f == **t)
+                });
+                if elsewhere || wanted.contains_key(&key) {
+                    return None;
+                }
+                wanted.insert(key, (object.clone(), state.path.clone()));
+            }
+        }
+        let mut changes = Vec::new();
+        for (_, old_keys) in touched {
+            for key in old_keys {
+                if !wanted.contains_key(key) && self.emitted.remove(key).is_some() {
+                    changes.push(Change::Delete(key.clone()));
+                }
+            }
+        }
+        for (key, (object, file)) in wanted {
+            let same = self
+                .emitted
+                .get(&key)
+                .is_some_and(|(o, f)| *f == file && (o.same_arc(&object) || *o == object));
+            if !same {
+                changes.push(Change::Apply {
+                    object: object.clone(),
+                    file: Some(file.clone()),
+                });
+                self.emitted.insert(key, (object, file));
+            }
+        }
+        Some(changes)
     }
 
     /// The manifest files in the folder, sorted.
@@ -454,13 +585,15 @@ impl FileSource {
 
     /// The union over files; the first file (by name) defining an object wins. A second
     /// definition is logged when either file is among the `changed` ones.
-    fn union(&self, changed: &[PathBuf]) -> BTreeMap<ObjectKey, (Object, Arc<Path>)> {
+    fn union(&mut self, changed: &[PathBuf]) -> BTreeMap<ObjectKey, (Object, Arc<Path>)> {
         let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
+        self.duplicates = false;
         for (path, state) in &self.files {
             let file = &state.path;
             for object in &state.objects {
                 let key = object.key();
                 if let Some((_, first)) = wanted.get(&key) {
+                    self.duplicates = true;
                     if changed.contains(path) || changed.iter().any(|c| **c == **first) {
                         tracing::warn!(
                             file = %path.display(),
@@ -501,6 +634,16 @@ impl FileSource {
         self.emitted = wanted;
         changes
     }
+}
+
+/// What a watch event's path means.
+enum EventPath {
+    /// A manifest file directly in the folder: read it again.
+    Manifest,
+    /// Not a manifest (a hidden temporary file, a README): nothing to read.
+    Ignored,
+    /// A folder, a symlink or a path elsewhere: rescan the whole folder.
+    Rescan,
 }
 
 /// What reading one file gave.
@@ -614,16 +757,19 @@ fn relevant(kind: &EventKind) -> bool {
 /// be read or watched at start; later read errors are logged and the last state kept. The task
 /// ends when the receiver is dropped.
 pub fn spawn(dir: PathBuf, tx: mpsc::Sender<SourceEvent>) -> Result<JoinHandle<()>, FilesError> {
-    let (notify_tx, mut notify_rx) = mpsc::unbounded_channel::<()>();
+    // Each event's paths, or `None`: rescan the whole folder (a watch error, the kernel's queue
+    // overflowed, an event without paths).
+    let (notify_tx, mut notify_rx) = mpsc::unbounded_channel::<Option<Vec<PathBuf>>>();
     let mut watcher =
         notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
             Ok(event) if relevant(&event.kind) => {
-                let _ = notify_tx.send(());
+                let whole = event.need_rescan() || event.paths.is_empty();
+                let _ = notify_tx.send((!whole).then_some(event.paths));
             }
             Ok(_) => {}
             Err(error) => {
                 tracing::warn!(%error, "Manifest folder watch error; rescanning");
-                let _ = notify_tx.send(());
+                let _ = notify_tx.send(None);
             }
         })
         .map_err(|source| FilesError::Watch {
@@ -647,10 +793,20 @@ pub fn spawn(dir: PathBuf, tx: mpsc::Sender<SourceEvent>) -> Result<JoinHandle<(
         {
             return;
         }
-        while notify_rx.recv().await.is_some() {
+        while let Some(first) = notify_rx.recv().await {
             tokio::time::sleep(SETTLE).await;
-            while notify_rx.try_recv().is_ok() {}
-            match source.scan() {
+            let mut paths = first;
+            while let Ok(more) = notify_rx.try_recv() {
+                paths = paths.zip(more).map(|(mut a, b)| {
+                    a.extend(b);
+                    a
+                });
+            }
+            let scanned = match &paths {
+                Some(paths) => source.scan_paths(paths),
+                None => source.scan(),
+            };
+            match scanned {
                 Ok(changes) if changes.is_empty() => {}
                 Ok(changes) => {
                     if tx.send(SourceEvent::Changes(changes)).await.is_err() {
@@ -756,6 +912,82 @@ items:
         let parsed = parse(text, &[]);
         let keys: Vec<String> = parsed.objects.iter().map(|o| o.key().to_string()).collect();
         assert_eq!(keys, ["Secret x/a", "Secret default/b"]);
+    }
+
+    fn secret(name: &str, note: &str) -> String {
+        format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, annotations: {{note: \"n{note}\"}}}}\n")
+    }
+
+    fn keys(changes: &[Change]) -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Apply { object, .. } => format!("apply {}", object.key()),
+                Change::Delete(key) => format!("delete {key}"),
+                Change::Replace { kind, .. } => format!("replace {kind:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_event_rereads_only_the_files_it_names_and_rescans_when_it_must() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        for name in ["a", "b", "c"] {
+            std::fs::write(path(&format!("{name}.yaml")), secret(name, "1")).unwrap();
+        }
+        let mut source = FileSource::new(dir.path());
+        assert_eq!(source.scan().unwrap().len(), 3);
+
+        // An editor's save: a hidden temporary file renamed over a.yaml. b.yaml changes too but
+        // no event names it: only a.yaml is read again.
+        std::fs::write(path(".a.tmp"), secret("a", "2")).unwrap();
+        std::fs::rename(path(".a.tmp"), path("a.yaml")).unwrap();
+        std::fs::write(
+            path("b.yaml"),
+            format!("{}---\n{}", secret("b", "2"), secret("b2", "1")),
+        )
+        .unwrap();
+        let changes = source
+            .scan_paths(&[path(".a.tmp"), path("a.yaml")])
+            .unwrap();
+        assert_eq!(keys(&changes), ["apply Secret default/a"]);
+
+        // A removed file's objects go; a new one's come.
+        std::fs::remove_file(path("c.yaml")).unwrap();
+        std::fs::write(path("d.yaml"), secret("d", "1")).unwrap();
+        let changes = source
+            .scan_paths(&[path("c.yaml"), path("d.yaml"), path("notes.txt")])
+            .unwrap();
+        assert_eq!(
+            keys(&changes),
+            ["delete Secret default/c", "apply Secret default/d"]
+        );
+
+        // An object another file defines too: the first file by name wins, as in a full scan.
+        std::fs::write(path("0-first.yaml"), secret("d", "0")).unwrap();
+        let changes = source.scan_paths(&[path("0-first.yaml")]).unwrap();
+        assert_eq!(keys(&changes), ["apply Secret default/d"]);
+        std::fs::remove_file(path("0-first.yaml")).unwrap();
+        let changes = source.scan_paths(&[path("0-first.yaml")]).unwrap();
+        assert_eq!(
+            keys(&changes),
+            ["apply Secret default/d"],
+            "d.yaml's definition is back"
+        );
+
+        // A symlink (a ConfigMap volume's `..data`) rescans the whole folder: b.yaml's change is
+        // found now.
+        std::os::unix::fs::symlink(dir.path(), path("..data")).unwrap();
+        let changes = source.scan_paths(&[path("..data")]).unwrap();
+        assert_eq!(
+            keys(&changes),
+            ["apply Secret default/b", "apply Secret default/b2"]
+        );
+        assert!(
+            source.scan().unwrap().is_empty(),
+            "the same state as a full scan"
+        );
     }
 
     #[test]

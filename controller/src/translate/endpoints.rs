@@ -156,6 +156,52 @@ pub fn update_backends<'a, S: SliceView + ?Sized + 'a>(
     Some(backends)
 }
 
+/// The backends after a route change planned host by host ([`super::incremental`]): a backend
+/// whose spec is as in the `old` plan, of a Service whose endpoints did not change (`endpoints`),
+/// is `previous`'s `Arc`; every backend of the other Services (new, changed or dropped specs,
+/// changed endpoints) is built again and their `diagnostics` replaced. Equal to
+/// [`build_backends_with`] when `previous` and `diagnostics` were built for `old`.
+#[allow(clippy::too_many_arguments)]
+pub fn update_backends_after_routes<'a, S: SliceView + ?Sized + 'a>(
+    plan: &RoutePlan,
+    old: &RoutePlan,
+    endpoints: &BTreeSet<NsName>,
+    slices_of: impl Fn(&NsName) -> Vec<&'a S>,
+    names: Option<&Resolved>,
+    config: &Config,
+    previous: &HashMap<BackendId, Arc<Backend>>,
+    diagnostics: &mut ServiceDiagnostics,
+) -> HashMap<BackendId, Arc<Backend>> {
+    let mut again: BTreeSet<&NsName> = endpoints.iter().collect();
+    for (id, spec) in &plan.backends {
+        if old.backends.get(id) != Some(spec) || !previous.contains_key(id) {
+            again.insert(&spec.service);
+        }
+    }
+    for (id, spec) in &old.backends {
+        if !plan.backends.contains_key(id) {
+            again.insert(&spec.service);
+        }
+    }
+    let used: BTreeSet<&NsName> = plan.backends.values().map(|s| &s.service).collect();
+    diagnostics.retain(|service, _| used.contains(service) && !again.contains(service));
+    let mut backends = HashMap::with_capacity(plan.backends.len());
+    for (id, spec) in &plan.backends {
+        if let (false, Some(backend)) = (again.contains(&spec.service), previous.get(id)) {
+            backends.insert(id.clone(), backend.clone());
+        }
+    }
+    for service in again {
+        let slices = slices_of(service);
+        for (id, spec) in service_backends(plan, service) {
+            let (backend, found) = backend_of(id, spec, &slices, names, config, previous);
+            add_diagnostics(diagnostics, service, found);
+            backends.insert(id.clone(), backend);
+        }
+    }
+    backends
+}
+
 /// One backend from its Service's slices; `previous`'s `Arc` when equal by value.
 fn backend_of<S: SliceView + ?Sized>(
     id: &BackendId,

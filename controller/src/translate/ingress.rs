@@ -72,7 +72,9 @@ impl<'a> IngressProcessor<'a> {
     pub(crate) fn run(self, t: &mut Translation<'_>) {
         let mut held = Pending::default();
         for (origin, ingress) in self.ours {
+            t.begin_ingress(&origin, ingress);
             add_ingress(t, &mut held, origin, ingress);
+            t.end_ingress();
         }
         settle(t, held);
     }
@@ -83,6 +85,7 @@ impl<'a> IngressProcessor<'a> {
 fn settle(t: &mut Translation<'_>, held: Pending<HostKey>) {
     let (canaries, www) = held.into_parts();
     for canary in canaries {
+        t.footprints.touch_late(canary.origin(), &canary.host);
         canary.attach(t.routes.rules_mut(&canary.host), &mut t.diagnostics);
     }
     for (host, rule) in www {
@@ -92,6 +95,7 @@ fn settle(t: &mut Translation<'_>, held: Pending<HostKey>) {
         let Some(other) = nginx::traffic::www_twin(name).map(HostKey::Exact) else {
             continue;
         };
+        t.footprints.touch_late(&rule.action.origin, &other);
         if !t.routes.has_host(&other) {
             let rule = nginx::routing::www_rule(&rule, &host.display());
             t.routes.add(&other, rule, "/", false);
@@ -324,7 +328,9 @@ fn add_rule(
             return;
         }
     };
+    t.footprints.touch(&host);
     if routes.nginx.ssl_passthrough {
+        t.footprints.global();
         passthrough_host(t, routes, &host);
     }
     for path in rule.http.iter().flat_map(|h| &h.paths) {

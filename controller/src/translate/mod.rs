@@ -18,6 +18,7 @@ mod endpoints;
 mod external;
 pub mod gateway;
 pub mod gateway_rule;
+pub mod incremental;
 mod ingress;
 pub mod nginx;
 mod reuse;
@@ -41,7 +42,7 @@ pub use certs::SSL_REDIRECT_ANNOTATION;
 pub use diagnostic::{Diagnostic, Reason};
 pub use endpoints::{
     backends_of, build_backends, build_backends_by_service, build_backends_with, forbidden,
-    join_targets, update_backends, ServiceDiagnostics,
+    join_targets, update_backends, update_backends_after_routes, ServiceDiagnostics,
 };
 pub use external::{wanted_names, Resolution, Resolved};
 pub use ingress::{BODY_SIZE_ANNOTATION, UPSTREAM_FAMILY_ANNOTATION};
@@ -197,6 +198,8 @@ pub struct RoutePlan {
     pub gateways: Arc<dataplane::table::gateway::GatewayTable>,
     /// What the Gateway API objects' status says (route parents, attached routes).
     pub gateway_report: Arc<crate::gateway::report::GatewayReport>,
+    /// What each Ingress contributed, for [`incremental::plan_ingress_change`].
+    pub footprints: Arc<incremental::Footprints>,
 }
 
 /// Assembles a snapshot from a plan and its backends.

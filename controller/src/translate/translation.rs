@@ -55,6 +55,8 @@ pub(crate) struct Translation<'a> {
     pub(crate) annotations: Vec<AnnotationReport>,
     /// The Gateway API listeners and their status, once the gateway processor ran.
     pub(crate) gateways: GatewayOutput,
+    /// What each Ingress contributes (hosts, references), for incremental route builds.
+    pub(crate) footprints: super::incremental::Recorder,
 }
 
 impl<'a> Translation<'a> {
@@ -76,7 +78,21 @@ impl<'a> Translation<'a> {
             routes: RouteModel::default(),
             annotations: Vec::new(),
             gateways: Default::default(),
+            footprints: Default::default(),
         }
+    }
+
+    /// The Ingress processor starts on `ingress`: what it references and touches from now on is
+    /// its own (see [`incremental`](super::incremental)).
+    pub(crate) fn begin_ingress(&mut self, origin: &dataplane::Origin, ingress: &Ingress) {
+        let diagnostics = self.diagnostics.len();
+        self.footprints
+            .begin(origin, ingress, &mut self.references, diagnostics);
+    }
+
+    /// The Ingress processor is done with the Ingress it began.
+    pub(crate) fn end_ingress(&mut self) {
+        self.footprints.end(&mut self.references, &self.diagnostics);
     }
 
     /// The Service of a name, if it exists.
@@ -271,6 +287,8 @@ impl<'a> Translation<'a> {
             self.certs
                 .default_secret(name, &mut self.diagnostics, &mut self.references);
         }
+        let footprints = std::mem::take(&mut self.footprints);
+        let footprints = Arc::new(footprints.finish(self.references.clone()));
         let table = self
             .routes
             .build(&mut self.diagnostics, &mut self.annotations);
@@ -290,12 +308,13 @@ impl<'a> Translation<'a> {
         RoutePlan {
             table: Arc::new(table),
             backends,
-            references: self.references,
+            references: footprints.references(),
             diagnostics,
             certs: Arc::new(self.certs.finish()),
             annotations: self.annotations,
             gateways: Arc::new(self.gateways.table),
             gateway_report: Arc::new(self.gateways.report),
+            footprints,
         }
     }
 }

@@ -21,6 +21,8 @@ use crate::ptr_key::{addr_of, AddrMap};
 use crate::table::gateway::GatewayTable;
 use crate::table::{Family, RouteAction, RouteTable, Snapshot};
 
+mod update;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct RequestLabels {
     namespace: Arc<str>,
@@ -416,6 +418,9 @@ impl LiveMetrics {
             if Arc::ptr_eq(table, &snapshot.routes) && Arc::ptr_eq(gateways, &snapshot.gateways) {
                 return previous.clone();
             }
+        }
+        if let Some(updated) = update::update(metrics, snapshot, previous) {
+            return updated;
         }
         let routes = &snapshot.routes;
         let mut index = RouteIndex {

@@ -68,6 +68,11 @@ impl<K: Clone> Pending<K> {
 }
 
 impl<K> Canary<K> {
+    /// The canary Ingress.
+    pub fn origin(&self) -> &dataplane::Origin {
+        &self.rule.action.origin
+    }
+
     /// Attaches the canary to the main rules with its match among `rules` (its host's).
     pub fn attach<'r>(
         &self,

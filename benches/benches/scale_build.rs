@@ -1,0 +1,76 @@
+//! The control loop's publish at scale, from a `gen-scale.py` folder (`SCALE_DIR`, default
+//! `/tmp/scale`): the folder read, the first full build and apply, then one Ingress change (a
+//! path added to the first Ingress) and one EndpointSlice change, each published as `duet serve`
+//! does ([`App::publish`]). Prints the CPU time of each step; `ROUNDS` repeats the changes. Not
+//! a criterion bench: one first build is what `scale.sh` measures, and profilers
+//! (`perf record`, callgrind) can run it alone:
+//!
+//!     SCALE_DIR=/tmp/scale cargo bench -p benches --bench scale_build
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use controller::app::{App, AppConfig};
+use controller::index::Change;
+use controller::source::files::{self, FileSource};
+use controller::translate;
+use dataplane::{ProxyConfig, Runtime};
+
+fn main() {
+    let dir = PathBuf::from(std::env::var("SCALE_DIR").unwrap_or_else(|_| "/tmp/scale".into()));
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let info: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(".scale.json")).expect("a gen-scale.py folder"),
+    )
+    .expect(".scale.json is JSON");
+    let field = |k: &str| info[k].as_str().expect("a .scale.json field").to_owned();
+
+    let started = Instant::now();
+    let changes = FileSource::new(&dir).scan().expect("the folder reads");
+    println!("folder_read_ms: {:.1}", ms(started));
+
+    let runtime = Runtime::new(ProxyConfig::default());
+    let mut app = App::new(AppConfig::new(translate::Config::default()), runtime);
+    let started = Instant::now();
+    app.ingest(changes);
+    println!("index_ms: {:.1}", ms(started));
+    let started = Instant::now();
+    app.publish().expect("a first snapshot");
+    println!("first_publish_ms: {:.1}", ms(started));
+
+    let ingress = std::fs::read_to_string(dir.join(field("ingress_file"))).expect("ingress file");
+    let slice = std::fs::read_to_string(dir.join(field("endpointslice_file"))).expect("slice");
+    let path = field("ingress_new_path");
+    let service = field("ingress_service");
+    for round in 0..rounds {
+        let added = format!(
+            "          - {{path: {path}-{round}, pathType: Exact, backend: {{service: {{name: {service}, port: {{name: http}}}}}}}}\n"
+        );
+        publish_change(&mut app, "ingress", &format!("{ingress}{added}"));
+        let address = field("endpointslice_address");
+        let moved = slice.replace(&address, &format!("127.254.254.{}", round + 1));
+        publish_change(&mut app, "endpointslice", &moved);
+    }
+}
+
+/// Applies the objects of `yaml` and publishes; prints the publish time.
+fn publish_change(app: &mut App, name: &str, yaml: &str) {
+    let parsed = files::parse(yaml, &[]);
+    assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+    let changes: Vec<Change> = parsed
+        .objects
+        .into_iter()
+        .map(|object| Change::Apply { object, file: None })
+        .collect();
+    app.ingest(changes);
+    let started = Instant::now();
+    app.publish().expect("the change is published");
+    println!("{name}_publish_ms: {:.3}", ms(started));
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}

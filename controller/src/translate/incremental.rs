@@ -1,0 +1,343 @@
+//! The route phase for an Ingress change, host by host: each route build records what every
+//! Ingress contributed (its [`Footprint`]: the hosts it touched, what it references, whether it
+//! reaches beyond its hosts), so that when only Ingresses changed, [`plan_ingress_change`] runs
+//! the route phase over just the Ingresses sharing a host with the changed ones (old and new
+//! hosts, closed over every host those Ingresses touch), takes those hosts' entries from it and
+//! keeps every other host's entry, the certificates and the Gateway API tables of the previous
+//! plan by pointer. The result equals a full [`plan_routes`](super::plan_routes) of the same
+//! inputs; whenever that cannot be shown cheaply (an Ingress with a default backend, `spec.tls`,
+//! `ssl-passthrough`, or a problem reported on another object than itself; too many Ingresses
+//! involved) it returns `None` and the caller runs the full route phase.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use dataplane::{Origin, RouteTable};
+use k8s_openapi::api::networking::v1::Ingress;
+
+use super::routes::HostKey;
+use super::{Config, Diagnostic, Inputs, References, RoutePlan};
+use crate::object::{Kind, NsName};
+
+/// What one of our Ingresses contributed to a route build.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    origin: Origin,
+    /// Every host its rules touched (added to, read, or turned to regexes).
+    hosts: Box<[HostKey]>,
+    services: Box<[NsName]>,
+    secrets: Box<[NsName]>,
+    /// Whether it was taken into the references' Ingresses (its annotations allowed it).
+    referenced: bool,
+    /// Whether it reaches beyond its hosts: a default backend, `spec.tls`, `ssl-passthrough`, or
+    /// a diagnostic of another object than itself.
+    global: bool,
+}
+
+/// The footprints of one route build.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Footprints {
+    by_ingress: BTreeMap<NsName, Arc<Footprint>>,
+    /// The references made outside any Ingress (the default TLS Secret, Gateway API routes).
+    base: References,
+}
+
+impl Footprints {
+    /// The references of the whole build: the base and every Ingress's.
+    pub(crate) fn references(&self) -> References {
+        let mut all = self.base.clone();
+        for (name, print) in &self.by_ingress {
+            if print.referenced {
+                all.ingresses.insert(name.clone());
+            }
+            all.services.extend(print.services.iter().cloned());
+            all.secrets.extend(print.secrets.iter().cloned());
+        }
+        all
+    }
+}
+
+/// Records footprints while the Ingress processor runs; see [`Translation`](super::translation).
+#[derive(Debug, Default)]
+pub(crate) struct Recorder {
+    current: Option<Open>,
+    /// Hosts touched by rules held back until every Ingress is read, by Ingress.
+    late: BTreeMap<NsName, BTreeSet<HostKey>>,
+    done: BTreeMap<NsName, Footprint>,
+}
+
+#[derive(Debug)]
+struct Open {
+    name: NsName,
+    origin: Origin,
+    hosts: BTreeSet<HostKey>,
+    /// The references made before this Ingress (restored when it ends).
+    saved: References,
+    diagnostics_from: usize,
+    global: bool,
+}
+
+impl Recorder {
+    /// An Ingress starts; `references` is set aside so that what it references is its own.
+    pub(crate) fn begin(
+        &mut self,
+        origin: &Origin,
+        ingress: &Ingress,
+        references: &mut References,
+        diagnostics: usize,
+    ) {
+        let spec = ingress.spec.as_ref();
+        let global = spec.is_some_and(|s| {
+            s.default_backend.is_some() || s.tls.as_ref().is_some_and(|t| !t.is_empty())
+        });
+        self.current = Some(Open {
+            name: NsName::new(&*origin.namespace, &*origin.name),
+            origin: origin.clone(),
+            hosts: BTreeSet::new(),
+            saved: std::mem::take(references),
+            diagnostics_from: diagnostics,
+            global,
+        });
+    }
+
+    /// The current Ingress touches `host`.
+    pub(crate) fn touch(&mut self, host: &HostKey) {
+        if let Some(open) = &mut self.current {
+            open.hosts.insert(host.clone());
+        }
+    }
+
+    /// The current Ingress reaches beyond its hosts.
+    pub(crate) fn global(&mut self) {
+        if let Some(open) = &mut self.current {
+            open.global = true;
+        }
+    }
+
+    /// A rule of `origin` held back until every Ingress was read touches `host`.
+    pub(crate) fn touch_late(&mut self, origin: &Origin, host: &HostKey) {
+        let name = NsName::new(&*origin.namespace, &*origin.name);
+        self.late.entry(name).or_default().insert(host.clone());
+    }
+
+    /// The current Ingress ends; `references` is again what was made outside any Ingress.
+    pub(crate) fn end(&mut self, references: &mut References, diagnostics: &[Diagnostic]) {
+        let Some(open) = self.current.take() else {
+            return;
+        };
+        let name = open.name;
+        let own = diagnostics[open.diagnostics_from..]
+            .iter()
+            .all(|d| d.object.kind == Kind::Ingress && d.object.ns_name() == name);
+        // The references outside any Ingress stay apart (the base); each Ingress's are in its
+        // footprint, and the plan's are their union.
+        let mine = std::mem::replace(references, open.saved);
+        let print = Footprint {
+            origin: open.origin,
+            hosts: open.hosts.into_iter().collect(),
+            services: mine.services.iter().cloned().collect(),
+            secrets: mine.secrets.iter().cloned().collect(),
+            referenced: mine.ingresses.contains(&name),
+            global: open.global || !own,
+        };
+        self.done.insert(name, print);
+    }
+
+    /// The footprints, with `base`, the references made outside any Ingress.
+    pub(crate) fn finish(mut self, base: References) -> Footprints {
+        for (name, hosts) in self.late {
+            if let Some(print) = self.done.get_mut(&name) {
+                let mut all: BTreeSet<HostKey> = print.hosts.iter().cloned().collect();
+                all.extend(hosts);
+                print.hosts = all.into_iter().collect();
+            }
+        }
+        let by_ingress = self
+            .done
+            .into_iter()
+            .map(|(k, v)| (k, Arc::new(v)))
+            .collect();
+        Footprints { by_ingress, base }
+    }
+}
+
+/// At most this share of our Ingresses (in 1/8) are run again before the full route phase is the
+/// cheaper way.
+const MAX_SHARE_EIGHTHS: usize = 2;
+
+/// How many times the set of hosts may grow before giving up.
+const MAX_ROUNDS: usize = 8;
+
+/// The route plan after a change of only the Ingresses `changed` (any of which may now be gone
+/// or not ours), from `previous`, the plan of the inputs before the change; `None` when the full
+/// route phase must run (see the module documentation).
+pub fn plan_ingress_change(
+    previous: &RoutePlan,
+    inputs: &Inputs<'_>,
+    config: &Config,
+    changed: &BTreeSet<NsName>,
+) -> Option<RoutePlan> {
+    let prints = &previous.footprints;
+    let old = prints
+        .by_ingress
+        .iter()
+        .filter(|(k, _)| changed.contains(*k));
+    let mut hosts: BTreeSet<HostKey> = BTreeSet::new();
+    for (_, print) in old {
+        if print.global {
+            return None;
+        }
+        hosts.extend(print.hosts.iter().cloned());
+    }
+    let by_name: BTreeMap<NsName, &Ingress> = inputs
+        .ingresses
+        .iter()
+        .map(|i| (NsName::of(&i.metadata), *i))
+        .collect();
+    let limit = (prints.by_ingress.len() * MAX_SHARE_EIGHTHS / 8).max(8);
+    let mut partial_config = config.clone();
+    partial_config.default_tls_secret = None;
+    for _ in 0..MAX_ROUNDS {
+        let mut members: BTreeSet<NsName> = changed.clone();
+        members.extend(
+            prints
+                .by_ingress
+                .iter()
+                .filter(|(_, p)| p.hosts.iter().any(|h| hosts.contains(h)))
+                .map(|(k, _)| k.clone()),
+        );
+        if members.len() > limit {
+            return None;
+        }
+        let partial_inputs = Inputs {
+            ingresses: members
+                .iter()
+                .filter_map(|m| by_name.get(m).copied())
+                .collect(),
+            gateway_api: Default::default(),
+            ..inputs.clone()
+        };
+        let partial = super::plan_routes(&partial_inputs, &partial_config);
+        let new_prints = &partial.footprints.by_ingress;
+        if new_prints.values().any(|p| p.global) {
+            return None;
+        }
+        let touched: BTreeSet<HostKey> = new_prints
+            .values()
+            .flat_map(|p| p.hosts.iter().cloned())
+            .collect();
+        if touched.is_subset(&hosts) {
+            return Some(merge(previous, partial, &members, &hosts));
+        }
+        hosts.extend(touched);
+    }
+    None
+}
+
+/// The previous plan with the hosts `hosts` and the Ingresses `members` taken from `partial`.
+fn merge(
+    previous: &RoutePlan,
+    partial: RoutePlan,
+    members: &BTreeSet<NsName>,
+    hosts: &BTreeSet<HostKey>,
+) -> RoutePlan {
+    let table = replace_hosts(&previous.table, &partial.table, hosts);
+    let mut by_ingress = previous.footprints.by_ingress.clone();
+    by_ingress.retain(|k, _| !members.contains(k));
+    by_ingress.extend(
+        partial
+            .footprints
+            .by_ingress
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    let footprints = Footprints {
+        by_ingress,
+        base: previous.footprints.base.clone(),
+    };
+    let gateway_ids = previous.gateways.actions().flat_map(|action| {
+        let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
+        std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
+    });
+    let used: BTreeSet<&dataplane::BackendId> = table.backend_ids().chain(gateway_ids).collect();
+    let backends = used
+        .into_iter()
+        .filter_map(|id| {
+            let spec = partial
+                .backends
+                .get(id)
+                .or_else(|| previous.backends.get(id))?;
+            Some((id.clone(), spec.clone()))
+        })
+        .collect();
+    let of_member =
+        |d: &Diagnostic| d.object.kind == Kind::Ingress && members.contains(&d.object.ns_name());
+    let mut diagnostics: Vec<Diagnostic> = previous
+        .diagnostics
+        .iter()
+        .filter(|d| !of_member(d))
+        .cloned()
+        .chain(partial.diagnostics)
+        .collect();
+    diagnostics.sort();
+    diagnostics.dedup();
+    let mut annotations: Vec<_> = previous
+        .annotations
+        .iter()
+        .filter(|r| !members.contains(&r.ingress))
+        .cloned()
+        .chain(partial.annotations)
+        .collect();
+    let age = |name: &NsName| {
+        footprints.by_ingress.get(name).map(|p| {
+            (
+                p.origin.created,
+                p.origin.namespace.clone(),
+                p.origin.name.clone(),
+            )
+        })
+    };
+    annotations.sort_by_cached_key(|r| age(&r.ingress));
+    RoutePlan {
+        table: Arc::new(table),
+        backends,
+        references: footprints.references(),
+        diagnostics,
+        certs: previous.certs.clone(),
+        annotations,
+        gateways: previous.gateways.clone(),
+        gateway_report: previous.gateway_report.clone(),
+        footprints: Arc::new(footprints),
+    }
+}
+
+/// `previous` with the entries of `hosts` as in `partial` (gone where `partial` has none).
+fn replace_hosts(
+    previous: &RouteTable,
+    partial: &RouteTable,
+    hosts: &BTreeSet<HostKey>,
+) -> RouteTable {
+    let mut table = previous.clone();
+    for host in hosts {
+        match host {
+            HostKey::Exact(name) => match partial.exact.get(name.as_str()) {
+                Some(entry) => {
+                    table.exact.insert(name.as_str().into(), entry.clone());
+                }
+                None => {
+                    table.exact.remove(name.as_str());
+                }
+            },
+            HostKey::Wildcard(suffix) => match partial.wildcard.get(suffix.as_str()) {
+                Some(entry) => {
+                    table.wildcard.insert(suffix.as_str().into(), entry.clone());
+                }
+                None => {
+                    table.wildcard.remove(suffix.as_str());
+                }
+            },
+            HostKey::Any => table.any_host = partial.any_host.clone(),
+        }
+    }
+    table
+}

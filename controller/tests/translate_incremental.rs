@@ -1,0 +1,235 @@
+//! An Ingress change planned host by host (`translate::incremental`) equals the full route phase
+//! over the same objects, edit after edit.
+use controller::index::{Change, Impact, Index};
+use controller::object::{Kind, ObjectKey};
+use controller::source::files;
+use controller::translate::incremental::plan_ingress_change;
+use controller::translate::{plan_routes, Config, RoutePlan};
+
+const SERVICES: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: duet}
+spec: {controller: duet.dev/ingress-controller}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: a}
+spec: {ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: b}
+spec: {ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: cert}
+type: kubernetes.io/tls
+data: {tls.crt: "", tls.key: ""}
+"#;
+
+/// An Ingress named `name` created at second `created`, with `rules` (YAML list items) and
+/// an optional `extra` spec part.
+fn ingress(name: &str, created: u32, rules: &[(&str, &str, &str)], extra: &str) -> String {
+    let mut text = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, creationTimestamp: \"2026-01-01T00:00:{created:02}Z\"}}\nspec:\n  ingressClassName: duet\n{extra}  rules:\n"
+    );
+    for (host, path, service) in rules {
+        let host = if host.is_empty() {
+            String::new()
+        } else {
+            format!("host: \"{host}\", ")
+        };
+        text.push_str(&format!(
+            "    - {{{host}http: {{paths: [{{path: {path}, pathType: Prefix, backend: {{service: {{name: {service}, port: {{name: http}}}}}}}}]}}}}\n"
+        ));
+    }
+    text
+}
+
+fn apply(index: &mut Index, yaml: &str) -> Impact {
+    let parsed = files::parse(yaml, &[]);
+    assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+    let mut impact = Impact::default();
+    for object in parsed.objects {
+        impact.merge(index.apply(Change::Apply { object, file: None }));
+    }
+    impact
+}
+
+/// The plan after a change, as the app makes it: incremental when only Ingresses changed and
+/// it applies; whether it did.
+fn plan_after(index: &Index, previous: &RoutePlan, impact: &Impact) -> (RoutePlan, bool) {
+    let config = Config::default();
+    let inputs = index.inputs();
+    if !impact.all_routes && !impact.ingresses.is_empty() {
+        if let Some(plan) = plan_ingress_change(previous, &inputs, &config, &impact.ingresses) {
+            return (plan, true);
+        }
+    }
+    (plan_routes(&inputs, &config), false)
+}
+
+fn assert_same(incremental: &RoutePlan, full: &RoutePlan, step: &str) {
+    assert_eq!(*incremental.table, *full.table, "{step}: table");
+    assert_eq!(incremental.backends, full.backends, "{step}: backends");
+    assert_eq!(
+        incremental.references, full.references,
+        "{step}: references"
+    );
+    assert_eq!(
+        incremental.diagnostics, full.diagnostics,
+        "{step}: diagnostics"
+    );
+    assert_eq!(
+        incremental.annotations, full.annotations,
+        "{step}: annotations"
+    );
+    assert_eq!(*incremental.certs, *full.certs, "{step}: certificates");
+    assert_eq!(
+        *incremental.footprints, *full.footprints,
+        "{step}: footprints"
+    );
+}
+
+#[test]
+fn ingress_changes_planned_by_host_equal_a_full_route_phase() {
+    let mut index = Index::new(Config::default().class);
+    apply(&mut index, SERVICES);
+    let start = [
+        ingress("one", 1, &[("a.test", "/", "a"), ("b.test", "/", "b")], ""),
+        ingress("two", 2, &[("c.test", "/", "a")], ""),
+        ingress(
+            "three",
+            3,
+            &[("d.test", "/", "b"), ("*.wild.test", "/", "a")],
+            "",
+        ),
+        ingress("four", 4, &[("e.test", "/", "a")], "  annotations: {}\n"),
+    ];
+    apply(&mut index, &start.join("---\n"));
+    let mut plan = plan_routes(&index.inputs(), &Config::default());
+    index.set_references(plan.references.clone());
+    let tls = "  tls: [{hosts: [c.test], secretName: cert}]\n";
+    let default = "  defaultBackend: {service: {name: b, port: {name: http}}}\n";
+    let regex =
+        "metadata: {name: two, annotations: {nginx.ingress.kubernetes.io/use-regex: \"true\"}";
+    let steps: Vec<(&str, String, Option<ObjectKey>, bool)> = vec![
+        (
+            "a path added",
+            ingress(
+                "one",
+                1,
+                &[
+                    ("a.test", "/", "a"),
+                    ("a.test", "/x", "b"),
+                    ("b.test", "/", "b"),
+                ],
+                "",
+            ),
+            None,
+            true,
+        ),
+        (
+            "host moved between Ingresses",
+            ingress("two", 2, &[("c.test", "/", "a"), ("b.test", "/", "a")], ""),
+            None,
+            true,
+        ),
+        (
+            "the same path from an older Ingress wins",
+            ingress("four", 0, &[("e.test", "/", "a"), ("c.test", "/", "b")], ""),
+            None,
+            true,
+        ),
+        (
+            "host removed",
+            ingress("one", 1, &[("a.test", "/x", "b")], ""),
+            None,
+            true,
+        ),
+        (
+            "a missing Service",
+            ingress(
+                "three",
+                3,
+                &[("d.test", "/", "nope"), ("*.wild.test", "/", "a")],
+                "",
+            ),
+            None,
+            true,
+        ),
+        (
+            "host-less rules",
+            ingress(
+                "three",
+                3,
+                &[("", "/any", "a"), ("*.wild.test", "/", "a")],
+                "",
+            ),
+            None,
+            true,
+        ),
+        (
+            "regex paths on a shared host",
+            ingress("two", 2, &[("c.test", "/(x", "a")], "").replace("metadata: {name: two", regex),
+            None,
+            true,
+        ),
+        (
+            "TLS hosts",
+            ingress("two", 2, &[("c.test", "/", "a")], tls),
+            None,
+            false,
+        ),
+        (
+            "TLS hosts removed",
+            ingress("two", 2, &[("c.test", "/", "a")], ""),
+            None,
+            false,
+        ),
+        (
+            "default backend",
+            ingress("one", 1, &[("a.test", "/x", "b")], default),
+            None,
+            false,
+        ),
+        (
+            "default backend removed",
+            ingress("one", 1, &[("a.test", "/x", "b")], ""),
+            None,
+            false,
+        ),
+        (
+            "Ingress deleted",
+            String::new(),
+            Some(ObjectKey::new(Kind::Ingress, "default", "four")),
+            true,
+        ),
+        (
+            "not ours any more",
+            ingress("three", 3, &[("d.test", "/", "b")], "")
+                .replace("ingressClassName: duet", "ingressClassName: other"),
+            None,
+            true,
+        ),
+    ];
+    let mut used = 0;
+    for (step, yaml, delete, expect_incremental) in steps {
+        let impact = match delete {
+            Some(key) => index.apply(Change::Delete(key)),
+            None => apply(&mut index, &yaml),
+        };
+        assert!(impact.routes && !impact.all_routes, "{step}: {impact:?}");
+        let (next, incremental) = plan_after(&index, &plan, &impact);
+        assert_eq!(incremental, expect_incremental, "{step}: incremental");
+        used += usize::from(incremental);
+        let full = plan_routes(&index.inputs(), &Config::default());
+        assert_same(&next, &full, step);
+        index.set_references(next.references.clone());
+        plan = next;
+    }
+    assert_eq!(used, 9);
+    assert!(plan.table.exact.contains_key("c.test"));
+}
