@@ -51,7 +51,7 @@ pub enum ProxyError {
     /// duet's HTTP/1.1 client failed while the request was in flight, or the upstream's
     /// response head is invalid (502), as [`ProxyError::Upstream`].
     #[error("upstream failed")]
-    Client(#[source] crate::upstream::ClientError),
+    Client(#[source] ClientError),
     /// The request's host is missing, repeated, contradictory or not a host (400).
     #[error("bad host: {0}")]
     Host(#[from] HostError),
@@ -113,4 +113,28 @@ impl ProxyError {
             ProxyError::BadRewrite => "500 the rewritten request target is invalid\n",
         }
     }
+}
+
+/// What went wrong on an upstream HTTP/1.1 connection of duet's own client
+/// (`upstream::client`).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The connection failed or closed before the whole request was written.
+    #[error("writing the request: {0}")]
+    Write(#[source] io::Error),
+    /// The connection failed or closed before a response head came.
+    #[error("reading the response head: {0}")]
+    Read(#[source] io::Error),
+    /// The response head is not valid HTTP/1.1.
+    #[error("invalid response head: {0}")]
+    Invalid(&'static str),
+    /// The upstream switched protocols though the request asked for no upgrade.
+    #[error("upstream switched protocols unasked")]
+    Switched,
+    /// The response head is larger than the connection's buffer.
+    #[error("response head larger than {} bytes", limits::UPSTREAM_H1_BUF)]
+    HeadTooLarge,
+    /// The body's framing is broken (a bad chunk, an early close).
+    #[error("invalid response body: {0}")]
+    Body(&'static str),
 }

@@ -25,8 +25,9 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::h1::Pool;
+use super::h1::{ClientIdle, Pool};
 use super::{PoolKey, UpstreamBody};
+pub use crate::error::ClientError;
 use crate::limits::UPSTREAM_H1_BUF;
 
 /// Response headers parsed at most (as hyper's client).
@@ -46,31 +47,8 @@ pub(super) fn takes(request: &Request<UpstreamBody>) -> bool {
         && !request.headers().contains_key(header::TRANSFER_ENCODING)
 }
 
-/// What went wrong on an upstream HTTP/1.1 connection.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The connection failed or closed before the whole request was written.
-    #[error("writing the request: {0}")]
-    Write(#[source] io::Error),
-    /// The connection failed or closed before a response head came.
-    #[error("reading the response head: {0}")]
-    Read(#[source] io::Error),
-    /// The response head is not valid HTTP/1.1.
-    #[error("invalid response head: {0}")]
-    Invalid(&'static str),
-    /// The upstream switched protocols though the request asked for no upgrade.
-    #[error("upstream switched protocols unasked")]
-    Switched,
-    /// The response head is larger than the connection's buffer.
-    #[error("response head larger than {UPSTREAM_H1_BUF} bytes")]
-    HeadTooLarge,
-    /// The body's framing is broken (a bad chunk, an early close).
-    #[error("invalid response body: {0}")]
-    Body(&'static str),
-}
-
 /// An idle or busy upstream connection of this client.
-pub(super) struct ClientConn {
+pub(crate) struct ClientConn {
     stream: TcpStream,
     /// Bytes read and not yet used.
     buf: BytesMut,
@@ -105,7 +83,11 @@ pub(super) struct Head {
 
 impl Head {
     /// The response with its body, which returns the connection to `pool` when it ends cleanly.
-    pub(super) fn into_response(self, pool: Arc<Pool>, key: PoolKey) -> Response<ClientBody> {
+    pub(super) fn into_response(
+        self,
+        pool: Arc<Pool<ClientConn>>,
+        key: PoolKey,
+    ) -> Response<ClientBody> {
         let body = ClientBody::new(self.conn, self.framing, self.reusable, pool, key);
         self.response.map(|()| body)
     }
@@ -137,6 +119,12 @@ enum Chunk {
     Trailers,
 }
 
+impl ClientIdle for ClientConn {
+    fn is_idle_open(&mut self) -> bool {
+        self.idle_open()
+    }
+}
+
 impl ClientConn {
     /// A connection over a connected stream.
     pub(super) fn new(stream: TcpStream) -> ClientConn {
@@ -150,7 +138,7 @@ impl ClientConn {
 
     /// Whether an idle connection can take a request: nothing came from the upstream while it
     /// was idle (no close, no stray bytes). Asks the socket only when the runtime saw it readable.
-    pub(super) fn is_idle_open(&mut self) -> bool {
+    fn idle_open(&mut self) -> bool {
         if !self.buf.is_empty() {
             return false;
         }
@@ -400,7 +388,7 @@ pub struct ClientBody {
     trailers: Option<Box<HeaderMap>>,
     framing: Framing,
     reusable: bool,
-    pool: Arc<Pool>,
+    pool: Arc<Pool<ClientConn>>,
     key: PoolKey,
 }
 
@@ -418,7 +406,7 @@ impl ClientBody {
         conn: ClientConn,
         framing: Framing,
         reusable: bool,
-        pool: Arc<Pool>,
+        pool: Arc<Pool<ClientConn>>,
         key: PoolKey,
     ) -> ClientBody {
         let mut body = ClientBody {

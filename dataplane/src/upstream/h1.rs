@@ -8,39 +8,56 @@ use std::time::{Duration, Instant};
 
 use hyper::client::conn::http1::SendRequest;
 
-use super::client::ClientConn;
 use super::{PoolKey, PoolMap, UpstreamBody};
 
 /// A pooled connection and when it went idle.
 type IdleConn = (SendRequest<UpstreamBody>, Instant);
 
+/// What the pool asks of an idle connection of duet's client (`C`, which the pool does not
+/// otherwise look into: [`super::client`] builds on the pool, not the other way round).
+pub(crate) trait ClientIdle {
+    /// Whether the connection can take a request: the upstream neither closed it nor sent
+    /// anything while it was idle.
+    fn is_idle_open(&mut self) -> bool;
+}
+
 /// The idle connections of one key.
-#[derive(Debug, Default)]
-struct Idle {
+#[derive(Debug)]
+struct Idle<C> {
     /// hyper's.
     hyper: Vec<IdleConn>,
     /// duet's client's.
-    client: Vec<(ClientConn, Instant)>,
+    client: Vec<(C, Instant)>,
 }
 
-impl Idle {
+impl<C> Default for Idle<C> {
+    fn default() -> Self {
+        Idle {
+            hyper: Vec::new(),
+            client: Vec::new(),
+        }
+    }
+}
+
+impl<C> Idle<C> {
     fn len(&self) -> usize {
         self.hyper.len() + self.client.len()
     }
 }
 
-/// Idle upstream HTTP/1.1 connections by address and TLS settings.
+/// Idle upstream HTTP/1.1 connections by address and TLS settings; `C` is a connection of
+/// duet's own client.
 #[derive(Debug)]
-pub(crate) struct Pool {
-    idle: Mutex<PoolMap<Idle>>,
+pub(crate) struct Pool<C> {
+    idle: Mutex<PoolMap<Idle<C>>>,
     /// How long a connection may stay idle.
     max_idle: Duration,
     /// Idle connections kept per key.
     max_per_key: usize,
 }
 
-impl Pool {
-    pub(super) fn new(max_idle: Duration, max_per_key: usize) -> Pool {
+impl<C: ClientIdle> Pool<C> {
+    pub(super) fn new(max_idle: Duration, max_per_key: usize) -> Pool<C> {
         Pool {
             idle: Mutex::default(),
             max_idle,
@@ -69,7 +86,7 @@ impl Pool {
     }
 
     /// An idle connection of duet's client, open and quiet, if there is one.
-    pub(super) fn take_client(&self, key: PoolKey) -> Option<ClientConn> {
+    pub(super) fn take_client(&self, key: PoolKey) -> Option<C> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = &mut idle.get_mut(&key)?.client;
         while let Some((mut conn, since)) = list.pop() {
@@ -81,7 +98,7 @@ impl Pool {
     }
 
     /// A connection of duet's client whose response is done, back to the pool.
-    pub(super) fn put_client(&self, key: PoolKey, conn: ClientConn) {
+    pub(super) fn put_client(&self, key: PoolKey, conn: C) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(key).or_default();
         if list.len() < self.max_per_key {
@@ -108,14 +125,14 @@ impl Pool {
 /// response and is ready for the next request, so it is pooled at once; otherwise a task waits
 /// until it is ready (or closed, and then it is not pooled).
 #[derive(Debug)]
-pub(crate) struct PoolReturn {
+pub(crate) struct PoolReturn<C: ClientIdle + Send + 'static> {
     sender: Option<SendRequest<UpstreamBody>>,
-    pool: Arc<Pool>,
+    pool: Arc<Pool<C>>,
     key: PoolKey,
 }
 
-impl PoolReturn {
-    pub(super) fn new(pool: Arc<Pool>, key: PoolKey, sender: SendRequest<UpstreamBody>) -> Self {
+impl<C: ClientIdle + Send + 'static> PoolReturn<C> {
+    pub(super) fn new(pool: Arc<Pool<C>>, key: PoolKey, sender: SendRequest<UpstreamBody>) -> Self {
         PoolReturn {
             sender: Some(sender),
             pool,
@@ -124,7 +141,7 @@ impl PoolReturn {
     }
 }
 
-impl Drop for PoolReturn {
+impl<C: ClientIdle + Send + 'static> Drop for PoolReturn<C> {
     fn drop(&mut self) {
         let Some(mut sender) = self.sender.take() else {
             return;

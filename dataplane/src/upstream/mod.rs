@@ -29,7 +29,8 @@ use hyper::client::conn::{http1, http2, TrySendError};
 use tokio::time::timeout;
 
 pub(crate) use client::ClientError;
-pub(crate) use h1::PoolReturn;
+/// An HTTP/1.1 connection going back to the pool when its response is done.
+pub(crate) type PoolReturn = h1::PoolReturn<client::ClientConn>;
 pub(crate) use h2::{keep_trailers, wants_trailers};
 
 use crate::error::ProxyError;
@@ -280,7 +281,7 @@ fn no_request() -> SendError {
 /// The upstream connection pools, shared by every listener.
 #[derive(Debug)]
 pub(crate) struct Upstream {
-    h1: Arc<h1::Pool>,
+    h1: Arc<h1::Pool<client::ClientConn>>,
     h2: h2::Pool,
     idle_timeout: Duration,
 }
