@@ -1,7 +1,7 @@
 //! The control loop's publish at scale, from a `gen-scale.py` folder (`SCALE_DIR`, default
 //! `/tmp/scale`): the folder read, the first full build and apply, then one Ingress change (a
 //! path added to the first Ingress) and one EndpointSlice change, each published as `duet serve`
-//! does ([`App::publish`]). Prints the CPU time of each step; `ROUNDS` repeats the changes. Not
+//! does ([`App::publish`]). Prints the wall time of each step; `ROUNDS` repeats the changes. Not
 //! a criterion bench: one first build is what `scale.sh` measures, and profilers
 //! (`perf record`, callgrind) can run it alone:
 //!

@@ -424,34 +424,50 @@ impl SliceView for EndpointSlice {
     }
 }
 
-impl kube::Resource for Slice {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+/// `kube::Resource` for a stored form of a namespaced API kind (what kube-runtime's watcher and
+/// reflector need to decode and cache it): `$ty` with its `metadata`, as `$kind` of
+/// `$group`/`$version`, listed at `$plural`.
+macro_rules! stored_resource {
+    ($ty:ty, $kind:literal, $group:literal, $version:literal, $plural:literal) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("EndpointSlice")
-    }
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($kind)
+            }
 
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("discovery.k8s.io")
-    }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($group)
+            }
 
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($version)
+            }
 
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("endpointslices")
-    }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($plural)
+            }
 
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
 
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
+pub(crate) use stored_resource;
+
+stored_resource!(
+    Slice,
+    "EndpointSlice",
+    "discovery.k8s.io",
+    "v1",
+    "endpointslices"
+);
 
 #[cfg(test)]
 mod tests {

@@ -7,8 +7,6 @@
 //! the API's JSON or YAML (`#[serde(from = "Service")]`) by the manifest source and the Service
 //! watcher alike, so nothing else of a Service is kept.
 
-use std::borrow::Cow;
-
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -122,34 +120,7 @@ impl ServiceView for StoredService {
     }
 }
 
-impl kube::Resource for StoredService {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Service")
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("services")
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::compact::stored_resource!(StoredService, "Service", "", "v1", "services");
 
 #[cfg(test)]
 mod tests {
