@@ -33,7 +33,13 @@ fn main() {
     println!("folder_read_ms: {:.1}", ms(started));
 
     let runtime = Runtime::new(ProxyConfig::default());
-    let mut app = App::new(AppConfig::new(translate::Config::default()), runtime);
+    // As `duet serve --manifests` configures it: gen-scale.py's pods are on loopback, which
+    // only the folder mode admits (else every endpoint is refused, with a diagnostic each).
+    let config = translate::Config {
+        allow_loopback_endpoints: true,
+        ..translate::Config::default()
+    };
+    let mut app = App::new(AppConfig::new(config), runtime);
     let started = Instant::now();
     app.ingest(changes);
     println!("index_ms: {:.1}", ms(started));

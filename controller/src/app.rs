@@ -448,13 +448,17 @@ impl App {
     /// Logs diagnostics not reported before (once per change) and shares the current set.
     fn report(&mut self, all: Vec<Diagnostic>) {
         let file_of = |d: &Diagnostic| self.index.file_of(&d.object).map(|f| f.to_path_buf());
+        // A set, not `all.contains`: with thousands of diagnostics (every endpoint of a large
+        // cluster refused, an annotation on every Ingress) a linear search per reported one
+        // took seconds per publish.
+        let current: BTreeSet<&Diagnostic> = all.iter().collect();
         let new: Vec<Diagnostic> = all
             .iter()
             .filter(|d| !self.reported.contains(*d))
             .cloned()
             .collect();
         if let Some(tx) = &self.observers.diagnostics {
-            let resolved = self.reported.iter().any(|d| !all.contains(d));
+            let resolved = self.reported.iter().any(|d| !current.contains(d));
             if !new.is_empty() || resolved {
                 tx.send_replace(Arc::new(all.clone()));
             }
@@ -476,7 +480,7 @@ impl App {
                 ),
             }
         }
-        for d in self.reported.iter().filter(|d| !all.contains(d)) {
+        for d in self.reported.iter().filter(|d| !current.contains(d)) {
             tracing::info!(object = %d.object, reason = %d.reason, "Configuration problem resolved");
         }
         let shared = all
