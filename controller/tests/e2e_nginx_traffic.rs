@@ -11,15 +11,15 @@ use std::net::{IpAddr, SocketAddr};
 
 use conformance::bytes::Bytes;
 use conformance::client::{self, Conn, Reply};
+use conformance::duet::nginx_status;
 use conformance::echo::{EchoOptions, EchoServer, Identity, PodListeners};
 use conformance::http::Method;
 use conformance::http_body_util::Full;
 use conformance::tls;
 use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
-const N: &str = conformance::manifests::NGINX_ANNOTATION_PREFIX;
 
 /// `GET` with extra headers over a kept-alive connection.
 async fn get(
@@ -50,18 +50,6 @@ fn binomial_bounds(n: u64, p: f64) -> (u64, u64) {
     let lo = (mean - 6.0 * sd).floor().max(0.0) as u64;
     let hi = (mean + 6.0 * sd).ceil().min(n as f64) as u64;
     (lo, hi)
-}
-
-/// The status of one annotation of one Ingress in `/debug/routes`.
-fn status(routes: &Value, ingress: &str, key: &str) -> Option<String> {
-    routes["annotations"]
-        .as_array()?
-        .iter()
-        .find(|r| r["ingress"]["name"] == ingress)?["annotations"]
-        .as_array()?
-        .iter()
-        .find(|f| f["key"] == format!("{N}{key}"))
-        .map(|f| f["status"].as_str().unwrap_or_default().to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,7 +217,7 @@ async fn canaries_by_header_cookie_and_weight() -> anyhow::Result<()> {
         ("not-canary", "canary-weight", "ignored-unsupported"),
     ] {
         assert_eq!(
-            status(&routes, ingress, key).as_deref(),
+            nginx_status(&routes, ingress, key).as_deref(),
             Some(want),
             "{ingress} {key}"
         );
@@ -355,11 +343,11 @@ async fn affinity_cookie_names_the_pod_across_families() -> anyhow::Result<()> {
     }
     let routes = duet.debug_routes().await?;
     assert_eq!(
-        status(&routes, "sticky", "affinity").as_deref(),
+        nginx_status(&routes, "sticky", "affinity").as_deref(),
         Some("honoured-with-difference")
     );
     assert_eq!(
-        status(&routes, "sticky", "session-cookie-max-age").as_deref(),
+        nginx_status(&routes, "sticky", "session-cookie-max-age").as_deref(),
         Some("honoured")
     );
     Ok(())
@@ -602,7 +590,7 @@ async fn service_upstream_proxies_to_the_cluster_ip_of_the_clients_family() -> a
     }
     let routes = duet.debug_routes().await?;
     assert_eq!(
-        status(&routes, "cip", "service-upstream").as_deref(),
+        nginx_status(&routes, "cip", "service-upstream").as_deref(),
         Some("honoured-with-difference")
     );
     let headless = routes["diagnostics"]
@@ -682,7 +670,7 @@ async fn upstream_vhost_and_from_to_www_redirect() -> anyhow::Result<()> {
     }
     let routes = duet.debug_routes().await?;
     assert_eq!(
-        status(&routes, "vhost", "upstream-vhost").as_deref(),
+        nginx_status(&routes, "vhost", "upstream-vhost").as_deref(),
         Some("honoured-with-difference")
     );
     Ok(())
@@ -802,11 +790,11 @@ async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyho
     }
     let routes = duet.debug_routes().await?;
     assert_eq!(
-        status(&routes, "list", "cors-max-age").as_deref(),
+        nginx_status(&routes, "list", "cors-max-age").as_deref(),
         Some("honoured")
     );
     assert_eq!(
-        status(&routes, "list", "enable-cors").as_deref(),
+        nginx_status(&routes, "list", "enable-cors").as_deref(),
         Some("honoured-with-difference")
     );
     Ok(())
