@@ -118,6 +118,17 @@ rss_kib() {
   awk '/^VmRSS:/ {print $2}' "/proc/$1/status"
 }
 
+# Waits until duet (PID) answers 200 on ADMIN/readyz, at most TIMEOUT seconds after START (a
+# `now` value); dies, with the end of ERR_LOG, if duet exits first.
+wait_readyz() {
+  local pid=$1 admin=$2 start=$3 timeout=$4 err_log=$5
+  until [[ $(curl -s -o /dev/null -w '%{http_code}' "$admin/readyz") == 200 ]]; do
+    kill -0 "$pid" 2>/dev/null || die "duet exited before it was ready: $(tail -5 "$err_log")"
+    within "$start" "$timeout" || die "/readyz not 200 within ${timeout}s"
+    sleep 0.01
+  done
+}
+
 # The value of a metric series (exact name incl. labels, or a bare name) from a /metrics URL.
 metric() {
   curl -sf "$1" | awk -v name="$2" '$1 == name {print $2; found=1} END {exit !found}' ||

@@ -72,11 +72,7 @@ DUET_LOG=info nsenter --net="$NETNS" "$DUET" serve --kubeconfig "$KUBECONFIG_FIL
   --admin-listen "127.0.0.1:$ADMIN_PORT" --shutdown-delay 0 >"$LOG.out" 2>"$LOG.err" &
 PID=$!
 STARTED_PIDS=("$PID" "${STARTED_PIDS[@]}")
-until [[ $(curl -s -o /dev/null -w '%{http_code}' "$ADMIN/readyz") == 200 ]]; do
-  kill -0 "$PID" 2>/dev/null || die "duet exited before it was ready: $(tail -5 "$LOG.err")"
-  within "$start" "$READY_TIMEOUT" || die "/readyz not 200 within ${READY_TIMEOUT}s"
-  sleep 0.01
-done
+wait_readyz "$PID" "$ADMIN" "$start" "$READY_TIMEOUT" "$LOG.err"
 ready=$(now)
 rss_ready=$(rss_kib "$PID")
 echo "ready_seconds: $(since "$start" "$ready")"
