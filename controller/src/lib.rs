@@ -14,6 +14,7 @@ pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod migrate;
+pub mod namespaces;
 pub mod object;
 pub mod resolve;
 pub mod slices;

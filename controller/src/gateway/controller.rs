@@ -45,9 +45,10 @@ use super::conditions::{dated, Cond};
 use super::listeners::{self, Verdict};
 use super::ports::{self, Allocation, Claim, GatewayKey};
 use super::report::GatewayReport;
-use super::scope::{self, Stores};
+use super::scope::Stores;
 use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
 use super::{class, refs, GatewayConfig};
+use crate::namespaces;
 
 /// The field manager of duet's server-side applies.
 pub const FIELD_MANAGER: &str = "duet-gateway";
@@ -132,7 +133,7 @@ pub async fn installed(client: &Client) -> bool {
 
 /// Starts the controllers (the Gateway API is installed). Gateways, ReferenceGrants and the
 /// managed Services are watched in the `--watch-namespace` namespaces only (everywhere without
-/// it; [`scope`]): one Gateway controller per namespace, reconciling one Gateway at a time over
+/// it; [`namespaces`]): one Gateway controller per namespace, reconciling one Gateway at a time over
 /// all of them, since pod ports are assigned over every Gateway at once.
 fn start(
     client: Client,
@@ -151,17 +152,17 @@ fn start(
         class_ar.clone(),
     );
     let namespaces = config.namespaces.clone();
-    let service_apis = scope::apis::<Service>(&client, &namespaces);
+    let service_apis = namespaces::apis::<Service>(&client, &namespaces);
     let (services, _) = spawn_reflectors(service_apis.clone(), managed.clone(), ());
     let grant_ar = ApiResource::erase::<ReferenceGrant>(&());
-    let grant_apis = scope::dynamic_apis(&client, &namespaces, &grant_ar);
+    let grant_apis = namespaces::dynamic_apis(&client, &namespaces, &grant_ar);
     let (grants, grants_changed) =
         spawn_reflectors(grant_apis, watcher::Config::default(), grant_ar);
     let pods_wc = watcher::Config::default().labels(&config.selector_string());
     let pods_api = Api::<Pod>::namespaced(client.clone(), &pod_namespace);
     let (pods, pods_changed) = spawn_reflectors(vec![pods_api], pods_wc, ());
 
-    let gateway_controllers: Vec<_> = scope::dynamic_apis(&client, &namespaces, &gateway_ar)
+    let gateway_controllers: Vec<_> = namespaces::dynamic_apis(&client, &namespaces, &gateway_ar)
         .into_iter()
         .map(|api| {
             Controller::new_with(api, watcher::Config::default(), gateway_ar.clone())

@@ -1,45 +1,15 @@
-//! The Gateway controllers' reach under `--watch-namespace`: one API (and so one watch and one
-//! reflector store) per watched namespace, or one over the cluster when none is given, and the
-//! stores of one kind read as one. A store per namespace, because a relist replaces a store's
-//! whole content: namespaces sharing one would wipe each other's objects.
+//! The Gateway controllers' reach under `--watch-namespace`: with one API (and so one watch and
+//! one reflector store) per watched namespace ([`crate::namespaces`]), the stores of one kind
+//! read as one. A store per namespace, because a relist replaces a store's whole content:
+//! namespaces sharing one would wipe each other's objects.
 
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource};
+use kube::Resource;
 use serde::de::DeserializeOwned;
-
-/// The `DynamicObject` APIs of a namespaced kind: one per namespace, or one for all.
-pub fn dynamic_apis(
-    client: &Client,
-    namespaces: &[String],
-    ar: &ApiResource,
-) -> Vec<Api<DynamicObject>> {
-    if namespaces.is_empty() {
-        return vec![Api::all_with(client.clone(), ar)];
-    }
-    namespaces
-        .iter()
-        .map(|ns| Api::namespaced_with(client.clone(), ns, ar))
-        .collect()
-}
-
-/// The APIs of a namespaced typed kind: one per namespace, or one for all.
-pub fn apis<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    if namespaces.is_empty() {
-        return vec![Api::all(client.clone())];
-    }
-    namespaces
-        .iter()
-        .map(|ns| Api::namespaced(client.clone(), ns))
-        .collect()
-}
 
 /// Reflector stores of one kind, one per API, read as one.
 #[derive(Clone)]

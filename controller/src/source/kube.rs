@@ -32,12 +32,13 @@ use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
-use super::watch::{namespaced, seen, Seen, SyncCountdown, Task, Watched};
+use super::watch::{seen, Seen, SyncCountdown, Task, Watched};
 pub use super::watch::{trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
 use super::SourceEvent;
 use crate::compact::Slice;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::index::Change;
+use crate::namespaces;
 use crate::object::SERVICE_NAME_LABEL;
 use crate::stored::StoredService;
 
@@ -127,7 +128,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
     };
     let base = watcher::Config::default();
     let ingresses = watch_kind(
-        namespaced::<Ingress>(&client, &namespaces),
+        namespaces::apis::<Ingress>(&client, &namespaces),
         vec![base.clone()],
         sync(Some(Arc::new(changed_tx))),
     );
@@ -144,13 +145,13 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         )
         .task,
         watch_kind(
-            namespaced::<StoredService>(&client, &namespaces),
+            namespaces::apis::<StoredService>(&client, &namespaces),
             vec![base.clone()],
             sync(None),
         )
         .task,
         watch_kind(
-            namespaced::<Slice>(&client, &namespaces),
+            namespaces::apis::<Slice>(&client, &namespaces),
             vec![base.labels(SERVICE_NAME_LABEL)],
             sync(None),
         )
@@ -203,11 +204,26 @@ fn gateway_watchers(client: &Client, namespaces: &[String], sync: &Sync) -> Vec<
             each(),
         )
         .task,
-        watch_kind(namespaced::<Gateway>(client, namespaces), base(), each()).task,
-        watch_kind(namespaced::<HttpRoute>(client, namespaces), base(), each()).task,
-        watch_kind(namespaced::<GrpcRoute>(client, namespaces), base(), each()).task,
         watch_kind(
-            namespaced::<ReferenceGrant>(client, namespaces),
+            namespaces::apis::<Gateway>(client, namespaces),
+            base(),
+            each(),
+        )
+        .task,
+        watch_kind(
+            namespaces::apis::<HttpRoute>(client, namespaces),
+            base(),
+            each(),
+        )
+        .task,
+        watch_kind(
+            namespaces::apis::<GrpcRoute>(client, namespaces),
+            base(),
+            each(),
+        )
+        .task,
+        watch_kind(
+            namespaces::apis::<ReferenceGrant>(client, namespaces),
             base(),
             each(),
         )

@@ -22,9 +22,10 @@ use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
-use super::watch::{namespaced, seen, trim, Seen, Stores, SyncCountdown, Task, WatchBackoff};
+use super::watch::{seen, trim, Seen, Stores, SyncCountdown, Task, WatchBackoff};
 use super::SourceEvent;
 use crate::index::{Change, Object};
+use crate::namespaces;
 use crate::object::{is_dns_subdomain, Kind, NsName};
 use crate::translate::nginx::access::AUTH_SECRET_ANNOTATION;
 use crate::translate::nginx::client_tls::AUTH_TLS_SECRET_ANNOTATION;
@@ -172,7 +173,7 @@ pub(super) fn watch(
         named: BTreeMap::new(),
         all: SelectAll::new(),
     };
-    for (i, api) in namespaced::<Secret>(&client, namespaces)
+    for (i, api) in namespaces::apis::<Secret>(&client, namespaces)
         .into_iter()
         .enumerate()
     {

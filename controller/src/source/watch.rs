@@ -1,7 +1,7 @@
 //! What every watcher of the Kubernetes API source shares: the [`Watched`] kinds, objects
-//! trimmed before caching ([`trim`]), the retry delays ([`WatchBackoff`]), one API per watched
-//! namespace ([`namespaced`]), what one watch event means ([`seen`]), the reflector stores other
-//! tasks read ([`Stores`]) and the count of watchers still to list ([`SyncCountdown`]).
+//! trimmed before caching ([`trim`]), the retry delays ([`WatchBackoff`]), what one watch event
+//! means ([`seen`]), the reflector stores other tasks read ([`Stores`]) and the count of watchers
+//! still to list ([`SyncCountdown`]). One API per watched namespace: [`crate::namespaces`].
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::networking::v1::Ingress;
-use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource};
+use kube::Resource;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
@@ -165,21 +164,6 @@ impl SyncCountdown {
             tx.send(SourceEvent::Synced).await.map_err(|_| ())?;
         }
         Ok(())
-    }
-}
-
-/// One API of `K` per watched namespace, or one for all namespaces when none is given.
-pub fn namespaced<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
-where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
-{
-    if namespaces.is_empty() {
-        vec![Api::all(client.clone())]
-    } else {
-        namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
     }
 }
 
