@@ -1,6 +1,8 @@
 //! The compact form EndpointSlices are stored in ([`Slice`]): at 100,000 dual-stack pods the
 //! k8s-openapi `EndpointSlice` costs about 450 bytes per endpoint (an `Endpoint` is 340 bytes
-//! of mostly empty options, plus its address and uid strings); a [`Slice`] endpoint is 56 bytes.
+//! of mostly empty options, plus its address and uid strings); a [`Slice`] endpoint is 40 bytes
+//! (an address's and a uid's 16 bytes each, a zone index, the conditions and two tags; the rare
+//! address or target kept as text is in a list of the slice's, the endpoint holds its index).
 //!
 //! A [`Slice`] keeps exactly what translation reads ([`SliceView`]): name, namespace, resource
 //! version (for the watcher), the `kubernetes.io/service-name` label (as a field of its own: a
@@ -108,6 +110,8 @@ pub struct Slice {
     endpoints: Option<Box<[CompactEndpoint]>>,
     /// The zones the endpoints name, each once (an endpoint holds an index).
     zones: Box<[Box<str>]>,
+    /// Addresses and targets kept as written, in the order met (an endpoint holds an index).
+    texts: Box<[Box<str>]>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,14 +128,20 @@ struct Port {
     protocol: Option<Box<str>>,
 }
 
+/// One endpoint: 40 bytes, no allocation of its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct CompactEndpoint {
-    address: Address,
-    target: Target,
+    /// [`Address::V4`]: the first 4 bytes; [`Address::V6`]: all 16; [`Address::Text`]: the
+    /// index in `texts` (4 bytes, little-endian).
+    address: [u8; 16],
+    /// [`Target::Uuid`]: the uid's 16 bytes; [`Target::Text`]: the index in `texts`.
+    target: [u8; 16],
     /// 0: no zone; n: `zones[n - 1]`.
     zone: u32,
     /// [`READY_SET`], [`READY`], [`TERMINATING_SET`], [`TERMINATING`].
     conditions: u8,
+    /// The [`Address`] kind in the low nibble, the [`Target`] kind in the high one.
+    kinds: u8,
 }
 
 const READY_SET: u8 = 1;
@@ -139,6 +149,7 @@ const READY: u8 = 2;
 const TERMINATING_SET: u8 = 4;
 const TERMINATING: u8 = 8;
 
+/// An endpoint's first address, while decoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Address {
     None,
@@ -147,12 +158,20 @@ enum Address {
     Text(Box<str>),
 }
 
+/// An endpoint's target, while decoding.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Target {
     None,
     Uuid([u8; 16]),
     Text(Box<str>),
 }
+
+/// The kinds' numbers in [`CompactEndpoint::kinds`] (the same for addresses and targets).
+const NONE: u8 = 0;
+const V4: u8 = 1;
+const V6: u8 = 2;
+const UUID: u8 = 1;
+const TEXT: u8 = 3;
 
 impl PartialEq for Slice {
     /// Equal in all translation reads: the resource version is not compared (a write that
@@ -165,6 +184,7 @@ impl PartialEq for Slice {
             && self.ports == other.ports
             && self.endpoints == other.endpoints
             && self.zones == other.zones
+            && self.texts == other.texts
     }
 }
 
@@ -181,11 +201,11 @@ impl From<EndpointSlice> for Slice {
             other => AddressType::Other(other.into()),
         };
         let ports = slice.ports.unwrap_or_default().into_iter().map(Port::from);
-        let mut zones: Vec<Box<str>> = Vec::new();
+        let (mut zones, mut texts) = (Vec::new(), Vec::new());
         let endpoints = slice.endpoints.map(|endpoints| {
             endpoints
                 .into_iter()
-                .map(|e| CompactEndpoint::new(e, &namespace, &mut zones))
+                .map(|e| CompactEndpoint::new(e, &namespace, &mut zones, &mut texts))
                 .collect()
         });
         Slice {
@@ -200,6 +220,7 @@ impl From<EndpointSlice> for Slice {
             ports: ports.collect(),
             endpoints,
             zones: zones.into(),
+            texts: texts.into(),
         }
     }
 }
@@ -215,7 +236,12 @@ impl From<EndpointPort> for Port {
 }
 
 impl CompactEndpoint {
-    fn new(endpoint: Endpoint, namespace: &str, zones: &mut Vec<Box<str>>) -> CompactEndpoint {
+    fn new(
+        endpoint: Endpoint,
+        namespace: &str,
+        zones: &mut Vec<Box<str>>,
+        texts: &mut Vec<Box<str>>,
+    ) -> CompactEndpoint {
         let conditions = endpoint.conditions.map_or(0, |c| {
             let bits = |set: Option<bool>, is_set: u8, is: u8| match set {
                 Some(true) => is_set | is,
@@ -242,17 +268,70 @@ impl CompactEndpoint {
             }
         });
         let zone = endpoint.zone.map_or(0, |zone| zone_index(zones, zone));
+        let address = endpoint.addresses.into_iter().next();
+        let (address_kind, address) = match address.map_or(Address::None, Address::of) {
+            Address::None => (NONE, [0; 16]),
+            Address::V4(ip) => (V4, padded(ip.octets())),
+            Address::V6(ip) => (V6, ip.octets()),
+            Address::Text(text) => (TEXT, text_index(texts, text)),
+        };
+        let (target_kind, target) = match target {
+            Target::None => (NONE, [0; 16]),
+            Target::Uuid(bytes) => (UUID, bytes),
+            Target::Text(text) => (TEXT, text_index(texts, text)),
+        };
         CompactEndpoint {
-            address: endpoint
-                .addresses
-                .into_iter()
-                .next()
-                .map_or(Address::None, Address::of),
+            address,
             target,
             zone,
             conditions,
+            kinds: address_kind | target_kind << 4,
         }
     }
+
+    /// The address, reading texts from the slice's `texts`.
+    fn address<'a>(&self, texts: &'a [Box<str>]) -> Option<Written<'a>> {
+        match self.kinds & 0xf {
+            V4 => {
+                let [a, b, c, d, ..] = self.address;
+                Some(Written::Ip(IpAddr::V4(Ipv4Addr::new(a, b, c, d))))
+            }
+            V6 => Some(Written::Ip(IpAddr::V6(Ipv6Addr::from(self.address)))),
+            TEXT => Some(Written::Text(text_at(texts, &self.address))),
+            _ => None,
+        }
+    }
+
+    /// The target's text, reading texts from the slice's `texts`.
+    fn target<'a>(&self, texts: &'a [Box<str>]) -> Option<Cow<'a, str>> {
+        match self.kinds >> 4 {
+            UUID => Some(Cow::Owned(uuid_text(&self.target))),
+            TEXT => Some(Cow::Borrowed(text_at(texts, &self.target))),
+            _ => None,
+        }
+    }
+}
+
+/// Four address bytes in sixteen.
+fn padded(octets: [u8; 4]) -> [u8; 16] {
+    let mut out = [0; 16];
+    out[..4].copy_from_slice(&octets);
+    out
+}
+
+/// Adds `text` to `texts`; its index, in the first 4 bytes of 16.
+fn text_index(texts: &mut Vec<Box<str>>, text: Box<str>) -> [u8; 16] {
+    texts.push(text);
+    // A slice decoded from at most a few GiB of text has fewer than `u32::MAX` endpoints.
+    let at = u32::try_from(texts.len() - 1).unwrap_or(u32::MAX);
+    padded(at.to_le_bytes())
+}
+
+/// The text at the index `text_index` wrote (empty past the end, which decoding never makes).
+fn text_at<'a>(texts: &'a [Box<str>], index: &[u8; 16]) -> &'a str {
+    let [a, b, c, d, ..] = *index;
+    let at = usize::try_from(u32::from_le_bytes([a, b, c, d])).unwrap_or(usize::MAX);
+    texts.get(at).map_or("", |t| &**t)
 }
 
 /// The 1-based index of `zone` in `zones`, added when new (0 past `u32::MAX` zones: no zone).
@@ -274,15 +353,6 @@ impl Address {
             Ok(IpAddr::V4(ip)) if ip.to_string() == written => Address::V4(ip),
             Ok(IpAddr::V6(ip)) if ip.to_string() == written => Address::V6(ip),
             _ => Address::Text(written.into()),
-        }
-    }
-
-    fn view(&self) -> Option<Written<'_>> {
-        match self {
-            Address::None => None,
-            Address::V4(ip) => Some(Written::Ip(IpAddr::V4(*ip))),
-            Address::V6(ip) => Some(Written::Ip(IpAddr::V6(*ip))),
-            Address::Text(text) => Some(Written::Text(text)),
         }
     }
 }
@@ -362,12 +432,8 @@ impl SliceView for Slice {
             f(EndpointView {
                 ready: bits & READY_SET == 0 || bits & READY != 0,
                 terminating: bits & TERMINATING != 0,
-                address: endpoint.address.view(),
-                target: match &endpoint.target {
-                    Target::None => None,
-                    Target::Uuid(bytes) => Some(Cow::Owned(uuid_text(bytes))),
-                    Target::Text(text) => Some(Cow::Borrowed(text)),
-                },
+                address: endpoint.address(&self.texts),
+                target: endpoint.target(&self.texts),
                 zone: zone
                     .checked_sub(1)
                     .and_then(|at| self.zones.get(at))
@@ -638,5 +704,54 @@ endpoints:
     #[test]
     fn an_endpoint_is_small() {
         assert!(std::mem::size_of::<CompactEndpoint>() <= 56);
+    }
+
+    #[test]
+    fn an_endpoint_is_40_bytes_without_allocations() {
+        let size = std::mem::size_of::<CompactEndpoint>();
+        assert!(size <= 40, "{size} bytes");
+        // The usual endpoint (a canonical address, a UUID uid) puts nothing in the texts.
+        let mut yaml = String::from("metadata: {name: u}\naddressType: IPv6\nendpoints:\n");
+        for i in 0..10 {
+            yaml.push_str(&format!("  - {{addresses: [\"fd00::{:x}\"], targetRef: {{uid: 0f8fad5b-d9cb-469f-a165-70867728950{i}}}}}\n", i + 1));
+        }
+        let (api, stored) = decode(&yaml);
+        assert_eq!(views(&stored), views(&api));
+        assert!(stored.texts.is_empty(), "{:?}", stored.texts);
+    }
+
+    #[test]
+    fn texts_of_addresses_and_targets_keep_their_endpoints() {
+        // Text and parsed addresses and targets interleaved: each endpoint reads its own.
+        let mut yaml =
+            String::from("metadata: {name: m, namespace: ns}\naddressType: IPv4\nendpoints:\n");
+        for i in 0..40 {
+            let address = match i % 4 {
+                0 => format!("10.0.0.{i}"),
+                1 => format!("010.0.0.{i}"),
+                2 => format!("::ffff:10.0.0.{i}"),
+                _ => format!("2001:db8::{i:x}"),
+            };
+            let target = match i % 3 {
+                0 => format!("{{uid: 00000000-0000-4000-8000-0000000000{i:02x}}}"),
+                1 => format!("{{uid: UID-{i}}}"),
+                _ => format!("{{name: pod-{i}}}"),
+            };
+            let zone = if i % 5 == 0 {
+                String::new()
+            } else {
+                format!(", zone: z{}", i % 7)
+            };
+            yaml.push_str(&format!(
+                "  - {{addresses: [\"{address}\"], targetRef: {target}{zone}}}\n"
+            ));
+        }
+        let (api, stored) = decode(&yaml);
+        assert_eq!(views(&stored), views(&api));
+        let seen = views(&stored);
+        assert_eq!(seen[5].address, Some(Written::Text("010.0.0.5")));
+        assert_eq!(seen[7].address, Some(Written::Text("2001:db8::7")));
+        assert_eq!(seen[4].target.as_deref(), Some("UID-4"));
+        assert_eq!(seen[5].target.as_deref(), Some("Pod/ns/pod-5"));
     }
 }

@@ -43,5 +43,5 @@ pub mod x509;
 pub use runtime::{Live, ProxyConfig, Runtime};
 pub use table::{
     Backend, BackendId, Family, FamilyPolicy, LbPolicy, Origin, PathMatch, PathRule, RouteAction,
-    RouteTable, Snapshot, Target, TargetId,
+    RouteTable, Snapshot, Target, TargetId, TargetKey,
 };

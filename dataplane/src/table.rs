@@ -12,7 +12,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize, Serializer};
 
 pub mod gateway;
+pub mod key;
 pub mod passthrough;
+
+pub use key::TargetKey;
 
 /// An address family: of a client, of a listener, of an upstream address. Serialised as
 /// `ipv4` / `ipv6`, as in logs, JSON and metrics.
@@ -178,7 +181,7 @@ impl FromStr for LbPolicy {
 /// The identity of one target, stable across snapshots (a pod uid, or a namespaced pod name, or
 /// the address of an endpoint without a `targetRef`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct TargetId(pub Arc<str>);
+pub struct TargetId(pub TargetKey);
 
 impl fmt::Display for TargetId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1141,6 +1144,26 @@ mod tests {
             name: name.into(),
             created,
         }
+    }
+
+    #[test]
+    fn a_pod_target_is_one_block_of_120_bytes() {
+        // A pod uid is kept in the target itself: no allocation per target for its id.
+        let uid = "0f8fad5b-d9cb-469f-a165-70867728950e";
+        let target = Target {
+            id: TargetId(uid.into()),
+            v4: Some("10.0.0.1:80".parse().unwrap()),
+            v6: Some("[2001:db8::1]:80".parse().unwrap()),
+            zone: None,
+        };
+        assert!(target.id.0.is_inline());
+        assert_eq!(target.id.to_string(), uid);
+        assert_eq!(
+            serde_json::to_value(&target).unwrap()["id"],
+            serde_json::json!(uid)
+        );
+        let size = std::mem::size_of::<Target>();
+        assert!(size <= 120, "{size} bytes");
     }
 
     fn rule(m: PathMatch, backend: &str, created: i64) -> PathRule {
