@@ -285,7 +285,7 @@ impl CompactEndpoint {
             target,
             zone,
             conditions,
-            kinds: address_kind | target_kind << 4,
+            kinds: address_kind | (target_kind << 4),
         }
     }
 
