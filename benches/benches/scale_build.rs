@@ -3,7 +3,8 @@
 //! path added to the first Ingress) and one EndpointSlice change, each published as `duet serve`
 //! does ([`App::publish`]). Prints the wall time of each step and, for the publishes, the CPU
 //! time of the thread that ran it (`*_cpu_ms`, from `/proc/thread-self/schedstat`: what the
-//! shared machine's load does not inflate); `ROUNDS` repeats the changes. Not
+//! shared machine's load inflates less; it advances by scheduler ticks, about 4 ms); `ROUNDS`
+//! repeats the changes. Not
 //! a criterion bench: one first build is what `scale.sh` measures, and profilers
 //! (`perf record`, callgrind) can run it alone:
 //!
