@@ -245,7 +245,7 @@ mod tests {
         // An endpoint-only change of web: only its counts move.
         let web2 = backend("shop/web:80", 1, 0, 0);
         let next = snapshot(&[&api, &api_admin, &web2, &db]);
-        metrics.backends_replaced(&next, &[web2.id.clone()]);
+        metrics.backends_replaced(&next, std::slice::from_ref(&web2.id));
         assert_eq!(
             exposed(&registry),
             expect(&[
