@@ -1,7 +1,10 @@
 //! The control loop's publish at scale, from a `gen-scale.py` folder (`SCALE_DIR`, default
 //! `/tmp/scale`): the folder read, the first full build and apply, then one Ingress change (a
 //! path added to the first Ingress) and one EndpointSlice change, each published as `duet serve`
-//! does ([`App::publish`]). Prints the wall time of each step; `ROUNDS` repeats the changes. Not
+//! does ([`App::publish`]). Prints the wall time of each step and, for the publishes, the CPU
+//! time of the thread that ran it (`*_cpu_ms`, from `/proc/thread-self/schedstat`: what the
+//! shared machine's load inflates less; it advances by scheduler ticks, about 4 ms); `ROUNDS`
+//! repeats the changes. Not
 //! a criterion bench: one first build is what `scale.sh` measures, and profilers
 //! (`perf record`, callgrind) can run it alone:
 //!
@@ -44,8 +47,10 @@ fn main() {
     app.ingest(changes);
     println!("index_ms: {:.1}", ms(started));
     let started = Instant::now();
+    let cpu = thread_cpu_ns();
     app.publish().expect("a first snapshot");
     println!("first_publish_ms: {:.1}", ms(started));
+    println!("first_publish_cpu_ms: {:.1}", cpu_ms(cpu));
 
     let ingress = std::fs::read_to_string(dir.join(field("ingress_file"))).expect("ingress file");
     let slice = std::fs::read_to_string(dir.join(field("endpointslice_file"))).expect("slice");
@@ -73,8 +78,22 @@ fn publish_change(app: &mut App, name: &str, yaml: &str) {
         .collect();
     app.ingest(changes);
     let started = Instant::now();
+    let cpu = thread_cpu_ns();
     app.publish().expect("the change is published");
     println!("{name}_publish_ms: {:.3}", ms(started));
+    println!("{name}_publish_cpu_ms: {:.3}", cpu_ms(cpu));
+}
+
+/// Nanoseconds this thread has run on a CPU (the first field of its schedstat); 0 without it.
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn cpu_ms(since_ns: u64) -> f64 {
+    thread_cpu_ns().saturating_sub(since_ns) as f64 / 1e6
 }
 
 fn ms(since: Instant) -> f64 {

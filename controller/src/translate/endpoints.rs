@@ -305,10 +305,10 @@ pub fn join_targets<S: SliceView + ?Sized>(
     let mut sorted: Vec<&S> = slices.to_vec();
     sorted.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
     let mut diagnostics = Vec::new();
-    let mut joined: BTreeMap<String, Joined> = BTreeMap::new();
+    let mut joined: BTreeMap<Arc<str>, Joined> = BTreeMap::new();
     for slice in sorted {
-        let namespace = slice.namespace();
-        let key = ObjectKey::new(Kind::EndpointSlice, namespace, slice.name());
+        // Made only for a diagnostic: most slices have none.
+        let key = || ObjectKey::new(Kind::EndpointSlice, slice.namespace(), slice.name());
         let Some((family, port)) = family_and_port(slice, &key, port_name, &mut diagnostics) else {
             continue;
         };
@@ -322,26 +322,32 @@ pub fn join_targets<S: SliceView + ?Sized>(
             ) else {
                 return;
             };
-            let id = endpoint
-                .target
-                .as_deref()
-                .map_or_else(|| addr.to_string(), str::to_owned);
-            joined
-                .entry(id)
-                .or_default()
-                .add(family, addr, endpoint.zone);
+            let joined = match endpoint.target.as_deref() {
+                Some(id) => joined_entry(&mut joined, id),
+                None => joined_entry(&mut joined, &addr.to_string()),
+            };
+            joined.add(family, addr, endpoint.zone);
         });
     }
     let targets = joined
         .into_iter()
         .map(|(id, j)| Target {
-            id: TargetId(id.into()),
+            id: TargetId(id),
             v4: j.v4,
             v6: j.v6,
             zone: j.zone,
         })
         .collect();
     (targets, diagnostics)
+}
+
+/// The target `id` of `joined`, added when new: the id is allocated once per target, not once
+/// per endpoint (a dual-stack pod is in two slices).
+fn joined_entry<'m>(joined: &'m mut BTreeMap<Arc<str>, Joined>, id: &str) -> &'m mut Joined {
+    if !joined.contains_key(id) {
+        joined.insert(Arc::from(id), Joined::default());
+    }
+    joined.get_mut(id).expect("inserted above")
 }
 
 impl Joined {
@@ -364,7 +370,7 @@ impl Joined {
 /// the slice is simply empty, when the slice has nothing to serve.
 fn family_and_port<S: SliceView + ?Sized>(
     slice: &S,
-    key: &ObjectKey,
+    key: &dyn Fn() -> ObjectKey,
     port_name: &str,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<(Family, u16)> {
@@ -373,7 +379,7 @@ fn family_and_port<S: SliceView + ?Sized>(
         "IPv6" => Family::V6,
         other => {
             diagnostics.push(Diagnostic::new(
-                key.clone(),
+                key(),
                 Reason::UnsupportedAddressType,
                 format!(
                     "addressType {other:?} is not supported (only IPv4 and IPv6); slice skipped"
@@ -389,7 +395,7 @@ fn family_and_port<S: SliceView + ?Sized>(
     }
     let Some(port) = slice.tcp_port(port_name) else {
         diagnostics.push(Diagnostic::new(
-            key.clone(),
+            key(),
             Reason::UnknownEndpointPort,
             format!(
                 "no TCP port named {port_name:?} (the Service port's name); slice skipped for it"
@@ -404,7 +410,7 @@ fn family_and_port<S: SliceView + ?Sized>(
 /// slice's family that duet may proxy to (a diagnostic otherwise).
 fn serving_address(
     endpoint: &EndpointView<'_>,
-    (key, address_type): (&ObjectKey, &str),
+    (key, address_type): (&dyn Fn() -> ObjectKey, &str),
     (family, port): (Family, u16),
     allow_loopback: bool,
     diagnostics: &mut Vec<Diagnostic>,
@@ -417,7 +423,7 @@ fn serving_address(
         Some(ip) if Family::of_ip(&ip) == family => ip.to_canonical(),
         _ => {
             diagnostics.push(Diagnostic::new(
-                key.clone(),
+                key(),
                 Reason::InvalidEndpoint,
                 format!(
                     "address {:?} is not an {address_type} address; endpoint skipped",
@@ -429,7 +435,7 @@ fn serving_address(
     };
     if let Some(class) = forbidden(ip, allow_loopback) {
         diagnostics.push(Diagnostic::new(
-            key.clone(),
+            key(),
             Reason::ForbiddenEndpointAddress,
             format!("address {ip} is {class}; duet does not proxy to it, endpoint dropped"),
         ));

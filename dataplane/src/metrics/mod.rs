@@ -22,6 +22,7 @@ mod backends;
 mod connections;
 mod passthrough;
 mod routes;
+mod services;
 mod snapshot;
 mod tunnels;
 
@@ -339,6 +340,70 @@ mod tests {
         ] {
             assert!(!text.contains(series), "{series}: {text}");
         }
+    }
+
+    #[test]
+    fn service_counters_are_shared_by_routes_and_kept_across_rebuilds() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let failures = |n: u64| {
+            format!(r#"duet_upstream_connect_failures_total{{service="api",family="ipv4"}} {n}"#)
+        };
+        let snapshot = Snapshot {
+            version: 1,
+            routes: table(),
+            ..Snapshot::default()
+        };
+        let live = LiveMetrics::build(&metrics, &snapshot, &LiveMetrics::default());
+        // Two routes with different labels to one Service count into its series.
+        let a = snapshot.routes.find("a.test", "/").unwrap().action;
+        let b = snapshot.routes.find("x.b.test", "/").unwrap().action;
+        live.route(a).unwrap().connect_failed(Family::V4);
+        live.route(b).unwrap().connect_failed(Family::V4);
+        live.route(b).unwrap().fell_back(Family::V6);
+        assert!(encode(&registry).contains(&failures(2)));
+
+        // A table where a.test is gone and a new host routes to api: the new route's handles
+        // are made now, and count on from the Service's counts.
+        let mut routes = (*table()).clone();
+        routes.exact.clear();
+        routes.exact.insert(
+            "c.test".into(),
+            HostRules::new(
+                "c.test",
+                vec![PathRule {
+                    matcher: PathMatch::prefix("/"),
+                    when: None,
+                    action: action("shop", "other", "shop/api:80"),
+                }],
+            )
+            .0,
+        );
+        let next = Snapshot {
+            version: 2,
+            routes: Arc::new(routes),
+            ..Snapshot::default()
+        };
+        let live = LiveMetrics::build(&metrics, &next, &live);
+        let c = next.routes.find("c.test", "/").unwrap().action;
+        live.route(c).unwrap().connect_failed(Family::V4);
+        live.route(c).unwrap().ejected(Family::V6);
+        let text = encode(&registry);
+        assert!(text.contains(&failures(3)), "{text}");
+        assert!(
+            text.contains(r#"duet_family_fallbacks_total{service="api",from="ipv4",to="ipv6"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"duet_target_family_ejections_total{service="api",family="ipv6"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"host="a.test""#), "{text}");
+
+        // Handles built from scratch for the same snapshot are the same series.
+        let fresh = LiveMetrics::build(&metrics, &next, &LiveMetrics::default());
+        fresh.route(c).unwrap().connect_failed(Family::V4);
+        assert!(encode(&registry).contains(&failures(4)));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! families, and the per-Service upstream counters (connect failures, family fallbacks,
 //! ejections). [`LiveMetrics`] makes one [`RouteMetrics`] per route when a snapshot is applied.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -13,9 +13,10 @@ use prometheus_client::metrics::family::Family as Series;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use super::services::{CounterKind, FastMap, FastState, ServiceCounters, ServiceSeries};
 use super::{
     latency_histogram, method_label, slot, upstream_family_label, HistogramSeries, Metrics,
-    FAMILIES, METHOD_LABELS,
+    METHOD_LABELS,
 };
 use crate::ptr_key::{addr_of, AddrMap};
 use crate::table::gateway::GatewayTable;
@@ -46,28 +47,14 @@ struct LatencyLabels {
     upstream_family: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ServiceFamilyLabels {
-    service: Arc<str>,
-    family: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FallbackLabels {
-    service: Arc<str>,
-    from: &'static str,
-    to: &'static str,
-}
-
 /// The families of requests by route and of the per-Service upstream counters.
 #[derive(Clone, Debug)]
 pub(super) struct RouteFamilies {
     pub(super) requests: Series<RequestLabels, Counter>,
     request_duration: HistogramSeries<LatencyLabels>,
     upstream_response: HistogramSeries<LatencyLabels>,
-    connect_failures: Series<ServiceFamilyLabels, Counter>,
-    fallbacks: Series<FallbackLabels, Counter>,
-    ejections: Series<ServiceFamilyLabels, Counter>,
+    /// Connect failures, fallbacks and ejections by Service.
+    services: ServiceSeries,
 }
 
 impl RouteFamilies {
@@ -76,9 +63,7 @@ impl RouteFamilies {
             requests: Series::default(),
             request_duration: Series::new_with_constructor(latency_histogram),
             upstream_response: Series::new_with_constructor(latency_histogram),
-            connect_failures: Series::default(),
-            fallbacks: Series::default(),
-            ejections: Series::default(),
+            services: ServiceSeries::default(),
         };
         registry.register(
             "duet_requests",
@@ -100,17 +85,17 @@ impl RouteFamilies {
         registry.register(
             "duet_upstream_connect_failures",
             "Failed connection attempts to upstream targets, by Service and address family of the attempt",
-            f.connect_failures.clone(),
+            f.services.family(CounterKind::ConnectFailures),
         );
         registry.register(
             "duet_family_fallbacks",
             "Requests served over another address family than the family policy prefers for the client, by Service, preferred family (from) and family used (to)",
-            f.fallbacks.clone(),
+            f.services.family(CounterKind::Fallbacks),
         );
         registry.register(
             "duet_target_family_ejections",
             "Times one address family of one target was skipped for a back-off window after consecutive connect failures, by Service and family",
-            f.ejections.clone(),
+            f.services.family(CounterKind::Ejections),
         );
         f
     }
@@ -119,19 +104,7 @@ impl RouteFamilies {
 impl Metrics {
     /// Removes the per-Service series (connect failures, fallbacks, ejections) of `service`.
     fn forget_service(&self, service: &Arc<str>) {
-        for family in FAMILIES {
-            let labels = ServiceFamilyLabels {
-                service: service.clone(),
-                family: family.as_str(),
-            };
-            self.routes.connect_failures.remove(&labels);
-            self.routes.ejections.remove(&labels);
-            self.routes.fallbacks.remove(&FallbackLabels {
-                service: service.clone(),
-                from: family.other().as_str(),
-                to: family.as_str(),
-            });
-        }
+        self.routes.services.remove(service);
     }
 }
 
@@ -142,15 +115,6 @@ struct RouteKey {
     ingress: Arc<str>,
     service: Arc<str>,
     host: Arc<str>,
-}
-
-/// Counters of a route's Service, made when the snapshot is applied.
-#[derive(Debug)]
-struct ServiceCounters {
-    connect_failures: [Counter; 2],
-    /// Indexed by the family used; the preferred one is the other.
-    fallbacks: [Counter; 2],
-    ejections: [Counter; 2],
 }
 
 /// Request handles of one method / client family / upstream family combination.
@@ -173,7 +137,8 @@ const SLOTS: usize = METHOD_LABELS.len() * 2 * 3;
 pub struct RouteMetrics {
     key: RouteKey,
     metrics: Arc<Metrics>,
-    service: Option<ServiceCounters>,
+    /// The counters of the route's Service, shared by every route to it.
+    service: Option<Arc<ServiceCounters>>,
     slots: OnceLock<Box<[OnceLock<Box<Slot>>]>>,
 }
 
@@ -196,30 +161,7 @@ pub struct Observation {
 
 impl RouteMetrics {
     fn new(metrics: Arc<Metrics>, key: RouteKey, service_label: Option<Arc<str>>) -> RouteMetrics {
-        let service = service_label.map(|service| {
-            let per = |series: &Series<ServiceFamilyLabels, Counter>| {
-                FAMILIES.map(|f| {
-                    series.get_or_create_owned(&ServiceFamilyLabels {
-                        service: service.clone(),
-                        family: f.as_str(),
-                    })
-                })
-            };
-            ServiceCounters {
-                connect_failures: per(&metrics.routes.connect_failures),
-                ejections: per(&metrics.routes.ejections),
-                fallbacks: FAMILIES.map(|to| {
-                    metrics
-                        .routes
-                        .fallbacks
-                        .get_or_create_owned(&FallbackLabels {
-                            service: service.clone(),
-                            from: to.other().as_str(),
-                            to: to.as_str(),
-                        })
-                }),
-            }
-        });
+        let service = service_label.map(|service| metrics.routes.services.get_or_create(&service));
         RouteMetrics {
             key,
             metrics,
@@ -393,7 +335,7 @@ struct RouteIndex {
     /// Route handles by the address of the route's `RouteAction` in the snapshot's table.
     by_action: AddrMap<Arc<RouteMetrics>>,
     /// The same handles by labels, to carry them over to the next snapshot.
-    by_key: HashMap<RouteKey, Arc<RouteMetrics>>,
+    by_key: FastMap<RouteKey, Arc<RouteMetrics>>,
     /// The table the addresses belong to.
     table: Option<Arc<RouteTable>>,
     /// The Gateway listener tables the addresses belong to.
@@ -428,7 +370,7 @@ impl LiveMetrics {
             gateways: Some(snapshot.gateways.clone()),
             ..RouteIndex::default()
         };
-        let mut host_labels: HashMap<&str, Arc<str>> = HashMap::new();
+        let mut host_labels: FastMap<&str, Arc<str>> = FastMap::default();
         // Gateway API routes are labelled like Ingress ones: `ingress` is the route's name.
         let gateway_actions = snapshot.gateways.host_actions();
         for (host, action) in routes.actions().chain(gateway_actions) {
@@ -462,8 +404,9 @@ impl LiveMetrics {
         // Routes that left the table take their series with them, and so do Services no
         // route uses any more: a long-running controller does not grow an exposition of dead
         // Ingresses.
-        let services: HashSet<&Arc<str>> = index.by_key.keys().map(|k| &k.service).collect();
-        let mut gone_services: HashSet<&Arc<str>> = HashSet::new();
+        let services: HashSet<&Arc<str>, FastState> =
+            index.by_key.keys().map(|k| &k.service).collect();
+        let mut gone_services: HashSet<&Arc<str>, FastState> = HashSet::default();
         for (key, handles) in &previous.index.by_key {
             if !index.by_key.contains_key(key) {
                 handles.forget();

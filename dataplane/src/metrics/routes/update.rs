@@ -7,7 +7,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{LiveMetrics, RouteIndex, RouteKey, RouteMetrics};
+use crate::metrics::services::FastState;
 use crate::metrics::Metrics;
+
+type FastSet<T> = HashSet<T, FastState>;
 use crate::ptr_key::addr_of;
 use crate::table::{HostRules, RouteAction, RouteTable, Snapshot};
 
@@ -36,12 +39,12 @@ pub(super) fn update(
     };
     // The default backend lives in the table itself: its address changes with every table.
     let old_actions = entry_actions(&gone).chain(default_action(old_table));
-    let mut candidates: HashSet<RouteKey> = HashSet::new();
+    let mut candidates: FastSet<RouteKey> = FastSet::default();
     for (host, action) in old_actions {
         index.by_action.remove(&addr_of(action));
         candidates.insert(key_of(host, action));
     }
-    let mut used: HashSet<RouteKey> = HashSet::new();
+    let mut used: FastSet<RouteKey> = FastSet::default();
     for (host, action) in entry_actions(&added).chain(default_action(new_table)) {
         let key = key_of(host, action);
         let handles = index
@@ -133,8 +136,8 @@ fn key_of(host: &Arc<str>, action: &RouteAction) -> RouteKey {
 fn forget_unused(
     metrics: &Metrics,
     index: &mut RouteIndex,
-    candidates: HashSet<RouteKey>,
-    used: &HashSet<RouteKey>,
+    candidates: FastSet<RouteKey>,
+    used: &FastSet<RouteKey>,
 ) {
     let mut services: Vec<Arc<str>> = Vec::new();
     for key in candidates.into_iter().filter(|k| !used.contains(k)) {
@@ -146,8 +149,8 @@ fn forget_unused(
     if services.is_empty() {
         return;
     }
-    let in_use: HashSet<&Arc<str>> = index.by_key.keys().map(|k| &k.service).collect();
-    let gone: HashSet<&Arc<str>> = services.iter().filter(|s| !in_use.contains(s)).collect();
+    let in_use: FastSet<&Arc<str>> = index.by_key.keys().map(|k| &k.service).collect();
+    let gone: FastSet<&Arc<str>> = services.iter().filter(|s| !in_use.contains(s)).collect();
     for service in gone {
         metrics.forget_service(service);
     }
