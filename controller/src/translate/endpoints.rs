@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use dataplane::{Backend, BackendId, Family, Target, TargetId};
+use dataplane::{Backend, BackendId, Family, Target, TargetId, TargetKey};
 
 use super::external::external_target;
 use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, Resolved, RoutePlan};
@@ -305,7 +305,7 @@ pub fn join_targets<S: SliceView + ?Sized>(
     let mut sorted: Vec<&S> = slices.to_vec();
     sorted.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
     let mut diagnostics = Vec::new();
-    let mut joined: BTreeMap<Arc<str>, Joined> = BTreeMap::new();
+    let mut joined: BTreeMap<TargetKey, Joined> = BTreeMap::new();
     for slice in sorted {
         // Made only for a diagnostic: most slices have none.
         let key = || ObjectKey::new(Kind::EndpointSlice, slice.namespace(), slice.name());
@@ -341,11 +341,11 @@ pub fn join_targets<S: SliceView + ?Sized>(
     (targets, diagnostics)
 }
 
-/// The target `id` of `joined`, added when new: the id is allocated once per target, not once
+/// The target `id` of `joined`, added when new: the key is made once per target, not once
 /// per endpoint (a dual-stack pod is in two slices).
-fn joined_entry<'m>(joined: &'m mut BTreeMap<Arc<str>, Joined>, id: &str) -> &'m mut Joined {
+fn joined_entry<'m>(joined: &'m mut BTreeMap<TargetKey, Joined>, id: &str) -> &'m mut Joined {
     if !joined.contains_key(id) {
-        joined.insert(Arc::from(id), Joined::default());
+        joined.insert(TargetKey::new(id), Joined::default());
     }
     joined.get_mut(id).expect("inserted above")
 }
