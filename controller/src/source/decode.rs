@@ -817,6 +817,8 @@ stringData: {note: plain}
             ("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4, IPv6]\n  unknown: 123456789012345678901234567890"),
             ("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4, IPv6]\n  unknown: [.inf, .nan, -.inf]"),
             ("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4, IPv6]\n  unknown: !custom {a: 1}"),
+            ("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4, IPv6]\n  unknown: !!int 99999999999999999999999999999999999999999"),
+            ("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4, IPv6]\n  unknown: !!binary aGVsbG8="),
             ("ipFamilies: [IPv4, IPv6]", "ipFamilies: {a: 1}"),
             ("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4, 6]"),
             ("namespace: shop, labels", "namespace: ~, labels"),
