@@ -379,7 +379,6 @@ fn object_as<'de, A: MapAccess<'de>, V: Visitor<'de>>(
     Ok(value)
 }
 
-
 /// What the target type asked a node for (the `deserialize_*` method called), as far as
 /// `Value`'s deserializer tells them apart.
 #[derive(Clone, Copy)]
@@ -588,7 +587,10 @@ impl<'de, A: SeqAccess<'de>> Deserializer<'de> for SeqNode<A> {
 
     by_hint!(seq_as);
 
-    fn deserialize_ignored_any<V: Visitor<'de>>(mut self, visitor: V) -> Result<V::Value, A::Error> {
+    fn deserialize_ignored_any<V: Visitor<'de>>(
+        mut self,
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
         while self.0.next_element::<Value>()?.is_some() {}
         visitor.visit_unit()
     }
@@ -665,7 +667,10 @@ mod tests {
         let direct: Parsed = parse(text, &previous);
         let through_values = parse_through_values(text, &previous);
         assert_eq!(direct.objects, through_values.objects, "objects of\n{text}");
-        assert_eq!(direct.problems, through_values.problems, "problems of\n{text}");
+        assert_eq!(
+            direct.problems, through_values.problems,
+            "problems of\n{text}"
+        );
         documents(text).is_some()
     }
 
@@ -915,10 +920,15 @@ stringData: {note: plain}
         }
         // Most edits still decode directly (a changed value, an odd order, an alias): the
         // comparison above covers the direct path, not only the fallback.
-        assert!(direct >= cases.len() / 3, "{direct} of {} direct", cases.len());
+        assert!(
+            direct >= cases.len() / 3,
+            "{direct} of {} direct",
+            cases.len()
+        );
     }
 
-    const GATEWAY: &[&str] = &["apiVersion: gateway.networking.k8s.io/v1
+    const GATEWAY: &[&str] = &[
+        "apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: r, namespace: shop}
 spec:
@@ -928,18 +938,21 @@ spec:
     - matches: [{path: {type: PathPrefix, value: /a}, headers: [{name: x, value: y}], method: GET}]
       filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: a, value: b}]}}]
       backendRefs: [{name: web, port: 80, weight: 3}]
-", "apiVersion: gateway.networking.k8s.io/v1
+",
+        "apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: gw}
 spec:
   gatewayClassName: duet
   listeners: [{name: http, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}]
-", "apiVersion: gateway.networking.k8s.io/v1
+",
+        "apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: r}
 spec:
   rules: [{matches: [{path: {type: Regex, value: 5}}]}]
-"];
+",
+    ];
 
     /// What the direct path mirrors of `Value`: a number too large for `Value` fails in a field
     /// duet skips too, and `.inf` is a null.
