@@ -80,20 +80,7 @@ pub struct Parsed {
 /// Parses one manifest file's text. `previous` holds the objects the file had at its last parse:
 /// they are kept when the file does not parse at all, and per object when a document does not
 /// decode.
-///
-/// Documents are decoded straight into the stored objects ([`super::decode`]); a file that path
-/// gives up on (bad YAML, an object that does not decode, anything it does not mirror) is parsed
-/// again through `serde_json::Value`, which gives the same objects and says what is wrong.
 pub fn parse(text: &str, previous: &[Object]) -> Parsed {
-    match super::decode::documents(text) {
-        Some(documents) => parse_items(items_of(documents.into_iter().map(Item::from)), previous),
-        None => parse_through_values(text, previous),
-    }
-}
-
-/// [`parse`] through `serde_json::Value` only (every document read into a `Value`, then into its
-/// type): the reference the direct path must equal.
-pub fn parse_through_values(text: &str, previous: &[Object]) -> Parsed {
     let options = serde_saphyr::options! { with_snippet: false };
     let documents: Vec<Value> = match serde_saphyr::from_multiple_with_options(text, options) {
         Ok(docs) => docs,
@@ -110,69 +97,25 @@ pub fn parse_through_values(text: &str, previous: &[Object]) -> Parsed {
             };
         }
     };
-    parse_items(items_of(documents.into_iter().map(Item::Value)), previous)
-}
-
-/// A document (or a `List` item): decoded already, or a `Value` to decode.
-enum Item {
-    Object(Object),
-    Value(Value),
-}
-
-impl From<super::decode::Doc> for Item {
-    fn from(doc: super::decode::Doc) -> Item {
-        match doc {
-            super::decode::Doc::Object(object) => Item::Object(object),
-            super::decode::Doc::Value(value) => Item::Value(value),
-        }
-    }
-}
-
-/// The items of a file's documents, each with its document's number (`List`s flattened, null
-/// documents dropped), and the problems of `List`s without items.
-fn items_of(documents: impl Iterator<Item = Item>) -> (Vec<(usize, Item)>, Vec<Problem>) {
-    let mut problems = Vec::new();
+    let mut parsed = Parsed::default();
     let mut items = Vec::new();
-    for (n, doc) in documents.enumerate() {
-        let doc = match doc {
-            Item::Object(object) => {
-                items.push((n + 1, Item::Object(object)));
-                continue;
-            }
-            Item::Value(doc) => doc,
-        };
+    for (n, doc) in documents.into_iter().enumerate() {
         let is_list = doc.get("apiVersion").and_then(Value::as_str) == Some("v1")
             && doc.get("kind").and_then(Value::as_str) == Some("List");
         if is_list {
             match doc.get("items").and_then(Value::as_array) {
-                Some(list) => items.extend(list.iter().cloned().map(|i| (n + 1, Item::Value(i)))),
-                None => problems.push(Problem {
+                Some(list) => items.extend(list.iter().cloned().map(|i| (n + 1, i))),
+                None => parsed.problems.push(Problem {
                     object: Some(format!("document {}", n + 1)),
                     error: "a List without items; skipped".to_owned(),
                 }),
             }
         } else if !doc.is_null() {
-            items.push((n + 1, Item::Value(doc)));
+            items.push((n + 1, doc));
         }
     }
-    (items, problems)
-}
-
-/// Decodes `items`, keeping what `previous` had of a document that does not decode.
-fn parse_items(
-    (items, problems): (Vec<(usize, Item)>, Vec<Problem>),
-    previous: &[Object],
-) -> Parsed {
-    let mut parsed = Parsed {
-        objects: Vec::with_capacity(items.len()),
-        problems,
-    };
-    for (n, item) in items {
-        let decoded = match item {
-            Item::Object(object) => Ok(object),
-            Item::Value(doc) => decode(doc),
-        };
-        match decoded {
+    for (n, doc) in items {
+        match decode(doc) {
             Ok(object) => {
                 let key = object.key();
                 if parsed.objects.iter().any(|o| o.key() == key) {

@@ -3,7 +3,6 @@
 //! never publishes a partial view. The manifest folder is one source, the Kubernetes API
 //! ([`kube`]) the other; both feed the same index.
 
-mod decode;
 pub mod files;
 pub mod kube;
 pub mod secrets;
