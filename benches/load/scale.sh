@@ -13,7 +13,10 @@
 #   ready_seconds            start of `duet serve --manifests DIR` to the first /readyz 200 (polled
 #                            every 10 ms); folder_read_seconds: to its "Manifest folder read" log
 #                            line (every file read and parsed, before translation)
-#   rss_ready_mib            VmRSS when ready, and rss_settled_mib 5 s later
+#   cpu_ready_seconds        duet's user + system CPU time when ready (wall times follow the
+#                            machine's load; this mostly does not)
+#   rss_ready_mib            VmRSS when ready, and rss_settled_mib 5 s later (STARTUP_ONLY=1: stop
+#                            there, no changes)
 #   first_build_seconds      duet_snapshot_build_seconds_sum (its _count must be 1)
 #   endpointslice_*          the first Service's IPv4 slice gets one address changed (written to a
 #                            hidden temp file, renamed over the old one):
@@ -53,6 +56,15 @@ else
 fi
 [[ -f $DIR/.scale.json ]] || die "$DIR has no .scale.json: make it with gen-scale.py"
 info() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$DIR/.scale.json" "$1"; }
+# User plus system CPU seconds of process PID so far (/proc/PID/stat, clock ticks).
+cpu_seconds() {
+  python3 -c "
+import os, sys
+fields = open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')', 1)[1].split()
+print(f'{(int(fields[11]) + int(fields[12])) / os.sysconf(\"SC_CLK_TCK\"):.2f}')
+" "$1"
+}
+
 read -r HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 4)
 ADMIN="http://127.0.0.1:$ADMIN_PORT"
 DEBUG="http://127.0.0.1:$DEBUG_PORT"
@@ -72,7 +84,9 @@ STARTED_PIDS+=("$PID")
 wait_readyz "$PID" "$ADMIN" "$start" "$READY_TIMEOUT" "$LOG.err"
 ready=$(now)
 rss_ready=$(rss_kib "$PID")
+cpu_ready=$(cpu_seconds "$PID")
 echo "ready_seconds: $(since "$start" "$ready")"
+echo "cpu_ready_seconds: $cpu_ready"
 # When duet logged that it had read (and parsed) the folder, from its own timestamp.
 read_at=$(python3 -c "
 import datetime, sys
@@ -91,6 +105,9 @@ echo "first_build_seconds: $(metric "$ADMIN/metrics" duet_snapshot_build_seconds
 grep -q "diagnostic\|WARN" "$LOG.err" && note "duet warned: $(grep -m3 'WARN' "$LOG.err")"
 sleep 5
 echo "rss_settled_mib: $(mib "$(rss_kib "$PID")")"
+if [[ -n ${STARTUP_ONLY:-} ]]; then
+  exit 0
+fi
 
 # Rewrites FILE (in DIR) with OLD replaced by NEW (OLD empty: NEW appended), by rename; prints the
 # time of the rename. The original comes back at exit (after duet stopped), so DIR can be reused.

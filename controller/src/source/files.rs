@@ -274,11 +274,10 @@ pub fn is_manifest(path: &Path) -> bool {
 }
 
 /// What is remembered of a file between scans: not its text (at 40,000 files that is tens of
-/// megabytes), only what tells whether it changed, and its objects.
+/// megabytes), only what tells whether it changed, and its objects. (Its path is the key of
+/// [`FileSource::files`], shared with every object it defines.)
 #[derive(Debug)]
 struct FileState {
-    /// The path, shared with every object it defines.
-    path: Arc<Path>,
     /// Its metadata at the last read, when old enough to be trusted (see [`Stamp::of`]).
     stamp: Option<Stamp>,
     /// Its length and a keyed hash of its content.
@@ -322,7 +321,7 @@ const RACY: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct FileSource {
     dir: PathBuf,
-    files: BTreeMap<PathBuf, FileState>,
+    files: BTreeMap<Arc<Path>, FileState>,
     emitted: BTreeMap<ObjectKey, (Object, Arc<Path>)>,
     /// Whether the last full union found an object defined in two files: a rescan of some paths
     /// then redoes the whole union (which file wins depends on every file).
@@ -358,7 +357,7 @@ impl FileSource {
         self.files.retain(|path, _| {
             // `present` is sorted: a linear `contains` here made a rescan quadratic (77 s at
             // 40,000 files, benches/load/scale.sh).
-            let keep = present.binary_search(path).is_ok();
+            let keep = present.binary_search_by(|p| p.as_path().cmp(path)).is_ok();
             if !keep {
                 tracing::info!(file = %path.display(), "Manifest removed");
             }
@@ -426,7 +425,8 @@ impl FileSource {
                 changed.push(path.to_owned());
             }
         }
-        touched.retain(|(path, _)| changed.contains(path) || !self.files.contains_key(path));
+        touched
+            .retain(|(path, _)| changed.contains(path) || !self.files.contains_key(path.as_path()));
         if touched.is_empty() {
             return Ok(Vec::new());
         }
@@ -469,7 +469,7 @@ impl FileSource {
     fn changes_of(&mut self, touched: &[(PathBuf, Vec<ObjectKey>)]) -> Option<Vec<Change>> {
         let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
         for (path, _) in touched {
-            let Some(state) = self.files.get(path) else {
+            let Some((file, state)) = self.files.get_key_value(path.as_path()) else {
                 continue;
             };
             for object in &state.objects {
@@ -480,7 +480,7 @@ impl FileSource {
                 if elsewhere || wanted.contains_key(&key) {
                     return None;
                 }
-                wanted.insert(key, (object.clone(), state.path.clone()));
+                wanted.insert(key, (object.clone(), file.clone()));
             }
         }
         let mut changes = Vec::new();
@@ -567,14 +567,13 @@ impl FileSource {
         };
         log_problems(path, &parsed.problems);
         tracing::debug!(file = %path.display(), objects = parsed.objects.len(), "Manifest read");
-        let shared = match self.files.get(path) {
-            Some(state) => state.path.clone(),
+        let shared = match self.files.get_key_value(path) {
+            Some((file, _)) => file.clone(),
             None => Arc::from(path),
         };
         self.files.insert(
-            path.to_owned(),
+            shared,
             FileState {
-                path: shared,
                 stamp,
                 digest,
                 objects: parsed.objects,
@@ -589,12 +588,12 @@ impl FileSource {
         let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
         self.duplicates = false;
         for (path, state) in &self.files {
-            let file = &state.path;
+            let file = path;
             for object in &state.objects {
                 let key = object.key();
                 if let Some((_, first)) = wanted.get(&key) {
                     self.duplicates = true;
-                    if changed.contains(path) || changed.iter().any(|c| **c == **first) {
+                    if changed.iter().any(|c| **c == **path || **c == **first) {
                         tracing::warn!(
                             file = %path.display(),
                             object = %key,
@@ -662,7 +661,7 @@ enum Read {
 /// is dropped once parsed); the results in the order of `stale`.
 fn read_all(
     stale: &[(&Path, Option<Stamp>)],
-    files: &BTreeMap<PathBuf, FileState>,
+    files: &BTreeMap<Arc<Path>, FileState>,
     hasher: &std::hash::RandomState,
 ) -> Vec<Read> {
     let threads = std::thread::available_parallelism()
