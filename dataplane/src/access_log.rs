@@ -338,8 +338,8 @@ enum Msg {
 #[derive(Clone)]
 pub struct AccessLog(Arc<Senders>);
 
-/// What every clone of an [`AccessLog`] shares.
-struct Senders {
+/// What every clone of an [`AccessLog`] shares (its fields stay private).
+pub struct Senders {
     tx: Sender<Msg>,
     queue: Arc<Queue>,
     metrics: Arc<Metrics>,
@@ -369,9 +369,23 @@ impl Queue {
     }
 }
 
+impl fmt::Debug for Senders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Senders").finish_non_exhaustive()
+    }
+}
+
 impl fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AccessLog").finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for AccessLog {
+    type Target = Senders;
+
+    fn deref(&self) -> &Senders {
+        &self.0
     }
 }
 
