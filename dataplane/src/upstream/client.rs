@@ -298,6 +298,11 @@ fn parse_head(
     let mut parsed = httparse::Response::new(&mut []);
     let config = httparse::ParserConfig::default();
     let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut headers) {
+        // The limit holds however the head arrived (reads of 8 KiB, then 16 KiB, can buffer
+        // more than it before the head is complete).
+        Ok(httparse::Status::Complete(len)) if len > UPSTREAM_H1_BUF => {
+            return Err(ClientError::HeadTooLarge)
+        }
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
