@@ -4,8 +4,12 @@
 //! one well-framed HTTP/1.1 request. Also: the validated host (Host vs absolute-form and
 //! `:authority`, the h2c path-injection of issue 11), path normalisation, WebSocket-only upgrades
 //! with their idle timeout and drain, and upstream responses framed by both Transfer-Encoding and
-//! Content-Length.
+//! Content-Length (relayed whole, and the pod's connection not used again, for HTTP/1.1 and
+//! HTTP/2 clients alike).
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::client::{self, Conn};
@@ -620,6 +624,75 @@ async fn redirects_use_the_validated_host_and_path(family: Family) -> anyhow::Re
     Ok(())
 }
 
+/// Framed both ways, on a connection the pod keeps open.
+const TE_AND_CL_KEPT: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\nb\r\nhello world\r\n0\r\n\r\n";
+
+/// A pod on `ip` answering every request head of a connection with `answer`, keeping the
+/// connection open; the number of connections it accepted.
+async fn keep_alive_pod(
+    ip: std::net::IpAddr,
+    answer: &'static [u8],
+) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+                loop {
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    seen.clear();
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// HTTP/2 GETs to a plain-HTTP pod go by duet's own HTTP/1.1 client, as HTTP/1.1 ones do: a
+/// response framed by both Transfer-Encoding and Content-Length (a response-splitting attempt)
+/// is relayed whole, and the connection it came on is not used again (hyper's client, which
+/// other requests take, would reuse it). Two requests of each protocol: four pod connections.
+async fn h2_and_h1_gets_do_not_reuse_a_connection_framed_both_ways(
+    family: Family,
+) -> anyhow::Result<()> {
+    let (v4, v4_accepted) = keep_alive_pod(Family::V4.loopback(), TE_AND_CL_KEPT).await;
+    let (v6, v6_accepted) = keep_alive_pod(Family::V6.loopback(), TE_AND_CL_KEPT).await;
+    let dir = ManifestDir::with_class()?;
+    dir.write("services.yaml", &static_service(NS, "kept", v4, v6))?;
+    let ingress = Ingress::new(NS, "kept").host("kept.test", "kept");
+    dir.write("ingress.yaml", &[ingress.build()])?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let to = duet.http(family);
+    let accepted = match family {
+        Family::V4 => v4_accepted,
+        Family::V6 => v6_accepted,
+    };
+    for (protocol, mut conn) in [
+        ("h1", Conn::http1(to).await?),
+        ("h2", Conn::http2(to).await?),
+    ] {
+        for i in 1..=2 {
+            let reply = conn.get("kept.test", "/").await?;
+            assert_eq!(reply.status, 200, "{family} {protocol} {i}");
+            assert_eq!(&reply.body[..], b"hello world", "{family} {protocol} {i}");
+        }
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 4, "{family}");
+    Ok(())
+}
+
 conformance::both_families!(
     redirects_use_the_validated_host_and_path,
     h1_corpus,
@@ -630,4 +703,5 @@ conformance::both_families!(
     tunnels_close_when_idle,
     tunnels_drain_on_shutdown,
     responses_with_te_lose_content_length,
+    h2_and_h1_gets_do_not_reuse_a_connection_framed_both_ways,
 );

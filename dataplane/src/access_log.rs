@@ -333,9 +333,13 @@ enum Msg {
     Flush(SyncSender<()>),
 }
 
-/// The sending side of the access log; cheap to clone.
+/// The sending side of the access log; cheap to clone (one reference count: every logged
+/// request holds a clone).
 #[derive(Clone)]
-pub struct AccessLog {
+pub struct AccessLog(Arc<Senders>);
+
+/// What every clone of an [`AccessLog`] shares (its fields stay private).
+pub struct Senders {
     tx: Sender<Msg>,
     queue: Arc<Queue>,
     metrics: Arc<Metrics>,
@@ -365,9 +369,23 @@ impl Queue {
     }
 }
 
+impl fmt::Debug for Senders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Senders").finish_non_exhaustive()
+    }
+}
+
 impl fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AccessLog").finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for AccessLog {
+    type Target = Senders;
+
+    fn deref(&self) -> &Senders {
+        &self.0
     }
 }
 
@@ -388,7 +406,7 @@ impl AccessLog {
         std::thread::Builder::new()
             .name("duet-access-log".into())
             .spawn(move || write_loop(rx, out, &writer))?;
-        Ok(AccessLog { tx, queue, metrics })
+        Ok(AccessLog(Arc::new(Senders { tx, queue, metrics })))
     }
 
     /// The access log on stdout.
@@ -398,21 +416,22 @@ impl AccessLog {
 
     /// Queues a line; never blocks. A full queue drops the line and counts it.
     pub fn log(&self, entry: Box<Entry>) {
+        let log = &*self.0;
         let size = entry.queued_bytes();
-        if !self.queue.reserve(size) {
-            self.metrics.access_log_dropped();
+        if !log.queue.reserve(size) {
+            log.metrics.access_log_dropped();
             return;
         }
-        if self.tx.send(Msg::Line(entry, size)).is_err() {
-            self.queue.release(size);
-            self.metrics.access_log_dropped();
+        if log.tx.send(Msg::Line(entry, size)).is_err() {
+            log.queue.release(size);
+            log.metrics.access_log_dropped();
         }
     }
 
     /// Waits (at most `timeout`) until every line queued so far is written and flushed.
     pub fn flush(&self, timeout: Duration) -> bool {
         let (ack, done) = mpsc::sync_channel(1);
-        self.tx.send(Msg::Flush(ack)).is_ok() && done.recv_timeout(timeout).is_ok()
+        self.0.tx.send(Msg::Flush(ack)).is_ok() && done.recv_timeout(timeout).is_ok()
     }
 }
 

@@ -94,6 +94,8 @@ pub(crate) struct PeerHeaders {
     pub(crate) ip: HeaderValue,
     /// `for="192.0.2.1:4711"` or `for="[2001:db8::1]:4711"` (RFC 7239: quoted, IPv6 bracketed).
     pub(crate) for_node: String,
+    /// The `Forwarded` value of the connection's first host, reused by its next requests.
+    pub(crate) memo: crate::forwarded::ForwardedMemo,
 }
 
 impl PeerHeaders {
@@ -104,6 +106,10 @@ impl PeerHeaders {
             SocketAddr::V4(a) => format!("for=\"{}:{}\"", a.ip(), a.port()),
             SocketAddr::V6(a) => format!("for=\"[{}]:{}\"", a.ip(), a.port()),
         };
-        PeerHeaders { ip, for_node }
+        PeerHeaders {
+            ip,
+            for_node,
+            memo: Default::default(),
+        }
     }
 }

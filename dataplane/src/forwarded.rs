@@ -2,11 +2,13 @@
 //! of both families), and how the forwarding headers are set for trusted and untrusted peers.
 
 use std::net::IpAddr;
+use std::sync::OnceLock;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 pub use crate::cidr::{BadCidr, Cidr};
 use crate::conn::{ConnInfo, PeerHeaders};
+use crate::host::ValidHost;
 
 /// The peers allowed to forward client addresses; empty (the default) trusts nobody.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,23 +51,38 @@ pub fn request_scheme(headers: &HeaderMap, conn: &ConnInfo) -> &'static str {
 /// `X-Forwarded-For` and `Forwarded` are appended to and incoming `X-Forwarded-Proto`, `-Host`
 /// and `-Port` are kept; from anyone else, all of them are replaced.
 pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
+    set(headers, host, HeaderValue::from_str(host).ok(), conn);
+}
+
+/// [`set_headers`] for a validated host, whose header value `X-Forwarded-Host` shares. Nothing is
+/// allocated per request from an untrusted peer whose requests name one host: the values are
+/// the connection's (formatted once), the host's and static ones, shared.
+pub(crate) fn set_for_host(headers: &mut HeaderMap, host: &ValidHost, conn: &ConnInfo) {
+    set(
+        headers,
+        host.as_str(),
+        Some(host.header_value().clone()),
+        conn,
+    );
+}
+
+/// [`set_headers`] with the host's header value (`None`: no valid value, `X-Forwarded-Host` is
+/// removed).
+fn set(headers: &mut HeaderMap, host: &str, host_value: Option<HeaderValue>, conn: &ConnInfo) {
     let proto = conn.scheme();
     let peer = &conn.forwarded;
     // Room for the six headers at once: one growth of the map instead of one per insert.
     headers.reserve(FORWARDING_HEADERS);
-    let element = peer.element(host, proto);
     if conn.trusted {
         append(
             headers,
             &X_FORWARDED_FOR,
             peer.ip.to_str().unwrap_or_default(),
         );
-        append(headers, &header::FORWARDED, &element);
+        append(headers, &header::FORWARDED, &peer.element(host, proto));
     } else {
         headers.insert(&X_FORWARDED_FOR, peer.ip.clone());
-        // The element's buffer becomes the value (checked, not copied): it is ASCII, as the
-        // peer's address, the validated host and the scheme are.
-        if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)) {
+        if let Some(v) = peer.element_value(host, proto) {
             headers.insert(header::FORWARDED, v);
         }
     }
@@ -75,11 +92,11 @@ pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
     if !keep(headers, &X_FORWARDED_HOST) {
-        match HeaderValue::from_str(host) {
-            Ok(v) => {
+        match host_value {
+            Some(v) => {
                 headers.insert(&X_FORWARDED_HOST, v);
             }
-            Err(_) => {
+            None => {
                 headers.remove(&X_FORWARDED_HOST);
             }
         }
@@ -93,11 +110,25 @@ pub fn set_headers(headers: &mut HeaderMap, host: &str, conn: &ConnInfo) {
     }
 }
 
+/// The `Forwarded` value of the first host a connection's requests named (with the scheme it was
+/// formatted for), kept so that the connection's next requests to that host share it instead of
+/// formatting and allocating it again. A cache: it takes no part in comparisons.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ForwardedMemo(OnceLock<(Box<str>, &'static str, HeaderValue)>);
+
+impl PartialEq for ForwardedMemo {
+    fn eq(&self, _: &ForwardedMemo) -> bool {
+        true
+    }
+}
+
+impl Eq for ForwardedMemo {}
+
 impl PeerHeaders {
     /// The `Forwarded` element of one request: `for="…";host=…;proto=…` (the host as a token,
     /// or quoted when it is not one, as an IPv6 literal with its brackets and port).
     fn element(&self, host: &str, proto: &str) -> String {
-        let mut out = String::with_capacity(self.for_node.len() + host.len() + 20);
+        let mut out = String::with_capacity(self.element_len(host, proto));
         out.push_str(&self.for_node);
         if !host.is_empty() {
             out.push_str(";host=");
@@ -107,10 +138,48 @@ impl PeerHeaders {
         out.push_str(proto);
         out
     }
+
+    /// The length of [`PeerHeaders::element`]'s value, exactly (its buffer becomes a header
+    /// value without a copy or a second allocation).
+    fn element_len(&self, host: &str, proto: &str) -> usize {
+        let host_len = match host {
+            "" => 0,
+            token if token.bytes().all(is_tchar) => ";host=".len() + token.len(),
+            quoted => {
+                let escapes = quoted.bytes().filter(|&c| c == b'"' || c == b'\\').count();
+                ";host=\"\"".len() + quoted.len() + escapes
+            }
+        };
+        self.for_node.len() + host_len + ";proto=".len() + proto.len()
+    }
+
+    /// [`PeerHeaders::element`] as a header value: the connection's memo of it when the request
+    /// names the memo's host.
+    fn element_value(&self, host: &str, proto: &'static str) -> Option<HeaderValue> {
+        let memo = &self.memo.0;
+        if let Some((for_host, for_proto, value)) = memo.get() {
+            if **for_host == *host && *for_proto == proto {
+                return Some(value.clone());
+            }
+        }
+        // The element's buffer becomes the value (checked, not copied): it is ASCII, as the
+        // peer's address, the validated host and the scheme are.
+        let element = self.element(host, proto);
+        let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)).ok()?;
+        if memo.get().is_none() {
+            // The host copied (once per connection): a header value would share, and keep for
+            // the connection's life, the buffer the request was read into.
+            let _ = memo.set((host.into(), proto, value.clone()));
+        }
+        Some(value)
+    }
+}
+
+fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
 
 fn push_token_or_quoted(out: &mut String, value: &str) {
-    let is_tchar = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
     if !value.is_empty() && value.bytes().all(is_tchar) {
         out.push_str(value);
     } else {
@@ -245,6 +314,31 @@ mod tests {
                 "kept from the trusted proxy"
             );
             assert_eq!(h["x-real-ip"], ip);
+        }
+    }
+
+    #[test]
+    fn a_connections_requests_to_different_hosts_each_forward_their_own() {
+        for (peer, node) in [
+            ("10.0.0.1:5000", "\"10.0.0.1:5000\""),
+            ("[2001:db8::1]:5000", "\"[2001:db8::1]:5000\""),
+        ] {
+            // One connection (one memo), hosts alternating; plain and TLS connections.
+            for (tls, proto) in [(false, "http"), (true, "https")] {
+                let c = conn(peer, false).with_tls(tls);
+                for host in ["a.test", "B.test", "a.test", "[::1]:8443", "", "a.test"] {
+                    let mut h = incoming();
+                    set_headers(&mut h, host, &c);
+                    let expected = match host {
+                        "" => format!("for={node};proto={proto}"),
+                        "[::1]:8443" => format!("for={node};host=\"{host}\";proto={proto}"),
+                        _ => format!("for={node};host={host};proto={proto}"),
+                    };
+                    assert_eq!(h["forwarded"], expected, "{peer} {host:?}");
+                    assert_eq!(h.get_all("forwarded").iter().count(), 1);
+                    assert_eq!(h["x-forwarded-host"], host, "{peer} {host:?}");
+                }
+            }
         }
     }
 

@@ -67,7 +67,13 @@ pub fn request_host<B>(req: &Request<B>) -> Result<ValidHost, HostError> {
             a.as_bytes()
         }
         (Some(a), None) => a.as_bytes(),
-        (None, Some(h)) => h.as_bytes(),
+        (None, Some(h)) => {
+            // The Host header itself (shared, not copied): the common HTTP/1.1 request.
+            if !is_valid_host(h.as_bytes()) {
+                return Err(HostError::Invalid);
+            }
+            return Ok(ValidHost(h.clone()));
+        }
         (None, None) if req.version() <= Version::HTTP_10 => {
             return Ok(ValidHost(HeaderValue::from_static("")))
         }

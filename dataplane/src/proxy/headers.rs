@@ -11,9 +11,15 @@ use crate::path::EncodedTraversal;
 /// The settings of an `Upgrade: h2c` request (RFC 7540 §3.2.1), never forwarded.
 static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
+// Names used on every request, as statics: a `header::*` constant is a value, copied (a call to
+// `memcpy`) wherever it is used.
+static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
+static TRANSFER_ENCODING: HeaderName = header::TRANSFER_ENCODING;
+
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
 const HOP_BY_HOP_NAMES: usize = 7;
-const HOP_BY_HOP: [HeaderName; HOP_BY_HOP_NAMES] = [
+// A static, not a constant: a constant array is copied wherever it is used.
+static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_NAMES] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -31,6 +37,18 @@ pub(super) fn origin_form(uri: &Uri) -> Result<Uri, EncodedTraversal> {
     if unchanged && uri.scheme().is_none() && uri.authority().is_none() {
         return Ok(uri.clone());
     }
+    if let (true, Some(origin)) = (unchanged, uri.path_and_query()) {
+        // An HTTP/2 request's (or an absolute-form) target whose path needs no change: its path
+        // and query as they are (shared, not formatted and parsed again).
+        let mut parts = http::uri::Parts::default();
+        parts.path_and_query = Some(origin.clone());
+        // (`http://a.test` has an empty path-and-query, whose path is `/` only beside a scheme.)
+        if let Ok(target) = Uri::from_parts(parts) {
+            if target.path() == uri.path() && target.query() == uri.query() {
+                return Ok(target);
+            }
+        }
+    }
     let target = match uri.query() {
         Some(query) => format!("{path}?{query}"),
         None => path.into_owned(),
@@ -43,13 +61,13 @@ pub(super) fn origin_form(uri: &Uri) -> Result<Uri, EncodedTraversal> {
 /// of its body when known (hyper has checked it), and dropped otherwise (then the body goes
 /// chunked).
 pub(super) fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
-    if headers.contains_key(header::CONTENT_LENGTH) {
+    if headers.contains_key(&CONTENT_LENGTH) {
         match length {
             Some(len) => {
-                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+                headers.insert(&CONTENT_LENGTH, HeaderValue::from(len));
             }
             None => {
-                headers.remove(header::CONTENT_LENGTH);
+                headers.remove(&CONTENT_LENGTH);
             }
         }
     }
@@ -85,8 +103,8 @@ pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
     // §6.3); the body is re-framed on the way out, so the stale length must not survive.
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        headers.remove(header::CONTENT_LENGTH);
+    if headers.contains_key(&TRANSFER_ENCODING) {
+        headers.remove(&CONTENT_LENGTH);
     }
     headers.remove(&HTTP2_SETTINGS);
     // One pass over the (few) names present instead of a hashed removal per hop-by-hop name:
@@ -151,7 +169,7 @@ pub(super) fn prepare_request<B>(
     } else {
         headers.insert(header::HOST, host.header_value().clone());
     }
-    crate::forwarded::set_headers(headers, host.as_str(), conn);
+    crate::forwarded::set_for_host(headers, host, conn);
 }
 
 #[cfg(test)]
@@ -239,6 +257,21 @@ mod tests {
             assert_eq!(origin_form(&uri).unwrap(), want, "{given}");
         }
         assert!(origin_form(&"/x/%2e%2e/y".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn absolute_targets_keep_their_path_and_query_exactly() {
+        for (given, want) in [
+            ("http://a.test", "/"),
+            ("http://a.test/b?c=d", "/b?c=d"),
+            ("http://a.test/b?", "/b?"),
+            ("https://[::1]:8443/a/b?x", "/a/b?x"),
+        ] {
+            let target = origin_form(&given.parse().unwrap()).unwrap();
+            assert_eq!(target, want, "{given}");
+            assert_eq!(target.to_string(), want, "{given}");
+            assert!(target.scheme().is_none() && target.authority().is_none());
+        }
     }
 
     #[test]
