@@ -2,7 +2,7 @@
 //! and what forwarding headers say about the peer, formatted once per connection.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::HeaderValue;
 
@@ -95,7 +95,7 @@ pub(crate) struct PeerHeaders {
     /// `for="192.0.2.1:4711"` or `for="[2001:db8::1]:4711"` (RFC 7239: quoted, IPv6 bracketed).
     pub(crate) for_node: String,
     /// The `Forwarded` value of the connection's first host, reused by its next requests.
-    pub(crate) memo: crate::forwarded::ForwardedMemo,
+    pub(crate) memo: ForwardedMemo,
 }
 
 impl PeerHeaders {
@@ -113,3 +113,17 @@ impl PeerHeaders {
         }
     }
 }
+
+/// The `Forwarded` value of the first host a connection's requests named (with the scheme it was
+/// formatted for), kept so that the connection's next requests to that host share it instead of
+/// formatting and allocating it again. A cache: it takes no part in comparisons.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ForwardedMemo(pub(crate) OnceLock<(Box<str>, &'static str, HeaderValue)>);
+
+impl PartialEq for ForwardedMemo {
+    fn eq(&self, _: &ForwardedMemo) -> bool {
+        true
+    }
+}
+
+impl Eq for ForwardedMemo {}

@@ -2,7 +2,6 @@
 //! of both families), and how the forwarding headers are set for trusted and untrusted peers.
 
 use std::net::IpAddr;
-use std::sync::OnceLock;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -109,20 +108,6 @@ fn set(headers: &mut HeaderMap, host: &str, host_value: Option<HeaderValue>, con
         headers.insert(&X_FORWARDED_PORT, port);
     }
 }
-
-/// The `Forwarded` value of the first host a connection's requests named (with the scheme it was
-/// formatted for), kept so that the connection's next requests to that host share it instead of
-/// formatting and allocating it again. A cache: it takes no part in comparisons.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ForwardedMemo(OnceLock<(Box<str>, &'static str, HeaderValue)>);
-
-impl PartialEq for ForwardedMemo {
-    fn eq(&self, _: &ForwardedMemo) -> bool {
-        true
-    }
-}
-
-impl Eq for ForwardedMemo {}
 
 impl PeerHeaders {
     /// The `Forwarded` element of one request: `for="…";host=…;proto=…` (the host as a token,
