@@ -147,13 +147,7 @@ mod tests {
     use super::*;
     use crate::table::{Target, TargetId};
 
-    fn encode(registry: &Registry) -> Vec<String> {
-        let mut out = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut out, registry).unwrap();
-        let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
-        lines.sort();
-        lines
-    }
+    use crate::metrics::sorted_exposition as encode;
 
     fn backend(id: &str, dual: usize, v4: usize, v6: usize) -> Arc<Backend> {
         let addr = |n: usize, v6: bool| {

@@ -150,6 +150,22 @@ impl Metrics {
     }
 }
 
+/// The text exposition of `registry` (for tests).
+#[cfg(test)]
+pub(crate) fn exposition(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, registry).unwrap();
+    out
+}
+
+/// The lines of [`exposition`], sorted (for tests comparing series whatever their order).
+#[cfg(test)]
+pub(crate) fn sorted_exposition(registry: &Registry) -> Vec<String> {
+    let mut lines: Vec<String> = exposition(registry).lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,11 +174,7 @@ mod tests {
     };
     use std::time::Duration;
 
-    fn encode(registry: &Registry) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut out, registry).unwrap();
-        out
-    }
+    use super::exposition as encode;
 
     fn action(ns: &str, ingress: &str, backend: &str) -> RouteAction {
         RouteAction {

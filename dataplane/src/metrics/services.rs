@@ -169,13 +169,7 @@ mod tests {
     use super::*;
     use crate::table::Family;
 
-    fn encode(registry: &Registry) -> Vec<String> {
-        let mut out = String::new();
-        prometheus_client::encoding::prometheus_text::encode(&mut out, registry).unwrap();
-        let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
-        lines.sort();
-        lines
-    }
+    use crate::metrics::sorted_exposition as encode;
 
     /// The three families as `prometheus-client` `Family`s of counters, as duet had them.
     struct Reference {
