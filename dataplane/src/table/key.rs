@@ -51,6 +51,15 @@ impl TargetKey {
         }
     }
 
+    /// The text's bytes, without checking them again (comparisons: UTF-8 orders bytewise as
+    /// `str` orders, so a key compares as its text without a `from_utf8` per comparison).
+    fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Repr::Shared(text) => text.as_bytes(),
+        }
+    }
+
     /// Whether the text is kept inline (no allocation of its own).
     pub fn is_inline(&self) -> bool {
         matches!(self.0, Repr::Inline { .. })
@@ -101,7 +110,7 @@ impl From<Arc<str>> for TargetKey {
 
 impl PartialEq for TargetKey {
     fn eq(&self, other: &TargetKey) -> bool {
-        self.as_str() == other.as_str()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -115,7 +124,7 @@ impl PartialOrd for TargetKey {
 
 impl Ord for TargetKey {
     fn cmp(&self, other: &TargetKey) -> Ordering {
-        self.as_str().cmp(other.as_str())
+        self.as_bytes().cmp(other.as_bytes())
     }
 }
 
