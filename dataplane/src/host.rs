@@ -59,21 +59,17 @@ pub fn request_host<B>(req: &Request<B>) -> Result<ValidHost, HostError> {
         return Err(HostError::Duplicate);
     }
     let authority = req.uri().authority().map(|a| a.as_str());
-    let chosen = match (authority, header) {
+    // The header value to share when the host is the Host header itself (the common HTTP/1.1
+    // request): not copied.
+    let (chosen, shared) = match (authority, header) {
         (Some(a), Some(h)) => {
             if !h.as_bytes().eq_ignore_ascii_case(a.as_bytes()) {
                 return Err(HostError::Mismatch);
             }
-            a.as_bytes()
+            (a.as_bytes(), None)
         }
-        (Some(a), None) => a.as_bytes(),
-        (None, Some(h)) => {
-            // The Host header itself (shared, not copied): the common HTTP/1.1 request.
-            if !is_valid_host(h.as_bytes()) {
-                return Err(HostError::Invalid);
-            }
-            return Ok(ValidHost(h.clone()));
-        }
+        (Some(a), None) => (a.as_bytes(), None),
+        (None, Some(h)) => (h.as_bytes(), Some(h)),
         (None, None) if req.version() <= Version::HTTP_10 => {
             return Ok(ValidHost(HeaderValue::from_static("")))
         }
@@ -82,9 +78,12 @@ pub fn request_host<B>(req: &Request<B>) -> Result<ValidHost, HostError> {
     if !is_valid_host(chosen) {
         return Err(HostError::Invalid);
     }
-    HeaderValue::from_bytes(chosen)
-        .map(ValidHost)
-        .map_err(|_| HostError::Invalid)
+    match shared {
+        Some(h) => Ok(ValidHost(h.clone())),
+        None => HeaderValue::from_bytes(chosen)
+            .map(ValidHost)
+            .map_err(|_| HostError::Invalid),
+    }
 }
 
 /// `host [":" port]`: a DNS name (letters, digits, `-` and `_`, dot-separated labels of 1 to 63
