@@ -109,6 +109,7 @@ impl ServiceFamily {
         for family in FAMILIES {
             let k = slot(family);
             let service = service.clone();
+            let from = family.other().as_str();
             let family = family.as_str();
             match self.kind {
                 CounterKind::ConnectFailures => {
@@ -120,7 +121,6 @@ impl ServiceFamily {
                     counters.ejections[k].encode(encoder.encode_family(&labels)?)?;
                 }
                 CounterKind::Fallbacks => {
-                    let from = FAMILIES[1 - k].as_str();
                     let labels = FallbackLabels {
                         service,
                         from,
