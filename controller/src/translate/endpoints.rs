@@ -322,11 +322,15 @@ pub fn join_targets<S: SliceView + ?Sized>(
             ) else {
                 return;
             };
-            let joined = match endpoint.target.as_deref() {
-                Some(id) => joined_entry(&mut joined, id),
-                None => joined_entry(&mut joined, &addr.to_string()),
+            // A pod uid's key is kept inline: no allocation per endpoint.
+            let id = match endpoint.target.as_deref() {
+                Some(id) => TargetKey::new(id),
+                None => TargetKey::new(&addr.to_string()),
             };
-            joined.add(family, addr, endpoint.zone);
+            joined
+                .entry(id)
+                .or_default()
+                .add(family, addr, endpoint.zone);
         });
     }
     let targets = joined
@@ -339,15 +343,6 @@ pub fn join_targets<S: SliceView + ?Sized>(
         })
         .collect();
     (targets, diagnostics)
-}
-
-/// The target `id` of `joined`, added when new: the key is made once per target, not once
-/// per endpoint (a dual-stack pod is in two slices).
-fn joined_entry<'m>(joined: &'m mut BTreeMap<TargetKey, Joined>, id: &str) -> &'m mut Joined {
-    if !joined.contains_key(id) {
-        joined.insert(TargetKey::new(id), Joined::default());
-    }
-    joined.get_mut(id).expect("inserted above")
 }
 
 impl Joined {
