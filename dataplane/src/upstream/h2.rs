@@ -87,6 +87,12 @@ impl Pool {
     {
         let attempt = {
             let mut connecting = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
+            // A request that found no connection may get here after another one's attempt has
+            // finished and left the table: the connection it made is in the pool by now (put
+            // before the attempt is forgotten), and is shared rather than doubled.
+            if let Some(sender) = self.get(key) {
+                return Ok(sender);
+            }
             connecting
                 .entry(key)
                 .or_insert_with(|| make().map(|r| r.map_err(Arc::new)).boxed().shared())
@@ -272,6 +278,30 @@ mod tests {
                 .await
                 .expect("the connection closes once its last stream is done")
                 .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_made_meanwhile_is_shared_not_doubled() {
+        for ip in ["127.0.0.1", "::1"] {
+            let (addr, go, _closed) = slow_server(ip.parse().unwrap()).await;
+            let upstream = Upstream::new(Duration::from_secs(60), 64);
+            let second = Duration::from_secs(5);
+            // One request connects; its attempt is done and forgotten.
+            let first = upstream.h2.connect((addr, 0), None, second).await;
+            let first = first.unwrap_or_else(|e| panic!("{ip}: {e}"));
+            // A request that looked before that connection was pooled now asks to connect: it
+            // gets the pooled one, not a second connection.
+            let raced = upstream
+                .h2
+                .connect_with((addr, 0), || {
+                    async { Err(io::Error::other("a second connection")) }.boxed()
+                })
+                .await;
+            let raced = raced.unwrap_or_else(|e| panic!("{ip}: {e}"));
+            assert!(raced.is_ready() && !raced.is_closed(), "{ip}");
+            drop((first, raced));
+            go.notify_one();
         }
     }
 
