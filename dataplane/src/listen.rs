@@ -24,7 +24,7 @@ pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
 use crate::handshake::Handshake;
 use crate::idle::{self, Activity, Wake, Watched};
-use crate::metrics::ConnectionMetrics;
+use crate::metrics::{ConnectionMetrics, OpenConnection};
 use crate::park::{self, Rewind};
 use crate::proxy_protocol::{self, Header};
 use crate::table::{normalize_addr, Family};
@@ -192,8 +192,7 @@ pub async fn serve<H: Handler>(
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(local_default);
-        let info = ConnInfo::new(peer, local);
-        let served = each.clone().serve(stream, info, draining.clone());
+        let served = each.clone().serve(stream, (peer, local), draining.clone());
         tokio::spawn(async move {
             let _permit = permit;
             served.await;
@@ -370,36 +369,35 @@ impl<H> PerConnection<H> {
         }
     }
 
-    /// Serves one accepted connection: its PROXY protocol header where expected, its TLS
-    /// handshake on an HTTPS listener, then HTTP until it ends, idles or is too slow; finishes
-    /// gracefully once `drain` turns true.
+    /// Serves one accepted connection (its peer and local addresses): its PROXY protocol header
+    /// where expected, its TLS handshake on an HTTPS listener, then HTTP until it ends, idles or
+    /// is too slow; finishes gracefully once `drain` turns true.
     async fn serve(
         self: Arc<Self>,
         stream: TcpStream,
-        info: ConnInfo,
+        (peer, local): (SocketAddr, SocketAddr),
         mut drain: watch::Receiver<bool>,
     ) where
         H: Handler,
     {
-        let mut stream = stream;
-        let Some(mut info) = self.proxy_header(&mut stream, info).await else {
+        // Boxed: what opening the connection holds (its facts by value, a PROXY header read, a
+        // rustls connection mid-handshake, its timer) is freed once done instead of sizing the
+        // connection's task for its whole life, idle time included.
+        let Some(opened) = Box::pin(self.open(stream, ConnInfo::new(peer, local))).await else {
             return;
         };
-        info.trusted = self.trusted_proxies.trusts(info.peer.ip());
-        info.gateway_port = self.gateway_port;
-        // Counted by the client's family, after a PROXY protocol header replaced it.
-        let _open = self.connections.as_ref().map(|c| c.open(info.family));
-        // Boxed: the handshake's state (a rustls connection mid-handshake, its timer) is freed
-        // once done instead of sizing the connection's task for its whole life.
-        let Some((io, info, alpn_h2)) = Box::pin(self.tls_handshake(stream, info)).await else {
-            return;
-        };
+        let Opened {
+            io,
+            info,
+            alpn_h2,
+            counted: _open,
+        } = opened;
         let client = info.peer;
         let activity = Activity::new();
         let io = Watched::new(io, activity.clone());
         let service = ConnService {
             handler: self.handler.clone(),
-            info: Arc::new(info),
+            info,
             activity: activity.clone(),
         };
         // ALPN `h2` promised HTTP/2 (RFC 7301): no sniffing for HTTP/1.1 there, so bytes that
@@ -573,6 +571,23 @@ fn closed_idle(client: SocketAddr) {
 }
 
 impl<H> PerConnection<H> {
+    /// Opens an accepted connection: its PROXY protocol header where expected, then its TLS
+    /// handshake on an HTTPS listener; `None` closes it.
+    async fn open(&self, mut stream: TcpStream, info: ConnInfo) -> Option<Opened> {
+        let mut info = self.proxy_header(&mut stream, info).await?;
+        info.trusted = self.trusted_proxies.trusts(info.peer.ip());
+        info.gateway_port = self.gateway_port;
+        // Counted by the client's family, after a PROXY protocol header replaced it.
+        let counted = self.connections.as_ref().map(|c| c.open(info.family));
+        let (io, info, alpn_h2) = self.tls_handshake(stream, info).await?;
+        Some(Opened {
+            io,
+            info: Arc::new(info),
+            alpn_h2,
+            counted,
+        })
+    }
+
     /// The connection as its PROXY protocol header describes it, where one is expected; `None`
     /// closes the connection (a peer not allowed to send one, or a bad header).
     async fn proxy_header(&self, stream: &mut TcpStream, info: ConnInfo) -> Option<ConnInfo> {
@@ -659,6 +674,15 @@ fn admit(
         tracing::warn!(%listener, "Connection limit (--max-connections) reached; closing new connections");
     }
     None
+}
+
+/// A connection ready for HTTP: its stream, its facts, whether ALPN chose `h2`, and its place
+/// in the open-connection gauge (held until the connection ends).
+struct Opened {
+    io: Stream,
+    info: Arc<ConnInfo>,
+    alpn_h2: bool,
+    counted: Option<OpenConnection>,
 }
 
 /// An accepted connection, plain or TLS.
