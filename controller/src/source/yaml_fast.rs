@@ -21,6 +21,12 @@ use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, StrInput};
 /// skipped), or `None` when the text is outside the subset described in the module docs.
 pub fn documents(text: &str) -> Option<Vec<Value>> {
     let budget = serde_saphyr::Budget::default();
+    if budget
+        .max_reader_input_bytes
+        .is_some_and(|max| text.len() > max / 2)
+    {
+        return None;
+    }
     let mut reader = Reader {
         events: Parser::with_options(StrInput::new(text), parser_options(&budget)),
         limits: Counts::half_of(&budget),
@@ -539,6 +545,9 @@ mod tests {
             "null: 1\n",
             "~: 1\n",
             ": 1\n",
+            "\"null\": 1\n",
+            "'~': 1\n",
+            "'': 1\n",
             "a: - b\n",
             "- - a\n  - b\n",
             "a: 1 # c\n# c\nb: 2\n",
