@@ -7,6 +7,7 @@ pub mod files;
 pub mod kube;
 pub mod secrets;
 pub mod watch;
+pub mod yaml_fast;
 
 use crate::index::Change;
 
