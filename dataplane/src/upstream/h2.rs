@@ -193,6 +193,7 @@ mod tests {
             tls: None,
             connect_timeout: timeout,
             read_timeout: timeout,
+            forwarding: None,
         }
     }
 
