@@ -145,7 +145,7 @@ impl<'a> Forwarding<'a> {
 
     /// Whether a received header is one of those replaced (not written from the map).
     pub(crate) fn replaces(name: &HeaderName) -> bool {
-        FORWARDING_NAMES.iter().any(|n| *n == name)
+        FORWARDING_NAMES.contains(&name)
     }
 
     /// Writes the six header lines (`name: value\r\n`), in the order [`set_for_host`] inserts
