@@ -71,9 +71,6 @@ pub(crate) struct ClientConn {
     head: Vec<u8>,
     /// Where the response head's headers are (kept for its capacity).
     spans: Vec<Span>,
-    /// The header names of the connection's last response, in order: a pod names the same ones
-    /// in each response, and a name equal to the one at its place is not parsed again.
-    names: Vec<HeaderName>,
 }
 
 impl fmt::Debug for ClientConn {
@@ -151,7 +148,6 @@ impl ClientConn {
             buf: BytesMut::new(),
             head: Vec::new(),
             spans: Vec::new(),
-            names: Vec::new(),
         }
     }
 
@@ -217,7 +213,7 @@ impl ClientConn {
     async fn read_head(&mut self) -> Result<Response<()>, ClientError> {
         loop {
             if !self.buf.is_empty() {
-                if let Some(parsed) = parse_head(&mut self.buf, &mut self.spans, &mut self.names)? {
+                if let Some(parsed) = parse_head(&mut self.buf, &mut self.spans)? {
                     return Ok(parsed);
                 }
                 if self.buf.len() >= UPSTREAM_H1_BUF {
@@ -310,11 +306,9 @@ type Span = (usize, usize, usize, usize);
 /// A complete response head at the start of `buf`, taken out of it (header values share its
 /// bytes, as hyper's do); `None` when more is needed. `spans` is scratch space, kept by the
 /// connection; the parser's header array is left uninitialised (no 3 KiB cleared per response).
-/// `names` are the connection's last response's header names ([`header_name`]).
 fn parse_head(
     buf: &mut BytesMut,
     spans: &mut Vec<Span>,
-    names: &mut Vec<HeaderName>,
 ) -> Result<Option<Response<()>>, ClientError> {
     let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
@@ -347,8 +341,9 @@ fn parse_head(
     }));
     let head = buf.split_to(len).freeze();
     let mut map = HeaderMap::with_capacity(spans.len());
-    for (i, &(name_at, name_end, value_at, value_end)) in spans.iter().enumerate() {
-        let name = header_name(names, i, &head[name_at..name_end])?;
+    for &(name_at, name_end, value_at, value_end) in spans.iter() {
+        let name = HeaderName::from_bytes(&head[name_at..name_end])
+            .map_err(|_| ClientError::Invalid("header name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_end))
             .map_err(|_| ClientError::Invalid("header value"))?;
         map.append(name, value);
@@ -359,30 +354,6 @@ fn parse_head(
     *response.headers_mut() = map;
     Ok(Some(response))
 }
-
-/// The header name `bytes`, parsed (and remembered as the `i`th of `names`) unless it equals,
-/// ASCII case-insensitively, the name remembered there: a valid name's bytes, lowercased.
-fn header_name(
-    names: &mut Vec<HeaderName>,
-    i: usize,
-    bytes: &[u8],
-) -> Result<HeaderName, ClientError> {
-    if let Some(known) = names.get(i) {
-        if known.as_str().as_bytes().eq_ignore_ascii_case(bytes) {
-            return Ok(known.clone());
-        }
-    }
-    let name = HeaderName::from_bytes(bytes).map_err(|_| ClientError::Invalid("header name"))?;
-    if i < names.len() {
-        names[i] = name.clone();
-    } else if i == names.len() && i < MAX_REMEMBERED_NAMES {
-        names.push(name.clone());
-    }
-    Ok(name)
-}
-
-/// Header names a connection remembers at most ([`header_name`]).
-const MAX_REMEMBERED_NAMES: usize = 16;
 
 /// The body's framing (RFC 9112 section 6.3), and whether the connection may carry another
 /// response after it. `Transfer-Encoding` overrides `Content-Length` (which is then ignored, and
@@ -940,40 +911,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn remembered_header_names_are_reused_only_for_the_same_name() {
-        let (mut spans, mut names) = (Vec::new(), Vec::new());
-        let heads: [(&[u8], &[&str]); 4] = [
-            (
-                b"HTTP/1.1 200 OK\r\nContent-Type: a\r\nX-One: 1\r\n\r\n",
-                &["content-type", "x-one"],
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\ncontent-type: a\r\nX-ONE: 1\r\nx-two: 2\r\n\r\n",
-                &["content-type", "x-one", "x-two"],
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nx-two: 2\r\ncontent-type: a\r\n\r\n",
-                &["x-two", "content-type"],
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nx-tw: 2\r\ncontent-typo: a\r\n\r\n",
-                &["x-tw", "content-typo"],
-            ),
-        ];
-        for (head, want) in heads {
-            let mut buf = BytesMut::from(head);
-            let response = parse_head(&mut buf, &mut spans, &mut names)
-                .unwrap()
-                .unwrap();
-            let got: Vec<&str> = response.headers().keys().map(HeaderName::as_str).collect();
-            assert_eq!(got, want, "{}", String::from_utf8_lossy(head));
-        }
-        // A name that is not one is refused, whatever is remembered at its place.
-        let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\nx-tw\x7f: 2\r\n\r\n"[..]);
-        assert!(parse_head(&mut buf, &mut spans, &mut names).is_err());
     }
 
     /// A pod on `ip` answering one request with an empty 200; the request head it read.
