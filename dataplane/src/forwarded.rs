@@ -109,6 +109,108 @@ fn set(headers: &mut HeaderMap, host: &str, host_value: Option<HeaderValue>, con
     }
 }
 
+/// The forwarding headers of a request from an untrusted peer (all six replaced), written
+/// straight into the upstream request head by duet's HTTP/1.1 client instead of inserted into
+/// the request's header map (six inserts and a growth of the map per request): the same values
+/// [`set_for_host`] sets. A send that does not go by that client [`Forwarding::apply`]s them to
+/// the map instead.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Forwarding<'a> {
+    host: &'a ValidHost,
+    conn: &'a ConnInfo,
+}
+
+/// The names [`Forwarding`] replaces, as they are written (lowercase).
+static FORWARDING_NAMES: [&HeaderName; FORWARDING_HEADERS] = [
+    &X_FORWARDED_FOR,
+    &header::FORWARDED,
+    &X_REAL_IP,
+    &X_FORWARDED_PROTO,
+    &X_FORWARDED_HOST,
+    &X_FORWARDED_PORT,
+];
+
+impl<'a> Forwarding<'a> {
+    /// The forwarding headers of a request from `conn` naming `host`, when they replace every
+    /// incoming one (an untrusted peer); `None` for a trusted peer (whose headers are appended
+    /// to and kept: [`set_for_host`] on the map).
+    pub(crate) fn untrusted(host: &'a ValidHost, conn: &'a ConnInfo) -> Option<Forwarding<'a>> {
+        (!conn.trusted).then_some(Forwarding { host, conn })
+    }
+
+    /// Sets them in a header map, as [`set_for_host`] does.
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
+        set_for_host(headers, self.host, self.conn);
+    }
+
+    /// Whether a received header is one of those replaced (not written from the map).
+    pub(crate) fn replaces(name: &HeaderName) -> bool {
+        FORWARDING_NAMES.contains(&name)
+    }
+
+    /// Writes the six header lines (`name: value\r\n`), in the order [`set_for_host`] inserts
+    /// them.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        let conn = self.conn;
+        let (proto, peer, host) = (conn.scheme(), &conn.forwarded, self.host.as_str());
+        line(out, b"x-forwarded-for: ", peer.ip.as_bytes());
+        let at = out.len();
+        out.extend_from_slice(b"forwarded: ");
+        out.extend_from_slice(peer.for_node.as_bytes());
+        if !host.is_empty() {
+            out.extend_from_slice(b";host=");
+            push_token_or_quoted_bytes(out, host);
+        }
+        out.extend_from_slice(b";proto=");
+        out.extend_from_slice(proto.as_bytes());
+        // As a header value would refuse it (never, for a validated host): no `Forwarded`.
+        if !out[at..]
+            .iter()
+            .all(|&c| c == b'\t' || (c >= b' ' && c != 0x7f))
+        {
+            out.truncate(at);
+        } else {
+            out.extend_from_slice(b"\r\n");
+        }
+        line(out, b"x-real-ip: ", peer.ip.as_bytes());
+        line(out, b"x-forwarded-proto: ", proto.as_bytes());
+        line(
+            out,
+            b"x-forwarded-host: ",
+            self.host.header_value().as_bytes(),
+        );
+        let port = conn.local.port();
+        if conn.local_port.0 == port {
+            line(out, b"x-forwarded-port: ", conn.local_port.1.as_bytes());
+        } else {
+            line(out, b"x-forwarded-port: ", port.to_string().as_bytes());
+        }
+    }
+}
+
+/// One header line.
+fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// [`push_token_or_quoted`] into bytes.
+fn push_token_or_quoted_bytes(out: &mut Vec<u8>, value: &str) {
+    if !value.is_empty() && value.bytes().all(is_tchar) {
+        out.extend_from_slice(value.as_bytes());
+    } else {
+        out.push(b'"');
+        for c in value.bytes() {
+            if c == b'"' || c == b'\\' {
+                out.push(b'\\');
+            }
+            out.push(c);
+        }
+        out.push(b'"');
+    }
+}
+
 impl PeerHeaders {
     /// The `Forwarded` element of one request: `for="…";host=…;proto=…` (the host as a token,
     /// or quoted when it is not one, as an IPv6 literal with its brackets and port).

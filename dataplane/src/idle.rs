@@ -291,6 +291,47 @@ impl<B: Body + Unpin> Body for BusyBody<B> {
     }
 }
 
+/// The waker of a connection task's side futures (its watchdog timer, the drain signal): a wake
+/// marks them due, then wakes the task. The task polls them only when due instead of on every
+/// wake-up (most are its socket's, several per request).
+#[derive(Debug, Default)]
+pub struct SideWake {
+    due: AtomicBool,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl SideWake {
+    /// A side waker, due (its futures are polled at the first poll).
+    pub fn new() -> Arc<SideWake> {
+        let side = SideWake::default();
+        side.due.store(true, Ordering::SeqCst);
+        Arc::new(side)
+    }
+
+    /// Whether the side futures are due a poll (clears it), the task's waker registered for the
+    /// next wake.
+    pub fn take_due(&self, task: &std::task::Waker) -> bool {
+        self.task.register(task);
+        self.due.swap(false, Ordering::SeqCst)
+    }
+
+    /// Marks the side futures due without a wake (their state changed within the task's poll).
+    pub fn mark_due(&self) {
+        self.due.store(true, Ordering::SeqCst);
+    }
+}
+
+impl std::task::Wake for SideWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.due.store(true, Ordering::SeqCst);
+        self.task.wake();
+    }
+}
+
 /// A client stream that reports arriving bytes to its connection's [`Activity`], and parks the
 /// connection when asked to (see the module docs).
 #[derive(Debug)]

@@ -505,21 +505,8 @@ impl<H> PerConnection<H> {
     where
         H: Handler,
     {
-        let mut draining = false;
-        let ended = loop {
-            let park_after = (!draining).then_some(idle::PARK_AFTER);
-            tokio::select! {
-                ended = conn.as_mut() => break ended,
-                wake = activity.next(self.timeouts, park_after) => match wake {
-                    Wake::Expired => return Parking::Ended(Ok(true)),
-                    // The next poll of the server reads, and that read parks.
-                    Wake::Park => activity.request_park(),
-                },
-                () = stopped(drain), if !draining => {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-            }
+        let Some(ended) = until_end(&mut conn, activity, self.timeouts, drain).await else {
+            return Parking::Ended(Ok(true));
         };
         let parts = Pin::into_inner(conn).into_parts();
         match parts {
@@ -531,6 +518,54 @@ impl<H> PerConnection<H> {
             _ => Parking::Ended(ended.map(|()| false).map_err(Into::into)),
         }
     }
+}
+
+/// Polls an HTTP/1.1 server until it ends (`Some`), or until the watchdog expires (`None`);
+/// meanwhile parks the connection when the watchdog says so, and finishes gracefully once `drain`
+/// turns true. One hand-written poll instead of a `select!`: the watchdog and the drain signal
+/// are woken through a [`idle::SideWake`] and polled only when it was woken, not on each of the
+/// socket wake-ups of a request.
+async fn until_end<H: Handler>(
+    conn: &mut H1Conn<H>,
+    activity: &Activity,
+    timeouts: idle::Timeouts,
+    drain: &mut watch::Receiver<bool>,
+) -> Option<Result<(), hyper::Error>> {
+    let side = idle::SideWake::new();
+    let side_waker = std::task::Waker::from(side.clone());
+    let mut draining = false;
+    let mut next = std::pin::pin!(activity.next(timeouts, Some(idle::PARK_AFTER)));
+    let mut stop = std::pin::pin!(stopped(drain));
+    std::future::poll_fn(|cx| loop {
+        if let Poll::Ready(ended) = conn.as_mut().poll(cx) {
+            return Poll::Ready(Some(ended));
+        }
+        if !side.take_due(cx.waker()) {
+            return Poll::Pending;
+        }
+        let mut side_cx = Context::from_waker(&side_waker);
+        let mut changed = false;
+        if let Poll::Ready(wake) = next.as_mut().poll(&mut side_cx) {
+            match wake {
+                Wake::Expired => return Poll::Ready(None),
+                // The next poll of the server reads, and that read parks.
+                Wake::Park => activity.request_park(),
+            }
+            changed = true;
+        }
+        if !draining && stop.as_mut().poll(&mut side_cx).is_ready() {
+            draining = true;
+            conn.as_mut().graceful_shutdown();
+            changed = true;
+        }
+        if !changed {
+            return Poll::Pending;
+        }
+        // Polled again at once, as a `select!` loop would: the server, then a fresh watchdog.
+        next.set(activity.next(timeouts, (!draining).then_some(idle::PARK_AFTER)));
+        side.mark_due();
+    })
+    .await
 }
 
 /// How [`PerConnection::until_parked`] ended.

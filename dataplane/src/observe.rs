@@ -66,7 +66,10 @@ impl Telemetry {
         let log = self.access_log.as_ref().map(|log| {
             let host = match req.uri().authority() {
                 Some(a) => http::HeaderValue::from_str(a.as_str()).ok(),
-                None => req.headers().get(header::HOST).cloned(),
+                None => req
+                    .headers()
+                    .get(header::HOST)
+                    .map(crate::access_log::owned_host),
             };
             (
                 log.clone(),
@@ -76,7 +79,7 @@ impl Telemetry {
                     listener: conn.local,
                     host,
                     method: req.method().clone(),
-                    uri: req.uri().clone(),
+                    uri: crate::access_log::owned_uri(req.uri()),
                     version: req.version(),
                     status: 0,
                     bytes: 0,

@@ -14,7 +14,6 @@ static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 // Names used on every request, as statics: a `header::*` constant is a value, copied (a call to
 // `memcpy`) wherever it is used.
 static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
-static TRANSFER_ENCODING: HeaderName = header::TRANSFER_ENCODING;
 
 /// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
 const HOP_BY_HOP_NAMES: usize = 7;
@@ -28,6 +27,8 @@ static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_NAMES] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
+/// Where `Transfer-Encoding` is in [`HOP_BY_HOP`].
+const TRANSFER_ENCODING_AT: usize = 5;
 
 /// The request target in origin form with its path normalised ([`crate::path`]) and its query
 /// as received.
@@ -101,19 +102,26 @@ pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
 /// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
-    // §6.3); the body is re-framed on the way out, so the stale length must not survive.
-    if headers.contains_key(&TRANSFER_ENCODING) {
-        headers.remove(&CONTENT_LENGTH);
-    }
-    headers.remove(&HTTP2_SETTINGS);
-    // One pass over the (few) names present instead of a hashed removal per hop-by-hop name:
+    // One pass over the (few) names present instead of a hashed lookup or removal per name:
     // most requests carry none of them, most responses only `Connection: keep-alive`.
     let mut present = [false; HOP_BY_HOP_NAMES];
+    let (mut length, mut settings) = (false, false);
     for name in headers.keys() {
         if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
             present[i] = true;
+        } else if name == CONTENT_LENGTH {
+            length = true;
+        } else if name == HTTP2_SETTINGS {
+            settings = true;
         }
+    }
+    // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
+    // §6.3); the body is re-framed on the way out, so the stale length must not survive.
+    if length && present[TRANSFER_ENCODING_AT] {
+        headers.remove(&CONTENT_LENGTH);
+    }
+    if settings {
+        headers.remove(&HTTP2_SETTINGS);
     }
     if !present.contains(&true) {
         return;
@@ -152,13 +160,15 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 
 /// Turns a client request into the upstream request: the normalised origin-form target, HTTP/1.1,
 /// Host set to the validated host (and nothing else), hop-by-hop headers removed, forwarding
-/// headers set from the real peer.
+/// headers set from the real peer (unless `deferred`: then the send writes them, see
+/// [`crate::forwarded::Forwarding`]).
 pub(super) fn prepare_request<B>(
     req: &mut Request<B>,
     host: &ValidHost,
     target: Uri,
     conn: &ConnInfo,
     upgrade: bool,
+    deferred: bool,
 ) {
     *req.uri_mut() = target;
     *req.version_mut() = Version::HTTP_11;
@@ -169,7 +179,9 @@ pub(super) fn prepare_request<B>(
     } else {
         headers.insert(header::HOST, host.header_value().clone());
     }
-    crate::forwarded::set_for_host(headers, host, conn);
+    if !deferred {
+        crate::forwarded::set_for_host(headers, host, conn);
+    }
 }
 
 #[cfg(test)]
@@ -289,7 +301,7 @@ mod tests {
                 .unwrap();
             let host = crate::host::request_host(&req).unwrap();
             let target = origin_form(req.uri()).unwrap();
-            prepare_request(&mut req, &host, target, &conn, false);
+            prepare_request(&mut req, &host, target, &conn, false, false);
             let h = req.headers();
             assert_eq!(h["x-forwarded-for"], ip);
             assert_eq!(h["x-real-ip"], ip);
@@ -319,7 +331,7 @@ mod tests {
             .unwrap();
         let host = crate::host::request_host(&req).unwrap();
         let target = origin_form(req.uri()).unwrap();
-        prepare_request(&mut req, &host, target, &conn, false);
+        prepare_request(&mut req, &host, target, &conn, false, false);
         assert_eq!(req.uri(), "/x/y?z");
         assert_eq!(req.version(), Version::HTTP_11);
         assert_eq!(req.headers()[header::HOST], "demo.local");

@@ -199,10 +199,16 @@ impl Proxy {
             Ok(plan) => plan,
             Err(error) => return linger::unread(req, Err(error)),
         };
-        let (request, client_upgrade) = upstream_request(req, &mut routed, &plan, conn);
+        // With no filters to edit them after, an untrusted peer's forwarding headers are written
+        // by the send (straight into the head by duet's client) instead of into the map here.
+        let deferred = routed.matched.action.filters.is_none() && !conn.trusted;
+        let (request, client_upgrade) = upstream_request(req, &mut routed, &plan, conn, deferred);
+        let forwarding = deferred
+            .then(|| crate::forwarded::Forwarding::untrusted(&routed.host, conn))
+            .flatten();
         let mut slot = Some(request);
         let (sent, in_flight, served) = self
-            .send_with_fallback(&plan, &mut slot, conn, exchange)
+            .send_with_fallback(&plan, &mut slot, forwarding, conn, exchange)
             .await?;
         let cookie = plan.steered.set_cookie(plan.backend, served, plan.https);
         let mut res = self.respond(sent, in_flight, client_upgrade, &plan, conn)?;
@@ -221,6 +227,7 @@ impl Proxy {
         &self,
         plan: &Plan<'_>,
         request: &mut Option<Request<UpstreamBody>>,
+        forwarding: Option<crate::forwarded::Forwarding<'_>>,
         conn: &ConnInfo,
         exchange: &mut Exchange,
     ) -> Result<(Sent, InFlight, usize), ProxyError> {
@@ -245,6 +252,7 @@ impl Proxy {
                     tls: plan.tls,
                     connect_timeout: plan.connect_timeout,
                     read_timeout: plan.read_timeout,
+                    forwarding,
                 };
                 let in_flight = state.start();
                 let sending = self.upstream.send(&peer, request);
@@ -429,6 +437,7 @@ fn upstream_request(
     routed: &mut Routed<'_>,
     plan: &Plan<'_>,
     conn: &ConnInfo,
+    deferred: bool,
 ) -> (Request<UpstreamBody>, Option<OnUpgrade>) {
     let trailers = plan.protocol.is_h2() && crate::upstream::wants_trailers(req.headers());
     let upgrade = headers::is_websocket_upgrade(req.headers());
@@ -438,7 +447,7 @@ fn upstream_request(
         Some(rewritten) => rewritten,
         None => std::mem::take(&mut routed.target),
     };
-    headers::prepare_request(&mut req, &routed.host, target, conn, upgrade);
+    headers::prepare_request(&mut req, &routed.host, target, conn, upgrade, deferred);
     crate::policy::set_upstream_host(routed.matched.action, req.headers_mut());
     if let Some(filters) = routed.matched.action.filters.as_deref() {
         filters.prepare_upstream(plan.steered.backend.as_str(), req.headers_mut());
@@ -807,7 +816,7 @@ mod tests {
                     .body(Either::Right(http_body_util::Empty::new()))
                     .unwrap();
                 let sent = proxy
-                    .send_with_fallback(&plan, &mut Some(request), &client, &mut exchange)
+                    .send_with_fallback(&plan, &mut Some(request), None, &client, &mut exchange)
                     .await;
                 let (sent, _in_flight, _served) = sent.unwrap_or_else(|e| panic!("{closed}: {e}"));
                 assert_eq!(sent.response.status(), StatusCode::OK, "{closed}");

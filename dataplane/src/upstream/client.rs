@@ -28,6 +28,7 @@ use tokio::net::TcpStream;
 use super::h1::{ClientIdle, Pool};
 use super::{PoolKey, UpstreamBody};
 pub use crate::error::ClientError;
+use crate::forwarded::Forwarding;
 use crate::limits::UPSTREAM_H1_BUF;
 
 /// Response headers parsed at most (as hyper's client).
@@ -166,8 +167,12 @@ impl ClientConn {
 
     /// Encodes the request's head into the connection's buffer (before any await: the request
     /// is not held across one); what [`ClientConn::exchange`] needs of it.
-    pub(super) fn prepare(&mut self, request: &Request<UpstreamBody>) -> Asked {
-        encode_head(request, &mut self.head);
+    pub(super) fn prepare(
+        &mut self,
+        request: &Request<UpstreamBody>,
+        forwarding: Option<&Forwarding<'_>>,
+    ) -> Asked {
+        encode_head(request, forwarding, &mut self.head);
         Asked {
             head: request.method().as_str() == "HEAD",
             close: wants_close(request.headers()),
@@ -250,8 +255,13 @@ impl ClientConn {
     }
 }
 
-/// The request head, as hyper's client writes it: request line, each header as `name: value`.
-fn encode_head(request: &Request<UpstreamBody>, out: &mut Vec<u8>) {
+/// The request head, as hyper's client writes it: request line, each header as `name: value`;
+/// with `forwarding`, the received forwarding headers replaced by its.
+fn encode_head(
+    request: &Request<UpstreamBody>,
+    forwarding: Option<&Forwarding<'_>>,
+    out: &mut Vec<u8>,
+) {
     out.clear();
     out.extend_from_slice(request.method().as_str().as_bytes());
     out.push(b' ');
@@ -267,10 +277,16 @@ fn encode_head(request: &Request<UpstreamBody>, out: &mut Vec<u8>) {
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in request.headers() {
+        if forwarding.is_some() && Forwarding::replaces(name) {
+            continue;
+        }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    }
+    if let Some(forwarding) = forwarding {
+        forwarding.write(out);
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -748,6 +764,7 @@ mod tests {
             tls: None,
             connect_timeout: Duration::from_secs(5),
             read_timeout: Duration::from_secs(5),
+            forwarding: None,
         };
         let mut slot = Some(request(method));
         upstream.send(&peer, &mut slot).await
@@ -892,6 +909,97 @@ mod tests {
                 if i == 1 {
                     assert_eq!(trailers.unwrap()["x-sum"], "42", "{ip}");
                 }
+            }
+        }
+    }
+
+    /// A pod on `ip` answering one request with an empty 200; the request head it read.
+    async fn recording_pod(ip: &str) -> (SocketAddr, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+            let _ = stream.write_all(answer).await;
+            let _ = tx.send(seen);
+        });
+        (addr, rx)
+    }
+
+    /// The header lines of a request head, lowercase names, sorted.
+    fn header_lines(head: &[u8]) -> Vec<(String, Vec<u8>)> {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(req.parse(head).unwrap().is_complete());
+        let mut lines: Vec<_> = req
+            .headers
+            .iter()
+            .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[tokio::test]
+    async fn forwarding_headers_written_into_the_head_are_those_the_map_would_carry() {
+        use crate::conn::ConnInfo;
+        for (ip, client) in [
+            ("127.0.0.1", "192.0.2.7:4711"),
+            ("::1", "[2001:db8::7]:4711"),
+        ] {
+            for host in ["a.test", "[::1]:8443"] {
+                let (addr, head) = recording_pod(ip).await;
+                let conn = ConnInfo::new(client.parse().unwrap(), "[::1]:8080".parse().unwrap());
+                // A client's own forwarding headers, all replaced for an untrusted peer.
+                let mut request = request(Method::GET);
+                let headers = request.headers_mut();
+                headers.insert(header::HOST, HeaderValue::from_static(host));
+                for (name, value) in [
+                    ("x-forwarded-for", "6.6.6.6"),
+                    ("x-forwarded-for", "6.6.6.7"),
+                    ("forwarded", "for=6.6.6.6"),
+                    ("x-real-ip", "6.6.6.6"),
+                    ("x-forwarded-proto", "https"),
+                    ("x-forwarded-host", "evil.test"),
+                    ("x-forwarded-port", "1"),
+                    ("x-kept", "1"),
+                ] {
+                    headers.append(name, HeaderValue::from_static(value));
+                }
+                let valid = crate::host::request_host(&request).unwrap();
+                let forwarding = Forwarding::untrusted(&valid, &conn).unwrap();
+                let mut expected = request.headers().clone();
+                forwarding.apply(&mut expected);
+                let peer = Peer {
+                    addr,
+                    family: Family::of(&addr),
+                    protocol: UpstreamProtocol::Http1,
+                    tls: None,
+                    connect_timeout: Duration::from_secs(5),
+                    read_timeout: Duration::from_secs(5),
+                    forwarding: Some(forwarding),
+                };
+                let sent = upstream().send(&peer, &mut Some(request)).await.unwrap();
+                assert_eq!(sent.response.status(), StatusCode::OK);
+                let mut want: Vec<_> = expected
+                    .iter()
+                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                    .collect();
+                want.sort();
+                let got = header_lines(&head.await.unwrap());
+                assert_eq!(got, want, "{client} {host}");
+                assert!(got
+                    .iter()
+                    .any(|(n, v)| n == "forwarded" && v.starts_with(b"for=\"")));
             }
         }
     }

@@ -199,6 +199,7 @@ mod tests {
             tls: None,
             connect_timeout: timeout,
             read_timeout: timeout,
+            forwarding: None,
         }
     }
 

@@ -34,6 +34,7 @@ pub(crate) type PoolReturn = h1::PoolReturn<client::ClientConn>;
 pub(crate) use h2::{keep_trailers, wants_trailers};
 
 use crate::error::ProxyError;
+use crate::forwarded::Forwarding;
 use crate::limits::Limited;
 use crate::send_watch::{self, SendWatch};
 use crate::table::{Family, UpstreamProtocol};
@@ -111,6 +112,9 @@ pub(crate) struct Peer<'a> {
     pub connect_timeout: Duration,
     /// Time to wait for the response head.
     pub read_timeout: Duration,
+    /// Forwarding headers the send sets (`None`: the request's map has them already): written
+    /// into the head by duet's client, set in the map for the others.
+    pub forwarding: Option<Forwarding<'a>>,
 }
 
 impl Peer<'_> {
@@ -318,6 +322,9 @@ impl Upstream {
         if !peer.protocol.is_h2() && peer.tls.is_none() && client::takes(request) {
             return self.send_by_client(peer, slot).await;
         }
+        if let Some(forwarding) = &peer.forwarding {
+            forwarding.apply(request.headers_mut());
+        }
         if peer.protocol.is_h2() {
             h2::to_h2_request(request, peer.tls.is_some());
         }
@@ -392,7 +399,7 @@ impl Upstream {
         };
         loop {
             let asked = match slot.as_ref() {
-                Some(request) => conn.prepare(request),
+                Some(request) => conn.prepare(request, peer.forwarding.as_ref()),
                 None => return Err(no_request()),
             };
             let error = match timeout(peer.read_timeout, conn.exchange(asked)).await {
