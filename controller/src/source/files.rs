@@ -26,6 +26,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::file_maps::{Emitted, Objects, PathMap};
 use super::SourceEvent;
 use crate::compact::Slice;
 use crate::index::{Change, Object};
@@ -282,7 +283,7 @@ struct FileState {
     stamp: Option<Stamp>,
     /// Its length and a keyed hash of its content.
     digest: (usize, u64),
-    objects: Vec<Object>,
+    objects: Objects,
 }
 
 /// A file's inode, size, modification and change times: when all are as at the last read, the
@@ -321,8 +322,8 @@ const RACY: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct FileSource {
     dir: PathBuf,
-    files: BTreeMap<Arc<Path>, FileState>,
-    emitted: BTreeMap<ObjectKey, (Object, Arc<Path>)>,
+    files: PathMap<FileState>,
+    emitted: Emitted,
     /// Whether the last full union found an object defined in two files: a rescan of some paths
     /// then redoes the whole union (which file wins depends on every file).
     duplicates: bool,
@@ -335,8 +336,8 @@ impl FileSource {
     pub fn new(dir: impl Into<PathBuf>) -> FileSource {
         FileSource {
             dir: dir.into(),
-            files: BTreeMap::new(),
-            emitted: BTreeMap::new(),
+            files: PathMap::default(),
+            emitted: Emitted::default(),
             duplicates: false,
             hasher: std::hash::RandomState::new(),
         }
@@ -472,7 +473,7 @@ impl FileSource {
             let Some((file, state)) = self.files.get_key_value(path.as_path()) else {
                 continue;
             };
-            for object in &state.objects {
+            for object in state.objects.iter() {
                 let key = object.key();
                 let elsewhere = self.emitted.get(&key).is_some_and(|(_, f)| {
                     **f != **path && !touched.iter().any(|(t, _)| **f == **t)
@@ -501,7 +502,7 @@ impl FileSource {
                     object: object.clone(),
                     file: Some(file.clone()),
                 });
-                self.emitted.insert(key, (object, file));
+                self.emitted.insert(object, file);
             }
         }
         Some(changes)
@@ -576,7 +577,7 @@ impl FileSource {
             FileState {
                 stamp,
                 digest,
-                objects: parsed.objects,
+                objects: parsed.objects.into(),
             },
         );
         true
@@ -584,44 +585,40 @@ impl FileSource {
 
     /// The union over files; the first file (by name) defining an object wins. A second
     /// definition is logged when either file is among the `changed` ones.
-    fn union(&mut self, changed: &[PathBuf]) -> BTreeMap<ObjectKey, (Object, Arc<Path>)> {
-        let mut wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)> = BTreeMap::new();
-        self.duplicates = false;
-        for (path, state) in &self.files {
-            let file = path;
-            for object in &state.objects {
-                let key = object.key();
-                if let Some((_, first)) = wanted.get(&key) {
-                    self.duplicates = true;
-                    if changed.iter().any(|c| **c == **path || **c == **first) {
-                        tracing::warn!(
-                            file = %path.display(),
-                            object = %key,
-                            first = %first.display(),
-                            "Object defined in two manifests; the first file's definition is used"
-                        );
-                    }
-                    continue;
-                }
-                wanted.insert(key, (object.clone(), file.clone()));
+    fn union(&mut self, changed: &[PathBuf]) -> Emitted {
+        let mut duplicates = false;
+        let files = self
+            .files
+            .iter()
+            .map(|(path, state)| (path, state.objects.as_slice()));
+        let wanted = Emitted::first_of(files, |key, path, first| {
+            duplicates = true;
+            if changed.iter().any(|c| **c == **path || **c == **first) {
+                tracing::warn!(
+                    file = %path.display(),
+                    object = %key,
+                    first = %first.display(),
+                    "Object defined in two manifests; the first file's definition is used"
+                );
             }
-        }
+        });
+        self.duplicates = duplicates;
         wanted
     }
 
     /// The changes from what was last emitted to `wanted`, which is emitted from now on.
-    fn changes_to(&mut self, wanted: BTreeMap<ObjectKey, (Object, Arc<Path>)>) -> Vec<Change> {
+    fn changes_to(&mut self, wanted: Emitted) -> Vec<Change> {
         let mut changes = Vec::new();
-        for key in self.emitted.keys() {
-            if !wanted.contains_key(key) {
-                changes.push(Change::Delete(key.clone()));
+        for (object, _) in self.emitted.iter() {
+            if wanted.get_same_key(object).is_none() {
+                changes.push(Change::Delete(object.key()));
             }
         }
-        for (key, (object, file)) in &wanted {
+        for (object, file) in wanted.iter() {
             // Objects of files not parsed again are the same `Arc`s: compared by pointer first.
             let same = self
                 .emitted
-                .get(key)
+                .get_same_key(object)
                 .is_some_and(|(o, f)| f == file && (o.same_arc(object) || o == object));
             if !same {
                 changes.push(Change::Apply {
@@ -661,7 +658,7 @@ enum Read {
 /// is dropped once parsed); the results in the order of `stale`.
 fn read_all(
     stale: &[(&Path, Option<Stamp>)],
-    files: &BTreeMap<Arc<Path>, FileState>,
+    files: &PathMap<FileState>,
     hasher: &std::hash::RandomState,
 ) -> Vec<Read> {
     let threads = std::thread::available_parallelism()
