@@ -546,7 +546,7 @@ impl Index {
     pub fn slices_of(&self, service: &NsName) -> Vec<&Slice> {
         self.slice_owners
             .of(service)
-            .filter_map(|slice| self.endpoint_slices.get(slice))
+            .filter_map(|slice| self.endpoint_slices.get(&slice))
             .map(|e| &*e.object)
             .collect()
     }

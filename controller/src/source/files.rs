@@ -286,32 +286,29 @@ struct FileState {
     objects: Objects,
 }
 
-/// A file's inode, size, modification and change times: when all are as at the last read, the
-/// file is not read again.
+/// A digest of a file's inode, size, modification and change times: when it is as at the last
+/// read, the file is not read again. 8 bytes kept per file, where the four are 48 (2 MB at
+/// 40,000 files); two different stamps have the same digest once in 2^63 (as two different
+/// contents have the same content digest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    inode: u64,
-    len: u64,
-    modified: std::time::SystemTime,
-    changed: (i64, i64),
-}
+struct Stamp(std::num::NonZeroU64);
 
 impl Stamp {
     /// The stamp of `meta`, or `None` when the file was modified less than [`RACY`] before
     /// `scan_started`: a write in the same clock tick could leave the times as they are, so such a
     /// file is read (and its content compared) again at the next scan.
     fn of(meta: &std::fs::Metadata, scan_started: std::time::SystemTime) -> Option<Stamp> {
+        use std::hash::{Hash as _, Hasher as _};
         use std::os::unix::fs::MetadataExt as _;
         let modified = meta.modified().ok()?;
         if modified + RACY > scan_started {
             return None;
         }
-        Some(Stamp {
-            inode: meta.ino(),
-            len: meta.len(),
-            modified,
-            changed: (meta.ctime(), meta.ctime_nsec()),
-        })
+        let mut digest = std::hash::DefaultHasher::new();
+        (meta.ino(), meta.len(), modified).hash(&mut digest);
+        (meta.ctime(), meta.ctime_nsec()).hash(&mut digest);
+        let digest = std::num::NonZeroU64::new(digest.finish() | 1);
+        Some(Stamp(digest.unwrap_or(std::num::NonZeroU64::MIN)))
     }
 }
 
