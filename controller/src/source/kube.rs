@@ -1,6 +1,7 @@
-//! The Kubernetes API source: one kube-runtime watcher and reflector store per kind (and per
-//! watched namespace), objects trimmed before caching, feeding the same [`Change`] stream as the
-//! manifest folder.
+//! The Kubernetes API source: one kube-runtime watcher per kind (and per watched namespace),
+//! objects trimmed before caching, feeding the same [`Change`] stream as the manifest folder.
+//! Ingresses are cached in reflector stores (other tasks read them: [`Stores`]); every other
+//! kind's watch keeps only its objects' `Arc`s, shared with the index ([`Listed`]).
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, the Gateway API kinds
 //! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) and Namespaces when the cluster
@@ -12,8 +13,8 @@
 //! `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped before an object is
 //! cached.
 //!
-//! Every (re)list of a kind ends in a [`Change::Replace`] carrying the whole reflector state of
-//! that kind, so objects deleted while a watch was down (a relist after `410 Gone` reports no
+//! Every (re)list of a kind ends in a [`Change::Replace`] carrying the whole state of that kind
+//! (every watch's), so objects deleted while a watch was down (a relist after `410 Gone` reports no
 //! deletes) disappear too. [`SourceEvent::Synced`] is sent once every watcher has listed once.
 //! Watch errors are logged and retried with backoff ([`WatchBackoff`]: 0.5 s doubling to 5 s,
 //! jittered, reset by the first good event); the index, and so the published snapshot, keeps the
