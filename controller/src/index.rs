@@ -59,8 +59,8 @@ pub trait Stored: Sized + PartialEq + Send + Sync + 'static {
     const KIND: Kind;
     /// The object as an [`Object`].
     fn wrap(object: Arc<Self>) -> Object;
-    /// Its metadata.
-    fn meta(&self) -> &ObjectMeta;
+    /// Its namespace and name, as written (either may be unset).
+    fn names(&self) -> (Option<&str>, Option<&str>);
     /// The index's store of the type.
     fn store(index: &Index) -> &Store<Self>;
     /// The same, to change.
@@ -76,8 +76,8 @@ macro_rules! stored {
             fn wrap(object: Arc<Self>) -> Object {
                 Object::$kind(object)
             }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
+            fn names(&self) -> (Option<&str>, Option<&str>) {
+                (self.metadata.namespace.as_deref(), self.metadata.name.as_deref())
             }
             fn store(index: &Index) -> &Store<Self> {
                 &index.$store
@@ -132,10 +132,10 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
 }
 
 impl Object {
-    /// The object's kind and metadata.
-    fn parts(&self) -> (Kind, &ObjectMeta) {
-        fn of<K: Stored>(object: &K) -> (Kind, &ObjectMeta) {
-            (K::KIND, object.meta())
+    /// The object's kind, namespace and name (as written).
+    fn parts(&self) -> (Kind, (Option<&str>, Option<&str>)) {
+        fn of<K: Stored>(object: &K) -> (Kind, (Option<&str>, Option<&str>)) {
+            (K::KIND, object.names())
         }
         match self {
             Object::Ingress(o) => of(&**o),
@@ -171,13 +171,30 @@ impl Object {
 
     /// The object's key (a missing namespace is `default` for namespaced kinds).
     pub fn key(&self) -> ObjectKey {
-        let (kind, meta) = self.parts();
+        let (kind, namespace, name) = self.key_parts();
+        ObjectKey::new(kind, namespace, name)
+    }
+
+    /// The parts of [`Object::key`], borrowed from the object.
+    fn key_parts(&self) -> (Kind, &str, &str) {
+        let (kind, (namespace, name)) = self.parts();
         let namespace = if kind.namespaced() {
-            meta.namespace.as_deref().unwrap_or("default")
+            namespace.unwrap_or("default")
         } else {
             ""
         };
-        ObjectKey::new(kind, namespace, meta.name.as_deref().unwrap_or_default())
+        (kind, namespace, name.unwrap_or_default())
+    }
+
+    /// The object's key compared with `key`, in `ObjectKey`'s order, without copying it.
+    pub fn cmp_key(&self, key: &ObjectKey) -> std::cmp::Ordering {
+        self.key_parts()
+            .cmp(&(key.kind, key.namespace.as_str(), key.name.as_str()))
+    }
+
+    /// The two objects' keys compared, in `ObjectKey`'s order, without copying them.
+    pub fn cmp_object_key(&self, other: &Object) -> std::cmp::Ordering {
+        self.key_parts().cmp(&other.key_parts())
     }
 
     /// Stores the object in `index`; what that means for the snapshot.
@@ -529,7 +546,7 @@ impl Index {
     pub fn slices_of(&self, service: &NsName) -> Vec<&Slice> {
         self.slice_owners
             .of(service)
-            .filter_map(|slice| self.endpoint_slices.get(slice))
+            .filter_map(|slice| self.endpoint_slices.get(&slice))
             .map(|e| &*e.object)
             .collect()
     }

@@ -28,7 +28,9 @@ use tracing_subscriber::EnvFilter;
 
 /// jemalloc rather than glibc's malloc: memory freed by parked idle connections and by snapshot
 /// rebuilds goes back to the kernel (its background thread purges pages unused for 1 s; settings
-/// in .cargo/config.toml) instead of staying with the process (README, Performance).
+/// in .cargo/config.toml) instead of staying with the process (README, Performance). Built
+/// without the `jemalloc` feature, the binary keeps the system allocator (for heap profilers).
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

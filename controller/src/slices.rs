@@ -6,18 +6,20 @@ use std::collections::BTreeMap;
 use crate::compact::Slice;
 use crate::object::{slice_service, NsName};
 
-/// The EndpointSlice keys of each Service (by its `kubernetes.io/service-name` label), sorted.
+/// The EndpointSlice names of each Service (by its `kubernetes.io/service-name` label), sorted.
 /// A Service has few slices (one per family and 100 endpoints): a sorted `Vec` of them costs
-/// their keys, where a `BTreeSet` would cost a 544-byte node per Service.
+/// their names, where a `BTreeSet` would cost a 544-byte node per Service. A slice's namespace
+/// is its Service's (the label names a Service of the slice's namespace), so only names are
+/// kept: 16 bytes a slice where a key is 48 and a namespace string of its own.
 #[derive(Debug, Default)]
-pub struct SliceOwners(BTreeMap<NsName, Vec<NsName>>);
+pub struct SliceOwners(BTreeMap<NsName, Vec<Box<str>>>);
 
 impl SliceOwners {
     /// Records that the slice `key`, stored as `old` (if any), is now `new` (`None`: deleted).
     pub fn moved(&mut self, key: &NsName, old: Option<&Slice>, new: Option<&Slice>) {
         if let Some(service) = old.and_then(slice_service) {
             if let Some(slices) = self.0.get_mut(&service) {
-                if let Ok(at) = slices.binary_search(key) {
+                if let Ok(at) = slices.binary_search_by(|s| (**s).cmp(&key.name)) {
                     slices.remove(at);
                 }
                 if slices.is_empty() {
@@ -27,16 +29,17 @@ impl SliceOwners {
         }
         if let Some(service) = new.and_then(slice_service) {
             let slices = self.0.entry(service).or_default();
-            if let Err(at) = slices.binary_search(key) {
+            if let Err(at) = slices.binary_search_by(|s| (**s).cmp(&key.name)) {
                 slices.reserve_exact(1);
-                slices.insert(at, key.clone());
+                slices.insert(at, key.name.as_str().into());
             }
         }
     }
 
     /// The keys of `service`'s slices.
-    pub fn of(&self, service: &NsName) -> impl Iterator<Item = &NsName> {
-        self.0.get(service).into_iter().flatten()
+    pub fn of<'a>(&'a self, service: &'a NsName) -> impl Iterator<Item = NsName> + 'a {
+        let names = self.0.get(service).into_iter().flatten();
+        names.map(|name| NsName::new(service.namespace.as_str(), &**name))
     }
 }
 

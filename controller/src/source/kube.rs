@@ -1,6 +1,7 @@
-//! The Kubernetes API source: one kube-runtime watcher and reflector store per kind (and per
-//! watched namespace), objects trimmed before caching, feeding the same [`Change`] stream as the
-//! manifest folder.
+//! The Kubernetes API source: one kube-runtime watcher per kind (and per watched namespace),
+//! objects trimmed before caching, feeding the same [`Change`] stream as the manifest folder.
+//! Ingresses are cached in reflector stores (other tasks read them: [`Stores`]); every other
+//! kind's watch keeps only its objects' `Arc`s, shared with the index ([`Listed`]).
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, the Gateway API kinds
 //! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) and Namespaces when the cluster
@@ -12,8 +13,8 @@
 //! `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped before an object is
 //! cached.
 //!
-//! Every (re)list of a kind ends in a [`Change::Replace`] carrying the whole reflector state of
-//! that kind, so objects deleted while a watch was down (a relist after `410 Gone` reports no
+//! Every (re)list of a kind ends in a [`Change::Replace`] carrying the whole state of that kind
+//! (every watch's), so objects deleted while a watch was down (a relist after `410 Gone` reports no
 //! deletes) disappear too. [`SourceEvent::Synced`] is sent once every watcher has listed once.
 //! Watch errors are logged and retried with backoff ([`WatchBackoff`]: 0.5 s doubling to 5 s,
 //! jittered, reset by the first good event); the index, and so the published snapshot, keeps the
@@ -26,18 +27,22 @@ use std::sync::Arc;
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
 use tokio::sync::{mpsc, watch};
 
-use super::watch::{seen, Seen, SyncCountdown, Task, Watched};
+use super::watch::{seen, Listed, Seen, SyncCountdown, Task, Watched};
 pub use super::watch::{trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
 use super::SourceEvent;
 use crate::compact::Slice;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::index::Change;
+use crate::index::{Object, Stored};
 use crate::namespaces;
 use crate::object::SERVICE_NAME_LABEL;
 use crate::stored::StoredService;
@@ -127,7 +132,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         changed,
     };
     let base = watcher::Config::default();
-    let ingresses = watch_kind(
+    let ingresses = watch_shared(
         namespaces::apis::<Ingress>(&client, &namespaces),
         vec![base.clone()],
         sync(Some(Arc::new(changed_tx))),
@@ -138,24 +143,21 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
     };
     let tasks: Vec<Task> = vec![
         ingresses.task,
-        watch_kind(
-            vec![Api::<IngressClass>::all(client.clone())],
+        watch_kind::<IngressClass, IngressClass>(
+            vec![Api::all(client.clone())],
             vec![base.clone()],
             sync(None),
-        )
-        .task,
-        watch_kind(
-            namespaces::apis::<StoredService>(&client, &namespaces),
+        ),
+        watch_kind::<StoredService, StoredService>(
+            namespaces::apis(&client, &namespaces),
             vec![base.clone()],
             sync(None),
-        )
-        .task,
-        watch_kind(
-            namespaces::apis::<Slice>(&client, &namespaces),
+        ),
+        watch_kind::<EndpointSlice, Slice>(
+            namespaces::apis(&client, &namespaces),
             vec![base.labels(SERVICE_NAME_LABEL)],
             sync(None),
-        )
-        .task,
+        ),
         super::secrets::watch(
             client.clone(),
             &namespaces,
@@ -197,41 +199,20 @@ fn gateway_watchers(client: &Client, namespaces: &[String], sync: &Sync) -> Vec<
         changed: None,
     };
     vec![
-        watch_kind(vec![Api::<Namespace>::all(client.clone())], base(), each()).task,
-        watch_kind(
-            vec![Api::<GatewayClass>::all(client.clone())],
+        watch_kind::<Namespace, Namespace>(vec![Api::all(client.clone())], base(), each()),
+        watch_kind::<GatewayClass, GatewayClass>(vec![Api::all(client.clone())], base(), each()),
+        watch_kind::<Gateway, Gateway>(namespaces::apis(client, namespaces), base(), each()),
+        watch_kind::<HttpRoute, HttpRoute>(namespaces::apis(client, namespaces), base(), each()),
+        watch_kind::<GrpcRoute, GrpcRoute>(namespaces::apis(client, namespaces), base(), each()),
+        watch_kind::<ReferenceGrant, ReferenceGrant>(
+            namespaces::apis(client, namespaces),
             base(),
             each(),
-        )
-        .task,
-        watch_kind(
-            namespaces::apis::<Gateway>(client, namespaces),
-            base(),
-            each(),
-        )
-        .task,
-        watch_kind(
-            namespaces::apis::<HttpRoute>(client, namespaces),
-            base(),
-            each(),
-        )
-        .task,
-        watch_kind(
-            namespaces::apis::<GrpcRoute>(client, namespaces),
-            base(),
-            each(),
-        )
-        .task,
-        watch_kind(
-            namespaces::apis::<ReferenceGrant>(client, namespaces),
-            base(),
-            each(),
-        )
-        .task,
+        ),
     ]
 }
 
-/// One kind's watcher, built: its reflector stores and the task to run.
+/// One kind's watcher, built: its reflector stores (Ingresses only) and the task to run.
 struct Watcher<K: Watched> {
     stores: Vec<Store<K>>,
     task: Task,
@@ -245,22 +226,70 @@ struct Sync {
     changed: Option<Arc<watch::Sender<u64>>>,
 }
 
-/// Watches one kind: every API (namespace) with every config (field selector); a relist of any
-/// of them replaces the kind with the union of all their stores. The watcher is built, not
-/// started: the caller counts it, then spawns its task.
-fn watch_kind<K: Watched>(
+/// What a kind's watches keep of their objects, for the relists: what one watch event means,
+/// and the whole state of the kind (what a relist no longer has is deleted).
+trait Kept<K>: Send + 'static {
+    /// What watch `i`'s event means, recorded.
+    fn seen(&mut self, i: usize, event: watcher::Event<K>) -> Seen;
+    /// Every object of every watch.
+    fn replace(&self) -> Change;
+    /// The number of watches.
+    fn watches(&self) -> usize;
+}
+
+/// Reflector stores, which other tasks read too (Ingresses: the status writer).
+struct Reflected<K: Watched>(Vec<Store<K>>);
+
+impl<K: Watched> Kept<K> for Reflected<K> {
+    fn seen(&mut self, i: usize, event: watcher::Event<K>) -> Seen {
+        seen(&self.0[i], event)
+    }
+
+    fn replace(&self) -> Change {
+        replace::<K>(self.0.iter().flat_map(|r| r.state()).map(K::wrap).collect())
+    }
+
+    fn watches(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The objects' `Arc`s only ([`Listed`]), for every other kind.
+impl<K: Stored> Kept<K> for Vec<Listed<K>> {
+    fn seen(&mut self, i: usize, event: watcher::Event<K>) -> Seen {
+        self[i].seen(event)
+    }
+
+    fn replace(&self) -> Change {
+        let objects = self.iter().flat_map(Listed::objects);
+        replace::<K>(objects.map(|o| K::wrap(o.clone())).collect())
+    }
+
+    fn watches(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A relist's change.
+fn replace<K: Stored>(objects: Vec<Object>) -> Change {
+    tracing::debug!(kind = %K::KIND, objects = objects.len(), "Listed");
+    Change::Replace {
+        kind: K::KIND,
+        objects: objects.into_iter().map(|o| (o, None)).collect(),
+    }
+}
+
+/// Watches the Ingresses: every API (namespace) with every config; reflector stores are kept
+/// (other tasks read them) and a relist of any watch replaces the kind with the union of all of
+/// them. The watcher is built, not started: the caller counts it, then spawns its task.
+fn watch_shared<K: Watched>(
     apis: Vec<Api<K>>,
     configs: Vec<watcher::Config>,
     sync: Sync,
 ) -> Watcher<K> {
     let mut readers = Vec::new();
     let mut streams = Vec::new();
-    let watches = apis.iter().flat_map(|api| {
-        configs
-            .iter()
-            .map(move |config| (api.clone(), config.clone()))
-    });
-    for (i, (api, config)) in watches.enumerate() {
+    for (i, (api, config)) in each_watch(&apis, &configs).enumerate() {
         let (reader, writer) = reflector::store();
         readers.push(reader);
         let stream = watcher(api, config)
@@ -270,11 +299,58 @@ fn watch_kind<K: Watched>(
             .map(move |event| (i, event));
         streams.push(stream.boxed());
     }
-    let stores = readers.clone();
-    let task = run_kind(readers, futures_util::stream::select_all(streams), sync);
+    let task = run_kind(
+        Reflected(readers.clone()),
+        futures_util::stream::select_all(streams),
+        sync,
+    );
     Watcher {
-        stores,
+        stores: readers,
         task: task.boxed(),
+    }
+}
+
+/// Watches a kind no other task reads, received as `W` (the API type) and stored as `K`: only the
+/// objects' `Arc`s are kept beside the index ([`Listed`]); a relist of any watch replaces the
+/// kind with the union of all of them.
+fn watch_kind<W, K>(apis: Vec<Api<W>>, configs: Vec<watcher::Config>, sync: Sync) -> Task
+where
+    W: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: Stored + From<W>,
+{
+    let mut listed = Vec::new();
+    let mut streams = Vec::new();
+    for (i, (api, config)) in each_watch(&apis, &configs).enumerate() {
+        listed.push(Listed::<K>::default());
+        let stream = watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .modify(trim::<W>)
+            .map(move |event| (i, event.map(stored::<W, K>)));
+        streams.push(stream.boxed());
+    }
+    run_kind(listed, futures_util::stream::select_all(streams), sync).boxed()
+}
+
+/// Every API with every config.
+fn each_watch<'a, W: Resource + Clone>(
+    apis: &'a [Api<W>],
+    configs: &'a [watcher::Config],
+) -> impl Iterator<Item = (Api<W>, watcher::Config)> + 'a {
+    apis.iter().flat_map(move |api| {
+        configs
+            .iter()
+            .map(move |config| (api.clone(), config.clone()))
+    })
+}
+
+/// A watch event with its object in stored form.
+fn stored<W, K: From<W>>(event: watcher::Event<W>) -> watcher::Event<K> {
+    match event {
+        watcher::Event::Apply(object) => watcher::Event::Apply(object.into()),
+        watcher::Event::Delete(object) => watcher::Event::Delete(object.into()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(object) => watcher::Event::InitApply(object.into()),
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 
@@ -283,8 +359,8 @@ type Events<K> = SelectAll<BoxStream<'static, (usize, Result<watcher::Event<K>, 
 
 /// Runs one kind's watcher: its events become changes on `sync.tx`, and the kind counts as
 /// listed once each of its watches has listed.
-async fn run_kind<K: Watched>(readers: Vec<Store<K>>, mut events: Events<K>, sync: Sync) {
-    let mut listed = vec![false; readers.len()];
+async fn run_kind<K: Stored>(mut kept: impl Kept<K>, mut events: Events<K>, sync: Sync) {
+    let mut listed = vec![false; kept.watches()];
     let mut synced = false;
     let mut failing = false;
     while let Some((i, event)) = events.next().await {
@@ -294,12 +370,12 @@ async fn run_kind<K: Watched>(readers: Vec<Store<K>>, mut events: Events<K>, syn
                     failing = false;
                     tracing::info!(kind = %K::KIND, "Watch recovered");
                 }
-                match seen(&readers[i], event) {
+                match kept.seen(i, event) {
                     Seen::Change(change) => Some(change),
                     Seen::Nothing => None,
                     Seen::Listed => {
                         listed[i] = true;
-                        Some(replace(&readers))
+                        Some(kept.replace())
                     }
                 }
             }
@@ -328,21 +404,6 @@ async fn run_kind<K: Watched>(readers: Vec<Store<K>>, mut events: Events<K>, syn
                 return;
             }
         }
-    }
-}
-
-/// The whole state of a kind, from every namespace's store: what a relist no longer has is
-/// deleted.
-fn replace<K: Watched>(readers: &[Store<K>]) -> Change {
-    let objects = readers
-        .iter()
-        .flat_map(|r| r.state())
-        .map(|o| (K::wrap(o), None))
-        .collect::<Vec<_>>();
-    tracing::debug!(kind = %K::KIND, objects = objects.len(), "Listed");
-    Change::Replace {
-        kind: K::KIND,
-        objects,
     }
 }
 

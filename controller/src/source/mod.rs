@@ -3,6 +3,7 @@
 //! never publishes a partial view. The manifest folder is one source, the Kubernetes API
 //! ([`kube`]) the other; both feed the same index.
 
+mod file_maps;
 pub mod files;
 pub mod kube;
 pub mod secrets;
