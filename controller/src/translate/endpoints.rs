@@ -76,19 +76,95 @@ pub fn build_backends_by_service(
 }
 
 /// [`build_backends_by_service`] reading each used Service's slices through `slices_of` (the
-/// index's Service-to-slices map) instead of grouping every stored slice.
-pub fn build_backends_with<'a, S: SliceView + ?Sized + 'a>(
+/// index's Service-to-slices map) instead of grouping every stored slice. With many backends
+/// the work is split by Service over the machine's cores (scoped threads, no runtime); the
+/// result is the same as on one.
+pub fn build_backends_with<'a, S: SliceView + Sync + ?Sized + 'a>(
     plan: &RoutePlan,
-    slices_of: impl Fn(&NsName) -> Vec<&'a S>,
+    slices_of: impl Fn(&NsName) -> Vec<&'a S> + Sync,
+    names: Option<&Resolved>,
+    config: &Config,
+    previous: &HashMap<BackendId, Arc<Backend>>,
+) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
+    let specs: Vec<(&BackendId, &BackendSpec)> = plan.backends.iter().collect();
+    let parts = parallel_parts(specs.len());
+    let build =
+        |part: &[(&BackendId, &BackendSpec)]| build_part(part, &slices_of, names, config, previous);
+    let mut built = if parts > 1 {
+        let chunks = split_by_service(&specs, parts);
+        std::thread::scope(|scope| {
+            let (first, rest) = chunks.split_first().expect("at least one part");
+            let others: Vec<_> = rest
+                .iter()
+                .map(|chunk| scope.spawn(|| build(chunk)))
+                .collect();
+            let mut all = vec![build(first)];
+            all.extend(
+                others
+                    .into_iter()
+                    .map(|h| h.join().expect("a backend part")),
+            );
+            all
+        })
+    } else {
+        vec![build(&specs)]
+    };
+    let (mut backends, mut diagnostics) = built.remove(0);
+    backends.reserve(specs.len().saturating_sub(backends.len()));
+    for (more, found) in built {
+        backends.extend(more);
+        diagnostics.extend(found);
+    }
+    (backends, diagnostics)
+}
+
+/// Backends per part below which the backend phase stays on one thread (a thread costs tens of
+/// microseconds; a backend of ten pods a few).
+const MIN_BACKENDS_PER_PART: usize = 2048;
+
+/// Into how many parts a backend phase of `backends` is split: one per core, each of at least
+/// [`MIN_BACKENDS_PER_PART`].
+fn parallel_parts(backends: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    cores.min(backends / MIN_BACKENDS_PER_PART).max(1)
+}
+
+/// `specs` (sorted by id) cut into about `parts` runs of equal length, never between two
+/// backends of one Service (whose diagnostics are kept together).
+fn split_by_service<'s, 'p>(
+    specs: &'s [(&'p BackendId, &'p BackendSpec)],
+    parts: usize,
+) -> Vec<&'s [(&'p BackendId, &'p BackendSpec)]> {
+    let mut chunks = Vec::with_capacity(parts);
+    let mut rest = specs;
+    for left in (1..=parts).rev() {
+        if left == 1 || rest.is_empty() {
+            chunks.push(rest);
+            break;
+        }
+        let mut cut = rest.len() / left;
+        while cut > 0 && cut < rest.len() && rest[cut].1.service == rest[cut - 1].1.service {
+            cut += 1;
+        }
+        let (head, tail) = rest.split_at(cut.min(rest.len()));
+        chunks.push(head);
+        rest = tail;
+    }
+    chunks
+}
+
+/// The backends of a run of `specs` (sorted by id: a Service's are adjacent).
+fn build_part<'a, S: SliceView + ?Sized + 'a>(
+    specs: &[(&BackendId, &BackendSpec)],
+    slices_of: &impl Fn(&NsName) -> Vec<&'a S>,
     names: Option<&Resolved>,
     config: &Config,
     previous: &HashMap<BackendId, Arc<Backend>>,
 ) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
     let mut diagnostics = ServiceDiagnostics::new();
-    let mut backends = HashMap::with_capacity(plan.backends.len());
+    let mut backends = HashMap::with_capacity(specs.len());
     let mut current: Option<(&NsName, Vec<&S>)> = None;
-    for (id, spec) in &plan.backends {
-        // Backends are sorted by id (`namespace/service:port`): a Service's are adjacent.
+    for &(id, spec) in specs {
         if current.as_ref().is_none_or(|(s, _)| **s != spec.service) {
             current = Some((&spec.service, slices_of(&spec.service)));
         }
@@ -477,7 +553,42 @@ pub fn forbidden(ip: IpAddr, allow_loopback: bool) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::forbidden;
+    use super::{forbidden, split_by_service};
+    use crate::object::NsName;
+    use crate::translate::BackendSpec;
+    use dataplane::BackendId;
+
+    #[test]
+    fn parts_of_the_backend_phase_cover_every_backend_and_never_split_a_service() {
+        // Service k has k % 3 + 1 ports: the even cuts fall inside Services.
+        let mut owned = Vec::new();
+        for k in 0..40 {
+            for port in 0..(k % 3 + 1) {
+                let spec = BackendSpec {
+                    service: NsName::new("ns", format!("s{k:02}")),
+                    port_name: String::new(),
+                    port: 80 + port,
+                    protocol: Default::default(),
+                    cluster_ips: Vec::new(),
+                    external_name: None,
+                };
+                let id = BackendId::new("ns", &format!("s{k:02}"), &spec.port.to_string());
+                owned.push((id, spec));
+            }
+        }
+        let specs: Vec<_> = owned.iter().map(|(id, spec)| (id, spec)).collect();
+        for parts in 1..=7 {
+            let chunks = split_by_service(&specs, parts);
+            assert!(chunks.len() <= parts, "{parts} parts: {}", chunks.len());
+            let joined: Vec<_> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            assert_eq!(joined, specs, "{parts} parts cover every backend, in order");
+            for pair in chunks.windows(2) {
+                if let (Some(last), Some(first)) = (pair[0].last(), pair[1].first()) {
+                    assert_ne!(last.1.service, first.1.service, "{parts} parts");
+                }
+            }
+        }
+    }
 
     #[test]
     fn forbidden_classes_over_both_families() {

@@ -24,6 +24,7 @@
 //!   once every Ingress is read (`nginx::routing`).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
 use dataplane::access_policy::Access;
@@ -149,7 +150,7 @@ impl IngressRoutes<'_> {
         &self,
         t: &mut Translation<'_>,
         backend: &IngressBackend,
-        what: &str,
+        what: &dyn fmt::Display,
     ) -> Option<BackendId> {
         let id = resolve(t, &self.key, backend, what)?;
         let traffic = &self.nginx.traffic;
@@ -300,7 +301,7 @@ fn settings<'i>(
 
 /// The Ingress's `defaultBackend`: the table's default backend unless an older Ingress's is.
 fn default_backend(t: &mut Translation<'_>, routes: &IngressRoutes<'_>, backend: &IngressBackend) {
-    let Some(id) = routes.backend(t, backend, "default backend") else {
+    let Some(id) = routes.backend(t, backend, &"default backend") else {
         return;
     };
     if let Some(winner) = t.routes.default_holder() {
@@ -370,7 +371,7 @@ fn add_path(
     let Some(matcher) = path_match(t, &routes.key, written, &path.path_type) else {
         return;
     };
-    let what = format!("path {written} on {}", host.describe());
+    let what = PathOnHost(written, host);
     let Some(id) = routes.backend(t, &path.backend, &what) else {
         return;
     };
@@ -385,6 +386,16 @@ fn add_path(
         return;
     }
     t.routes.add(host, rule, pattern, own_regex);
+}
+
+/// `path <written> on <host>`, for messages about a path's backend: written only when a message
+/// is made.
+struct PathOnHost<'p>(&'p str, &'p HostKey);
+
+impl fmt::Display for PathOnHost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "path {} on {}", self.0, self.1.described())
+    }
 }
 
 /// The match of a path as written with its `pathType`; a diagnostic and `None` when either is
@@ -419,7 +430,7 @@ fn resolve(
     t: &mut Translation<'_>,
     key: &ObjectKey,
     backend: &IngressBackend,
-    what: &str,
+    what: &dyn fmt::Display,
 ) -> Option<BackendId> {
     let Some(svc) = backend.service.as_ref() else {
         let message = format!("{what}: resource backends are not supported; skipped");

@@ -10,7 +10,9 @@
 //!   matches every one of its paths as a case-insensitive regex prefix; a path that does not
 //!   compile is skipped (`InvalidPath`).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use dataplane::table::passthrough::Passthrough;
 use dataplane::table::HostRules;
@@ -61,18 +63,34 @@ impl HostKey {
         })
     }
 
-    pub(crate) fn display(&self) -> String {
+    /// The host as written in a rule (`*.` before a wildcard's suffix; empty for no host).
+    pub(crate) fn display(&self) -> Cow<'_, str> {
         match self {
-            HostKey::Exact(h) => h.clone(),
-            HostKey::Wildcard(s) => format!("*.{s}"),
-            HostKey::Any => String::new(),
+            HostKey::Exact(h) => Cow::Borrowed(h),
+            HostKey::Wildcard(s) => Cow::Owned(format!("*.{s}")),
+            HostKey::Any => Cow::Borrowed(""),
         }
     }
 
+    /// `host <host>` or `any host`, for messages.
     pub(crate) fn describe(&self) -> String {
-        match self {
-            HostKey::Any => "any host".to_owned(),
-            other => format!("host {}", other.display()),
+        self.described().to_string()
+    }
+
+    /// [`describe`](Self::describe) written only when formatted.
+    pub(crate) fn described(&self) -> Described<'_> {
+        Described(self)
+    }
+}
+
+/// A host for messages: see [`HostKey::describe`].
+pub(crate) struct Described<'h>(&'h HostKey);
+
+impl fmt::Display for Described<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            HostKey::Any => f.write_str("any host"),
+            other => write!(f, "host {}", other.display()),
         }
     }
 }
@@ -97,10 +115,13 @@ impl RouteModel {
         if own_regex {
             self.use_regex(host);
         }
-        self.hosts
-            .entry(host.clone())
-            .or_default()
-            .push((rule, pattern.to_owned()));
+        let entry = (rule, pattern.to_owned());
+        match self.hosts.get_mut(host) {
+            Some(rules) => rules.push(entry),
+            None => {
+                self.hosts.insert(host.clone(), vec![entry]);
+            }
+        }
     }
 
     /// Turns the paths of `host` to regexes (a rule asking for them, added or not).

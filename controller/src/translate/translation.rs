@@ -4,7 +4,8 @@
 //! [`RouteModel`]). A processor ([`IngressProcessor`](super::ingress::IngressProcessor) today)
 //! walks its API's objects and adds to it; [`Translation::finish`] turns it into a [`RoutePlan`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -38,7 +39,8 @@ pub(crate) enum PortRef<'a> {
 pub(crate) struct Translation<'a> {
     /// The command line's part.
     pub(crate) config: &'a Config,
-    services: BTreeMap<NsName, &'a dyn ServiceView>,
+    /// Every Service by namespace and name, borrowed from the inputs (no key allocated).
+    services: FastMap<(&'a str, &'a str), &'a dyn ServiceView>,
     /// Every Secret, by name (for the Secrets routes name beyond certificates and upstream TLS).
     pub(crate) secrets: BTreeMap<NsName, &'a Secret>,
     /// Problems found so far.
@@ -49,6 +51,11 @@ pub(crate) struct Translation<'a> {
     pub(crate) certs: CertBuilder<'a>,
     upstream_tls: UpstreamTlsBuilder<'a>,
     backends: BTreeMap<BackendId, BackendSpec>,
+    /// The ids of `backends` by their text (`namespace/service:port`): a route to a Service
+    /// port already seen shares its id instead of making one.
+    ids: FastMap<Box<str>, BackendId>,
+    /// Where an id's text is written before it is looked up in `ids`.
+    scratch: String,
     /// Hosts, paths and the default backend so far.
     pub(crate) routes: RouteModel,
     /// The ingress-nginx annotation reports so far.
@@ -64,17 +71,15 @@ impl<'a> Translation<'a> {
     pub(crate) fn new(inputs: &Inputs<'a>, config: &'a Config) -> Translation<'a> {
         Translation {
             config,
-            services: inputs
-                .all_services()
-                .into_iter()
-                .map(|s| (NsName::of(s.metadata()), s))
-                .collect(),
+            services: services_by_name(inputs),
             secrets: by_name(&inputs.secrets),
             diagnostics: Vec::new(),
             references: References::default(),
             certs: CertBuilder::new(&inputs.secrets),
             upstream_tls: UpstreamTlsBuilder::new(&inputs.secrets),
             backends: BTreeMap::new(),
+            ids: FastMap::default(),
+            scratch: String::new(),
             routes: RouteModel::default(),
             annotations: Vec::new(),
             gateways: Default::default(),
@@ -97,7 +102,9 @@ impl<'a> Translation<'a> {
 
     /// The Service of a name, if it exists.
     pub(crate) fn service(&self, name: &NsName) -> Option<&'a dyn ServiceView> {
-        self.services.get(name).copied()
+        self.services
+            .get(&(name.namespace.as_str(), name.name.as_str()))
+            .copied()
     }
 
     /// Records a problem of `object`.
@@ -113,42 +120,53 @@ impl<'a> Translation<'a> {
         from: &ObjectKey,
         name: NsName,
         port: PortRef<'_>,
-        what: &str,
+        what: &dyn fmt::Display,
     ) -> Option<BackendId> {
-        self.references.services.insert(name.clone());
-        let Some(service) = self.services.get(&name) else {
+        if !self.references.services.contains(&name) {
+            self.references.services.insert(name.clone());
+        }
+        let Some(service) = self.service(&name) else {
             let message = format!("{what}: Service {name} does not exist; skipped");
             self.diagnose(from, Reason::MissingService, message);
             return None;
         };
-        if external::is_external(*service) {
+        if external::is_external(service) {
             return self.external_backend(from, name, port, what);
         }
         let ports = service.ports();
-        let (written, found) = match port {
-            PortRef::Number(number) => {
-                (number.to_string(), ports.iter().find(|p| p.port == number))
-            }
-            PortRef::Name(port_name) => (
-                port_name.to_owned(),
-                ports.iter().find(|p| p.name.as_deref() == Some(port_name)),
-            ),
+        let found = match port {
+            PortRef::Number(number) => ports.iter().find(|p| p.port == number),
+            PortRef::Name(port_name) => ports.iter().find(|p| p.name.as_deref() == Some(port_name)),
             PortRef::Missing => {
                 let message = format!("{what}: no port given for Service {name}; skipped");
                 self.diagnose(from, Reason::UnknownServicePort, message);
                 return None;
             }
         };
-        let Some(port) = found else {
+        let Some(found) = found else {
+            let written = Written(port);
             let message = format!("{what}: Service {name} has no port {written}; skipped");
             self.diagnose(from, Reason::UnknownServicePort, message);
             return None;
         };
+        self.scratch.clear();
+        let _ = write!(
+            self.scratch,
+            "{}/{}:{}",
+            name.namespace,
+            name.name,
+            Written(port)
+        );
+        if let Some(id) = self.ids.get(self.scratch.as_str()) {
+            return Some(id.clone());
+        }
+        let written = Written(port).to_string();
         let id = BackendId::new(&name.namespace, &name.name, &written);
         if !self.backends.contains_key(&id) {
-            let spec = self.backend_spec(name, &written, port);
+            let spec = self.backend_spec(name, &written, found);
             self.backends.insert(id.clone(), spec);
         }
+        self.ids.insert(id.as_str().into(), id.clone());
         Some(id)
     }
 
@@ -184,9 +202,9 @@ impl<'a> Translation<'a> {
         from: &ObjectKey,
         name: NsName,
         port: PortRef<'_>,
-        what: &str,
+        what: &dyn fmt::Display,
     ) -> Option<BackendId> {
-        let service = *self.services.get(&name)?;
+        let service = self.service(&name)?;
         let target = match external::external_name(service) {
             Ok(target) => target,
             Err(why) => {
@@ -233,9 +251,8 @@ impl<'a> Translation<'a> {
             return id;
         };
         let ips = self
-            .services
-            .get(&spec.service)
-            .map(|s| cluster_ips(*s))
+            .service(&spec.service)
+            .map(cluster_ips)
             .unwrap_or_default();
         if ips.is_empty() {
             let message = format!(
@@ -296,7 +313,7 @@ impl<'a> Translation<'a> {
             let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
             std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
         });
-        let used: BTreeSet<&BackendId> = table.backend_ids().chain(gateway_ids).collect();
+        let used: FastSet<&BackendId> = table.backend_ids().chain(gateway_ids).collect();
         let backends = self
             .backends
             .into_iter()
@@ -315,6 +332,42 @@ impl<'a> Translation<'a> {
             gateways: Arc::new(self.gateways.table),
             gateway_report: Arc::new(self.gateways.report),
             footprints,
+        }
+    }
+}
+
+/// Hash maps keyed by names from the cluster's objects, hashed fast (foldhash, seeded per
+/// process) rather than with SipHash: translation looks names up for every route.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A set hashed as [`FastMap`].
+type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
+/// Every Service of the inputs by namespace (`default` when unset) and name; of two with the
+/// same name, the later one.
+fn services_by_name<'a>(inputs: &Inputs<'a>) -> FastMap<(&'a str, &'a str), &'a dyn ServiceView> {
+    let all = inputs.all_services();
+    let mut map = FastMap::with_capacity_and_hasher(all.len(), Default::default());
+    for service in all {
+        let meta = service.metadata();
+        let namespace = meta.namespace.as_deref().unwrap_or("default");
+        map.insert(
+            (namespace, meta.name.as_deref().unwrap_or_default()),
+            service,
+        );
+    }
+    map
+}
+
+/// A Service port as a route wrote it: its number or name (empty when not given).
+struct Written<'p>(PortRef<'p>);
+
+impl fmt::Display for Written<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            PortRef::Number(number) => write!(f, "{number}"),
+            PortRef::Name(name) => f.write_str(name),
+            PortRef::Missing => Ok(()),
         }
     }
 }
