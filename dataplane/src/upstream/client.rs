@@ -752,20 +752,25 @@ mod tests {
             .unwrap()
     }
 
-    async fn send(
-        upstream: &Upstream,
-        addr: SocketAddr,
-        method: Method,
-    ) -> Result<Sent, SendError> {
-        let peer = Peer {
+    /// A plain HTTP/1.1 pod at `addr`, with 5 s timeouts.
+    fn http1_peer(addr: SocketAddr, forwarding: Option<Forwarding<'_>>) -> Peer<'_> {
+        Peer {
             addr,
             family: Family::of(&addr),
             protocol: UpstreamProtocol::Http1,
             tls: None,
             connect_timeout: Duration::from_secs(5),
             read_timeout: Duration::from_secs(5),
-            forwarding: None,
-        };
+            forwarding,
+        }
+    }
+
+    async fn send(
+        upstream: &Upstream,
+        addr: SocketAddr,
+        method: Method,
+    ) -> Result<Sent, SendError> {
+        let peer = http1_peer(addr, None);
         let mut slot = Some(request(method));
         upstream.send(&peer, &mut slot).await
     }
@@ -979,15 +984,7 @@ mod tests {
                 let forwarding = Forwarding::untrusted(&valid, &conn).unwrap();
                 let mut expected = request.headers().clone();
                 forwarding.apply(&mut expected);
-                let peer = Peer {
-                    addr,
-                    family: Family::of(&addr),
-                    protocol: UpstreamProtocol::Http1,
-                    tls: None,
-                    connect_timeout: Duration::from_secs(5),
-                    read_timeout: Duration::from_secs(5),
-                    forwarding: Some(forwarding),
-                };
+                let peer = http1_peer(addr, Some(forwarding));
                 let sent = upstream().send(&peer, &mut Some(request)).await.unwrap();
                 assert_eq!(sent.response.status(), StatusCode::OK);
                 let mut want: Vec<_> = expected
