@@ -154,23 +154,10 @@ impl<'a> Forwarding<'a> {
         let conn = self.conn;
         let (proto, peer, host) = (conn.scheme(), &conn.forwarded, self.host.as_str());
         line(out, b"x-forwarded-for: ", peer.ip.as_bytes());
-        let at = out.len();
-        out.extend_from_slice(b"forwarded: ");
-        out.extend_from_slice(peer.for_node.as_bytes());
-        if !host.is_empty() {
-            out.extend_from_slice(b";host=");
-            push_token_or_quoted_bytes(out, host);
-        }
-        out.extend_from_slice(b";proto=");
-        out.extend_from_slice(proto.as_bytes());
-        // As a header value would refuse it (never, for a validated host): no `Forwarded`.
-        if !out[at..]
-            .iter()
-            .all(|&c| c == b'\t' || (c >= b' ' && c != 0x7f))
-        {
-            out.truncate(at);
-        } else {
-            out.extend_from_slice(b"\r\n");
+        // The map's value, the connection's memo of it included: none when it is not a valid
+        // header value (never, for a validated host), as in the map.
+        if let Some(value) = peer.element_value(host, proto) {
+            line(out, b"forwarded: ", value.as_bytes());
         }
         line(out, b"x-real-ip: ", peer.ip.as_bytes());
         line(out, b"x-forwarded-proto: ", proto.as_bytes());
@@ -193,22 +180,6 @@ fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
-}
-
-/// [`push_token_or_quoted`] into bytes.
-fn push_token_or_quoted_bytes(out: &mut Vec<u8>, value: &str) {
-    if !value.is_empty() && value.bytes().all(is_tchar) {
-        out.extend_from_slice(value.as_bytes());
-    } else {
-        out.push(b'"');
-        for c in value.bytes() {
-            if c == b'"' || c == b'\\' {
-                out.push(b'\\');
-            }
-            out.push(c);
-        }
-        out.push(b'"');
-    }
 }
 
 impl PeerHeaders {
