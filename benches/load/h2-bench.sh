@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # h2-bench.sh — CPU per request over HTTP/2 with TLS (the client path `../shared/bench`, wrk
 # over HTTP/1.1, does not cover): duet against nginx's `http2` in the same run. Loopback only.
+# KINDS=h1 measures plain HTTP/1.1 keep-alive the same way (50 connections, one request at a
+# time each, as the shared bench's wrk), against nginx with the same forwarding headers.
 #
 #   cargo build --release -p controller && cargo build -p conformance --bin duet-echo
 #   benches/load/h2-bench.sh                       # 3 rounds, 10 s each, IPv4 and IPv6
-#   ROUNDS=1 DURATION=5 FAMILIES=ipv4 benches/load/h2-bench.sh
+#   ROUNDS=1 DURATION=5 FAMILIES=ipv4 KINDS="h2-tls h1" benches/load/h2-bench.sh
 #
 # Each server terminates TLS (the same ECDSA P-256 certificate, ALPN h2) on 127.0.0.1 and [::1]
 # and proxies Host `bench.example` over HTTP/1.1 keep-alive to one duet-echo pod of the client's
@@ -14,9 +16,11 @@
 # one thread) and the pod to CORE_LOAD (1). Rounds interleave the servers; each run starts a
 # fresh server, warms up WARMUP s, then loads DURATION s and reads the server's CPU time
 # (utime + stime of all its threads, /proc) over that window. Printed per run and, at the end,
-# as medians with duet's ratio to nginx:
-#   duet h2-tls ipv4: 41234 requests/s, CPU 23.1 us/request
-#   median ipv4: duet 23.1 us/request, nginx 18.2 us/request, ratio 1.27
+# as medians with duet's ratio to nginx; the CPU time is split into user and system (kernel)
+# time, and with `perf` installed the server's syscalls are counted over the same window
+# (`perf stat -e raw_syscalls:sys_enter`; SYSCALLS=0 skips it):
+#   duet h2-tls ipv4 round 1: 41234 requests/s, CPU 23.1 us/request (user 9.0, system 14.1), 4.1 syscalls/request
+#   median h2-tls ipv4: duet 23.1 us/request (user 9.0, system 14.1), nginx 18.2 (user 5.1, system 13.1), ratio 1.27
 # Fails (exit 1) when a server does not start or any request is not answered 2xx.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -25,11 +29,14 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-2}
 FAMILIES=${FAMILIES:-"ipv4 ipv6"}
+KINDS=${KINDS:-h2-tls}
 SERVERS=${SERVERS:-"duet nginx"}
 CORE_SERVER=${CORE_SERVER:-0}
 CORE_LOAD=${CORE_LOAD:-1}
 
 need h2load curl python3 openssl taskset nginx
+SYSCALLS=${SYSCALLS:-$(command -v perf >/dev/null && echo 1 || echo 0)}
+[[ $SYSCALLS == 1 ]] && need perf
 DUET=$(duet_bin)
 CLK_TCK=$(getconf CLK_TCK)
 make_work h2bench
@@ -49,7 +56,8 @@ start_duet() {
   TOKIO_WORKER_THREADS=1 DUET_LOG=warn taskset -c "$CORE_SERVER" "$DUET" serve \
     --manifests "$WORK/manifests" --access-log off \
     --https-listen "127.0.0.1:$HTTPS_PORT" --https-listen "[::1]:$HTTPS_PORT" \
-    --http-listen "127.0.0.1:$HTTP_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
+    --http-listen "127.0.0.1:$HTTP_PORT" --http-listen "[::1]:$HTTP_PORT" \
+    --admin-listen "127.0.0.1:$ADMIN_PORT" \
     --debug-listen "127.0.0.1:$DEBUG_PORT" \
     --default-tls-secret bench/bench-tls --shutdown-delay 0 --drain-timeout 1s \
     >"$WORK/duet.out" 2>"$WORK/duet.err" &
@@ -61,7 +69,7 @@ start_duet() {
 # Starts nginx (one worker, master in the foreground) pinned to the server core; sets
 # SERVER_PID to the worker and SERVER_MAIN to the master.
 start_nginx() {
-  write_nginx_conf "$WORK/nginx" "$ECHO_PORT" "$HTTPS_PORT" "" "$WORK" \
+  write_nginx_conf "$WORK/nginx" "$ECHO_PORT" "$HTTPS_PORT" "$HTTP_PORT" "$WORK" \
     "error_log $WORK/nginx/error.log warn;
 events { worker_connections 1024; }" \
     "access_log off;
@@ -81,54 +89,86 @@ events { worker_connections 1024; }" \
   SERVER_PID=$(pgrep -P "$SERVER_MAIN" | head -1)
 }
 
-# CPU ticks (utime + stime, every thread) of PID.
+# CPU ticks of PID (every thread): user and system (kernel) time.
 ticks() {
-  awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$1/stat"
+  awk '{sub(/^.*\) /, ""); print $12, $13}' "/proc/$1/stat"
 }
 
-# h2load for SECONDS against FAMILY; prints the requests answered 2xx (fails unless all were).
+# h2load for SECONDS against KIND and FAMILY; prints the requests answered 2xx (fails unless
+# all were).
 h2load_run() {
-  local family=$1 seconds=$2 host=127.0.0.1 out
+  local kind=$1 family=$2 seconds=$3 host=127.0.0.1 out
   [[ $family == ipv6 ]] && host='[::1]'
-  out=$(taskset -c "$CORE_LOAD" h2load -t 1 -c 20 -m 10 -D "$seconds" \
-    -H ':authority: bench.example' "https://$host:$HTTPS_PORT/" 2>&1) || die "h2load failed: $out"
+  if [[ $kind == h1 ]]; then
+    out=$(taskset -c "$CORE_LOAD" h2load --h1 -t 1 -c 50 -m 1 -D "$seconds" \
+      -H ':authority: bench.example' "http://$host:$HTTP_PORT/" 2>&1) || die "h2load failed: $out"
+  else
+    out=$(taskset -c "$CORE_LOAD" h2load -t 1 -c 20 -m 10 -D "$seconds" \
+      -H ':authority: bench.example' "https://$host:$HTTPS_PORT/" 2>&1) || die "h2load failed: $out"
+  fi
   local answered ok
   answered=$(awk '/^requests:/ {print $8}' <<<"$out")
   ok=$(awk '/^status codes:/ {print $3}' <<<"$out")
   # A timed run counts in its status codes the answers that arrive after its end, not in
   # "succeeded": at least every succeeded request answered 2xx.
-  [[ -n $answered && -n $ok && $answered -gt 0 && $ok -ge $answered ]] || die "$family: $answered requests succeeded, ${ok:-0} answered 2xx: $out"
+  [[ -n $answered && -n $ok && $answered -gt 0 && $ok -ge $answered ]] || die "$kind $family: $answered requests succeeded, ${ok:-0} answered 2xx: $out"
   echo "$answered"
 }
 
 declare -A RESULTS=()
 note "duet $DUET; $(nginx -v 2>&1); $(nproc) cores; $ROUNDS rounds of ${DURATION}s; $(date -u +%FT%TZ)"
 for round in $(seq "$ROUNDS"); do
-  for server in $SERVERS; do
-    for family in $FAMILIES; do
-      "start_$server"
-      h2load_run "$family" "$WARMUP" >/dev/null
-      before=$(ticks "$SERVER_PID")
-      requests=$(h2load_run "$family" "$DURATION")
-      after=$(ticks "$SERVER_PID")
-      us=$(python3 -c "import sys; t, n, hz = map(int, sys.argv[1:]); print(f'{t * 1e6 / hz / n:.1f}')" \
-        "$((after - before))" "$requests" "$CLK_TCK")
-      echo "$server h2-tls $family round $round: $((requests / DURATION)) requests/s, CPU $us us/request"
-      RESULTS[$server.$family]+="$us "
-      kill -TERM "${SERVER_MAIN:-$SERVER_PID}"
-      wait "${SERVER_MAIN:-$SERVER_PID}" 2>/dev/null || true
-      unset SERVER_MAIN
+  for kind in $KINDS; do
+    for server in $SERVERS; do
+      for family in $FAMILIES; do
+        "start_$server"
+        h2load_run "$kind" "$family" "$WARMUP" >/dev/null
+        perf_pid=""
+        if [[ $SYSCALLS == 1 ]]; then
+          perf stat -e raw_syscalls:sys_enter -x, -o "$WORK/perf.$server" -p "$SERVER_PID" &
+          perf_pid=$!
+          sleep 0.2
+        fi
+        read -r user0 sys0 < <(ticks "$SERVER_PID")
+        requests=$(h2load_run "$kind" "$family" "$DURATION")
+        read -r user1 sys1 < <(ticks "$SERVER_PID")
+        syscalls=""
+        if [[ -n $perf_pid ]]; then
+          kill -INT "$perf_pid"
+          wait "$perf_pid" 2>/dev/null || true
+          syscalls=$(awk -F, '/raw_syscalls:sys_enter/ {print $1}' "$WORK/perf.$server")
+        fi
+        line=$(python3 - "$((user1 - user0))" "$((sys1 - sys0))" "$requests" "$CLK_TCK" "$DURATION" "$syscalls" <<'PY'
+import sys
+user, system, n, hz, seconds = map(int, sys.argv[1:6])
+calls = sys.argv[6]
+us = lambda t: t * 1e6 / hz / n
+# perf counts the whole window (a little longer than the load); scale by the rate.
+per = f", {int(calls) / (n / seconds) / (seconds + 0.2):.1f} syscalls/request" if calls.isdigit() else ""
+print(f"{us(user + system):.1f} {us(user):.1f} {us(system):.1f}|{n // seconds} requests/s, CPU {us(user + system):.1f} us/request (user {us(user):.1f}, system {us(system):.1f}){per}")
+PY
+        )
+        echo "$server $kind $family round $round: ${line#*|}"
+        RESULTS[$server.$kind.$family]+="${line%%|*};"
+        kill -TERM "${SERVER_MAIN:-$SERVER_PID}"
+        wait "${SERVER_MAIN:-$SERVER_PID}" 2>/dev/null || true
+        unset SERVER_MAIN
+      done
     done
   done
 done
-for family in $FAMILIES; do
-  python3 - "$family" "${RESULTS[duet.$family]:-}" "${RESULTS[nginx.$family]:-}" <<'PY'
+for kind in $KINDS; do
+  for family in $FAMILIES; do
+    python3 - "$kind $family" "${RESULTS[duet.$kind.$family]:-}" "${RESULTS[nginx.$kind.$family]:-}" <<'PY'
 import statistics, sys
-family, duet, nginx = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
-d = statistics.median(map(float, duet)) if duet else None
-n = statistics.median(map(float, nginx)) if nginx else None
-ratio = f", ratio {d / n:.2f}" if d and n else ""
-fmt = lambda v: "-" if v is None else f"{v:.1f}"
-print(f"median {family}: duet {fmt(d)} us/request, nginx {fmt(n)} us/request{ratio}")
+what = sys.argv[1]
+def medians(runs):
+    rows = [list(map(float, r.split())) for r in runs.split(";") if r]
+    return [statistics.median(col) for col in zip(*rows)] if rows else None
+d, n = medians(sys.argv[2]), medians(sys.argv[3])
+fmt = lambda m: "-" if m is None else f"{m[0]:.1f} us/request (user {m[1]:.1f}, system {m[2]:.1f})"
+ratio = f", ratio {d[0] / n[0]:.2f} (user {d[1] / n[1]:.2f}, system {d[2] / n[2]:.2f})" if d and n and n[1] and n[2] else ""
+print(f"median {what}: duet {fmt(d)}, nginx {fmt(n)}{ratio}")
 PY
+  done
 done
