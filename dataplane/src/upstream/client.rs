@@ -245,13 +245,11 @@ impl ClientConn {
         } else if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(READ_SIZE);
         }
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            match self.stream.try_read_buf(&mut self.buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                read => return Poll::Ready(read),
-            }
-        }
+        // Through `AsyncRead`, not `try_read_buf`: a read shorter than the room offered tells
+        // Tokio the socket is drained, so it clears the readiness. Otherwise the readiness stays
+        // set after each response and `idle_open` asks the socket (an `EAGAIN` read) before the
+        // connection's next request: one syscall in five per proxied request.
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
     }
 }
 
