@@ -18,6 +18,7 @@
 # (utime + stime of all its threads, /proc) over that window. Printed per run and, at the end,
 # as medians with duet's ratio to nginx; the CPU time is split into user and system (kernel)
 # time, and with `perf` installed the server's syscalls are counted over the same window
+# (ACCESS_LOG=json: both servers write a JSON access log line per request to a file)
 # (`perf stat -e raw_syscalls:sys_enter`; SYSCALLS=0 skips it):
 #   duet h2-tls ipv4 round 1: 41234 requests/s, CPU 23.1 us/request (user 9.0, system 14.1), 4.1 syscalls/request
 #   median h2-tls ipv4: duet 23.1 us/request (user 9.0, system 14.1), nginx 18.2 (user 5.1, system 13.1), ratio 1.27
@@ -30,6 +31,8 @@ DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-2}
 FAMILIES=${FAMILIES:-"ipv4 ipv6"}
 KINDS=${KINDS:-h2-tls}
+ACCESS_LOG=${ACCESS_LOG:-off}
+[[ $ACCESS_LOG == off || $ACCESS_LOG == json ]] || die "ACCESS_LOG is off or json"
 SERVERS=${SERVERS:-"duet nginx"}
 CORE_SERVER=${CORE_SERVER:-0}
 CORE_LOAD=${CORE_LOAD:-1}
@@ -54,7 +57,7 @@ write_proxy_manifests "$WORK/manifests" "$ECHO_PORT" "$WORK"
 # Starts duet pinned to the server core; sets SERVER_PID.
 start_duet() {
   TOKIO_WORKER_THREADS=1 DUET_LOG=warn taskset -c "$CORE_SERVER" "$DUET" serve \
-    --manifests "$WORK/manifests" --access-log off \
+    --manifests "$WORK/manifests" --access-log "$ACCESS_LOG" \
     --https-listen "127.0.0.1:$HTTPS_PORT" --https-listen "[::1]:$HTTPS_PORT" \
     --http-listen "127.0.0.1:$HTTP_PORT" --http-listen "[::1]:$HTTP_PORT" \
     --admin-listen "127.0.0.1:$ADMIN_PORT" \
@@ -72,7 +75,8 @@ start_nginx() {
   write_nginx_conf "$WORK/nginx" "$ECHO_PORT" "$HTTPS_PORT" "$HTTP_PORT" "$WORK" \
     "error_log $WORK/nginx/error.log warn;
 events { worker_connections 1024; }" \
-    "access_log off;
+    "$NGINX_JSON_LOG_FORMAT
+  access_log $([[ $ACCESS_LOG == json ]] && echo "$WORK/nginx/access.log json" || echo off);
   keepalive_requests 10000000;
   http2_max_requests 10000000;"
   taskset -c "$CORE_SERVER" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' \
@@ -116,7 +120,7 @@ h2load_run() {
 }
 
 declare -A RESULTS=()
-note "duet $DUET; $(nginx -v 2>&1); $(nproc) cores; $ROUNDS rounds of ${DURATION}s; $(date -u +%FT%TZ)"
+note "duet $DUET; $(nginx -v 2>&1); $(nproc) cores; $ROUNDS rounds of ${DURATION}s; access log $ACCESS_LOG; $(date -u +%FT%TZ)"
 for round in $(seq "$ROUNDS"); do
   for kind in $KINDS; do
     for server in $SERVERS; do

@@ -85,7 +85,7 @@ start_nginx() {
 master_process off;
 error_log $log.err notice;
 events { worker_connections 1024; }" \
-    "log_format json escape=json '{\"time\":\"\$time_iso8601\",\"client_addr\":\"\$remote_addr\",\"client_port\":\$remote_port,\"host\":\"\$host\",\"method\":\"\$request_method\",\"path\":\"\$uri\",\"protocol\":\"\$server_protocol\",\"status\":\$status,\"bytes\":\$body_bytes_sent,\"duration_seconds\":\$request_time,\"upstream_addr\":\"\$upstream_addr\",\"upstream_response_seconds\":\"\$upstream_response_time\"}';
+    "$NGINX_JSON_LOG_FORMAT
   $logline
   keepalive_requests 10000000;"
   wrapper_cmd "$wrapper" "$out"

@@ -249,6 +249,9 @@ http {
 CONF
 }
 
+# nginx's `log_format json`: the fields of duet's JSON access log line (`--access-log json`).
+NGINX_JSON_LOG_FORMAT="log_format json escape=json '{\"time\":\"\$time_iso8601\",\"client_addr\":\"\$remote_addr\",\"client_port\":\$remote_port,\"host\":\"\$host\",\"method\":\"\$request_method\",\"path\":\"\$uri\",\"protocol\":\"\$server_protocol\",\"status\":\$status,\"bytes\":\$body_bytes_sent,\"duration_seconds\":\$request_time,\"upstream_addr\":\"\$upstream_addr\",\"upstream_response_seconds\":\"\$upstream_response_time\"}';"
+
 # Writes an ECDSA P-256 self-signed certificate for bench.example into DIR (tls.crt, tls.key).
 make_cert() {
   need openssl
