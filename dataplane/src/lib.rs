@@ -14,6 +14,7 @@ pub mod error;
 pub mod filters;
 pub mod forwarded;
 pub mod gateway_listen;
+pub mod h2_write;
 pub mod handshake;
 pub mod host;
 pub mod idle;

@@ -441,7 +441,8 @@ impl<H> PerConnection<H> {
         // Boxed: HTTP/2's connection state (codec, HPACK tables, streams) would otherwise size
         // the task of every connection, HTTP/1.1 ones too.
         let service = BoxedService(service);
-        let mut conn = Box::pin(self.http2.serve_connection(TokioIo::new(io), service));
+        let io = TokioIo::new(crate::h2_write::Coalesced::new(io));
+        let mut conn = Box::pin(self.http2.serve_connection(io, service));
         let mut draining = false;
         loop {
             tokio::select! {
