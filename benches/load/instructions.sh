@@ -132,7 +132,8 @@ load() {
 stop_server() {
   local pid=$1 log=$2 child signal=TERM
   [[ $SERVER == nginx ]] && signal=QUIT
-  child=$(pgrep -P "$pid" -x "$SERVER" || true)
+  # Under strace the server is strace's only child (whatever its binary is called).
+  child=$(pgrep -P "$pid" | head -1 || true)
   kill "-$signal" "${child:-$pid}"
   wait "$pid" || die "$SERVER exited with $? on SIG$signal; its log: $(tail -5 "$log.err")"
 }
