@@ -116,9 +116,14 @@ impl PeerHeaders {
 
 /// The `Forwarded` value of the first host a connection's requests named (with the scheme it was
 /// formatted for), kept so that the connection's next requests to that host share it instead of
-/// formatting and allocating it again. A cache: it takes no part in comparisons.
+/// formatting and allocating it again; and the six forwarding header lines duet's HTTP/1.1
+/// client writes for that host ([`crate::forwarded::Forwarding::write`]), copied into the next
+/// heads as one block. A cache: it takes no part in comparisons.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct ForwardedMemo(pub(crate) OnceLock<(Box<str>, &'static str, HeaderValue)>);
+pub(crate) struct ForwardedMemo(
+    pub(crate) OnceLock<(Box<str>, &'static str, HeaderValue)>,
+    pub(crate) OnceLock<Box<[u8]>>,
+);
 
 impl PartialEq for ForwardedMemo {
     fn eq(&self, _: &ForwardedMemo) -> bool {

@@ -149,8 +149,27 @@ impl<'a> Forwarding<'a> {
     }
 
     /// Writes the six header lines (`name: value\r\n`), in the order [`set_for_host`] inserts
-    /// them.
+    /// them: for the host of the connection's memo, the lines its first such request wrote (the
+    /// same bytes: they depend on the connection, the host and the scheme only).
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        let (proto, peer, host) = (self.conn.scheme(), &self.conn.forwarded, self.host.as_str());
+        let memo = &peer.memo;
+        if peer.is_memo_for(host, proto) {
+            if let Some(lines) = memo.1.get() {
+                out.extend_from_slice(lines);
+                return;
+            }
+        }
+        let start = out.len();
+        self.write_lines(out);
+        // The memo is the first host's, set by the first request (maybe this one).
+        if peer.is_memo_for(host, proto) {
+            let _ = memo.1.set(out[start..].into());
+        }
+    }
+
+    /// [`Forwarding::write`] without the memo.
+    fn write_lines(&self, out: &mut Vec<u8>) {
         let conn = self.conn;
         let (proto, peer, host) = (conn.scheme(), &conn.forwarded, self.host.as_str());
         line(out, b"x-forwarded-for: ", peer.ip.as_bytes());
@@ -209,6 +228,11 @@ impl PeerHeaders {
             }
         };
         self.for_node.len() + host_len + ";proto=".len() + proto.len()
+    }
+
+    /// Whether the connection's memo is that of `host` and `proto`.
+    fn is_memo_for(&self, host: &str, proto: &'static str) -> bool {
+        matches!(self.memo.0.get(), Some((for_host, for_proto, _)) if **for_host == *host && *for_proto == proto)
     }
 
     /// [`PeerHeaders::element`] as a header value: the connection's memo of it when the request
@@ -395,6 +419,35 @@ mod tests {
                     assert_eq!(h["forwarded"], expected, "{peer} {host:?}");
                     assert_eq!(h.get_all("forwarded").iter().count(), 1);
                     assert_eq!(h["x-forwarded-host"], host, "{peer} {host:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lines_written_from_the_memo_are_those_of_their_own_host() {
+        for peer in ["10.0.0.1:5000", "[2001:db8::1]:5000"] {
+            for tls in [false, true] {
+                // One connection (one memo), hosts alternating, against a fresh connection each.
+                let c = conn(peer, false).with_tls(tls);
+                for host in ["a.test", "B.test", "a.test", "[::1]:8443", "a.test"] {
+                    let req = http::Request::builder()
+                        .header("host", host)
+                        .body(())
+                        .unwrap();
+                    let valid = crate::host::request_host(&req).unwrap();
+                    let (mut got, mut want) = (b"x\r\n".to_vec(), b"x\r\n".to_vec());
+                    Forwarding::untrusted(&valid, &c).unwrap().write(&mut got);
+                    let fresh = conn(peer, false).with_tls(tls);
+                    Forwarding::untrusted(&valid, &fresh)
+                        .unwrap()
+                        .write(&mut want);
+                    assert_eq!(
+                        String::from_utf8(got).unwrap(),
+                        String::from_utf8(want).unwrap(),
+                        "{peer} {tls} {host}"
+                    );
+                    assert!(c.forwarded.memo.1.get().is_some(), "{peer}: kept");
                 }
             }
         }

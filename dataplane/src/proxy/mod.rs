@@ -313,7 +313,9 @@ impl Proxy {
         if switching && (plan.protocol.is_h2() || !headers::is_websocket_accept(res.headers())) {
             return Err(ProxyError::UnaskedUpgrade);
         }
-        headers::strip_hop_by_hop(res.headers_mut(), switching);
+        if !sent.stripped {
+            headers::strip_hop_by_hop(res.headers_mut(), switching);
+        }
         if let (true, Some(client)) = (switching, client_upgrade) {
             let upstream = hyper::upgrade::on(&mut res);
             self.tunnels

@@ -187,7 +187,7 @@ impl ClientConn {
             .await
             .map_err(ClientError::Write)?;
         loop {
-            let response = self.read_head().await?;
+            let (response, fields) = self.read_head().await?;
             let status = response.status();
             if status == StatusCode::SWITCHING_PROTOCOLS {
                 return Err(ClientError::Switched);
@@ -195,11 +195,9 @@ impl ClientConn {
             if status.is_informational() {
                 continue;
             }
-            let (framing, again) = framing(&response, asked.head)?;
-            let reusable = again
-                && !asked.close
-                && response.version() == Version::HTTP_11
-                && !wants_close(response.headers());
+            let (framing, again) = framing(&response, &fields, asked.head)?;
+            let reusable =
+                again && !asked.close && response.version() == Version::HTTP_11 && !fields.close;
             return Ok(Head {
                 response,
                 framing,
@@ -209,8 +207,9 @@ impl ClientConn {
         }
     }
 
-    /// Reads until a whole response head is buffered, and takes it out of the buffer.
-    async fn read_head(&mut self) -> Result<Response<()>, ClientError> {
+    /// Reads until a whole response head is buffered, and takes it out of the buffer (with what
+    /// its framing and hop-by-hop fields said).
+    async fn read_head(&mut self) -> Result<(Response<()>, Fields), ClientError> {
         loop {
             if !self.buf.is_empty() {
                 if let Some(parsed) = parse_head(&mut self.buf, &mut self.spans)? {
@@ -301,13 +300,156 @@ fn wants_close(headers: &HeaderMap) -> bool {
 /// Where a header's name and value are in the head.
 type Span = (usize, usize, usize, usize);
 
+/// What a response head's framing and hop-by-hop fields say, read in one pass over its fields
+/// before the header map is built (which then leaves those fields out: the proxy relays the head
+/// without them, as [`crate::proxy`] strips them from other responses).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Fields {
+    /// The `Content-Length`, when given: every value (and list element) the same decimal
+    /// number; else why not.
+    length: Result<Option<u64>, &'static str>,
+    /// `Transfer-Encoding` is present: whether its last coding is `chunked`.
+    chunked: Option<bool>,
+    /// `Connection` says `close`.
+    close: bool,
+    /// `Connection` names other fields (hop-by-hop: left out too).
+    names_fields: bool,
+}
+
+/// What a response field is to the framing and to the hop-by-hop rules (RFC 9110 section 7.6.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Connection,
+    TransferEncoding,
+    ContentLength,
+    /// Another hop-by-hop field: `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`, `Upgrade`,
+    /// `HTTP2-Settings`.
+    HopByHop,
+    /// Relayed.
+    EndToEnd,
+}
+
+/// The role of a field by its name (any case).
+fn role(name: &[u8]) -> Role {
+    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    match name.len() {
+        2 if is(b"te") => Role::HopByHop,
+        7 if is(b"trailer") || is(b"upgrade") => Role::HopByHop,
+        10 if is(b"connection") => Role::Connection,
+        10 if is(b"keep-alive") => Role::HopByHop,
+        14 if is(b"content-length") => Role::ContentLength,
+        14 if is(b"http2-settings") => Role::HopByHop,
+        16 if is(b"proxy-connection") => Role::HopByHop,
+        17 if is(b"transfer-encoding") => Role::TransferEncoding,
+        _ => Role::EndToEnd,
+    }
+}
+
+/// The elements of a comma-separated field value, trimmed, empty ones skipped.
+fn elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Connection options that are not field names (`keep-alive` and `upgrade` go anyway).
+fn is_option(token: &[u8]) -> bool {
+    [&b"keep-alive"[..], b"close", b"upgrade"]
+        .iter()
+        .any(|o| token.eq_ignore_ascii_case(o))
+}
+
+/// The `Connection` values that name fields: visible ASCII only (others are not read, as
+/// `HeaderValue::to_str` refuses them).
+fn naming(value: &[u8]) -> bool {
+    value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+}
+
+impl Fields {
+    /// Reads the head's fields.
+    fn read(headers: &[httparse::Header<'_>]) -> Fields {
+        let mut fields = Fields {
+            length: Ok(None),
+            chunked: None,
+            close: false,
+            names_fields: false,
+        };
+        for h in headers {
+            match role(h.name.as_bytes()) {
+                Role::ContentLength => fields.add_length(h.value),
+                Role::TransferEncoding => {
+                    if let Some(last) = elements(h.value).last() {
+                        fields.chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
+                    } else {
+                        fields.chunked = fields.chunked.or(Some(false));
+                    }
+                }
+                Role::Connection => {
+                    for token in elements(h.value) {
+                        if token.eq_ignore_ascii_case(b"close") {
+                            fields.close = true;
+                        } else if !is_option(token) && naming(h.value) {
+                            fields.names_fields = true;
+                        }
+                    }
+                }
+                Role::HopByHop | Role::EndToEnd => {}
+            }
+        }
+        fields
+    }
+
+    /// One `Content-Length` value: every list element the same decimal number as before.
+    fn add_length(&mut self, value: &[u8]) {
+        let Ok(mut length) = self.length else { return };
+        for part in value.split(|&b| b == b',') {
+            let Some(n) = parse_decimal(part.trim_ascii()) else {
+                self.length = Err("Content-Length is not a number");
+                return;
+            };
+            if length.is_some_and(|l| l != n) {
+                self.length = Err("differing Content-Lengths");
+                return;
+            }
+            length = Some(n);
+        }
+        self.length = Ok(length);
+    }
+
+    /// Whether the field named `name` is relayed: not hop-by-hop, not named by `Connection`, not
+    /// a `Content-Length` that `Transfer-Encoding` overrides.
+    fn relays(&self, name: &[u8], headers: &[httparse::Header<'_>]) -> bool {
+        match role(name) {
+            Role::EndToEnd => !self.names_fields || !named_by_connection(name, headers),
+            Role::ContentLength => {
+                self.chunked.is_none()
+                    && (!self.names_fields || !named_by_connection(name, headers))
+            }
+            Role::Connection | Role::TransferEncoding | Role::HopByHop => false,
+        }
+    }
+}
+
+/// Whether a `Connection` field of the head names `name`.
+fn named_by_connection(name: &[u8], headers: &[httparse::Header<'_>]) -> bool {
+    headers
+        .iter()
+        .filter(|h| role(h.name.as_bytes()) == Role::Connection && naming(h.value))
+        .flat_map(|h| elements(h.value))
+        .any(|token| !is_option(token) && token.eq_ignore_ascii_case(name))
+}
+
 /// A complete response head at the start of `buf`, taken out of it (header values share its
-/// bytes, as hyper's do); `None` when more is needed. `spans` is scratch space, kept by the
-/// connection; the parser's header array is left uninitialised (no 3 KiB cleared per response).
+/// bytes, as hyper's do), with what its framing and hop-by-hop fields said; the map leaves those
+/// out. `None` when more is needed. `spans` is scratch space, kept by the connection; the
+/// parser's header array is left uninitialised (no 3 KiB cleared per response).
 fn parse_head(
     buf: &mut BytesMut,
     spans: &mut Vec<Span>,
-) -> Result<Option<Response<()>>, ClientError> {
+) -> Result<Option<(Response<()>, Fields)>, ClientError> {
     let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
     let config = httparse::ParserConfig::default();
@@ -330,13 +472,20 @@ fn parse_head(
         Some(1) => Version::HTTP_11,
         _ => Version::HTTP_10,
     };
+    let fields = Fields::read(parsed.headers);
     let start = buf.as_ptr() as usize;
     spans.clear();
-    spans.extend(parsed.headers.iter().map(|h| {
-        let name = h.name.as_ptr() as usize - start;
-        let value = h.value.as_ptr() as usize - start;
-        (name, name + h.name.len(), value, value + h.value.len())
-    }));
+    spans.extend(
+        parsed
+            .headers
+            .iter()
+            .filter(|h| fields.relays(h.name.as_bytes(), parsed.headers))
+            .map(|h| {
+                let name = h.name.as_ptr() as usize - start;
+                let value = h.value.as_ptr() as usize - start;
+                (name, name + h.name.len(), value, value + h.value.len())
+            }),
+    );
     let head = buf.split_to(len).freeze();
     let mut map = HeaderMap::with_capacity(spans.len());
     for &(name_at, name_end, value_at, value_end) in spans.iter() {
@@ -350,59 +499,38 @@ fn parse_head(
     *response.status_mut() = status;
     *response.version_mut() = version;
     *response.headers_mut() = map;
-    Ok(Some(response))
+    Ok(Some((response, fields)))
 }
 
 /// The body's framing (RFC 9112 section 6.3), and whether the connection may carry another
 /// response after it. `Transfer-Encoding` overrides `Content-Length` (which is then ignored, and
-/// dropped from the relayed head by the proxy), but a response carrying both may be an attempt
-/// at response splitting: its connection is closed after it.
-fn framing(response: &Response<()>, head_request: bool) -> Result<(Framing, bool), ClientError> {
+/// left out of the relayed head), but a response carrying both may be an attempt at response
+/// splitting: its connection is closed after it.
+fn framing(
+    response: &Response<()>,
+    fields: &Fields,
+    head_request: bool,
+) -> Result<(Framing, bool), ClientError> {
     let status = response.status();
-    let headers = response.headers();
-    let chunked_and_length =
-        headers.contains_key(&TRANSFER_ENCODING) && headers.contains_key(&CONTENT_LENGTH);
+    let length = fields.length.map_err(ClientError::Invalid);
+    let chunked_and_length = fields.chunked.is_some() && !matches!(length, Ok(None));
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok((Framing::Empty, !chunked_and_length));
     }
-    if headers.contains_key(&TRANSFER_ENCODING) {
-        let last = headers
-            .get_all(&TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .map(<[u8]>::trim_ascii)
-            .rfind(|t| !t.is_empty());
-        return match last {
-            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => {
-                if response.version() != Version::HTTP_11 {
-                    return Err(ClientError::Invalid("chunked coding in HTTP/1.0"));
-                }
-                Ok((Framing::Chunked(Chunk::Size), !chunked_and_length))
-            }
-            _ => Ok((Framing::Close, false)),
-        };
+    if let Some(chunked) = fields.chunked {
+        if !chunked {
+            return Ok((Framing::Close, false));
+        }
+        if response.version() != Version::HTTP_11 {
+            return Err(ClientError::Invalid("chunked coding in HTTP/1.0"));
+        }
+        return Ok((Framing::Chunked(Chunk::Size), !chunked_and_length));
     }
-    Ok(match content_length(headers)? {
+    Ok(match length? {
         Some(0) => (Framing::Empty, true),
         Some(n) => (Framing::Length(n), true),
         None => (Framing::Close, false),
     })
-}
-
-/// The `Content-Length`, when given: every value (and list element) the same decimal number.
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ClientError> {
-    let mut length = None;
-    for value in headers.get_all(&CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let n = parse_decimal(part.trim_ascii())
-                .ok_or(ClientError::Invalid("Content-Length is not a number"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(ClientError::Invalid("differing Content-Lengths"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length)
 }
 
 /// Digits only, no sign, no overflow.
@@ -995,6 +1123,51 @@ mod tests {
                 assert!(got
                     .iter()
                     .any(|(n, v)| n == "forwarded" && v.starts_with(b"for=\"")));
+            }
+        }
+    }
+
+    /// Header fields, name and value.
+    type Relayed = &'static [(&'static str, &'static [u8])];
+
+    #[tokio::test]
+    async fn response_heads_come_without_the_fields_the_proxy_would_strip() {
+        // Every hop-by-hop field, fields named by `Connection` (one in a value that is not
+        // visible ASCII, so not read), and a `Content-Length` that `Transfer-Encoding` overrides.
+        // What `proxy::headers::strip_hop_by_hop` leaves of each head's fields (sorted).
+        let heads: [(&'static [u8], Relayed); 3] = [
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: keep-alive, X-Secret\r\nx-secret: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: x-sum\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\nx-kept: 1\r\nx-kept: 2\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+                &[("content-type", b"text/plain"), ("x-kept", b"1"), ("x-kept", b"2")],
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nconnection: x-a\r\nconnection: \xe9, x-b\r\nx-a: 1\r\nx-b: 2\r\ncontent-length: 5\r\ndate: today\r\n\r\nhello",
+                &[("content-length", b"5"), ("date", b"today"), ("x-b", b"2")],
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nconnection: content-length, upgrade\r\ncontent-length: 5\r\nx-kept: 1\r\n\r\nhello",
+                &[("x-kept", b"1")],
+            ),
+        ];
+        for ip in FAMILIES {
+            for (head, want) in heads {
+                let (addr, _) = pod(ip, vec![(head, false)]).await;
+                let sent = send(&upstream(), addr, Method::GET).await.unwrap();
+                assert!(sent.stripped, "{ip}");
+                let mut got: Vec<_> = sent
+                    .response
+                    .headers()
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                    .collect();
+                got.sort();
+                let want: Vec<_> = want
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_vec()))
+                    .collect();
+                assert_eq!(got, want, "{ip}: {}", String::from_utf8_lossy(head));
+                let (status, body, _) = answer(sent).await;
+                assert_eq!((status, body.unwrap()), (200, b"hello".to_vec()), "{ip}");
             }
         }
     }

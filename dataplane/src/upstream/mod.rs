@@ -187,6 +187,8 @@ pub(crate) struct Sent {
     pub connected: bool,
     /// The HTTP/1.1 connection, back to the pool when the response body is done.
     pub pool_return: Option<PoolReturn>,
+    /// The response head comes without its hop-by-hop fields (duet's client left them out).
+    pub stripped: bool,
 }
 
 /// Why a send gave no response.
@@ -410,6 +412,7 @@ impl Upstream {
                         response: response.map(UpstreamIncoming::Client),
                         connected: fresh,
                         pool_return: None,
+                        stripped: true,
                     });
                 }
                 Ok(Err(error)) => error,
@@ -466,6 +469,7 @@ impl Upstream {
             response,
             connected: fresh,
             pool_return,
+            stripped: false,
         }
     }
 }
