@@ -8,7 +8,7 @@
 //! which store keeps it and what a change of it means; everything else is generic over that
 //! trait, and [`Kind`] meets the types in one place ([`for_kind`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -289,8 +289,8 @@ pub struct Entry<T> {
     pub file: Option<Arc<Path>>,
 }
 
-/// The objects of one kind by namespace and name.
-pub type Store<T> = BTreeMap<NsName, Entry<T>>;
+mod store;
+pub use store::Store;
 
 /// Every object the sources reported, by kind.
 #[derive(Debug, Default)]
@@ -397,7 +397,7 @@ impl Index {
             object: object.clone(),
             file,
         };
-        let old = K::store_mut(self).insert(key.clone(), entry);
+        let old = K::store_mut(self).insert(entry);
         K::impact(self, &key, old.as_ref().map(|e| &*e.object), Some(&object))
     }
 
@@ -535,7 +535,7 @@ impl Index {
             fn run<K: Stored>(self) -> Vec<ObjectKey> {
                 K::store(self.0)
                     .keys()
-                    .map(|n| ObjectKey::new(K::KIND, n.namespace.clone(), n.name.clone()))
+                    .map(|(namespace, name)| ObjectKey::new(K::KIND, namespace, name))
                     .collect()
             }
         }

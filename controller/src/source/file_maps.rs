@@ -67,6 +67,11 @@ impl<V> PathMap<V> {
         self.0.retain_mut(|(path, value)| keep(path, value));
     }
 
+    /// Gives back the spare capacity (after a full scan).
+    pub(super) fn shrink_to_fit(&mut self) {
+        self.0.shrink_to_fit();
+    }
+
     /// The number of paths.
     pub(super) fn len(&self) -> usize {
         self.0.len()

@@ -636,6 +636,8 @@ impl FileSource {
             }
         }
         self.emitted = wanted;
+        // A full scan grew the files map one insert at a time (up to twice the space it needs).
+        self.files.shrink_to_fit();
         changes
     }
 }

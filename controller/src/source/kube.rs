@@ -1,7 +1,7 @@
 //! The Kubernetes API source: one kube-runtime watcher per kind (and per watched namespace),
 //! objects trimmed before caching, feeding the same [`Change`] stream as the manifest folder.
-//! Ingresses are cached in reflector stores (other tasks read them: [`Stores`]); every other
-//! kind's watch keeps only its objects' `Arc`s, shared with the index ([`Listed`]).
+//! Every kind's watch keeps only its objects' `Arc`s, shared with the index ([`Listed`]); the
+//! Ingresses' are shared with other tasks too ([`Stores`]: the status writer, the Secret watcher).
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, the Gateway API kinds
 //! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) and Namespaces when the cluster
@@ -29,15 +29,14 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::{mpsc, watch};
 
-use super::watch::{seen, Listed, Seen, SyncCountdown, Task, Watched};
 pub use super::watch::{trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
+use super::watch::{Listed, Seen, SharedIngresses, SyncCountdown, Task};
 use super::SourceEvent;
 use crate::compact::Slice;
 use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
@@ -132,17 +131,20 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         changed,
     };
     let base = watcher::Config::default();
-    let ingresses = watch_shared(
+    let (listed_tx, listed_rx) = watch::channel(false);
+    let (ingresses, ingress_task) = watch_ingresses(
         namespaces::apis::<Ingress>(&client, &namespaces),
         vec![base.clone()],
         sync(Some(Arc::new(changed_tx))),
+        listed_tx,
     );
     let stores = Stores {
-        ingresses: ingresses.stores,
+        ingresses,
         ingress_changes: changed_rx,
+        ingresses_listed: listed_rx,
     };
     let tasks: Vec<Task> = vec![
-        ingresses.task,
+        ingress_task,
         watch_kind::<IngressClass, IngressClass>(
             vec![Api::all(client.clone())],
             vec![base.clone()],
@@ -212,12 +214,6 @@ fn gateway_watchers(client: &Client, namespaces: &[String], sync: &Sync) -> Vec<
     ]
 }
 
-/// One kind's watcher, built: its reflector stores (Ingresses only) and the task to run.
-struct Watcher<K: Watched> {
-    stores: Vec<Store<K>>,
-    task: Task,
-}
-
 /// Where a kind's watcher reports.
 struct Sync {
     tx: mpsc::Sender<SourceEvent>,
@@ -237,20 +233,37 @@ trait Kept<K>: Send + 'static {
     fn watches(&self) -> usize;
 }
 
-/// Reflector stores, which other tasks read too (Ingresses: the status writer).
-struct Reflected<K: Watched>(Vec<Store<K>>);
+/// The Ingress watches' objects, shared with other tasks ([`Stores`]); `listed` is set once
+/// every watch has listed.
+struct SharedKept {
+    ingresses: SharedIngresses,
+    watches_listed: Vec<bool>,
+    listed: watch::Sender<bool>,
+}
 
-impl<K: Watched> Kept<K> for Reflected<K> {
-    fn seen(&mut self, i: usize, event: watcher::Event<K>) -> Seen {
-        seen(&self.0[i], event)
+impl Kept<Ingress> for SharedKept {
+    fn seen(&mut self, i: usize, event: watcher::Event<Ingress>) -> Seen {
+        let seen = match self.ingresses.write().get_mut(i) {
+            Some(watch) => watch.seen(event),
+            None => Seen::Nothing,
+        };
+        if matches!(seen, Seen::Listed) {
+            self.watches_listed[i] = true;
+            if self.watches_listed.iter().all(|l| *l) {
+                self.listed.send_replace(true);
+            }
+        }
+        seen
     }
 
     fn replace(&self) -> Change {
-        replace::<K>(self.0.iter().flat_map(|r| r.state()).map(K::wrap).collect())
+        let watches = self.ingresses.read();
+        let objects = watches.iter().flat_map(Listed::objects);
+        replace::<Ingress>(objects.map(|o| Ingress::wrap(o.clone())).collect())
     }
 
     fn watches(&self) -> usize {
-        self.0.len()
+        self.watches_listed.len()
     }
 }
 
@@ -279,35 +292,32 @@ fn replace<K: Stored>(objects: Vec<Object>) -> Change {
     }
 }
 
-/// Watches the Ingresses: every API (namespace) with every config; reflector stores are kept
-/// (other tasks read them) and a relist of any watch replaces the kind with the union of all of
-/// them. The watcher is built, not started: the caller counts it, then spawns its task.
-fn watch_shared<K: Watched>(
-    apis: Vec<Api<K>>,
+/// Watches the Ingresses: every API (namespace) with every config; their objects are shared
+/// with other tasks (the first value returned) and a relist of any watch replaces the kind with
+/// the union of all of them. The watcher is built, not started: the caller counts it, then
+/// spawns its task. `listed` is set once every watch has listed.
+fn watch_ingresses(
+    apis: Vec<Api<Ingress>>,
     configs: Vec<watcher::Config>,
     sync: Sync,
-) -> Watcher<K> {
-    let mut readers = Vec::new();
+    listed: watch::Sender<bool>,
+) -> (SharedIngresses, Task) {
     let mut streams = Vec::new();
     for (i, (api, config)) in each_watch(&apis, &configs).enumerate() {
-        let (reader, writer) = reflector::store();
-        readers.push(reader);
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
-            .modify(trim::<K>)
-            .reflect(writer)
+            .modify(trim::<Ingress>)
             .map(move |event| (i, event));
         streams.push(stream.boxed());
     }
-    let task = run_kind(
-        Reflected(readers.clone()),
-        futures_util::stream::select_all(streams),
-        sync,
-    );
-    Watcher {
-        stores: readers,
-        task: task.boxed(),
-    }
+    let ingresses = SharedIngresses::new(streams.len());
+    let kept = SharedKept {
+        ingresses: ingresses.clone(),
+        watches_listed: vec![false; streams.len()],
+        listed,
+    };
+    let task = run_kind(kept, futures_util::stream::select_all(streams), sync);
+    (ingresses, task.boxed())
 }
 
 /// Watches a kind no other task reads, received as `W` (the API type) and stored as `K`: only the
@@ -410,6 +420,68 @@ async fn run_kind<K: Stored>(mut kept: impl Kept<K>, mut events: Events<K>, sync
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn ingress(namespace: &str, name: &str) -> Ingress {
+        Ingress {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..Ingress::default()
+        }
+    }
+
+    fn names(ingresses: &[Arc<Ingress>]) -> Vec<String> {
+        let name = |i: &Arc<Ingress>| i.metadata.name.clone().unwrap_or_default();
+        ingresses.iter().map(name).collect()
+    }
+
+    #[test]
+    fn the_shared_ingresses_are_listed_once_every_watch_has_listed() {
+        let (listed_tx, listed_rx) = watch::channel(false);
+        let (_changes_tx, changes_rx) = watch::channel(0u64);
+        let ingresses = SharedIngresses::new(2);
+        let mut kept = SharedKept {
+            ingresses: ingresses.clone(),
+            watches_listed: vec![false; 2],
+            listed: listed_tx,
+        };
+        let stores = Stores {
+            ingresses,
+            ingress_changes: changes_rx,
+            ingresses_listed: listed_rx.clone(),
+        };
+        let list = |kept: &mut SharedKept, i: usize, objects: Vec<Ingress>| {
+            kept.seen(i, watcher::Event::Init);
+            for object in objects {
+                kept.seen(i, watcher::Event::InitApply(object));
+            }
+            matches!(kept.seen(i, watcher::Event::InitDone), Seen::Listed)
+        };
+        assert!(list(
+            &mut kept,
+            0,
+            vec![ingress("a", "web"), ingress("a", "api")]
+        ));
+        assert!(!*listed_rx.borrow(), "one watch of two has listed");
+        assert_eq!(names(&stores.ingresses()), ["api", "web"]);
+        assert!(list(&mut kept, 1, vec![ingress("b", "shop")]));
+        assert!(*listed_rx.borrow());
+        assert_eq!(names(&stores.ingresses()), ["api", "web", "shop"]);
+        let found = stores.ingress("b", "shop").map(|i| names(&[i]));
+        assert_eq!(found, Some(vec!["shop".to_owned()]));
+        assert!(stores.ingress("a", "shop").is_none());
+        // A watch event changes what the readers see; a relist replaces the kind with all.
+        kept.seen(0, watcher::Event::Delete(ingress("a", "web")));
+        kept.seen(1, watcher::Event::Apply(ingress("b", "cart")));
+        assert_eq!(names(&stores.ingresses()), ["api", "cart", "shop"]);
+        let Change::Replace { objects, .. } = kept.replace() else {
+            panic!("a relist replaces the kind");
+        };
+        assert_eq!(objects.len(), 3);
+    }
 
     #[tokio::test]
     async fn no_kubeconfig_outside_a_cluster_is_a_clear_error() {

@@ -193,12 +193,8 @@ async fn run(
 ) {
     let mut changes: watch::Receiver<u64> = ingresses.ingress_changes.clone();
     let mut changes_open = true;
-    let ready_stores = ingresses.ingresses.clone();
-    let mut ingresses_ready = std::pin::pin!(async move {
-        for store in ready_stores {
-            let _ = store.wait_until_ready().await;
-        }
-    });
+    let listed = ingresses.clone();
+    let mut ingresses_ready = std::pin::pin!(async move { listed.wait_until_listed().await });
     let mut ingresses_listed = false;
     let mut synced = false;
     loop {

@@ -1,11 +1,11 @@
 //! What every watcher of the Kubernetes API source shares: the [`Watched`] kinds, objects
 //! trimmed before caching ([`trim`]), the retry delays ([`WatchBackoff`]), what one watch event
-//! means ([`seen`]), the reflector stores other tasks read ([`Stores`]) and the count of watchers
+//! means ([`seen`]), the Ingresses other tasks read ([`Stores`]) and the count of watchers
 //! still to list ([`SyncCountdown`]). One API per watched namespace: [`crate::namespaces`].
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -199,22 +199,59 @@ impl<K: Stored> Listed<K> {
         self.objects
             .binary_search_by(|o| listed_key(&**o).cmp(&key))
     }
+
+    /// The object of `namespace` and `name`.
+    pub(super) fn get(&self, namespace: &str, name: &str) -> Option<&Arc<K>> {
+        let at = self
+            .objects
+            .binary_search_by(|o| listed_key(&**o).cmp(&(namespace, name)))
+            .ok()?;
+        self.objects.get(at)
+    }
 }
 
-/// The reflector stores of the running source, for readers outside the control loop (the
-/// status writer reads Ingresses from them).
+/// The Ingress watches' objects, shared by the Ingress watcher (which changes them) with the
+/// readers outside the control loop (the status writer, the Secret watcher): one [`Listed`] per
+/// watch, the same `Arc`s as the index's. Kept in place of kube-runtime reflector stores, which
+/// key each object by four strings of their own in a hash map (about 200 bytes an Ingress).
+#[derive(Clone, Default)]
+pub(super) struct SharedIngresses(Arc<RwLock<Vec<Listed<Ingress>>>>);
+
+impl SharedIngresses {
+    /// One empty [`Listed`] per watch.
+    pub(super) fn new(watches: usize) -> SharedIngresses {
+        let listed = (0..watches).map(|_| Listed::default()).collect();
+        SharedIngresses(Arc::new(RwLock::new(listed)))
+    }
+
+    /// Reads the watches' objects (a poisoned lock is read as it was left: events are
+    /// recorded whole or not at all).
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Vec<Listed<Ingress>>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes them.
+    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Vec<Listed<Ingress>>> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The Ingresses of the running source, for readers outside the control loop (the status
+/// writer reads them).
 #[derive(Clone)]
 pub struct Stores {
-    /// One store per watched namespace (one in all when unscoped).
-    pub ingresses: Vec<Store<Ingress>>,
+    /// Every watch's Ingresses.
+    pub(super) ingresses: SharedIngresses,
     /// Bumped after every Ingress event.
     pub ingress_changes: watch::Receiver<u64>,
+    /// True once every Ingress watch has listed.
+    pub(super) ingresses_listed: watch::Receiver<bool>,
 }
 
 impl Debug for Stores {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stores")
-            .field("ingresses", &self.ingresses.len())
+            .field("ingresses", &self.ingresses.read().len())
             .finish()
     }
 }
@@ -222,13 +259,22 @@ impl Debug for Stores {
 impl Stores {
     /// Every cached Ingress.
     pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
-        self.ingresses.iter().flat_map(|s| s.state()).collect()
+        let watches = self.ingresses.read();
+        watches.iter().flat_map(Listed::objects).cloned().collect()
     }
 
     /// One cached Ingress.
     pub fn ingress(&self, namespace: &str, name: &str) -> Option<Arc<Ingress>> {
-        let key = ObjectRef::new(name).within(namespace);
-        self.ingresses.iter().find_map(|s| s.get(&key))
+        let watches = self.ingresses.read();
+        watches.iter().find_map(|w| w.get(namespace, name).cloned())
+    }
+
+    /// Waits until every Ingress watch has listed (forever if the watcher is gone first).
+    pub(super) async fn wait_until_listed(&self) {
+        let mut listed = self.ingresses_listed.clone();
+        if listed.wait_for(|l| *l).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
