@@ -569,7 +569,10 @@ type Backends = HashMap<BackendId, Arc<Backend>>;
 /// Drops `value` on a thread of its own: what a route rebuild replaces (the previous plan and
 /// snapshot: at the issue-13 size tens of thousands of allocations) is freed beside the publish
 /// instead of before it returns. Inline when no thread can be started.
-fn retire<T: Send + 'static>(value: T) {
+fn retire<T: Send + 'static>(value: Option<T>) {
+    let Some(value) = value else {
+        return;
+    };
     let _ = std::thread::Builder::new()
         .name("duet-retire".into())
         .spawn(move || drop(value));
