@@ -109,6 +109,18 @@ fn route_handles(
     (route_metrics, upstream_tls)
 }
 
+/// Drops the replaced live state on a thread of its own when it is large (10,000 live backends
+/// at the issue-13 size): [`Runtime::apply`] returns without freeing it. Inline when small or
+/// when no thread can be started.
+fn retire(old: Arc<Live>) {
+    if old.backends.len() < PARALLEL_APPLY_BACKENDS {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("duet-retire".into())
+        .spawn(move || drop(old));
+}
+
 /// What a request sees: one snapshot and the live backends built from it.
 #[derive(Debug, Default)]
 pub struct Live {
@@ -193,6 +205,7 @@ impl Runtime {
         }));
         self.applied.store(true, Ordering::Release);
         self.applied_version.send_replace(version);
+        retire(old);
     }
 
     /// Publishes a snapshot built from `base` by replacing the backends `changed` and nothing

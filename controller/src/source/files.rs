@@ -366,13 +366,15 @@ impl FileSource {
             keep
         });
         let removed = self.files.len() != before;
-        let stale: Vec<(&Path, Option<Stamp>)> = present
-            .iter()
-            .filter_map(|path| self.stale(path, started))
-            .collect();
-        let reads = read_all(&stale, &self.files, &self.hasher);
+        // Each file's `stat` (is it as at the last read?) is made by the thread that reads it:
+        // on the first scan of a large folder, 40,001 of them no longer wait in one thread
+        // before the reads start.
+        let (files, hasher) = (&self.files, &self.hasher);
+        let reads = in_parallel(present.len(), |n| {
+            read_if_stale(&present[n], files.get(&present[n]), hasher, started)
+        });
         let mut changed = Vec::new();
-        for ((path, stamp), read) in stale.into_iter().zip(reads) {
+        for (path, (stamp, read)) in present.iter().zip(reads) {
             if self.record(path, stamp, read) {
                 changed.push(path.to_owned());
             }
@@ -419,7 +421,10 @@ impl FileSource {
                 touched.push((path.to_owned(), old_keys.unwrap_or_default()));
             }
         }
-        let reads = read_all(&stale, &self.files, &self.hasher);
+        let (files, hasher) = (&self.files, &self.hasher);
+        let reads = in_parallel(stale.len(), |n| {
+            read_one(stale[n].0, files.get(stale[n].0), hasher)
+        });
         let mut changed = Vec::new();
         for ((path, stamp), read) in stale.into_iter().zip(reads) {
             let gone = matches!(read, Read::Gone);
@@ -566,6 +571,7 @@ impl FileSource {
                 }
                 return false;
             }
+            Read::Unchanged => return false,
             Read::Same => {
                 if let Some(state) = self.files.get_mut(path) {
                     state.stamp = stamp;
@@ -658,34 +664,31 @@ enum Read {
     Gone,
     /// It cannot be read.
     Failed(io::Error),
+    /// Its stamp is as at the last read: not read again.
+    Unchanged,
     /// Its content is as at the last read.
     Same,
     /// Its new content's digest and what it parsed to.
     Parsed((usize, u64), Parsed),
 }
 
-/// Reads and parses the `stale` files, on as many threads as there are cores (each file's text
-/// is dropped once parsed); the results in the order of `stale`.
-fn read_all(
-    stale: &[(&Path, Option<Stamp>)],
-    files: &PathMap<FileState>,
-    hasher: &std::hash::RandomState,
-) -> Vec<Read> {
+/// `work(n)` for every `n` below `count`, on as many threads as there are cores (from
+/// [`MIN_FILES_PER_THREAD`] items per thread); the results in the order of `n`.
+fn in_parallel<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZero::get)
-        .min(stale.len().div_ceil(MIN_FILES_PER_THREAD));
-    let read = |n: usize| read_one(stale[n].0, files.get(stale[n].0), hasher);
+        .min(count.div_ceil(MIN_FILES_PER_THREAD));
     if threads <= 1 {
-        return (0..stale.len()).map(read).collect();
+        return (0..count).map(work).collect();
     }
-    let mut all: Vec<(usize, Read)> = std::thread::scope(|scope| {
+    let mut all: Vec<(usize, T)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
-                let read = &read;
+                let work = &work;
                 scope.spawn(move || {
-                    (t..stale.len())
+                    (t..count)
                         .step_by(threads)
-                        .map(|n| (n, read(n)))
+                        .map(|n| (n, work(n)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -696,11 +699,29 @@ fn read_all(
             .collect()
     });
     all.sort_unstable_by_key(|(n, _)| *n);
-    all.into_iter().map(|(_, read)| read).collect()
+    all.into_iter().map(|(_, item)| item).collect()
 }
 
 /// Below this many files per thread, a scan reads on one thread.
 const MIN_FILES_PER_THREAD: usize = 64;
+
+/// `path`'s current [`Stamp`] and, unless the stamp is as at the last read ([`Read::Unchanged`]:
+/// not read again), what reading it gives (see [`FileSource::stale`], the same test for one path).
+fn read_if_stale(
+    path: &Path,
+    known: Option<&FileState>,
+    hasher: &std::hash::RandomState,
+    scan_started: std::time::SystemTime,
+) -> (Option<Stamp>, Read) {
+    let meta = std::fs::metadata(path).ok();
+    let stamp = meta.as_ref().and_then(|m| Stamp::of(m, scan_started));
+    if let (Some(state), Some(stamp)) = (known, stamp) {
+        if state.stamp == Some(stamp) {
+            return (Some(stamp), Read::Unchanged);
+        }
+    }
+    (stamp, read_one(path, known, hasher))
+}
 
 /// Reads one file; parses it when its content differs from `known`'s.
 fn read_one(path: &Path, known: Option<&FileState>, hasher: &std::hash::RandomState) -> Read {
