@@ -66,7 +66,7 @@ start_duet() {
     >"$WORK/duet.out" 2>"$WORK/duet.err" &
   SERVER_PID=$!
   STARTED_PIDS+=("$SERVER_PID")
-  wait_200 "http://127.0.0.1:$ADMIN_PORT/readyz" 30 "$SERVER_PID"
+  wait_200 "http://127.0.0.1:$ADMIN_PORT/readyz" 30 "$SERVER_PID" "$WORK/duet.err"
 }
 
 # Starts nginx (one worker, master in the foreground) pinned to the server core; sets

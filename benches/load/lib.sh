@@ -91,13 +91,14 @@ print(" ".join(map(str, found)))
 PY
 }
 
-# Waits until URL answers 200 (curl; both families work: pass [::1] bracketed); TIMEOUT seconds.
+# Waits until URL answers 200 (curl; both families work: pass [::1] bracketed); TIMEOUT seconds;
+# fails at once if PID exits first (with the end of LOG, when given).
 wait_200() {
-  local url=$1 timeout=${2:-30} pid=${3:-} start
+  local url=$1 timeout=${2:-30} pid=${3:-} log=${4:-} start
   start=$(date +%s)
   until [[ $(curl -s -o /dev/null -w '%{http_code}' "$url") == 200 ]]; do
     if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
-      die "process $pid exited before $url answered 200"
+      die "process $pid exited before $url answered 200${log:+; the end of $log: $(tail -5 "$log" 2>/dev/null)}"
     fi
     (($(date +%s) - start < timeout)) || die "$url did not answer 200 within ${timeout}s"
     sleep 0.01
