@@ -565,19 +565,15 @@ impl App {
 /// Backends by id, as a snapshot holds them.
 type Backends = HashMap<BackendId, Arc<Backend>>;
 
-/// Whether every backend in `new` is the same `Arc` as in `old`.
-/// Drops `value` on a thread of its own: what a route rebuild replaces (the previous plan and
-/// snapshot: at the issue-13 size tens of thousands of allocations) is freed beside the publish
-/// instead of before it returns. Inline when no thread can be started.
+/// Drops what a route rebuild replaced (the previous plan and snapshot: at the issue-13 size
+/// tens of thousands of allocations) beside the publish instead of before it returns.
 fn retire<T: Send + 'static>(value: Option<T>) {
-    let Some(value) = value else {
-        return;
-    };
-    let _ = std::thread::Builder::new()
-        .name("duet-retire".into())
-        .spawn(move || drop(value));
+    if let Some(value) = value {
+        dataplane::runtime::drop_beside(value);
+    }
 }
 
+/// Whether every backend in `new` is the same `Arc` as in `old`.
 fn same_backends<'a>(
     old: &HashMap<BackendId, Arc<Backend>>,
     mut new: impl Iterator<Item = (&'a BackendId, &'a Arc<Backend>)>,

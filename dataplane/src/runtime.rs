@@ -110,15 +110,20 @@ fn route_handles(
 }
 
 /// Drops the replaced live state on a thread of its own when it is large (10,000 live backends
-/// at the issue-13 size): [`Runtime::apply`] returns without freeing it. Inline when small or
-/// when no thread can be started.
+/// at the issue-13 size): [`Runtime::apply`] returns without freeing it. Inline when small.
 fn retire(old: Arc<Live>) {
-    if old.backends.len() < PARALLEL_APPLY_BACKENDS {
-        return;
+    if old.backends.len() >= PARALLEL_APPLY_BACKENDS {
+        drop_beside(old);
     }
+}
+
+/// Drops `value` on a thread of its own ("duet-retire"), so that the caller does not wait for
+/// its frees (a replaced snapshot, plan or live state: tens of thousands of allocations at
+/// scale). Inline when no thread can be started.
+pub fn drop_beside<T: Send + 'static>(value: T) {
     let _ = std::thread::Builder::new()
         .name("duet-retire".into())
-        .spawn(move || drop(old));
+        .spawn(move || drop(value));
 }
 
 /// What a request sees: one snapshot and the live backends built from it.
