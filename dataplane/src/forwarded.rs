@@ -1,6 +1,7 @@
 //! Trusted proxies: which peers may forward client addresses to us (`--trusted-proxies`, CIDRs
 //! of both families), and how the forwarding headers are set for trusted and untrusted peers.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -101,11 +102,16 @@ fn set(headers: &mut HeaderMap, host: &str, host_value: Option<HeaderValue>, con
         }
     }
     if !keep(headers, &X_FORWARDED_PORT) {
-        let port = match &conn.local_port {
-            (port, value) if *port == conn.local.port() => value.clone(),
-            _ => HeaderValue::from(conn.local.port()),
-        };
-        headers.insert(&X_FORWARDED_PORT, port);
+        headers.insert(&X_FORWARDED_PORT, forwarded_port(conn).into_owned());
+    }
+}
+
+/// The `X-Forwarded-Port` value: the listener's, formatted once, unless the connection's local
+/// port is another (a PROXY header's destination).
+fn forwarded_port(conn: &ConnInfo) -> Cow<'_, HeaderValue> {
+    match &conn.local_port {
+        (port, value) if *port == conn.local.port() => Cow::Borrowed(value),
+        _ => Cow::Owned(HeaderValue::from(conn.local.port())),
     }
 }
 
@@ -185,12 +191,7 @@ impl<'a> Forwarding<'a> {
             b"x-forwarded-host: ",
             self.host.header_value().as_bytes(),
         );
-        let port = conn.local.port();
-        if conn.local_port.0 == port {
-            line(out, b"x-forwarded-port: ", conn.local_port.1.as_bytes());
-        } else {
-            line(out, b"x-forwarded-port: ", port.to_string().as_bytes());
-        }
+        line(out, b"x-forwarded-port: ", forwarded_port(conn).as_bytes());
     }
 }
 
