@@ -139,11 +139,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .filter(|t| {
-            !["keep-alive", "close", "upgrade", ""]
-                .iter()
-                .any(|o| t.eq_ignore_ascii_case(o))
-        })
+        .filter(|t| !t.is_empty() && !crate::upstream::is_connection_option(t.as_bytes()))
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
     for name in &named {

@@ -353,8 +353,9 @@ fn elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
         .filter(|t| !t.is_empty())
 }
 
-/// Connection options that are not field names (`keep-alive` and `upgrade` go anyway).
-fn is_option(token: &[u8]) -> bool {
+/// `Connection` options that are not field names (`keep-alive` and `upgrade` go anyway); one
+/// list for this client's heads and the proxy's `strip_hop_by_hop`.
+pub(crate) fn is_connection_option(token: &[u8]) -> bool {
     [&b"keep-alive"[..], b"close", b"upgrade"]
         .iter()
         .any(|o| token.eq_ignore_ascii_case(o))
@@ -391,7 +392,7 @@ impl Fields {
                     for token in elements(h.value) {
                         if token.eq_ignore_ascii_case(b"close") {
                             fields.close = true;
-                        } else if !is_option(token) && naming(h.value) {
+                        } else if !is_connection_option(token) && naming(h.value) {
                             fields.names_fields = true;
                         }
                     }
@@ -439,7 +440,7 @@ fn named_by_connection(name: &[u8], headers: &[httparse::Header<'_>]) -> bool {
         .iter()
         .filter(|h| role(h.name.as_bytes()) == Role::Connection && naming(h.value))
         .flat_map(|h| elements(h.value))
-        .any(|token| !is_option(token) && token.eq_ignore_ascii_case(name))
+        .any(|token| !is_connection_option(token) && token.eq_ignore_ascii_case(name))
 }
 
 /// A complete response head at the start of `buf`, taken out of it (header values share its
