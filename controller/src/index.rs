@@ -177,13 +177,9 @@ impl Object {
 
     /// The parts of [`Object::key`], borrowed from the object.
     fn key_parts(&self) -> (Kind, &str, &str) {
-        let (kind, (namespace, name)) = self.parts();
-        let namespace = if kind.namespaced() {
-            namespace.unwrap_or("default")
-        } else {
-            ""
-        };
-        (kind, namespace, name.unwrap_or_default())
+        let (kind, names) = self.parts();
+        let (namespace, name) = store::stored_key(kind, names);
+        (kind, namespace, name)
     }
 
     /// The object's key compared with `key`, in `ObjectKey`'s order, without copying it.

@@ -9,7 +9,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use super::{Entry, NsName, Stored};
+use super::{Entry, Kind, NsName, Stored};
 
 /// The objects of one kind by namespace and name (see the module documentation).
 #[derive(Debug)]
@@ -28,8 +28,15 @@ impl<T> Default for Store<T> {
 /// The namespace and name an object is stored under: a missing namespace is `default` for
 /// namespaced kinds, and empty for cluster-scoped ones (as [`crate::index::Object::key`]).
 pub fn key_of<K: Stored>(object: &K) -> (&str, &str) {
-    let (namespace, name) = object.names();
-    let namespace = if K::KIND.namespaced() {
+    stored_key(K::KIND, object.names())
+}
+
+/// [`key_of`] from an object's kind and its names as its metadata gives them.
+pub(super) fn stored_key<'a>(
+    kind: Kind,
+    (namespace, name): (Option<&'a str>, Option<&'a str>),
+) -> (&'a str, &'a str) {
+    let namespace = if kind.namespaced() {
         namespace.unwrap_or("default")
     } else {
         ""
