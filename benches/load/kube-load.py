@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """kube-load.py: creates a gen-scale.py folder's objects in a Kubernetes API server.
 
-    benches/load/kube-load.py --kubeconfig KUBECONFIG DIR [--threads 4]
+    benches/load/kube-load.py --kubeconfig KUBECONFIG DIR [--threads 8]
     benches/load/kube-load.py --kubeconfig KUBECONFIG --patch-slice NS/NAME --address OLD=NEW
 
-Each file's YAML documents are POSTed as they are (`Content-Type: application/yaml`), after
-their namespaces; an object that already exists is left alone. Uses the kubeconfig's first
-cluster and user (client certificate data, as the test clusters' kubeconfigs hold them): no
-kubectl, no Python packages. The scale bench runs it inside the test cluster's network
-namespace: the API server is on loopback there.
+Each file's YAML documents are POSTed after their namespaces, as JSON when PyYAML is installed
+(Debian `python3-yaml`: read here with libyaml, so the API server does not convert YAML), else as
+they are (`Content-Type: application/yaml`); an object that already exists is left alone. Uses
+the kubeconfig's first cluster and user (client certificate data, as the test clusters'
+kubeconfigs hold them): no kubectl. The scale bench runs it inside the test cluster's network
+namespace: the API server is on loopback there. Progress (objects and objects per second) goes
+to stderr every 5,000 objects.
 
 --patch-slice replaces one endpoint address of an EndpointSlice (a JSON patch of
-`/endpoints/I/addresses/0`) and prints the time the API server answered.
+`/endpoints/I/addresses/0`): OLD by NEW, or NEW by OLD when the slice holds NEW (a second run
+on the same loaded cluster); prints the time the API server answered.
 """
 
 import argparse
@@ -27,6 +30,12 @@ import tempfile
 import threading
 import time
 import urllib.parse
+
+try:
+    import yaml
+    YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+except ImportError:
+    yaml = None
 
 PATHS = {
     "Namespace": "/api/v1/namespaces",
@@ -81,7 +90,11 @@ class Api:
         raise AssertionError("unreachable")
 
     def create(self, kind: str, ns: str, doc: str):
-        status, body = self.request("POST", PATHS[kind].format(ns=ns), doc.encode(), "application/yaml")
+        if yaml is not None:
+            body, content_type = json.dumps(yaml.load(doc, Loader=YAML_LOADER)).encode(), "application/json"
+        else:
+            body, content_type = doc.encode(), "application/yaml"
+        status, body = self.request("POST", PATHS[kind].format(ns=ns), body, content_type)
         if status not in (200, 201, 409):
             sys.exit(f"creating a {kind} in {ns or 'the cluster'}: {status} {body[:300]!r}")
 
@@ -110,9 +123,13 @@ def load(api: Api, folder: str, threads: int) -> int:
     # Classes and Services before the objects that name them.
     order = {"IngressClass": 0, "Service": 1, "EndpointSlice": 2, "Ingress": 3}
     docs.sort(key=lambda d: order[d[0]])
+    started = time.time()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        for done in pool.map(lambda d: api.create(*d), docs):
+        for n, done in enumerate(pool.map(lambda d: api.create(*d), docs), 1):
             del done
+            if n % 5000 == 0:
+                elapsed = time.time() - started
+                print(f"kube-load: {n} of {len(docs)} objects, {n / elapsed:.0f} a second", file=sys.stderr)
     return len(docs)
 
 
@@ -126,7 +143,11 @@ def patch_slice(api: Api, target: str, change: str):
     endpoints = json.loads(body)["endpoints"]
     index = next((i for i, e in enumerate(endpoints) if e["addresses"][0] == old), None)
     if index is None:
-        sys.exit(f"{target} has no endpoint {old}")
+        # An earlier run on the same cluster put NEW there: swap back.
+        old, new = new, old
+        index = next((i for i, e in enumerate(endpoints) if e["addresses"][0] == old), None)
+    if index is None:
+        sys.exit(f"{target} has neither endpoint {old} nor {new}")
     patch = json.dumps([
         {"op": "test", "path": f"/endpoints/{index}/addresses/0", "value": old},
         {"op": "replace", "path": f"/endpoints/{index}/addresses/0", "value": new},
@@ -141,7 +162,7 @@ def patch_slice(api: Api, target: str, change: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kubeconfig", required=True)
-    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--patch-slice", metavar="NS/NAME")
     parser.add_argument("--address", metavar="OLD=NEW")
     parser.add_argument("dir", nargs="?")

@@ -22,8 +22,9 @@
 //! Without the `nft` binary (Debian package `nftables`) addresses and status are still assigned,
 //! and the failure to program rules is logged on every pass.
 //!
-//! It runs on a thread of its own inside the cluster's network namespace, polling Services and
-//! EndpointSlices every 200 ms, as the stand-in kubelet does.
+//! It runs on a thread of its own inside the cluster's network namespace, polling the
+//! LoadBalancer Services and, while there are any, the EndpointSlices every 200 ms, as the
+//! stand-in kubelet does.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
@@ -301,9 +302,15 @@ impl State {
         }
     }
 
-    /// One look at every Service and EndpointSlice.
+    /// One look at every LoadBalancer Service and, when there is one, every EndpointSlice. Only
+    /// those Services are listed (a field selector), so a cluster holding thousands of other
+    /// Services and slices (`benches/load/scale-kube.sh`) does not have them all listed and
+    /// encoded every tick.
     async fn pass(&mut self) -> anyhow::Result<()> {
-        let services = self.api.get_path("/api/v1/services").await?;
+        let services = self
+            .api
+            .get_path("/api/v1/services?fieldSelector=spec.type%3DLoadBalancer")
+            .await?;
         let services: Vec<&Value> = services["items"]
             .as_array()
             .into_iter()
@@ -316,11 +323,15 @@ impl State {
             .filter(|s| !self.foreign.contains(str_at(s, "/metadata/uid")))
             .collect();
         self.release_gone(&services);
-        let slices = self
-            .api
-            .get_path("/apis/discovery.k8s.io/v1/endpointslices")
-            .await?;
-        let slices = slices["items"].as_array().cloned().unwrap_or_default();
+        let slices = if services.is_empty() {
+            Vec::new()
+        } else {
+            let slices = self
+                .api
+                .get_path("/apis/discovery.k8s.io/v1/endpointslices")
+                .await?;
+            slices["items"].as_array().cloned().unwrap_or_default()
+        };
         let mut by_service: BTreeMap<(&str, &str), Vec<&Value>> = BTreeMap::new();
         for slice in &slices {
             let service = str_at(slice, "/metadata/labels/kubernetes.io~1service-name");
