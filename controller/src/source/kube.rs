@@ -9,9 +9,9 @@
 //! the first snapshot), `v1` Service, `discovery.k8s.io/v1`
 //! EndpointSlice (only those labelled `kubernetes.io/service-name`) and `v1` Secret (only
 //! `type=kubernetes.io/tls` ones, and by name the CA Secrets Ingresses name: see
-//! [`secrets`](super::secrets)). `managedFields` and the
-//! `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped before an object is
-//! cached.
+//! [`secrets`](super::secrets)). Objects are decoded without `managedFields` ([`Lean`]: the
+//! decoder skips it in the text), and the `kubectl.kubernetes.io/last-applied-configuration`
+//! annotation is dropped before an object is cached.
 //!
 //! Every (re)list of a kind ends in a [`Change::Replace`] carrying the whole state of that kind
 //! (every watch's), so objects deleted while a watch was down (a relist after `410 Gone` reports no
@@ -35,6 +35,7 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::{mpsc, watch};
 
+use super::lean::Lean;
 pub use super::watch::{trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
 use super::watch::{Listed, Seen, SharedIngresses, SyncCountdown, Task};
 use super::SourceEvent;
@@ -133,7 +134,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
     let base = watcher::Config::default();
     let (listed_tx, listed_rx) = watch::channel(false);
     let (ingresses, ingress_task) = watch_ingresses(
-        namespaces::apis::<Ingress>(&client, &namespaces),
+        namespaces::apis::<Lean<Ingress>>(&client, &namespaces),
         vec![base.clone()],
         sync(Some(Arc::new(changed_tx))),
         listed_tx,
@@ -297,7 +298,7 @@ fn replace<K: Stored>(objects: Vec<Object>) -> Change {
 /// the union of all of them. The watcher is built, not started: the caller counts it, then
 /// spawns its task. `listed` is set once every watch has listed.
 fn watch_ingresses(
-    apis: Vec<Api<Ingress>>,
+    apis: Vec<Api<Lean<Ingress>>>,
     configs: Vec<watcher::Config>,
     sync: Sync,
     listed: watch::Sender<bool>,
@@ -306,8 +307,12 @@ fn watch_ingresses(
     for (i, (api, config)) in each_watch(&apis, &configs).enumerate() {
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
-            .modify(trim::<Ingress>)
-            .map(move |event| (i, event));
+            .map(move |event| {
+                (
+                    i,
+                    event.map(|event| lean(event, stored::<Ingress, Ingress>)),
+                )
+            });
         streams.push(stream.boxed());
     }
     let ingresses = SharedIngresses::new(streams.len());
@@ -320,10 +325,10 @@ fn watch_ingresses(
     (ingresses, task.boxed())
 }
 
-/// Watches a kind no other task reads, received as `W` (the API type) and stored as `K`: only the
-/// objects' `Arc`s are kept beside the index ([`Listed`]); a relist of any watch replaces the
-/// kind with the union of all of them.
-fn watch_kind<W, K>(apis: Vec<Api<W>>, configs: Vec<watcher::Config>, sync: Sync) -> Task
+/// Watches a kind no other task reads, received as `W` (the API type, decoded without its
+/// managed fields: [`Lean`]) and stored as `K`: only the objects' `Arc`s are kept beside the
+/// index ([`Listed`]); a relist of any watch replaces the kind with the union of all of them.
+fn watch_kind<W, K>(apis: Vec<Api<Lean<W>>>, configs: Vec<watcher::Config>, sync: Sync) -> Task
 where
     W: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
     K: Stored + From<W>,
@@ -334,8 +339,7 @@ where
         listed.push(Listed::<K>::default());
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
-            .modify(trim::<W>)
-            .map(move |event| (i, event.map(stored::<W, K>)));
+            .map(move |event| (i, event.map(|event| lean(event, stored::<W, K>))));
         streams.push(stream.boxed());
     }
     run_kind(listed, futures_util::stream::select_all(streams), sync).boxed()
@@ -353,15 +357,21 @@ fn each_watch<'a, W: Resource + Clone>(
     })
 }
 
-/// A watch event with its object in stored form.
-fn stored<W, K: From<W>>(event: watcher::Event<W>) -> watcher::Event<K> {
+/// A watch event of a [`Lean`] object with the API object made into `K` by `into`.
+fn lean<W, K>(event: watcher::Event<Lean<W>>, into: impl Fn(W) -> K) -> watcher::Event<K> {
     match event {
-        watcher::Event::Apply(object) => watcher::Event::Apply(object.into()),
-        watcher::Event::Delete(object) => watcher::Event::Delete(object.into()),
+        watcher::Event::Apply(object) => watcher::Event::Apply(into(object.0)),
+        watcher::Event::Delete(object) => watcher::Event::Delete(into(object.0)),
         watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(object) => watcher::Event::InitApply(object.into()),
+        watcher::Event::InitApply(object) => watcher::Event::InitApply(into(object.0)),
         watcher::Event::InitDone => watcher::Event::InitDone,
     }
+}
+
+/// The API object trimmed ([`trim`]) and in stored form.
+fn stored<W: Resource + 'static, K: From<W>>(mut object: W) -> K {
+    trim(&mut object);
+    object.into()
 }
 
 /// The events of one kind's watches, each with the index of its watch.

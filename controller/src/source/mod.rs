@@ -6,6 +6,7 @@
 mod file_maps;
 pub mod files;
 pub mod kube;
+mod lean;
 pub mod secrets;
 pub mod watch;
 pub mod yaml_fast;
