@@ -648,7 +648,7 @@ endpoints:
     fn resource_version_alone_does_not_make_a_change() {
         let (_, stored) = decode(DUAL);
         let mut rewritten = stored.clone();
-        rewritten.metadata.resource_version = Some("8".to_owned());
+        rewritten.metadata.resource_version = Some("8".into());
         assert_eq!(stored, rewritten);
         let (_, moved) = decode(&DUAL.replace("2001:db8::1\"", "2001:db8::9\""));
         assert_ne!(stored, moved);
