@@ -52,7 +52,8 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
                 namespace: "ns".into(),
                 name: "ing".into(),
                 created,
-            },
+            }
+            .into(),
             redirect_https: false,
             max_body_bytes: 0,
             upstream_tls: None,
@@ -75,12 +76,12 @@ pub fn backend(n: usize, lb: LbPolicy) -> Arc<Backend> {
         .map(|i| {
             let v4 = SocketAddr::from((Ipv4Addr::from(0x0a00_0000 + i as u32), 8080));
             let v6 = SocketAddr::from((Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i as u16), 8080));
-            Target {
-                id: TargetId(format!("pod-{i}").into()),
-                v4: (i % 3 != 2).then_some(v4),
-                v6: (i % 3 != 1).then_some(v6),
-                zone: None,
-            }
+            let addrs = [(i % 3 != 2).then_some(v4), (i % 3 != 1).then_some(v6)];
+            Target::with_addrs(
+                TargetId(format!("pod-{i}").into()),
+                addrs.into_iter().flatten(),
+                None,
+            )
         })
         .collect();
     Arc::new(Backend {

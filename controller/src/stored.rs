@@ -1,20 +1,27 @@
 //! The slim form Services are stored in ([`StoredService`]): a k8s-openapi `Service` is about
 //! 900 bytes before its strings (`ServiceSpec` alone has 20 optional fields), and the index keeps
 //! one per Service of the cluster. A [`StoredService`] keeps what translation reads
-//! ([`ServiceView`]): name, namespace, resource version and owner references (the Gateway
-//! controller's Services are recognised by them), the type, `externalName`, the cluster IPs and
-//! the ports (name, number, `targetPort`, protocol, `appProtocol`). It is decoded straight from
-//! the API's JSON or YAML (`#[serde(from = "Service")]`) by the manifest source and the Service
-//! watcher alike, so nothing else of a Service is kept.
+//! ([`ServiceView`]): name, namespace and resource version (a [`StoredMeta`], 72 bytes where
+//! the API's `ObjectMeta` is 360), owner references (the Gateway controller's Services are
+//! recognised by them), the type, `externalName`, the cluster IPs and the ports (name, number,
+//! `targetPort`, protocol, `appProtocol`). It is decoded straight from the API's JSON or YAML
+//! (`#[serde(from = "Service")]`) by the manifest source, and converted from the API type by the
+//! Service watcher, so nothing else of a Service is kept.
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde::Deserialize;
+
+use crate::compact::StoredMeta;
 
 /// What translation reads of a Service, from the API type or from a [`StoredService`].
 pub trait ServiceView {
-    /// The metadata (name, namespace, owner references).
-    fn metadata(&self) -> &ObjectMeta;
+    /// `metadata.name`.
+    fn name(&self) -> Option<&str>;
+    /// `metadata.namespace`.
+    fn namespace(&self) -> Option<&str>;
+    /// `metadata.ownerReferences` (none when unset).
+    fn owner_references(&self) -> &[OwnerReference];
     /// `spec.type`.
     fn service_type(&self) -> Option<&str>;
     /// `spec.externalName`.
@@ -26,8 +33,19 @@ pub trait ServiceView {
 }
 
 impl ServiceView for Service {
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
+    fn name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
+    }
+
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+
+    fn owner_references(&self) -> &[OwnerReference] {
+        self.metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default()
     }
 
     fn service_type(&self) -> Option<&str> {
@@ -58,8 +76,10 @@ impl ServiceView for Service {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(from = "Service")]
 pub struct StoredService {
-    /// Name, namespace, resource version and owner references only.
-    pub metadata: ObjectMeta,
+    /// Name, namespace and resource version.
+    pub metadata: StoredMeta,
+    /// `metadata.ownerReferences`.
+    owner_references: Box<[OwnerReference]>,
     service_type: Option<Box<str>>,
     external_name: Option<Box<str>>,
     /// `spec.clusterIPs` when it lists any, else `spec.clusterIP`.
@@ -83,13 +103,8 @@ impl From<Service> for StoredService {
                 ..p
             });
         StoredService {
-            metadata: ObjectMeta {
-                name: meta.name,
-                namespace: meta.namespace,
-                resource_version: meta.resource_version,
-                owner_references: meta.owner_references,
-                ..ObjectMeta::default()
-            },
+            metadata: StoredMeta::of(meta.name, meta.namespace, meta.resource_version),
+            owner_references: meta.owner_references.unwrap_or_default().into(),
             service_type: spec.type_.map(Into::into),
             external_name: spec.external_name.map(Into::into),
             cluster_ips: cluster_ips.into_iter().map(Into::into).collect(),
@@ -99,8 +114,16 @@ impl From<Service> for StoredService {
 }
 
 impl ServiceView for StoredService {
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
+    fn name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
+    }
+
+    fn namespace(&self) -> Option<&str> {
+        self.metadata.namespace.as_deref()
+    }
+
+    fn owner_references(&self) -> &[OwnerReference] {
+        &self.owner_references
     }
 
     fn service_type(&self) -> Option<&str> {
@@ -120,11 +143,10 @@ impl ServiceView for StoredService {
     }
 }
 
-crate::compact::stored_resource!(StoredService, "Service", "", "v1", "services");
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     const FULL: &str = r#"
 apiVersion: v1
@@ -172,11 +194,8 @@ status: {loadBalancer: {ingress: [{ip: 192.0.2.1}]}}
             })
             .collect();
         (
-            (
-                view.metadata().name.as_deref(),
-                view.metadata().namespace.as_deref(),
-            ),
-            &view.metadata().owner_references,
+            (view.name(), view.namespace()),
+            view.owner_references(),
             view.service_type(),
             view.external_name(),
             view.cluster_ips(),
@@ -193,10 +212,17 @@ status: {loadBalancer: {ingress: [{ip: 192.0.2.1}]}}
             stored.ports()[0].app_protocol.as_deref(),
             Some("kubernetes.io/h2c")
         );
-        // Only what translation reads is kept.
-        assert_eq!(stored.metadata.labels, None);
-        assert_eq!(stored.metadata.annotations, None);
-        assert_eq!(stored.metadata.uid, None);
+        // Only what translation reads is kept: the metadata's name, namespace and resource
+        // version (no labels, annotations or uid: `StoredMeta` has no room for them).
+        assert_eq!(
+            stored.metadata,
+            StoredMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                resource_version: Some("9".into()),
+            }
+        );
+        assert_eq!(stored.owner_references()[0].uid, "g-1");
         assert_eq!(stored.ports()[0].node_port, None);
     }
 
@@ -241,7 +267,8 @@ status: {loadBalancer: {ingress: [{ip: 192.0.2.1}]}}
 
     #[test]
     fn a_stored_service_is_small() {
-        // The metadata and four boxed fields; the API type adds about 600 bytes of spec and status.
+        // Three strings of metadata and five boxed fields; the API type adds about 600 bytes of
+        // spec and status to its 360 of `ObjectMeta`.
         let (stored, api) = (
             std::mem::size_of::<StoredService>(),
             std::mem::size_of::<Service>(),
@@ -250,5 +277,6 @@ status: {loadBalancer: {ingress: [{ip: 192.0.2.1}]}}
             stored <= std::mem::size_of::<ObjectMeta>() + 64,
             "{stored} bytes, the API type {api}"
         );
+        assert!(stored <= 128, "{stored} bytes");
     }
 }

@@ -104,11 +104,12 @@ fn path_rules(route: &Route, routing: RuleRouting, backends: &[(String, u32)]) -
                     namespace: "gw".into(),
                     name: route.name.into(),
                     created: route.created,
-                },
+                }
+                .into(),
                 redirect_https: false,
                 max_body_bytes: 0,
                 upstream_tls: None,
-                timeouts: UpstreamTimeouts::default(),
+                timeouts: UpstreamTimeouts::default().into(),
                 protocol: None,
                 redirect: None,
                 source_ranges: None,
@@ -177,12 +178,11 @@ fn backend(name: &str, server: &EchoServer, protocol: UpstreamProtocol) -> Backe
     let addrs = &server.pods()[0].addrs;
     Backend {
         id: backend_id(name),
-        targets: vec![Target {
-            id: TargetId(format!("{name}-pod").into()),
-            v4: addrs.iter().copied().find(SocketAddr::is_ipv4),
-            v6: addrs.iter().copied().find(SocketAddr::is_ipv6),
-            zone: None,
-        }]
+        targets: vec![Target::with_addrs(
+            TargetId(format!("{name}-pod").into()),
+            addrs.iter().copied(),
+            None,
+        )]
         .into(),
         lb: Default::default(),
         protocol,

@@ -344,7 +344,7 @@ fn timeout_annotations_set_per_ingress_and_bad_ones_fall_back() {
         snapshot
             .routes
             .find(host, "/")
-            .map(|m| m.action.timeouts)
+            .map(|m| *m.action.timeouts)
             .expect("routed")
     };
     let ms = |n| Some(Duration::from_millis(n));

@@ -344,15 +344,11 @@ fn expected(pods: &[Pod]) -> Vec<Target> {
         let v6 = pod.v6.filter(serving).map(|(s, _, _)| {
             SocketAddr::new(format!("fd00::{s}:{i}").parse().unwrap(), slice_port(6, s))
         });
-        let mut add = |id: String, v4, v6| {
+        let mut add = |id: String, v4: Option<SocketAddr>, v6: Option<SocketAddr>| {
+            let addrs = v4.into_iter().chain(v6);
             out.insert(
                 id.clone(),
-                Target {
-                    id: TargetId(id.into()),
-                    v4,
-                    v6,
-                    zone: None,
-                },
+                Target::with_addrs(TargetId(id.into()), addrs, None),
             );
         };
         match pod.reference {

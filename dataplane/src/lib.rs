@@ -44,5 +44,5 @@ pub mod x509;
 pub use runtime::{Live, ProxyConfig, Runtime};
 pub use table::{
     Backend, BackendId, Family, FamilyPolicy, LbPolicy, Origin, PathMatch, PathRule, RouteAction,
-    RouteTable, Snapshot, Target, TargetId, TargetKey,
+    RouteTable, Snapshot, Target, TargetId, TargetKey, TargetV6,
 };

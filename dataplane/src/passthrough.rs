@@ -150,7 +150,7 @@ impl Relay {
                     Ok(Ok(stream)) => {
                         let _ = stream.set_nodelay(true);
                         state.record_success(family);
-                        return Some((stream, family, state.start()));
+                        return Some((stream, family, backend.states.start(pick.index)));
                     }
                     Ok(Err(error)) => {
                         tracing::trace!(%error, upstream.addr = %addr, "Passthrough connect failed");

@@ -4,7 +4,7 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,27 +189,151 @@ impl fmt::Display for TargetId {
     }
 }
 
-/// ONE pod (or one endpoint without a `targetRef`): weighted once whatever its families.
+/// ONE pod (or one endpoint without a `targetRef`): weighted once whatever its families. 88
+/// bytes (an IPv4 address and port in 6, an IPv6 one in 18): a backend's ten targets and the
+/// `Arc`'s counts fit jemalloc's 896-byte class.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Target {
     /// Stable identity; per-target balancer state is keyed by it.
     pub id: TargetId,
     /// The pod's IPv4 address and port, if it has one.
-    pub v4: Option<SocketAddr>,
+    pub v4: Option<SocketAddrV4>,
     /// The pod's IPv6 address and port, if it has one.
-    pub v6: Option<SocketAddr>,
+    pub v6: Option<TargetV6>,
     /// The topology zone, when the EndpointSlice gives it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zone: Option<Arc<str>>,
 }
 
 impl Target {
+    /// A target without an address yet (see [`Target::add_addr`]) or a zone.
+    pub fn new(id: TargetId) -> Target {
+        Target {
+            id,
+            v4: None,
+            v6: None,
+            zone: None,
+        }
+    }
+
+    /// A target with these addresses (the first of each family is kept) and zone.
+    pub fn with_addrs(
+        id: TargetId,
+        addrs: impl IntoIterator<Item = SocketAddr>,
+        zone: Option<Arc<str>>,
+    ) -> Target {
+        let mut target = Target::new(id);
+        for addr in addrs {
+            target.add_addr(addr);
+        }
+        target.zone = zone;
+        target
+    }
+
+    /// Sets the address of `addr`'s family (IPv4 or IPv6 as written, without normalising an
+    /// IPv4-mapped IPv6 address) unless the target has one: the first one wins. Returns whether
+    /// it was set. An IPv6 address keeps no flow information or scope (pod addresses carry none).
+    pub fn add_addr(&mut self, addr: SocketAddr) -> bool {
+        match addr {
+            SocketAddr::V4(a) if self.v4.is_none() => self.v4 = Some(a),
+            SocketAddr::V6(a) if self.v6.is_none() => self.v6 = Some(TargetV6::from(a)),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Whether the target has an address of either family.
+    pub fn has_addr(&self) -> bool {
+        self.v4.is_some() || self.v6.is_some()
+    }
+
     /// The target's address of one family.
     pub fn addr(&self, family: Family) -> Option<SocketAddr> {
         match family {
-            Family::V4 => self.v4,
-            Family::V6 => self.v6,
+            Family::V4 => self.v4.map(SocketAddr::V4),
+            Family::V6 => self.v6.map(SocketAddr::from),
         }
+    }
+}
+
+/// A target's IPv6 address and port in 18 bytes, where `SocketAddrV6` takes 28 with a flow label
+/// and a scope id that pod addresses do not carry. Reads, compares, parses, prints and serialises
+/// as the socket address `[ip]:port`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TargetV6 {
+    ip: [u8; 16],
+    port: [u8; 2],
+}
+
+impl TargetV6 {
+    /// The address `[ip]:port`.
+    pub fn new(ip: Ipv6Addr, port: u16) -> TargetV6 {
+        TargetV6 {
+            ip: ip.octets(),
+            port: port.to_ne_bytes(),
+        }
+    }
+
+    /// The IP address.
+    pub fn ip(&self) -> Ipv6Addr {
+        Ipv6Addr::from(self.ip)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        u16::from_ne_bytes(self.port)
+    }
+
+    /// As a standard socket address (no flow information, no scope).
+    pub fn socket_addr(&self) -> SocketAddrV6 {
+        SocketAddrV6::new(self.ip(), self.port(), 0, 0)
+    }
+}
+
+impl From<SocketAddrV6> for TargetV6 {
+    /// Keeps the address and port (a flow label and a scope id are dropped).
+    fn from(addr: SocketAddrV6) -> TargetV6 {
+        TargetV6::new(*addr.ip(), addr.port())
+    }
+}
+
+impl From<TargetV6> for SocketAddr {
+    fn from(addr: TargetV6) -> SocketAddr {
+        SocketAddr::V6(addr.socket_addr())
+    }
+}
+
+/// An IPv6 socket address that does not parse, or carries a flow label or a scope id.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not an IPv6 socket address without flow label or scope ([ip]:port)")]
+pub struct TargetV6Error(String);
+
+impl FromStr for TargetV6 {
+    type Err = TargetV6Error;
+
+    fn from_str(s: &str) -> Result<TargetV6, TargetV6Error> {
+        match s.parse::<SocketAddrV6>() {
+            Ok(a) if a.flowinfo() == 0 && a.scope_id() == 0 => Ok(TargetV6::from(a)),
+            _ => Err(TargetV6Error(s.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for TargetV6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.socket_addr(), f)
+    }
+}
+
+impl fmt::Debug for TargetV6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.socket_addr(), f)
+    }
+}
+
+impl Serialize for TargetV6 {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.socket_addr().serialize(s)
     }
 }
 
@@ -383,8 +507,8 @@ pub struct RouteAction {
     pub backend: BackendId,
     /// The family policy of the Ingress that declared the route.
     pub policy: FamilyPolicy,
-    /// The Ingress that declared the route.
-    pub origin: Origin,
+    /// The Ingress that declared the route (shared by its routes: one pointer per rule).
+    pub origin: Arc<Origin>,
     /// Plain-HTTP requests get a 308 to `https://` (the Ingress lists the host under `spec.tls`
     /// and does not say `duet.dev/ssl-redirect: "false"`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -396,8 +520,8 @@ pub struct RouteAction {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_tls: Option<Arc<crate::upstream_tls::UpstreamTls>>,
     /// Upstream timeouts of the Ingress that declared the route, where it sets them.
-    #[serde(skip_serializing_if = "UpstreamTimeouts::is_default")]
-    pub timeouts: UpstreamTimeouts,
+    #[serde(skip_serializing_if = "RouteTimeouts::is_default")]
+    pub timeouts: RouteTimeouts,
     /// The protocol to the backend's targets when the Ingress sets it
     /// (`nginx.ingress.kubernetes.io/backend-protocol`), in place of the backend's own.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -453,7 +577,7 @@ impl Rewrite {
     /// path, `query` its query string as received.
     pub fn apply(&self, matcher: &PathMatch, path: &str, query: Option<&str>) -> Rewritten {
         let captures = match matcher {
-            PathMatch::Regex(r) => r.regex.captures(path),
+            PathMatch::Regex(r) => r.0.regex.captures(path),
             _ => None,
         };
         let mut out = String::with_capacity(self.target.len() + path.len());
@@ -594,6 +718,78 @@ impl UpstreamTimeouts {
     }
 }
 
+/// A route's [`UpstreamTimeouts`] in one pointer: a route setting none (the usual one) keeps no
+/// allocation for them, where the three `Option<Duration>`s took 48 bytes of every path rule.
+/// Reads as the timeouts (`Deref`); written through `DerefMut` (allocated on the first write) or
+/// made `From` them.
+#[derive(Clone, Default)]
+pub struct RouteTimeouts(Option<Box<UpstreamTimeouts>>);
+
+/// What a route without timeouts of its own reads.
+static NO_TIMEOUTS: UpstreamTimeouts = UpstreamTimeouts {
+    connect: None,
+    read: None,
+    send: None,
+};
+
+impl RouteTimeouts {
+    fn is_default(&self) -> bool {
+        self.as_ref().is_default()
+    }
+}
+
+impl From<UpstreamTimeouts> for RouteTimeouts {
+    fn from(timeouts: UpstreamTimeouts) -> RouteTimeouts {
+        RouteTimeouts((!timeouts.is_default()).then(|| Box::new(timeouts)))
+    }
+}
+
+impl AsRef<UpstreamTimeouts> for RouteTimeouts {
+    fn as_ref(&self) -> &UpstreamTimeouts {
+        self.0.as_deref().unwrap_or(&NO_TIMEOUTS)
+    }
+}
+
+impl std::ops::Deref for RouteTimeouts {
+    type Target = UpstreamTimeouts;
+
+    fn deref(&self) -> &UpstreamTimeouts {
+        self.as_ref()
+    }
+}
+
+impl std::ops::DerefMut for RouteTimeouts {
+    fn deref_mut(&mut self) -> &mut UpstreamTimeouts {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl PartialEq for RouteTimeouts {
+    fn eq(&self, other: &RouteTimeouts) -> bool {
+        self.as_ref() == other.as_ref()
+    }
+}
+
+impl Eq for RouteTimeouts {}
+
+impl PartialEq<UpstreamTimeouts> for RouteTimeouts {
+    fn eq(&self, other: &UpstreamTimeouts) -> bool {
+        self.as_ref() == other
+    }
+}
+
+impl fmt::Debug for RouteTimeouts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_ref(), f)
+    }
+}
+
+impl Serialize for RouteTimeouts {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.as_ref().serialize(s)
+    }
+}
+
 fn millis<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
     match d {
         Some(d) => s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -645,9 +841,13 @@ pub enum PathMatch {
     Regex(RegexPath),
 }
 
-/// A compiled path regex, compared, hashed and serialised by its pattern.
+/// A compiled path regex, compared, hashed and serialised by its pattern. One pointer wide (a
+/// path rule carries a [`PathMatch`] whether or not it is a regex; few are).
 #[derive(Clone, Debug)]
-pub struct RegexPath {
+pub struct RegexPath(Box<CompiledPath>);
+
+#[derive(Clone, Debug)]
+struct CompiledPath {
     pattern: Box<str>,
     regex: regex::Regex,
 }
@@ -665,21 +865,21 @@ impl RegexPath {
             .size_limit(REGEX_SIZE_LIMIT)
             .dfa_size_limit(REGEX_SIZE_LIMIT)
             .build()?;
-        Ok(RegexPath {
+        Ok(RegexPath(Box::new(CompiledPath {
             pattern: pattern.into(),
             regex,
-        })
+        })))
     }
 
     /// The pattern as written.
     pub fn pattern(&self) -> &str {
-        &self.pattern
+        &self.0.pattern
     }
 }
 
 impl PartialEq for RegexPath {
     fn eq(&self, other: &RegexPath) -> bool {
-        self.pattern == other.pattern
+        self.pattern() == other.pattern()
     }
 }
 
@@ -687,13 +887,13 @@ impl Eq for RegexPath {}
 
 impl std::hash::Hash for RegexPath {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.pattern.hash(state);
+        self.pattern().hash(state);
     }
 }
 
 impl Serialize for RegexPath {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.pattern)
+        s.serialize_str(self.pattern())
     }
 }
 
@@ -718,7 +918,7 @@ impl PathMatch {
         match self {
             PathMatch::Exact(p) => path == &**p,
             PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => prefix_matches(p, path),
-            PathMatch::Regex(r) => r.regex.is_match(path),
+            PathMatch::Regex(r) => r.0.regex.is_match(path),
         }
     }
 
@@ -730,12 +930,12 @@ impl PathMatch {
             PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => {
                 (1, usize::MAX - p.len())
             }
-            PathMatch::Regex(r) => (2, usize::MAX - r.pattern.len()),
+            PathMatch::Regex(r) => (2, usize::MAX - r.pattern().len()),
         };
         rank(self)
             .cmp(&rank(other))
             .then_with(|| match (self, other) {
-                (PathMatch::Regex(a), PathMatch::Regex(b)) => b.pattern.cmp(&a.pattern),
+                (PathMatch::Regex(a), PathMatch::Regex(b)) => b.pattern().cmp(a.pattern()),
                 _ => Ordering::Equal,
             })
     }
@@ -744,7 +944,7 @@ impl PathMatch {
     pub fn path(&self) -> &str {
         match self {
             PathMatch::Exact(p) | PathMatch::Prefix(p) | PathMatch::ImplementationSpecific(p) => p,
-            PathMatch::Regex(r) => &r.pattern,
+            PathMatch::Regex(r) => r.pattern(),
         }
     }
 
@@ -1117,11 +1317,12 @@ impl RouteAction {
                 namespace: "ns".into(),
                 name: "ing".into(),
                 created: 0,
-            },
+            }
+            .into(),
             redirect_https: false,
             max_body_bytes: 0,
             upstream_tls: None,
-            timeouts: UpstreamTimeouts::default(),
+            timeouts: RouteTimeouts::default(),
             protocol: None,
             redirect: None,
             source_ranges: None,
@@ -1166,12 +1367,56 @@ mod tests {
         assert!(size <= 120, "{size} bytes");
     }
 
+    #[test]
+    fn a_target_keeps_each_family_compactly_and_reads_as_socket_addresses() {
+        let uid = "0f8fad5b-d9cb-469f-a165-70867728950e";
+        let v4: SocketAddr = "10.0.0.1:8080".parse().unwrap();
+        let v6: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
+        let mut target = Target::new(TargetId(uid.into()));
+        assert!(!target.has_addr());
+        assert!(target.add_addr(v6));
+        assert!(target.add_addr(v4));
+        // The first address of a family wins.
+        assert!(!target.add_addr("10.0.0.2:80".parse().unwrap()));
+        assert!(!target.add_addr("[2001:db8::2]:80".parse().unwrap()));
+        assert_eq!(target.addr(Family::V4), Some(v4));
+        assert_eq!(target.addr(Family::V6), Some(v6));
+        assert_eq!(
+            target,
+            Target::with_addrs(TargetId(uid.into()), [v4, v6], None)
+        );
+        // The JSON of `/debug/routes` is the socket addresses' text, as when they were kept whole.
+        assert_eq!(
+            serde_json::to_value(&target).unwrap(),
+            serde_json::json!({"id": uid, "v4": "10.0.0.1:8080", "v6": "[2001:db8::1]:443"})
+        );
+        let only6 = Target::with_addrs(TargetId("b".into()), [v6], Some("z-1".into()));
+        assert_eq!(only6.addr(Family::V4), None);
+        assert_eq!(
+            serde_json::to_value(&only6).unwrap(),
+            serde_json::json!({"id": "b", "v4": null, "v6": "[2001:db8::1]:443", "zone": "z-1"})
+        );
+        // Parsed and printed as the socket address; a scope id is refused, not dropped.
+        let parsed: TargetV6 = "[fd00::7]:80".parse().unwrap();
+        assert_eq!(parsed.to_string(), "[fd00::7]:80");
+        assert_eq!(format!("{parsed:?}"), "[fd00::7]:80");
+        assert_eq!(
+            (parsed.ip(), parsed.port()),
+            ("fd00::7".parse().unwrap(), 80)
+        );
+        assert!("[fe80::1%2]:80".parse::<TargetV6>().is_err());
+        assert!("10.0.0.1:80".parse::<TargetV6>().is_err());
+        assert!("[fd00::7]".parse::<TargetV6>().is_err());
+        let size = std::mem::size_of::<Target>();
+        assert!(size <= 88, "{size} bytes");
+    }
+
     fn rule(m: PathMatch, backend: &str, created: i64) -> PathRule {
         PathRule {
             matcher: m,
             when: None,
             action: RouteAction {
-                origin: origin(backend, created),
+                origin: origin(backend, created).into(),
                 ..RouteAction::to(backend)
             },
         }

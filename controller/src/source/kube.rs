@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{FutureExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::{watcher, WatchStreamExt as _};
@@ -151,7 +151,7 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
             vec![base.clone()],
             sync(None),
         ),
-        watch_kind::<StoredService, StoredService>(
+        watch_kind::<Service, StoredService>(
             namespaces::apis(&client, &namespaces),
             vec![base.clone()],
             sync(None),

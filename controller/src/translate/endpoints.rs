@@ -324,12 +324,7 @@ fn add_diagnostics(all: &mut ServiceDiagnostics, service: &NsName, found: Vec<Di
 fn cluster_target(spec: &BackendSpec, allow_loopback: bool) -> (Vec<Target>, Vec<Diagnostic>) {
     let mut diagnostics = Vec::new();
     let port = u16::try_from(spec.port).unwrap_or_default();
-    let mut target = Target {
-        id: TargetId(format!("service/{}", spec.service).into()),
-        v4: None,
-        v6: None,
-        zone: None,
-    };
+    let mut target = Target::new(TargetId(format!("service/{}", spec.service).into()));
     for ip in &spec.cluster_ips {
         if let Some(class) = forbidden(*ip, allow_loopback) {
             diagnostics.push(Diagnostic::new(
@@ -339,13 +334,9 @@ fn cluster_target(spec: &BackendSpec, allow_loopback: bool) -> (Vec<Target>, Vec
             ));
             continue;
         }
-        let slot = match ip {
-            IpAddr::V4(_) => &mut target.v4,
-            IpAddr::V6(_) => &mut target.v6,
-        };
-        slot.get_or_insert(SocketAddr::new(*ip, port));
+        target.add_addr(SocketAddr::new(*ip, port));
     }
-    let targets = if target.v4.is_some() || target.v6.is_some() {
+    let targets = if target.has_addr() {
         vec![target]
     } else {
         Vec::new()
@@ -411,12 +402,7 @@ pub fn join_targets<S: SliceView + ?Sized>(
     }
     let targets = joined
         .into_iter()
-        .map(|(id, j)| Target {
-            id: TargetId(id),
-            v4: j.v4,
-            v6: j.v6,
-            zone: j.zone,
-        })
+        .map(|(id, j)| Target::with_addrs(TargetId(id), j.v4.into_iter().chain(j.v6), j.zone))
         .collect();
     (targets, diagnostics)
 }

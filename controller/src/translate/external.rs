@@ -115,12 +115,7 @@ pub(super) fn external_target(
         ));
     }
     let port = u16::try_from(spec.port).unwrap_or_default();
-    let mut target = Target {
-        id: TargetId(format!("external/{name}").into()),
-        v4: None,
-        v6: None,
-        zone: None,
-    };
+    let mut target = Target::new(TargetId(format!("external/{name}").into()));
     let addrs = answer.into_iter().flat_map(|a| {
         let v4 = a.v4.iter().map(|ip| IpAddr::V4(*ip));
         v4.chain(a.v6.iter().map(|ip| IpAddr::V6(*ip)))
@@ -134,13 +129,9 @@ pub(super) fn external_target(
             ));
             continue;
         }
-        let slot = match ip {
-            IpAddr::V4(_) => &mut target.v4,
-            IpAddr::V6(_) => &mut target.v6,
-        };
-        slot.get_or_insert(SocketAddr::new(ip, port));
+        target.add_addr(SocketAddr::new(ip, port));
     }
-    let targets = if target.v4.is_some() || target.v6.is_some() {
+    let targets = if target.has_addr() {
         vec![target]
     } else {
         Vec::new()

@@ -130,7 +130,7 @@ fn age_key(o: &Origin) -> (i64, &str, &str) {
 struct IngressRoutes<'i> {
     key: ObjectKey,
     ingress: &'i Ingress,
-    origin: Origin,
+    origin: Arc<Origin>,
     policy: FamilyPolicy,
     max_body_bytes: u64,
     timeouts: UpstreamTimeouts,
@@ -179,7 +179,7 @@ impl IngressRoutes<'_> {
             redirect_https: self.nginx.redirects(self.tls.redirects(host)),
             max_body_bytes: self.max_body_bytes,
             upstream_tls,
-            timeouts: self.timeouts,
+            timeouts: self.timeouts.into(),
             protocol,
             redirect: self.redirect.clone(),
             source_ranges: self.source_ranges.clone(),
@@ -286,7 +286,7 @@ fn settings<'i>(
     Some(IngressRoutes {
         key,
         ingress,
-        origin,
+        origin: Arc::new(origin),
         policy,
         max_body_bytes,
         timeouts,

@@ -153,7 +153,7 @@ impl RouteModel {
 
     /// Who holds the default backend, if anyone does yet.
     pub(crate) fn default_holder(&self) -> Option<&Origin> {
-        self.default_backend.as_ref().map(|a| &a.origin)
+        self.default_backend.as_ref().map(|a| &*a.origin)
     }
 
     /// Sets the default backend (the caller has checked [`default_holder`](Self::default_holder)).

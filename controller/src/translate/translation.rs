@@ -349,12 +349,8 @@ fn services_by_name<'a>(inputs: &Inputs<'a>) -> FastMap<(&'a str, &'a str), &'a 
     let all = inputs.all_services();
     let mut map = FastMap::with_capacity_and_hasher(all.len(), Default::default());
     for service in all {
-        let meta = service.metadata();
-        let namespace = meta.namespace.as_deref().unwrap_or("default");
-        map.insert(
-            (namespace, meta.name.as_deref().unwrap_or_default()),
-            service,
-        );
+        let namespace = service.namespace().unwrap_or("default");
+        map.insert((namespace, service.name().unwrap_or_default()), service);
     }
     map
 }

@@ -156,18 +156,14 @@ mod tests {
             } else {
                 format!("10.0.0.{n}")
             };
-            Some(format!("{ip}:80").parse().unwrap())
+            format!("{ip}:80").parse::<std::net::SocketAddr>().unwrap()
         };
         let mut targets = Vec::new();
         for n in 0..dual + v4 + v6 {
-            targets.push(Target {
-                id: TargetId(format!("t{n}").into()),
-                v4: (n < dual + v4).then(|| addr(n, false)).flatten(),
-                v6: (n < dual || n >= dual + v4)
-                    .then(|| addr(n, true))
-                    .flatten(),
-                zone: None,
-            });
+            let four = (n < dual + v4).then(|| addr(n, false));
+            let six = (n < dual || n >= dual + v4).then(|| addr(n, true));
+            let id = TargetId(format!("t{n}").into());
+            targets.push(Target::with_addrs(id, four.into_iter().chain(six), None));
         }
         Arc::new(Backend {
             id: id.parse().unwrap(),

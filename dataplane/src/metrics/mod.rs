@@ -182,7 +182,8 @@ mod tests {
                 namespace: ns.into(),
                 name: ingress.into(),
                 created: 0,
-            },
+            }
+            .into(),
             ..RouteAction::to(backend)
         }
     }

@@ -254,7 +254,7 @@ impl Proxy {
                     read_timeout: plan.read_timeout,
                     forwarding,
                 };
-                let in_flight = state.start();
+                let in_flight = backend.states.start(pick.index);
                 let sending = self.upstream.send(&peer, request);
                 let outcome =
                     match crate::filters::attempt_deadline(plan.deadline, plan.attempt_timeout) {
@@ -552,12 +552,11 @@ mod tests {
             .insert("a.test".into(), HostRules::new("a.test", vec![rule]).0);
         let backend = Backend {
             id: "ns/svc:80".parse::<BackendId>().unwrap(),
-            targets: vec![Target {
-                id: TargetId("pod".into()),
-                v4,
-                v6,
-                zone: None,
-            }]
+            targets: vec![Target::with_addrs(
+                TargetId("pod".into()),
+                v4.into_iter().chain(v6),
+                None,
+            )]
             .into(),
             lb: Default::default(),
             protocol: UpstreamProtocol::Http1,

@@ -52,13 +52,9 @@ mod tests {
     use crate::table::{Backend, BackendId, Family, Snapshot, Target, TargetId};
 
     fn target(id: &str, v4: Option<&str>, v6: Option<&str>) -> Target {
-        let addr = |a: Option<&str>| a.map(|a| a.parse::<SocketAddr>().unwrap());
-        Target {
-            id: TargetId(id.into()),
-            v4: addr(v4),
-            v6: addr(v6),
-            zone: None,
-        }
+        let addrs = [v4, v6].into_iter().flatten();
+        let addrs = addrs.map(|a| a.parse::<SocketAddr>().unwrap());
+        Target::with_addrs(TargetId(id.into()), addrs, None)
     }
 
     fn backend(id: &str, targets: Vec<Target>) -> Arc<Backend> {
@@ -122,7 +118,7 @@ mod tests {
         let b: BackendId = "shop/b:80".parse().unwrap();
         let a: BackendId = "shop/a:80".parse().unwrap();
         // b-1 has a request in flight and a failure on IPv4; b-2 leaves, b-3 (IPv6 only) comes.
-        let _in_flight = before.backends[&b].states[0].start();
+        let _in_flight = before.backends[&b].states.start(0);
         before.backends[&b].states[0].record_failure(Family::V4);
         let new_b = backend(
             "shop/b:80",
@@ -142,7 +138,7 @@ mod tests {
         );
         assert!(Arc::ptr_eq(&after.backends[&b].backend, &new_b));
         assert!(
-            Arc::ptr_eq(
+            std::ptr::eq(
                 &after.backends[&b].states[0],
                 &before.backends[&b].states[0]
             ),

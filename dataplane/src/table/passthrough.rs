@@ -3,6 +3,7 @@
 //! the host's `/` rule, without terminating TLS. Plain data.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -16,7 +17,7 @@ pub struct Passthrough {
     /// The family policy of that rule's Ingress.
     pub policy: FamilyPolicy,
     /// The Ingress of that rule.
-    pub origin: Origin,
+    pub origin: Arc<Origin>,
 }
 
 /// Passthrough hosts, exact names in lower case without a trailing dot.
@@ -46,7 +47,8 @@ mod tests {
                 namespace: "ns".into(),
                 name: "ing".into(),
                 created: 0,
-            },
+            }
+            .into(),
         };
         let hosts: PassthroughHosts = [("argocd.example.com".into(), pass.clone())].into();
         assert_eq!(find(&hosts, "ArgoCD.Example.com."), Some(&pass));

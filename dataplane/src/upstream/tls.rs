@@ -246,7 +246,8 @@ mod tests {
                         namespace: "ns".into(),
                         name: format!("ing{i}").into(),
                         created: 0,
-                    },
+                    }
+                    .into(),
                     upstream_tls: Some(tls.clone()),
                     ..RouteAction::to("ns/svc:443")
                 },

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use dataplane::route_policy::{Alternative, Choice, Pinning};
 use dataplane::table::gateway::GatewayRule;
-use dataplane::table::{UpstreamProtocol, UpstreamTimeouts};
+use dataplane::table::UpstreamProtocol;
 use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, RouteAction};
 
 use super::routes::{BackendRef, RouteView};
@@ -199,11 +199,11 @@ fn action(
     RouteAction {
         backend,
         policy,
-        origin: origin.clone(),
+        origin: Arc::new(origin.clone()),
         redirect_https: false,
         max_body_bytes,
         upstream_tls: None,
-        timeouts: UpstreamTimeouts::default(),
+        timeouts: Default::default(),
         protocol: None,
         redirect: None,
         source_ranges: None,

@@ -214,10 +214,8 @@ impl<'a> GatewayProcessor<'a> {
         t.references.services.insert(name.clone());
         let uid = gateway.metadata.uid.as_deref();
         let owned = |s: &&dyn crate::stored::ServiceView| {
-            s.metadata()
-                .owner_references
+            s.owner_references()
                 .iter()
-                .flatten()
                 .any(|o| Some(o.uid.as_str()) == uid)
         };
         t.service(&name)

@@ -165,8 +165,9 @@ mod tests {
 
     fn action(ingress: &str, service: &str) -> RouteAction {
         let mut action = RouteAction::to(&format!("shop/{service}:80"));
-        action.origin.namespace = "shop".into();
-        action.origin.name = ingress.into();
+        let origin = std::sync::Arc::make_mut(&mut action.origin);
+        origin.namespace = "shop".into();
+        origin.name = ingress.into();
         action
     }
 
