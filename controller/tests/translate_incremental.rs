@@ -244,6 +244,15 @@ fn tls_secret(name: &str, hosts: &[&str]) -> String {
     )
 }
 
+/// The Service of the table's default backend (`""`: none).
+fn default_service(plan: &RoutePlan) -> String {
+    plan.table
+        .default_backend
+        .as_ref()
+        .map(|a| a.backend.service().to_string())
+        .unwrap_or_default()
+}
+
 #[test]
 fn tls_and_default_backend_edits_rebuild_only_the_hosts_they_touch() {
     let mut index = Index::new(Config::default().class);
@@ -279,13 +288,6 @@ fn tls_and_default_backend_edits_rebuild_only_the_hosts_they_touch() {
         plan.certs
             .host(host)
             .map(|c| c.source.to_string())
-            .unwrap_or_default()
-    };
-    let default_service = |plan: &RoutePlan| {
-        plan.table
-            .default_backend
-            .as_ref()
-            .map(|a| a.backend.service().to_string())
             .unwrap_or_default()
     };
     assert_eq!(source(&plan, "shared.test"), "default/cb");
@@ -342,26 +344,14 @@ fn tls_and_default_backend_edits_rebuild_only_the_hosts_they_touch() {
             ingress("three", 3, &[("c.test", "/", "a")], default_a),
             true,
             &["a.test", "b.test", "shared.test", "e.test"],
-            |p| {
-                p.table
-                    .default_backend
-                    .as_ref()
-                    .map(|a| a.backend.service().to_string())
-                    == Some("a".into())
-            },
+            |p| default_service(p) == "a",
         ),
         (
             "the default backend given up: the younger one's again",
             ingress("three", 3, &[("c.test", "/", "a")], ""),
             true,
             &["a.test", "b.test", "shared.test", "e.test"],
-            |p| {
-                p.table
-                    .default_backend
-                    .as_ref()
-                    .map(|a| a.backend.service().to_string())
-                    == Some("b".into())
-            },
+            |p| default_service(p) == "b",
         ),
         (
             "a TLS host that is no host name: the full route phase",
