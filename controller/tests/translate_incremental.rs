@@ -181,25 +181,25 @@ fn ingress_changes_planned_by_host_equal_a_full_route_phase() {
             "TLS hosts",
             ingress("two", 2, &[("c.test", "/", "a")], tls),
             None,
-            false,
+            true,
         ),
         (
             "TLS hosts removed",
             ingress("two", 2, &[("c.test", "/", "a")], ""),
             None,
-            false,
+            true,
         ),
         (
             "default backend",
             ingress("one", 1, &[("a.test", "/x", "b")], default),
             None,
-            false,
+            true,
         ),
         (
             "default backend removed",
             ingress("one", 1, &[("a.test", "/x", "b")], ""),
             None,
-            false,
+            true,
         ),
         (
             "Ingress deleted",
@@ -230,6 +230,157 @@ fn ingress_changes_planned_by_host_equal_a_full_route_phase() {
         index.set_references(next.references.clone());
         plan = next;
     }
-    assert_eq!(used, 9);
+    assert_eq!(used, 13);
     assert!(plan.table.exact.contains_key("c.test"));
+}
+
+/// A `kubernetes.io/tls` Secret `name` with a certificate for `hosts`.
+fn tls_secret(name: &str, hosts: &[&str]) -> String {
+    let cert = conformance::tls::cert(hosts);
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}}}\ntype: kubernetes.io/tls\ndata: {{tls.crt: \"{}\", tls.key: \"{}\"}}\n",
+        conformance::tls::base64(cert.cert_pem.as_bytes()),
+        conformance::tls::base64(cert.key_pem.as_bytes()),
+    )
+}
+
+/// The Service of the table's default backend (`""`: none).
+fn default_service(plan: &RoutePlan) -> String {
+    plan.table
+        .default_backend
+        .as_ref()
+        .map(|a| a.backend.service().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn tls_and_default_backend_edits_rebuild_only_the_hosts_they_touch() {
+    let mut index = Index::new(Config::default().class);
+    apply(&mut index, SERVICES);
+    apply(&mut index, &tls_secret("ca", &["a.test", "shared.test"]));
+    apply(
+        &mut index,
+        &tls_secret("cb", &["b.test", "shared.test", "*.wild.test"]),
+    );
+    let one_tls = |hosts: &str, secret: &str| {
+        let extra = format!("  tls: [{{hosts: [{hosts}], secretName: {secret}}}]\n");
+        ingress("one", 1, &[("a.test", "/", "a")], &extra)
+    };
+    let two_tls = "  tls: [{hosts: [b.test, shared.test], secretName: cb}]\n";
+    let default_a = "  defaultBackend: {service: {name: a, port: {name: http}}}\n";
+    let default_b = "  defaultBackend: {service: {name: b, port: {name: http}}}\n";
+    let start = [
+        one_tls("a.test", "ca"),
+        ingress(
+            "two",
+            2,
+            &[("b.test", "/", "b"), ("shared.test", "/", "b")],
+            two_tls,
+        ),
+        ingress("three", 3, &[("c.test", "/", "a")], ""),
+        ingress("four", 4, &[("d.test", "/", "b")], default_b),
+        ingress("five", 5, &[("e.test", "/", "a")], ""),
+    ];
+    apply(&mut index, &start.join("---\n"));
+    let mut plan = plan_routes(&index.inputs(), &Config::default());
+    index.set_references(plan.references.clone());
+    let source = |plan: &RoutePlan, host: &str| {
+        plan.certs
+            .host(host)
+            .map(|c| c.source.to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(source(&plan, "shared.test"), "default/cb");
+    assert_eq!(default_service(&plan), "b");
+    type Check = fn(&RoutePlan) -> bool;
+    // Each step: its name, the Ingress written, whether it is planned by host, the hosts whose
+    // entries it must not rebuild, and what a user sees after it.
+    let steps: Vec<(&str, String, bool, &[&str], Check)> = vec![
+        (
+            "an older Ingress lists a host in its TLS: its certificate wins there",
+            one_tls("a.test, shared.test", "ca"),
+            true,
+            &["c.test", "d.test", "e.test"],
+            |p| p.certs.host("shared.test").unwrap().source.as_ref() == "default/ca",
+        ),
+        (
+            "the host left its TLS: the younger Ingress's certificate again",
+            one_tls("a.test", "ca"),
+            true,
+            &["c.test", "d.test", "e.test"],
+            |p| p.certs.host("shared.test").unwrap().source.as_ref() == "default/cb",
+        ),
+        (
+            "a missing Secret: the host has no certificate of its own",
+            one_tls("a.test", "nope"),
+            true,
+            &["b.test", "shared.test", "c.test", "d.test", "e.test"],
+            |p| p.certs.host("a.test").is_none() && p.certs.host("shared.test").is_some(),
+        ),
+        (
+            "a TLS-only wildcard host",
+            ingress(
+                "five",
+                5,
+                &[("e.test", "/", "a")],
+                "  tls: [{hosts: [\"*.wild.test\"], secretName: cb}]\n",
+            ),
+            true,
+            &["a.test", "b.test", "shared.test", "c.test", "d.test"],
+            |p| p.certs.host("*.wild.test").is_some() && p.certs.host("a.test").is_none(),
+        ),
+        (
+            "TLS removed",
+            ingress("one", 1, &[("a.test", "/", "a")], ""),
+            true,
+            &["b.test", "shared.test", "c.test", "d.test", "e.test"],
+            |p| {
+                p.certs.host("a.test").is_none()
+                    && !p.table.exact["a.test"].rules[0].action.redirect_https
+            },
+        ),
+        (
+            "an older default backend wins",
+            ingress("three", 3, &[("c.test", "/", "a")], default_a),
+            true,
+            &["a.test", "b.test", "shared.test", "e.test"],
+            |p| default_service(p) == "a",
+        ),
+        (
+            "the default backend given up: the younger one's again",
+            ingress("three", 3, &[("c.test", "/", "a")], ""),
+            true,
+            &["a.test", "b.test", "shared.test", "e.test"],
+            |p| default_service(p) == "b",
+        ),
+        (
+            "a TLS host that is no host name: the full route phase",
+            ingress(
+                "five",
+                5,
+                &[("e.test", "/", "a")],
+                "  tls: [{hosts: [\"bad host\"], secretName: cb}]\n",
+            ),
+            false,
+            &[],
+            |p| p.certs.host("*.wild.test").is_none(),
+        ),
+    ];
+    for (step, yaml, expect_incremental, untouched, check) in steps {
+        let impact = apply(&mut index, &yaml);
+        assert!(impact.routes && !impact.all_routes, "{step}: {impact:?}");
+        let (next, incremental) = plan_after(&index, &plan, &impact);
+        assert_eq!(incremental, expect_incremental, "{step}: incremental");
+        let full = plan_routes(&index.inputs(), &Config::default());
+        assert_same(&next, &full, step);
+        for host in untouched {
+            assert!(
+                next.table.exact[*host].same(&plan.table.exact[*host]),
+                "{step}: {host} rebuilt"
+            );
+        }
+        assert!(check(&next), "{step}: {:?}", next.certs);
+        index.set_references(next.references.clone());
+        plan = next;
+    }
 }

@@ -1220,6 +1220,32 @@ impl CertTable {
         }
     }
 
+    /// The certificate of one host entry as [`insert`](Self::insert) keys it (`foo.example.com`
+    /// or `*.example.com`, lower case): that entry alone, no wildcard or default fallback.
+    pub fn host(&self, host: &str) -> Option<&Arc<TlsCert>> {
+        match host.strip_prefix("*.") {
+            Some(suffix) => self.wildcard.get(suffix),
+            None => self.exact.get(host),
+        }
+    }
+
+    /// Sets (`Some`) or removes (`None`) the entry of one host, written as for
+    /// [`host`](Self::host): an Ingress change rebuilds the certificates of its hosts only.
+    pub fn set_host(&mut self, host: &str, cert: Option<Arc<TlsCert>>) {
+        let (map, key) = match host.strip_prefix("*.") {
+            Some(suffix) => (&mut self.wildcard, suffix),
+            None => (&mut self.exact, host),
+        };
+        match cert {
+            Some(cert) => {
+                map.insert(key.into(), cert);
+            }
+            None => {
+                map.remove(key);
+            }
+        }
+    }
+
     /// Sets the certificate for clients whose SNI matches nothing (or who send none).
     pub fn set_default(&mut self, cert: Arc<TlsCert>) {
         self.default = Some(cert);

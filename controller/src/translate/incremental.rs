@@ -5,13 +5,22 @@
 //! hosts, closed over every host those Ingresses touch), takes those hosts' entries from it and
 //! keeps every other host's entry, the certificates and the Gateway API tables of the previous
 //! plan by pointer. The result equals a full [`plan_routes`](super::plan_routes) of the same
-//! inputs; whenever that cannot be shown cheaply (an Ingress with a default backend, `spec.tls`,
-//! `ssl-passthrough`, or a problem reported on another object than itself; too many Ingresses
-//! involved) it returns `None` and the caller runs the full route phase.
+//! inputs; whenever that cannot be shown cheaply (an Ingress with `ssl-passthrough`, a `spec.tls`
+//! host that is not a DNS name or `*.` wildcard, or a problem reported on another object than
+//! itself; too many Ingresses involved) it returns `None` and the caller runs the full route
+//! phase.
+//!
+//! - `spec.tls` hosts count among the hosts an Ingress touches: the certificate of a host is
+//!   that of the oldest Ingress listing it, so every Ingress listing it is run again with the
+//!   changed one, and the certificate table takes those hosts' entries from the partial run.
+//! - The default backend is the oldest resolving `defaultBackend`: when the changed Ingresses
+//!   have or had one, every Ingress with a `defaultBackend` is run again and the table takes
+//!   the partial run's default backend.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use dataplane::table::CertTable;
 use dataplane::{Origin, RouteTable};
 use k8s_openapi::api::networking::v1::Ingress;
 
@@ -29,8 +38,10 @@ pub struct Footprint {
     secrets: Box<[NsName]>,
     /// Whether it was taken into the references' Ingresses (its annotations allowed it).
     referenced: bool,
-    /// Whether it reaches beyond its hosts: a default backend, `spec.tls`, `ssl-passthrough`, or
-    /// a diagnostic of another object than itself.
+    /// Whether it has a `defaultBackend` (that may claim the table's default backend).
+    default_backend: bool,
+    /// Whether it reaches beyond its hosts: `ssl-passthrough`, a `spec.tls` host that is not a
+    /// host key, or a diagnostic of another object than itself.
     global: bool,
 }
 
@@ -74,6 +85,7 @@ struct Open {
     /// The references made before this Ingress (restored when it ends).
     saved: References,
     diagnostics_from: usize,
+    default_backend: bool,
     global: bool,
 }
 
@@ -87,15 +99,30 @@ impl Recorder {
         diagnostics: usize,
     ) {
         let spec = ingress.spec.as_ref();
-        let global = spec.is_some_and(|s| {
-            s.default_backend.is_some() || s.tls.as_ref().is_some_and(|t| !t.is_empty())
-        });
+        let default_backend = spec.is_some_and(|s| s.default_backend.is_some());
+        // The certificate table's entries of its `spec.tls` hosts are its hosts too.
+        let mut hosts = BTreeSet::new();
+        let mut global = false;
+        let tls = spec.and_then(|s| s.tls.as_ref()).into_iter().flatten();
+        for host in tls.flat_map(|t| t.hosts.iter().flatten()) {
+            let host = host.trim();
+            if host.is_empty() {
+                continue;
+            }
+            match HostKey::parse(Some(host)) {
+                Ok(key) => {
+                    hosts.insert(key);
+                }
+                Err(_) => global = true,
+            }
+        }
         self.current = Some(Open {
             name: NsName::new(&*origin.namespace, &*origin.name),
             origin: origin.clone(),
-            hosts: BTreeSet::new(),
+            hosts,
             saved: std::mem::take(references),
             diagnostics_from: diagnostics,
+            default_backend,
             global,
         });
     }
@@ -138,6 +165,7 @@ impl Recorder {
             services: mine.services.iter().cloned().collect(),
             secrets: mine.secrets.iter().cloned().collect(),
             referenced: mine.ingresses.contains(&name),
+            default_backend: open.default_backend,
             global: open.global || !own,
         };
         self.done.insert(name, print);
@@ -183,10 +211,13 @@ pub fn plan_ingress_change(
         .iter()
         .filter(|(k, _)| changed.contains(*k));
     let mut hosts: BTreeSet<HostKey> = BTreeSet::new();
+    // Whether the default backend is to be settled again (every Ingress with one run again).
+    let mut defaults = false;
     for (_, print) in old {
         if print.global {
             return None;
         }
+        defaults |= print.default_backend;
         hosts.extend(print.hosts.iter().cloned());
     }
     let by_name: BTreeMap<NsName, &Ingress> = inputs
@@ -203,7 +234,9 @@ pub fn plan_ingress_change(
             prints
                 .by_ingress
                 .iter()
-                .filter(|(_, p)| p.hosts.iter().any(|h| hosts.contains(h)))
+                .filter(|(_, p)| {
+                    (defaults && p.default_backend) || p.hosts.iter().any(|h| hosts.contains(h))
+                })
                 .map(|(k, _)| k.clone()),
         );
         if members.len() > limit {
@@ -226,22 +259,30 @@ pub fn plan_ingress_change(
             .values()
             .flat_map(|p| p.hosts.iter().cloned())
             .collect();
-        if touched.is_subset(&hosts) {
-            return Some(merge(previous, partial, &members, &hosts));
+        let new_defaults = new_prints.values().any(|p| p.default_backend);
+        if touched.is_subset(&hosts) && (defaults || !new_defaults) {
+            return Some(merge(previous, partial, &members, &hosts, defaults));
         }
         hosts.extend(touched);
+        defaults |= new_defaults;
     }
     None
 }
 
-/// The previous plan with the hosts `hosts` and the Ingresses `members` taken from `partial`.
+/// The previous plan with the hosts `hosts` (their routes and certificates), the Ingresses
+/// `members` and, with `defaults`, the default backend taken from `partial`.
 fn merge(
     previous: &RoutePlan,
     partial: RoutePlan,
     members: &BTreeSet<NsName>,
     hosts: &BTreeSet<HostKey>,
+    defaults: bool,
 ) -> RoutePlan {
-    let table = replace_hosts(&previous.table, &partial.table, hosts);
+    let mut table = replace_hosts(&previous.table, &partial.table, hosts);
+    if defaults {
+        table.default_backend = partial.table.default_backend.clone();
+    }
+    let certs = replace_certs(&previous.certs, &partial.certs, hosts);
     let mut by_ingress = previous.footprints.by_ingress.clone();
     by_ingress.retain(|k, _| !members.contains(k));
     by_ingress.extend(
@@ -303,12 +344,37 @@ fn merge(
         backends,
         references: footprints.references(),
         diagnostics,
-        certs: previous.certs.clone(),
+        certs,
         annotations,
         gateways: previous.gateways.clone(),
         gateway_report: previous.gateway_report.clone(),
         footprints: Arc::new(footprints),
     }
+}
+
+/// The certificates of `previous` with the entries of `hosts` as in `partial` (gone where
+/// `partial` has none; the default certificate is `previous`'s); `previous` itself when none
+/// differs.
+fn replace_certs(
+    previous: &Arc<CertTable>,
+    partial: &CertTable,
+    hosts: &BTreeSet<HostKey>,
+) -> Arc<CertTable> {
+    let written: Vec<_> = hosts
+        .iter()
+        .filter(|h| **h != HostKey::Any)
+        .map(HostKey::display)
+        .collect();
+    if written.iter().all(|h| previous.host(h) == partial.host(h)) {
+        return previous.clone();
+    }
+    let mut certs = (**previous).clone();
+    for host in &written {
+        if previous.host(host) != partial.host(host) {
+            certs.set_host(host, partial.host(host).cloned());
+        }
+    }
+    Arc::new(certs)
 }
 
 /// `previous` with the entries of `hosts` as in `partial` (gone where `partial` has none).
