@@ -22,6 +22,11 @@
 # (`perf stat -e raw_syscalls:sys_enter`; SYSCALLS=0 skips it):
 #   duet h2-tls ipv4 round 1: 41234 requests/s, CPU 23.1 us/request (user 9.0, system 14.1), 4.1 syscalls/request
 #   median h2-tls ipv4: duet 23.1 us/request (user 9.0, system 14.1), nginx 18.2 (user 5.1, system 13.1), ratio 1.27
+# SERVERS="duet nginx floor" KINDS=h1 adds benches/floor-relay (`cargo build --release -p
+# floor-relay`): one upstream connection per client connection and the bytes relayed as they come,
+# nothing parsed or added, one read and one write each way per request. No proxy can spend less
+# CPU per request on this kernel's socket API, so its ratio to nginx is the least any proxy can
+# reach in the same run (the floor of issue 13's 0.8x goal). HTTP/1.1 only.
 # Fails (exit 1) when a server does not start or any request is not answered 2xx.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -41,6 +46,7 @@ need h2load curl python3 openssl taskset nginx
 SYSCALLS=${SYSCALLS:-$(command -v perf >/dev/null && echo 1 || echo 0)}
 [[ $SYSCALLS == 1 ]] && need perf
 DUET=$(duet_bin)
+[[ " $SERVERS " == *" floor "* ]] && FLOOR=$(floor_bin)
 CLK_TCK=$(getconf CLK_TCK)
 make_work h2bench
 make_cert "$WORK"
@@ -93,6 +99,16 @@ events { worker_connections 1024; }" \
   SERVER_PID=$(pgrep -P "$SERVER_MAIN" | head -1)
 }
 
+# Starts floor-relay (benches/floor-relay: bytes relayed, nothing parsed) pinned to the server
+# core on the HTTP/1.1 port of both families; sets SERVER_PID. HTTP/1.1 only (no TLS).
+start_floor() {
+  taskset -c "$CORE_SERVER" "$FLOOR" --listen "127.0.0.1:$HTTP_PORT" --listen "[::1]:$HTTP_PORT" \
+    --upstream "127.0.0.1:$ECHO_PORT" --upstream "[::1]:$ECHO_PORT" 2>"$WORK/floor.err" &
+  SERVER_PID=$!
+  STARTED_PIDS+=("$SERVER_PID")
+  wait_200 "http://127.0.0.1:$HTTP_PORT/" 30 "$SERVER_PID" "$WORK/floor.err"
+}
+
 # CPU ticks of PID (every thread): user and system (kernel) time.
 ticks() {
   awk '{sub(/^.*\) /, ""); print $12, $13}' "/proc/$1/stat"
@@ -124,6 +140,10 @@ note "duet $DUET; $(nginx -v 2>&1); $(nproc) cores; $ROUNDS rounds of ${DURATION
 for round in $(seq "$ROUNDS"); do
   for kind in $KINDS; do
     for server in $SERVERS; do
+      if [[ $server == floor && $kind != h1 ]]; then
+        note "floor: $kind not measured (floor-relay relays HTTP/1.1 without TLS)"
+        continue
+      fi
       for family in $FAMILIES; do
         "start_$server"
         h2load_run "$kind" "$family" "$WARMUP" >/dev/null
@@ -163,16 +183,20 @@ PY
 done
 for kind in $KINDS; do
   for family in $FAMILIES; do
-    python3 - "$kind $family" "${RESULTS[duet.$kind.$family]:-}" "${RESULTS[nginx.$kind.$family]:-}" <<'PY'
+    for server in $SERVERS; do
+      [[ $server == nginx ]] && continue
+      [[ -n ${RESULTS[$server.$kind.$family]:-} ]] || continue
+      python3 - "$kind $family" "$server" "${RESULTS[$server.$kind.$family]}" "${RESULTS[nginx.$kind.$family]:-}" <<'PY'
 import statistics, sys
-what = sys.argv[1]
+what, name = sys.argv[1:3]
 def medians(runs):
     rows = [list(map(float, r.split())) for r in runs.split(";") if r]
     return [statistics.median(col) for col in zip(*rows)] if rows else None
-d, n = medians(sys.argv[2]), medians(sys.argv[3])
+d, n = medians(sys.argv[3]), medians(sys.argv[4])
 fmt = lambda m: "-" if m is None else f"{m[0]:.1f} us/request (user {m[1]:.1f}, system {m[2]:.1f})"
 ratio = f", ratio {d[0] / n[0]:.2f} (user {d[1] / n[1]:.2f}, system {d[2] / n[2]:.2f})" if d and n and n[1] and n[2] else ""
-print(f"median {what}: duet {fmt(d)}, nginx {fmt(n)}{ratio}")
+print(f"median {what}: {name} {fmt(d)}, nginx {fmt(n)}{ratio}")
 PY
+    done
   done
 done

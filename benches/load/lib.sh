@@ -70,6 +70,14 @@ echo_bin() {
   die "no duet-echo binary: run 'cargo build -p conformance --bin duet-echo' (or set ECHO_BIN)"
 }
 
+# floor-relay, the byte relay whose CPU per request is the least a proxy can spend (FLOOR_BIN
+# overrides).
+floor_bin() {
+  local bin=${FLOOR_BIN:-$REPO_ROOT/target/release/floor-relay}
+  [[ -x $bin ]] || die "no floor-relay binary at $bin: run 'cargo build --release -p floor-relay' (or set FLOOR_BIN)"
+  echo "$bin"
+}
+
 # Prints COUNT distinct TCP ports that are free on both 127.0.0.1 and [::1].
 free_ports() {
   python3 - "$1" <<'PY'

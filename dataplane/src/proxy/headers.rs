@@ -7,28 +7,11 @@ use http::{Request, Uri, Version};
 use crate::conn::ConnInfo;
 use crate::host::ValidHost;
 use crate::path::EncodedTraversal;
-
-/// The settings of an `Upgrade: h2c` request (RFC 7540 §3.2.1), never forwarded.
-static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+use crate::upstream::{role, Role};
 
 // Names used on every request, as statics: a `header::*` constant is a value, copied (a call to
 // `memcpy`) wherever it is used.
 static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
-
-/// Hop-by-hop headers (RFC 9110 7.6.1), never forwarded.
-const HOP_BY_HOP_NAMES: usize = 7;
-// A static, not a constant: a constant array is copied wherever it is used.
-static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_NAMES] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-/// Where `Transfer-Encoding` is in [`HOP_BY_HOP`].
-const TRANSFER_ENCODING_AT: usize = 5;
 
 /// The request target in origin form with its path normalised ([`crate::path`]) and its query
 /// as received.
@@ -102,28 +85,33 @@ pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
 /// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // One pass over the (few) names present instead of a hashed lookup or removal per name:
-    // most requests carry none of them, most responses only `Connection: keep-alive`.
-    let mut present = [false; HOP_BY_HOP_NAMES];
-    let (mut length, mut settings) = (false, false);
+    // One pass over the (few) names present, each classified by its length and bytes
+    // (`upstream::role`, the client's list for response heads) instead of a hashed lookup or
+    // removal per hop-by-hop name: most requests carry none of them, most responses only
+    // `Connection: keep-alive`. A map's names are distinct, so the eight the list knows fit.
+    let mut hop: [Option<HeaderName>; 8] = Default::default();
+    let mut found = 0;
+    let (mut length, mut transfer_encoding) = (false, false);
     for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
-        } else if name == CONTENT_LENGTH {
-            length = true;
-        } else if name == HTTP2_SETTINGS {
-            settings = true;
+        match role(name.as_str().as_bytes()) {
+            Role::EndToEnd => continue,
+            Role::ContentLength => length = true,
+            hop_by_hop => {
+                transfer_encoding |= hop_by_hop == Role::TransferEncoding;
+                if let Some(slot) = hop.get_mut(found) {
+                    // Cheap: the eight are standard names or static ones.
+                    *slot = Some(name.clone());
+                    found += 1;
+                }
+            }
         }
     }
     // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
     // §6.3); the body is re-framed on the way out, so the stale length must not survive.
-    if length && present[TRANSFER_ENCODING_AT] {
+    if length && transfer_encoding {
         headers.remove(&CONTENT_LENGTH);
     }
-    if settings {
-        headers.remove(&HTTP2_SETTINGS);
-    }
-    if !present.contains(&true) {
+    if found == 0 {
         return;
     }
     let upgrade = if keep_upgrade {
@@ -145,7 +133,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for name in &named {
         headers.remove(name);
     }
-    for (name, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+    for name in hop.iter().flatten() {
         headers.remove(name);
     }
     if let Some(upgrade) = upgrade {

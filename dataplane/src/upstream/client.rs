@@ -316,9 +316,11 @@ pub(super) struct Fields {
     names_fields: bool,
 }
 
-/// What a response field is to the framing and to the hop-by-hop rules (RFC 9110 section 7.6.1).
+/// What a field is to the framing and to the hop-by-hop rules (RFC 9110 section 7.6.1): the one
+/// list of hop-by-hop names, for this client's response heads and for the proxy's
+/// `strip_hop_by_hop` on header maps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
+pub(crate) enum Role {
     Connection,
     TransferEncoding,
     ContentLength,
@@ -330,7 +332,7 @@ enum Role {
 }
 
 /// The role of a field by its name (any case).
-fn role(name: &[u8]) -> Role {
+pub(crate) fn role(name: &[u8]) -> Role {
     let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
     match name.len() {
         2 if is(b"te") => Role::HopByHop,
