@@ -111,11 +111,12 @@ impl TargetState {
 /// allocation each, plus a pointer); a rebuild with the same targets in the same order shares the
 /// block; one that keeps some targets and adds others points each kept target at its state where
 /// it lives and puts the new ones in a block of their own. A kept target's state is the same
-/// object across rebuilds: requests in flight and failures counted on it carry over.
-#[derive(Debug)]
+/// object across rebuilds: requests in flight and failures counted on it carry over. A clone
+/// shares the same states (no new block).
+#[derive(Clone, Debug)]
 pub struct TargetStates(States);
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum States {
     /// Target `i`'s state is `block[i]`.
     Block(Arc<[TargetState]>),
@@ -150,7 +151,7 @@ impl TargetStates {
         };
         let same = |(a, b): (&Target, &Target)| a.id == b.id;
         if old.len() == targets.len() && old.iter().zip(targets).all(same) {
-            return states.shared();
+            return states.clone();
         }
         let known: HashMap<&TargetId, usize> =
             old.iter().enumerate().map(|(i, t)| (&t.id, i)).collect();
@@ -171,14 +172,6 @@ impl TargetStates {
             }
         });
         TargetStates(States::Mixed(refs.collect()))
-    }
-
-    /// The same states (no new block).
-    fn shared(&self) -> TargetStates {
-        TargetStates(match &self.0 {
-            States::Block(block) => States::Block(block.clone()),
-            States::Mixed(refs) => States::Mixed(refs.clone()),
-        })
     }
 
     /// Where target `i`'s state lives.

@@ -1207,10 +1207,7 @@ impl CertTable {
     /// for a host wins; returns `false` when the host already had one.
     pub fn insert(&mut self, host: &str, cert: Arc<TlsCert>) -> bool {
         let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let (map, key) = match host.strip_prefix("*.") {
-            Some(suffix) => (&mut self.wildcard, suffix.to_owned()),
-            None => (&mut self.exact, host),
-        };
+        let (map, key) = self.map_mut(&host);
         match map.entry(key.into()) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(v) => {
@@ -1229,13 +1226,19 @@ impl CertTable {
         }
     }
 
+    /// Where the entry of `host` (normalised as [`insert`](Self::insert) keys it) is kept: a
+    /// `*.` wildcard in the wildcard map under its suffix, any other host in the exact map.
+    fn map_mut<'h>(&mut self, host: &'h str) -> (&mut HashMap<Box<str>, Arc<TlsCert>>, &'h str) {
+        match host.strip_prefix("*.") {
+            Some(suffix) => (&mut self.wildcard, suffix),
+            None => (&mut self.exact, host),
+        }
+    }
+
     /// Sets (`Some`) or removes (`None`) the entry of one host, written as for
     /// [`host`](Self::host): an Ingress change rebuilds the certificates of its hosts only.
     pub fn set_host(&mut self, host: &str, cert: Option<Arc<TlsCert>>) {
-        let (map, key) = match host.strip_prefix("*.") {
-            Some(suffix) => (&mut self.wildcard, suffix),
-            None => (&mut self.exact, host),
-        };
+        let (map, key) = self.map_mut(host);
         match cert {
             Some(cert) => {
                 map.insert(key.into(), cert);
