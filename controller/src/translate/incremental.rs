@@ -105,11 +105,9 @@ impl Recorder {
         let mut global = false;
         let tls = spec.and_then(|s| s.tls.as_ref()).into_iter().flatten();
         for host in tls.flat_map(|t| t.hosts.iter().flatten()) {
-            let host = host.trim();
-            if host.is_empty() {
-                continue;
-            }
+            // `parse` trims; a blank host (no certificate entry) is `Any`.
             match HostKey::parse(Some(host)) {
+                Ok(HostKey::Any) => {}
                 Ok(key) => {
                     hosts.insert(key);
                 }
