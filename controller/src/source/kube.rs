@@ -36,7 +36,7 @@ use std::fmt::Debug;
 use tokio::sync::{mpsc, watch};
 
 use super::lean::Lean;
-pub use super::watch::{trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
+pub use super::watch::{fit, trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION};
 use super::watch::{Listed, Seen, SharedIngresses, SyncCountdown, Task};
 use super::SourceEvent;
 use crate::compact::Slice;
@@ -307,12 +307,7 @@ fn watch_ingresses(
     for (i, (api, config)) in each_watch(&apis, &configs).enumerate() {
         let stream = watcher(api, config)
             .backoff(WatchBackoff::default())
-            .map(move |event| {
-                (
-                    i,
-                    event.map(|event| lean(event, stored::<Ingress, Ingress>)),
-                )
-            });
+            .map(move |event| (i, event.map(|event| lean(event, stored_ingress))));
         streams.push(stream.boxed());
     }
     let ingresses = SharedIngresses::new(streams.len());
@@ -372,6 +367,13 @@ fn lean<W, K>(event: watcher::Event<Lean<W>>, into: impl Fn(W) -> K) -> watcher:
 fn stored<W: Resource + 'static, K: From<W>>(mut object: W) -> K {
     trim(&mut object);
     object.into()
+}
+
+/// An Ingress trimmed ([`trim`]) and without spare list capacity ([`fit`]).
+fn stored_ingress(object: Ingress) -> Ingress {
+    let mut ingress: Ingress = stored(object);
+    fit(&mut ingress);
+    ingress
 }
 
 /// The events of one kind's watches, each with the index of its watch.
@@ -491,6 +493,46 @@ mod tests {
             panic!("a relist replaces the kind");
         };
         assert_eq!(objects.len(), 3);
+    }
+
+    #[test]
+    fn stored_ingresses_keep_no_spare_list_capacity() {
+        let text = r#"{
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "web", "namespace": "a", "finalizers": ["x"]},
+            "spec": {
+                "tls": [{"hosts": ["web.example"], "secretName": "web"}],
+                "rules": [{"host": "web.example", "http": {"paths": [
+                    {"path": "/api", "pathType": "Prefix",
+                     "backend": {"service": {"name": "api", "port": {"number": 80}}}},
+                    {"path": "/", "pathType": "Prefix",
+                     "backend": {"service": {"name": "web", "port": {"name": "http"}}}}
+                ]}}]
+            },
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}, {"ip": "2001:db8::1"}]}}
+        }"#;
+        let decoded: Lean<Ingress> = serde_json::from_str(text).unwrap();
+        let as_decoded = decoded.0.clone();
+        let ingress = stored_ingress(decoded.0);
+        assert_eq!(ingress, as_decoded, "fitting changes no value");
+        let fits = |len: usize, capacity: usize| len == capacity;
+        let spec = ingress.spec.as_ref().unwrap();
+        let rules = spec.rules.as_ref().unwrap();
+        assert!(fits(rules.len(), rules.capacity()), "{}", rules.capacity());
+        let paths = &rules[0].http.as_ref().unwrap().paths;
+        assert!(fits(paths.len(), paths.capacity()), "{}", paths.capacity());
+        let tls = spec.tls.as_ref().unwrap();
+        assert!(fits(tls.len(), tls.capacity()));
+        let hosts = tls[0].hosts.as_ref().unwrap();
+        assert!(fits(hosts.len(), hosts.capacity()));
+        let finalizers = ingress.metadata.finalizers.as_ref().unwrap();
+        assert!(fits(finalizers.len(), finalizers.capacity()));
+        let status = ingress
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref());
+        let addresses = status.and_then(|b| b.ingress.as_ref()).unwrap();
+        assert!(fits(addresses.len(), addresses.capacity()));
     }
 
     #[tokio::test]

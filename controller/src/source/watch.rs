@@ -37,6 +37,44 @@ pub fn trim<K: Resource + 'static>(object: &mut K) {
     }
 }
 
+/// Gives back the spare capacity of an Ingress's lists. The JSON decoder cannot know a list's
+/// length before its end, so each list grows by doubling from 4: an Ingress of one rule with
+/// two paths kept room for four of each (768 and 192 bytes in jemalloc's classes where 384 and
+/// 48 hold them: 5 MiB at 10,000 Ingresses), for as long as the Ingress is stored.
+pub fn fit(ingress: &mut Ingress) {
+    let meta = &mut ingress.metadata;
+    shrink(&mut meta.finalizers);
+    shrink(&mut meta.owner_references);
+    if let Some(spec) = ingress.spec.as_mut() {
+        for tls in spec.tls.iter_mut().flatten() {
+            shrink(&mut tls.hosts);
+        }
+        shrink(&mut spec.tls);
+        for rule in spec.rules.iter_mut().flatten() {
+            if let Some(http) = rule.http.as_mut() {
+                http.paths.shrink_to_fit();
+            }
+        }
+        shrink(&mut spec.rules);
+    }
+    let balancer = ingress
+        .status
+        .as_mut()
+        .and_then(|s| s.load_balancer.as_mut());
+    if let Some(balancer) = balancer {
+        for entry in balancer.ingress.iter_mut().flatten() {
+            shrink(&mut entry.ports);
+        }
+        shrink(&mut balancer.ingress);
+    }
+}
+
+fn shrink<T>(list: &mut Option<Vec<T>>) {
+    if let Some(list) = list {
+        list.shrink_to_fit();
+    }
+}
+
 /// The retry delays of a failing watch: 0.5 s doubling up to 5 s, each with up to 25 % jitter,
 /// back to 0.5 s after a good event. Shorter than kube-runtime's default (up to 30 s), so routes
 /// catch up within seconds once the API server is back; five watches at most every 5 s are
