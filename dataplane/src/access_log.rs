@@ -189,7 +189,7 @@ impl Entry {
 /// A JSON string, escaped as `serde_json` escapes one (quotes, backslashes and control
 /// characters); a plain copy when there is nothing to escape, as in almost every field.
 fn write_str(out: &mut Vec<u8>, s: &str) -> io::Result<()> {
-    if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    if needs_escape(s.as_bytes()) {
         return serde_json::to_writer(&mut *out, s).map_err(io::Error::from);
     }
     out.reserve(s.len() + 2);
@@ -197,6 +197,31 @@ fn write_str(out: &mut Vec<u8>, s: &str) -> io::Result<()> {
     out.extend_from_slice(s.as_bytes());
     out.push(b'"');
     Ok(())
+}
+
+/// Whether a string has a byte JSON escapes: a control character, `"` or `\`. Eight bytes at
+/// a time (the usual "has a byte less than n" and "has a zero byte" word tricks, exact for the
+/// question whether any byte is), as every line has eight strings or so to check.
+fn needs_escape(s: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let less_than = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let mut words = s.chunks_exact(8);
+    for word in &mut words {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(word);
+        let x = u64::from_ne_bytes(bytes);
+        let quote = zero(x ^ (ONES * u64::from(b'"')));
+        let backslash = zero(x ^ (ONES * u64::from(b'\\')));
+        if less_than(x, 0x20) | quote | backslash != 0 {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
 /// [`write_str`], or `null`.
@@ -552,6 +577,19 @@ pub(crate) fn owned_uri(uri: &Uri) -> Uri {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    proptest::proptest! {
+        #[test]
+        fn strings_are_escaped_exactly_when_serde_json_would(
+            s in proptest::string::string_regex("[ -~\\x00-\\x1f\\x7f\\u{80}-\\u{3000}]{0,40}").unwrap(),
+        ) {
+            let plain = !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\');
+            proptest::prop_assert_eq!(needs_escape(s.as_bytes()), !plain);
+            let mut out = Vec::new();
+            write_str(&mut out, &s).unwrap();
+            proptest::prop_assert_eq!(out, serde_json::to_vec(&s).unwrap());
+        }
+    }
 
     /// An address written by `write_ip` (and `write_socket_addr`) as `Display` writes it.
     fn check_ip(ip: IpAddr) {
