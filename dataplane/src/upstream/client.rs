@@ -490,7 +490,13 @@ fn parse_head(
             }),
     );
     let head = buf.split_to(len).freeze();
-    let mut map = HeaderMap::with_capacity(spans.len());
+    // The map built in the response's own (empty, unallocated) one: not built beside it, moved
+    // in and the empty one dropped.
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = version;
+    let map = response.headers_mut();
+    map.reserve(spans.len());
     for &(name_at, name_end, value_at, value_end) in spans.iter() {
         let name = HeaderName::from_bytes(&head[name_at..name_end])
             .map_err(|_| ClientError::Invalid("header name"))?;
@@ -498,10 +504,6 @@ fn parse_head(
             .map_err(|_| ClientError::Invalid("header value"))?;
         map.append(name, value);
     }
-    let mut response = Response::new(());
-    *response.status_mut() = status;
-    *response.version_mut() = version;
-    *response.headers_mut() = map;
     Ok(Some((response, fields)))
 }
 
