@@ -88,53 +88,61 @@ pub fn request_host<B>(req: &Request<B>) -> Result<ValidHost, HostError> {
 
 /// `host [":" port]`: a DNS name (letters, digits, `-` and `_`, dot-separated labels of 1 to 63
 /// bytes, 253 in all, one trailing dot allowed), an IPv4 address, or `[IPv6]`; the port 1 to 5
-/// digits up to 65535.
+/// digits up to 65535. Read as bytes (every host it accepts is ASCII, so anything else fails),
+/// without a UTF-8 pass or a string search first: every request's host goes through it.
 pub fn is_valid_host(host: &[u8]) -> bool {
-    let Ok(host) = std::str::from_utf8(host) else {
-        return false;
-    };
     let (name, port) = split_port(host);
     if let Some(port) = port {
-        let digits =
-            !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
-        if !digits || port.parse::<u32>().map_or(true, |p| p > 65535) {
+        if port.is_empty() || port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
+            return false;
+        }
+        let value = port
+            .iter()
+            .fold(0u32, |value, &digit| value * 10 + u32::from(digit - b'0'));
+        if value > 65535 {
             return false;
         }
     }
-    if let Some(inner) = name.strip_prefix('[') {
+    if let Some(inner) = name.strip_prefix(b"[") {
         return inner
-            .strip_suffix(']')
+            .strip_suffix(b"]")
+            .and_then(|ip| std::str::from_utf8(ip).ok())
             .is_some_and(|ip| ip.parse::<Ipv6Addr>().is_ok());
     }
     // Every IPv4 address is also a DNS name by these rules: the name check, one pass, goes first.
-    is_dns_name(name) || name.parse::<Ipv4Addr>().is_ok()
+    is_dns_name(name)
+        || std::str::from_utf8(name).is_ok_and(|name| name.parse::<Ipv4Addr>().is_ok())
 }
 
 /// Splits `host:port` (`[v6]:port`); the port is `None` without a colon after the host.
-fn split_port(host: &str) -> (&str, Option<&str>) {
-    if host.starts_with('[') {
-        return match host.find(']') {
+fn split_port(host: &[u8]) -> (&[u8], Option<&[u8]>) {
+    if host.first() == Some(&b'[') {
+        return match host.iter().position(|&b| b == b']') {
             Some(end) => match &host[end + 1..] {
-                "" => (host, None),
-                rest => match rest.strip_prefix(':') {
-                    Some(port) => (&host[..=end], Some(port)),
-                    // `[::1]x`: keep it whole so it fails as a name.
-                    None => (host, None),
-                },
+                [] => (host, None),
+                [b':', port @ ..] => (&host[..=end], Some(port)),
+                // `[::1]x`: keep it whole so it fails as a name.
+                _ => (host, None),
             },
             None => (host, None),
         };
     }
-    match host.rsplit_once(':') {
-        Some((name, port)) => (name, Some(port)),
+    match last_colon(host) {
+        Some(i) => (&host[..i], Some(&host[i + 1..])),
         None => (host, None),
     }
 }
 
+/// The index of the last `:` in `host`: a plain backward loop (a host is a few dozen bytes, for
+/// which `rfind`'s searcher costs more than it saves).
+fn last_colon(host: &[u8]) -> Option<usize> {
+    host.iter().rposition(|&b| b == b':')
+}
+
 /// Dot-separated labels of 1 to 63 letters, digits, `-` and `_`, 253 bytes in all, one trailing
 /// dot allowed; checked in one pass (every request's host goes through it).
-fn is_dns_name(name: &str) -> bool {
-    let name = name.strip_suffix('.').unwrap_or(name).as_bytes();
+fn is_dns_name(name: &[u8]) -> bool {
+    let name = name.strip_suffix(b".").unwrap_or(name);
     if name.is_empty() || name.len() > 253 {
         return false;
     }
@@ -196,14 +204,16 @@ pub fn lookup<'a, V>(
 
 /// Removes a `:port` from a Host value, keeping IPv6 literals in brackets (`[::1]:80` -> `[::1]`).
 pub fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return match host.find(']') {
+    let bytes = host.as_bytes();
+    if bytes.first() == Some(&b'[') {
+        return match bytes.iter().position(|&b| b == b']') {
             Some(end) => &host[..=end],
             None => host,
         };
     }
-    match host.rfind(':') {
-        Some(i) if host[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &host[..i],
+    // The cut is at an ASCII byte, so a character boundary.
+    match last_colon(bytes) {
+        Some(i) if bytes[i + 1..].iter().all(u8::is_ascii_digit) => &host[..i],
         _ => host,
     }
 }
@@ -275,16 +285,108 @@ mod tests {
             })
     }
 
+    /// [`is_valid_host`] as written before its byte-wise form (a UTF-8 pass, then `rsplit_once`).
+    fn valid_host_by_str(host: &[u8]) -> bool {
+        let Ok(host) = std::str::from_utf8(host) else {
+            return false;
+        };
+        let (name, port) = if host.starts_with('[') {
+            match host.find(']') {
+                Some(end) => match &host[end + 1..] {
+                    "" => (host, None),
+                    rest => match rest.strip_prefix(':') {
+                        Some(port) => (&host[..=end], Some(port)),
+                        None => (host, None),
+                    },
+                },
+                None => (host, None),
+            }
+        } else {
+            match host.rsplit_once(':') {
+                Some((name, port)) => (name, Some(port)),
+                None => (host, None),
+            }
+        };
+        if let Some(port) = port {
+            let digits =
+                !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+            if !digits || port.parse::<u32>().map_or(true, |p| p > 65535) {
+                return false;
+            }
+        }
+        if let Some(inner) = name.strip_prefix('[') {
+            return inner
+                .strip_suffix(']')
+                .is_some_and(|ip| ip.parse::<Ipv6Addr>().is_ok());
+        }
+        dns_name_by_split(name) || name.parse::<Ipv4Addr>().is_ok()
+    }
+
+    /// [`strip_port`] as written before (`rfind`).
+    fn strip_port_by_str(host: &str) -> &str {
+        if host.starts_with('[') {
+            return match host.find(']') {
+                Some(end) => &host[..=end],
+                None => host,
+            };
+        }
+        match host.rfind(':') {
+            Some(i) if host[i + 1..].bytes().all(|b| b.is_ascii_digit()) => &host[..i],
+            _ => host,
+        }
+    }
+
+    /// Hosts of both families, ports, brackets and bytes that are not ASCII (or not UTF-8).
+    fn host_bytes() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        let byte = proptest::sample::select(b"aZ09-_.:[]%/ \xffe\xc3\xbc\x80ab1:2::f[]".to_vec());
+        proptest::collection::vec(byte, 0..40)
+    }
+
+    #[test]
+    fn the_byte_wise_host_check_agrees_on_literals_of_both_families() {
+        for host in [
+            "[2001:db8::1]:8443",
+            "[2001:db8::1]:65536",
+            "[::1]x",
+            "[::1]:",
+            "[::ffff:192.0.2.1]",
+            "192.0.2.1:00443",
+            "192.0.2.256",
+            "256.1.1.1:80",
+            "a.test:123456",
+            "a.test::80",
+            "münchen.de:80",
+            "[::1",
+        ] {
+            assert_eq!(
+                is_valid_host(host.as_bytes()),
+                valid_host_by_str(host.as_bytes()),
+                "{host}"
+            );
+            assert_eq!(strip_port(host), strip_port_by_str(host), "{host}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_byte_wise_host_check_agrees_with_the_str_one(host in host_bytes()) {
+            proptest::prop_assert_eq!(is_valid_host(&host), valid_host_by_str(&host), "{:?}", host);
+            if let Ok(host) = std::str::from_utf8(&host) {
+                proptest::prop_assert_eq!(strip_port(host), strip_port_by_str(host));
+            }
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn the_one_pass_name_check_agrees_with_the_rules(name in "[a-zA-Z0-9._ -]{0,300}") {
-            proptest::prop_assert_eq!(is_dns_name(&name), dns_name_by_split(&name), "{}", name);
+            proptest::prop_assert_eq!(is_dns_name(name.as_bytes()), dns_name_by_split(&name), "{}", name);
         }
 
         #[test]
         fn the_one_pass_name_check_agrees_on_long_labels(a in 0usize..70, b in 0usize..70, dot in proptest::bool::ANY) {
             let name = format!("{}.{}{}", "a".repeat(a), "b".repeat(b), if dot { "." } else { "" });
-            proptest::prop_assert_eq!(is_dns_name(&name), dns_name_by_split(&name));
+            proptest::prop_assert_eq!(is_dns_name(name.as_bytes()), dns_name_by_split(&name));
         }
     }
 

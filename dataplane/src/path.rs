@@ -16,23 +16,41 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, EncodedTraversal> {
     if !path.starts_with('/') {
         return Ok(Cow::Borrowed(path));
     }
-    let path = if needs_resolving(path) {
-        Cow::Owned(resolve(path))
+    let (resolving, encoded) = scan(path.as_bytes());
+    let (path, encoded) = if resolving {
+        let resolved = resolve(path);
+        let encoded = resolved.contains(['%', '\\']);
+        (Cow::Owned(resolved), encoded)
     } else {
-        Cow::Borrowed(path)
+        (Cow::Borrowed(path), encoded)
     };
-    if path.contains('%') || path.contains('\\') {
+    if encoded {
         check_encoded(&path)?;
     }
     Ok(path)
 }
 
-/// Whether the path has `//`, or a `.` or `..` segment.
-fn needs_resolving(path: &str) -> bool {
-    path.contains("//")
-        || path
-            .split('/')
-            .any(|segment| segment == "." || segment == "..")
+/// One pass over a path: whether it needs resolving (it has `//`, or a `.` or `..` segment)
+/// and whether it has a `%` or `\` (then [`check_encoded`] reads it). Every request's path goes
+/// through it, mostly short: a byte loop, no substring searcher.
+fn scan(path: &[u8]) -> (bool, bool) {
+    let (mut resolving, mut encoded) = (false, false);
+    let mut start = 0;
+    for (i, &b) in path.iter().enumerate() {
+        match b {
+            b'/' => {
+                let segment = &path[start..i];
+                let repeated = i > 0 && path[i - 1] == b'/';
+                resolving |= repeated || segment == b"." || segment == b"..";
+                start = i + 1;
+            }
+            b'%' | b'\\' => encoded = true,
+            _ => {}
+        }
+    }
+    let last = &path[start..];
+    resolving |= last == b"." || last == b"..";
+    (resolving, encoded)
 }
 
 /// Merges slashes and resolves dot segments; `..` above the root stays at the root. A trailing
@@ -120,6 +138,50 @@ mod tests {
             ("*", "*"),
         ] {
             assert_eq!(normalize(given).as_deref(), Ok(want), "{given}");
+        }
+    }
+
+    /// Whether a path needs resolving and reading for encodings, as written before [`scan`].
+    fn scan_by_search(path: &str) -> (bool, bool) {
+        let resolving = path.contains("//")
+            || path
+                .split('/')
+                .any(|segment| segment == "." || segment == "..");
+        (resolving, path.contains('%') || path.contains('\\'))
+    }
+
+    #[test]
+    fn the_one_pass_scan_agrees_on_the_listed_paths() {
+        for path in [
+            "/",
+            "//",
+            "/a//",
+            "/.",
+            "/..",
+            "/a/.b",
+            "/a/..",
+            "/a/../",
+            "/./",
+            "/%2e",
+            "/a\\b",
+            "/a/..b/c.",
+        ] {
+            assert_eq!(scan(path.as_bytes()), scan_by_search(path), "{path}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_one_pass_scan_agrees_with_the_searches(path in "/[a./%\\\\]{0,24}") {
+            proptest::prop_assert_eq!(scan(path.as_bytes()), scan_by_search(&path), "{}", path);
+            let normalized = normalize(&path).map(|p| p.into_owned());
+            let resolved = if scan_by_search(&path).0 { resolve(&path) } else { path.clone() };
+            let want = if resolved.contains('%') || resolved.contains('\\') {
+                check_encoded(&resolved).map(|()| resolved)
+            } else {
+                Ok(resolved)
+            };
+            proptest::prop_assert_eq!(normalized, want);
         }
     }
 

@@ -38,8 +38,11 @@ pub struct Steered<'a> {
 
 static NONE: Pinning = Pinning::None;
 
-/// The live backends by id, as the proxy holds them.
-pub type Backends = std::collections::HashMap<BackendId, std::sync::Arc<LiveBackend>>;
+/// The live backends by id, as the proxy holds them: keyed by the snapshot's backend ids (never
+/// by what a client sends), so hashed fast (foldhash, seeded per process), as every request
+/// looks its backend up.
+pub type Backends =
+    std::collections::HashMap<BackendId, std::sync::Arc<LiveBackend>, foldhash::fast::RandomState>;
 
 /// Chooses the backend of a request and reads what pins its target. A request whose affinity
 /// cookie names a pod of one of the route's backends stays on that backend before any canary
@@ -279,7 +282,7 @@ mod tests {
             &target,
             "Example.com:80",
             client.parse().unwrap(),
-            &Backends::new(),
+            &Backends::default(),
         );
         s.value
     }

@@ -12,6 +12,7 @@ use crate::upstream::{role, Role};
 // Names used on every request, as statics: a `header::*` constant is a value, copied (a call to
 // `memcpy`) wherever it is used.
 static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
+static UPGRADE: HeaderName = header::UPGRADE;
 
 /// The request target in origin form with its path normalised ([`crate::path`]) and its query
 /// as received.
@@ -85,27 +86,60 @@ pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
 /// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // One pass over the (few) names present, each classified by its length and bytes
-    // (`upstream::role`, the client's list for response heads) instead of a hashed lookup or
-    // removal per hop-by-hop name: most requests carry none of them, most responses only
-    // `Connection: keep-alive`. A map's names are distinct, so the eight the list knows fit.
-    let mut hop: [Option<HeaderName>; 8] = Default::default();
-    let mut found = 0;
-    let (mut length, mut transfer_encoding) = (false, false);
-    for name in headers.keys() {
-        match role(name.as_str().as_bytes()) {
-            Role::EndToEnd => continue,
-            Role::ContentLength => length = true,
-            hop_by_hop => {
-                transfer_encoding |= hop_by_hop == Role::TransferEncoding;
-                if let Some(slot) = hop.get_mut(found) {
-                    // Cheap: the eight are standard names or static ones.
-                    *slot = Some(name.clone());
-                    found += 1;
+    let hops = Hops::of(headers);
+    strip_hops(headers, hops, keep_upgrade);
+}
+
+/// What one pass over a head's names found: its hop-by-hop names (at most the eight
+/// `upstream::role` knows: a map's names are distinct), and whether it has `Content-Length`,
+/// `Transfer-Encoding` and `Upgrade`. Read once per request and used three times (the WebSocket
+/// check, the strip and the framing) instead of a hashed lookup each.
+#[derive(Default)]
+pub(super) struct Hops {
+    names: [Option<HeaderName>; 8],
+    found: usize,
+    /// The head has a `Content-Length`.
+    pub content_length: bool,
+    transfer_encoding: bool,
+    /// The head has an `Upgrade`.
+    pub upgrade: bool,
+}
+
+impl Hops {
+    /// One pass over the (few) names present, each classified by its length and bytes
+    /// (`upstream::role`, the client's list for response heads) instead of a hashed lookup or
+    /// removal per hop-by-hop name: most requests carry none of them, most responses only
+    /// `Connection: keep-alive`.
+    pub(super) fn of(headers: &HeaderMap) -> Hops {
+        let mut hops = Hops::default();
+        for name in headers.keys() {
+            match role(name.as_str().as_bytes()) {
+                Role::EndToEnd => continue,
+                Role::ContentLength => hops.content_length = true,
+                hop_by_hop => {
+                    hops.transfer_encoding |= hop_by_hop == Role::TransferEncoding;
+                    hops.upgrade |= *name == UPGRADE;
+                    if let Some(slot) = hops.names.get_mut(hops.found) {
+                        // Cheap: the eight are standard names or static ones.
+                        *slot = Some(name.clone());
+                        hops.found += 1;
+                    }
                 }
             }
         }
+        hops
     }
+}
+
+/// [`strip_hop_by_hop`] with the names already read.
+fn strip_hops(headers: &mut HeaderMap, hops: Hops, keep_upgrade: bool) {
+    let Hops {
+        names: hop,
+        found,
+        content_length: length,
+        transfer_encoding,
+        ..
+    } = hops;
     // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
     // §6.3); the body is re-framed on the way out, so the stale length must not survive.
     if length && transfer_encoding {
@@ -151,13 +185,13 @@ pub(super) fn prepare_request<B>(
     host: &ValidHost,
     target: Uri,
     conn: &ConnInfo,
-    upgrade: bool,
+    (hops, upgrade): (Hops, bool),
     deferred: bool,
 ) {
     *req.uri_mut() = target;
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
-    strip_hop_by_hop(headers, upgrade);
+    strip_hops(headers, hops, upgrade);
     if host.is_empty() {
         headers.remove(header::HOST);
     } else {
@@ -285,7 +319,8 @@ mod tests {
                 .unwrap();
             let host = crate::host::request_host(&req).unwrap();
             let target = origin_form(req.uri()).unwrap();
-            prepare_request(&mut req, &host, target, &conn, false, false);
+            let hops = Hops::of(req.headers());
+            prepare_request(&mut req, &host, target, &conn, (hops, false), false);
             let h = req.headers();
             assert_eq!(h["x-forwarded-for"], ip);
             assert_eq!(h["x-real-ip"], ip);
@@ -315,7 +350,8 @@ mod tests {
             .unwrap();
         let host = crate::host::request_host(&req).unwrap();
         let target = origin_form(req.uri()).unwrap();
-        prepare_request(&mut req, &host, target, &conn, false, false);
+        let hops = Hops::of(req.headers());
+        prepare_request(&mut req, &host, target, &conn, (hops, false), false);
         assert_eq!(req.uri(), "/x/y?z");
         assert_eq!(req.version(), Version::HTTP_11);
         assert_eq!(req.headers()[header::HOST], "demo.local");

@@ -442,19 +442,32 @@ fn upstream_request(
     deferred: bool,
 ) -> (Request<UpstreamBody>, Option<OnUpgrade>) {
     let trailers = plan.protocol.is_h2() && crate::upstream::wants_trailers(req.headers());
-    let upgrade = headers::is_websocket_upgrade(req.headers());
+    let hops = headers::Hops::of(req.headers());
+    let upgrade = hops.upgrade && headers::is_websocket_upgrade(req.headers());
+    // Only a head that had a `Content-Length` (or that filters may have given one) has one to
+    // replace or drop.
+    let length_check = hops.content_length || routed.matched.action.filters.is_some();
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let length = req.body().size_hint().exact();
     let target = match routed.upstream_target.take() {
         Some(rewritten) => rewritten,
         None => std::mem::take(&mut routed.target),
     };
-    headers::prepare_request(&mut req, &routed.host, target, conn, upgrade, deferred);
+    headers::prepare_request(
+        &mut req,
+        &routed.host,
+        target,
+        conn,
+        (hops, upgrade),
+        deferred,
+    );
     crate::policy::set_upstream_host(routed.matched.action, req.headers_mut());
     if let Some(filters) = routed.matched.action.filters.as_deref() {
         filters.prepare_upstream(plan.steered.backend.as_str(), req.headers_mut());
     }
-    headers::declare_length(req.headers_mut(), length);
+    if length_check {
+        headers::declare_length(req.headers_mut(), length);
+    }
     if trailers {
         crate::upstream::keep_trailers(&mut req);
     }
