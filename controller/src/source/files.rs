@@ -536,7 +536,9 @@ impl FileSource {
                 present.push(path);
             }
         }
-        present.sort();
+        // All in one folder: sorted by name, as by path (whose comparison goes component by
+        // component: 1 % of the start's CPU, on the thread before the reads begin).
+        present.sort_unstable_by(|a, b| a.file_name().cmp(&b.file_name()));
         Ok(present)
     }
 
