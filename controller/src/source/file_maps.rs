@@ -24,7 +24,14 @@ impl<V> Default for PathMap<V> {
 
 impl<V> PathMap<V> {
     fn find(&self, path: &Path) -> Result<usize, usize> {
-        self.0.binary_search_by(|(p, _)| (**p).cmp(path))
+        // A full scan looks each file up and inserts it in path order: past the last path, one
+        // comparison instead of a binary search's 16 (at 40,001 files; `Path`s compare by
+        // component, 2 % of the start's CPU on the thread that records the reads, s12-start).
+        match self.0.last() {
+            None => Err(0),
+            Some((last, _)) if **last < *path => Err(self.0.len()),
+            Some(_) => self.0.binary_search_by(|(p, _)| (**p).cmp(path)),
+        }
     }
 
     /// The value of `path`.
