@@ -1,6 +1,5 @@
 //! The live state of the dataplane: the current snapshot with balancer state, swapped atomically.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,7 +77,7 @@ const PARALLEL_APPLY_BACKENDS: usize = 2048;
 
 /// The live backends of `snapshot`: those of `old` whose backend is the same `Arc`, the others
 /// built (carrying per-target state over by `TargetId`); and whether any changed.
-fn live_backends(old: &Live, snapshot: &Snapshot) -> (HashMap<BackendId, Arc<LiveBackend>>, bool) {
+fn live_backends(old: &Live, snapshot: &Snapshot) -> (crate::policy::Backends, bool) {
     let mut changed = old.backends.len() != snapshot.backends.len();
     let backends = snapshot
         .backends
@@ -132,7 +131,7 @@ pub struct Live {
     /// The snapshot as published.
     pub snapshot: Arc<Snapshot>,
     /// Backends with their balancer state.
-    pub backends: HashMap<BackendId, Arc<LiveBackend>>,
+    pub backends: crate::policy::Backends,
     /// Metric handles of the snapshot's routes.
     pub metrics: LiveMetrics,
     /// The TLS client configurations of the snapshot's upstream TLS settings.

@@ -39,7 +39,7 @@ pub struct Steered<'a> {
 static NONE: Pinning = Pinning::None;
 
 /// The live backends by id, as the proxy holds them.
-pub type Backends = std::collections::HashMap<BackendId, std::sync::Arc<LiveBackend>>;
+pub type Backends = crate::table::BackendMap<std::sync::Arc<LiveBackend>>;
 
 /// Chooses the backend of a request and reads what pins its target. A request whose affinity
 /// cookie names a pod of one of the route's backends stays on that backend before any canary

@@ -2,7 +2,6 @@
 //! ([`Runtime::apply_changed`](crate::runtime::Runtime::apply_changed)): work proportional to
 //! what changed, everything else carried over by pointer.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::Live;
@@ -27,7 +26,7 @@ pub(crate) fn live_backends(
     live: &Live,
     snapshot: &Snapshot,
     changed: &[BackendId],
-) -> HashMap<BackendId, Arc<LiveBackend>> {
+) -> crate::policy::Backends {
     let mut backends = live.backends.clone();
     for id in changed {
         let Some(backend) = snapshot.backends.get(id) else {
