@@ -1,7 +1,6 @@
 //! Snapshot build from 5,000 Ingresses and 50,000 endpoints (1,000 Services of 25 dual-stack
 //! pods, each in an IPv4 and an IPv6 EndpointSlice), whole and endpoint-only.
 
-use std::collections::HashMap;
 use std::hint::black_box;
 
 use controller::translate::{self, build_backends, plan_routes, Config, Inputs};
@@ -131,7 +130,7 @@ fn build(c: &mut Criterion) {
     g.bench_function("routes_only", |b| {
         b.iter(|| plan_routes(black_box(&inputs), &config))
     });
-    let previous: HashMap<_, _> = snapshot.backends.clone();
+    let previous = snapshot.backends.clone();
     g.bench_function("endpoints_only_reusing_unchanged", |b| {
         b.iter(|| build_backends(black_box(&plan), &inputs, &config, &previous))
     });

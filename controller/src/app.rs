@@ -6,13 +6,13 @@
 //! change touching only EndpointSlices reuses the previous route plan, so the new snapshot shares
 //! the old `Arc<RouteTable>`; backends equal by value keep their `Arc` either way.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dataplane::admin::DebugExtra;
-use dataplane::{Backend, BackendId, Runtime, Snapshot};
+use dataplane::{Backend, BackendId, BackendMap, Runtime, Snapshot};
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -349,7 +349,7 @@ impl App {
     ) -> Option<(Backends, Option<Vec<BackendId>>)> {
         let plan = self.plan.as_ref()?;
         let config = &self.config.translate;
-        let empty = HashMap::new();
+        let empty = BackendMap::new();
         let previous = self.published.as_ref().map_or(&empty, |s| &s.backends);
         if let (Some(old), Some(_)) = (&replaced, &self.published) {
             let index = &self.index;
@@ -570,7 +570,7 @@ impl App {
 }
 
 /// Backends by id, as a snapshot holds them.
-type Backends = HashMap<BackendId, Arc<Backend>>;
+type Backends = BackendMap<Arc<Backend>>;
 
 /// Drops what a route rebuild replaced (the previous plan and snapshot: at the issue-13 size
 /// tens of thousands of allocations) beside the publish instead of before it returns.
@@ -582,7 +582,7 @@ fn retire<T: Send + 'static>(value: Option<T>) {
 
 /// Whether every backend in `new` is the same `Arc` as in `old`.
 fn same_backends<'a>(
-    old: &HashMap<BackendId, Arc<Backend>>,
+    old: &BackendMap<Arc<Backend>>,
     mut new: impl Iterator<Item = (&'a BackendId, &'a Arc<Backend>)>,
 ) -> bool {
     new.all(|(id, b)| old.get(id).is_some_and(|o| Arc::ptr_eq(o, b)))
@@ -679,6 +679,7 @@ spec: {ports: [{port: 80}]}
         assert_eq!(first.version, 1);
         assert!(runtime.is_ready());
 
+        let live_before = runtime.load_full();
         let impact_pending = app.ingest(changes(&slice("b", "10.0.0.3")));
         assert!(impact_pending);
         assert!(
@@ -705,6 +706,15 @@ spec: {ports: [{port: 80}]}
             Some("10.0.0.3:8080".parse().unwrap())
         );
         assert!(Arc::ptr_eq(&runtime.load().snapshot, &second));
+        // The change copied the changed backend's shard of the snapshot's and the live maps; the
+        // others are the previous ones (work proportional to the change, not to the backends).
+        let shards = dataplane::table::backend_map::SHARDS;
+        assert_eq!(second.backends.shared_shards(&first.backends), shards - 1);
+        let live_after = runtime.load_full();
+        assert_eq!(
+            live_after.backends.shared_shards(&live_before.backends),
+            shards - 1
+        );
     }
 
     #[test]
@@ -948,7 +958,7 @@ spec: {ports: [{port: 80}]}
             let snapshot = app.publish().expect("published");
             let inputs = app.index().inputs();
             let (full, diagnostics) = translate::build(&inputs, &app.config.translate);
-            let by_value = |s: &Snapshot| -> HashMap<BackendId, Backend> {
+            let by_value = |s: &Snapshot| -> std::collections::HashMap<BackendId, Backend> {
                 s.backends
                     .iter()
                     .map(|(k, v)| (k.clone(), (**v).clone()))

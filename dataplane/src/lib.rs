@@ -43,6 +43,6 @@ pub mod x509;
 
 pub use runtime::{Live, ProxyConfig, Runtime};
 pub use table::{
-    Backend, BackendId, Family, FamilyPolicy, LbPolicy, Origin, PathMatch, PathRule, RouteAction,
-    RouteTable, Snapshot, Target, TargetId, TargetKey, TargetV6,
+    Backend, BackendId, BackendMap, Family, FamilyPolicy, LbPolicy, Origin, PathMatch, PathRule,
+    RouteAction, RouteTable, Snapshot, Target, TargetId, TargetKey, TargetV6,
 };

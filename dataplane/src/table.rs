@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
+pub use backend_map::BackendMap;
+
+pub mod backend_map;
 pub mod gateway;
 pub mod key;
 pub mod passthrough;
@@ -351,26 +354,37 @@ struct BackendName {
     id: Box<str>,
     namespace: Arc<str>,
     service: Arc<str>,
+    /// The [`BackendMap`] shard of `id`, chosen once here rather than at every lookup.
+    shard: u8,
+}
+
+impl BackendId {
+    /// The id `id` of the Service `namespace/service`.
+    fn from_parts(id: Box<str>, namespace: Arc<str>, service: Arc<str>) -> BackendId {
+        let shard = backend_map::shard_of(&id);
+        BackendId(Arc::new(BackendName {
+            id,
+            namespace,
+            service,
+            shard,
+        }))
+    }
 }
 
 impl BackendId {
     /// The id of a Service port; `port` is the port's number or name as the Ingress wrote it.
     pub fn new(namespace: &str, service: &str, port: &str) -> BackendId {
-        BackendId(Arc::new(BackendName {
-            id: format!("{namespace}/{service}:{port}").into(),
-            namespace: namespace.into(),
-            service: service.into(),
-        }))
+        BackendId::from_parts(
+            format!("{namespace}/{service}:{port}").into(),
+            namespace.into(),
+            service.into(),
+        )
     }
 
     /// A backend that does not resolve (a Gateway API backendRef to a missing Service, a kind
     /// duet does not serve, a reference not granted): requests routed to it get 500.
     pub fn unresolved(what: &str) -> BackendId {
-        BackendId(Arc::new(BackendName {
-            id: format!("{UNRESOLVED}{what}").into(),
-            namespace: "".into(),
-            service: "".into(),
-        }))
+        BackendId::from_parts(format!("{UNRESOLVED}{what}").into(), "".into(), "".into())
     }
 
     /// Whether the id is an [`unresolved`](BackendId::unresolved) backend's.
@@ -392,6 +406,11 @@ impl BackendId {
     pub fn service(&self) -> &Arc<str> {
         &self.0.service
     }
+
+    /// Its [`BackendMap`] shard.
+    fn shard(&self) -> usize {
+        usize::from(self.0.shard)
+    }
 }
 
 impl FromStr for BackendId {
@@ -402,11 +421,11 @@ impl FromStr for BackendId {
     fn from_str(s: &str) -> Result<BackendId, Self::Err> {
         let (namespace, rest) = s.split_once('/').unwrap_or(("", s));
         let service = rest.rsplit_once(':').map_or(rest, |(service, _)| service);
-        Ok(BackendId(Arc::new(BackendName {
-            id: s.into(),
-            namespace: namespace.into(),
-            service: service.into(),
-        })))
+        Ok(BackendId::from_parts(
+            s.into(),
+            namespace.into(),
+            service.into(),
+        ))
     }
 }
 
@@ -1312,7 +1331,7 @@ pub struct Snapshot {
     pub routes: Arc<RouteTable>,
     /// Backends by id; an endpoint-only change replaces one entry.
     #[serde(serialize_with = "sorted_backends")]
-    pub backends: HashMap<BackendId, Arc<Backend>>,
+    pub backends: BackendMap<Arc<Backend>>,
     /// Certificates.
     pub certs: Arc<CertTable>,
     /// Gateway API listeners by pod port ([`gateway`]).
@@ -1320,7 +1339,7 @@ pub struct Snapshot {
 }
 
 fn sorted_backends<S: Serializer>(
-    backends: &HashMap<BackendId, Arc<Backend>>,
+    backends: &BackendMap<Arc<Backend>>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     let sorted: std::collections::BTreeMap<&BackendId, &Arc<Backend>> = backends.iter().collect();

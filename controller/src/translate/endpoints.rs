@@ -12,11 +12,11 @@
 //! the cluster IP of each family instead of the pods; an ExternalName backend is one target
 //! holding its name's addresses ([`external`](super::external)).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use dataplane::{Backend, BackendId, Family, Target, TargetId, TargetKey};
+use dataplane::{Backend, BackendId, BackendMap, Family, Target, TargetId, TargetKey};
 
 use super::external::external_target;
 use super::{BackendSpec, Config, Diagnostic, Inputs, Reason, Resolved, RoutePlan};
@@ -33,8 +33,8 @@ pub fn build_backends(
     plan: &RoutePlan,
     inputs: &Inputs<'_>,
     config: &Config,
-    previous: &HashMap<BackendId, Arc<Backend>>,
-) -> (HashMap<BackendId, Arc<Backend>>, Vec<Diagnostic>) {
+    previous: &BackendMap<Arc<Backend>>,
+) -> (BackendMap<Arc<Backend>>, Vec<Diagnostic>) {
     let (backends, by_service) =
         build_backends_by_service(plan, &inputs.slices(), inputs.names, config, previous);
     let mut diagnostics: Vec<Diagnostic> = by_service.into_values().flatten().collect();
@@ -50,8 +50,8 @@ pub fn build_backends_by_service(
     endpoint_slices: &[&dyn SliceView],
     names: Option<&Resolved>,
     config: &Config,
-    previous: &HashMap<BackendId, Arc<Backend>>,
-) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
+    previous: &BackendMap<Arc<Backend>>,
+) -> (BackendMap<Arc<Backend>>, ServiceDiagnostics) {
     let used: BTreeSet<&NsName> = plan.backends.values().map(|s| &s.service).collect();
     let mut slices: BTreeMap<NsName, Vec<&dyn SliceView>> = BTreeMap::new();
     for slice in endpoint_slices {
@@ -62,7 +62,7 @@ pub fn build_backends_by_service(
         }
     }
     let mut diagnostics = ServiceDiagnostics::new();
-    let mut backends = HashMap::with_capacity(plan.backends.len());
+    let mut backends = BackendMap::with_capacity(plan.backends.len());
     for (id, spec) in &plan.backends {
         let of_service = slices
             .get(&spec.service)
@@ -84,8 +84,8 @@ pub fn build_backends_with<'a, S: SliceView + Sync + ?Sized + 'a>(
     slices_of: impl Fn(&NsName) -> Vec<&'a S> + Sync,
     names: Option<&Resolved>,
     config: &Config,
-    previous: &HashMap<BackendId, Arc<Backend>>,
-) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
+    previous: &BackendMap<Arc<Backend>>,
+) -> (BackendMap<Arc<Backend>>, ServiceDiagnostics) {
     let specs: Vec<(&BackendId, &BackendSpec)> = plan.backends.iter().collect();
     let parts = parallel_parts(specs.len());
     let build =
@@ -159,10 +159,10 @@ fn build_part<'a, S: SliceView + ?Sized + 'a>(
     slices_of: &impl Fn(&NsName) -> Vec<&'a S>,
     names: Option<&Resolved>,
     config: &Config,
-    previous: &HashMap<BackendId, Arc<Backend>>,
-) -> (HashMap<BackendId, Arc<Backend>>, ServiceDiagnostics) {
+    previous: &BackendMap<Arc<Backend>>,
+) -> (BackendMap<Arc<Backend>>, ServiceDiagnostics) {
     let mut diagnostics = ServiceDiagnostics::new();
-    let mut backends = HashMap::with_capacity(specs.len());
+    let mut backends = BackendMap::with_capacity(specs.len());
     let mut current: Option<(&NsName, Vec<&S>)> = None;
     for &(id, spec) in specs {
         if current.as_ref().is_none_or(|(s, _)| **s != spec.service) {
@@ -210,9 +210,9 @@ pub fn update_backends<'a, S: SliceView + ?Sized + 'a>(
     slices_of: impl Fn(&NsName) -> Vec<&'a S>,
     names: Option<&Resolved>,
     config: &Config,
-    previous: &HashMap<BackendId, Arc<Backend>>,
+    previous: &BackendMap<Arc<Backend>>,
     diagnostics: &mut ServiceDiagnostics,
-) -> Option<HashMap<BackendId, Arc<Backend>>> {
+) -> Option<BackendMap<Arc<Backend>>> {
     if previous.len() != plan.backends.len() {
         return None;
     }
@@ -245,9 +245,9 @@ pub fn update_backends_after_routes<'a, S: SliceView + ?Sized + 'a>(
     slices_of: impl Fn(&NsName) -> Vec<&'a S>,
     names: Option<&Resolved>,
     config: &Config,
-    previous: &HashMap<BackendId, Arc<Backend>>,
+    previous: &BackendMap<Arc<Backend>>,
     diagnostics: &mut ServiceDiagnostics,
-) -> HashMap<BackendId, Arc<Backend>> {
+) -> BackendMap<Arc<Backend>> {
     let mut again: BTreeSet<&NsName> = endpoints.iter().collect();
     for (id, spec) in &plan.backends {
         if old.backends.get(id) != Some(spec) || !previous.contains_key(id) {
@@ -261,7 +261,7 @@ pub fn update_backends_after_routes<'a, S: SliceView + ?Sized + 'a>(
     }
     let used: BTreeSet<&NsName> = plan.backends.values().map(|s| &s.service).collect();
     diagnostics.retain(|service, _| used.contains(service) && !again.contains(service));
-    let mut backends = HashMap::with_capacity(plan.backends.len());
+    let mut backends = BackendMap::with_capacity(plan.backends.len());
     for (id, spec) in &plan.backends {
         if let (false, Some(backend)) = (again.contains(&spec.service), previous.get(id)) {
             backends.insert(id.clone(), backend.clone());
@@ -285,7 +285,7 @@ fn backend_of<S: SliceView + ?Sized>(
     slices: &[&S],
     names: Option<&Resolved>,
     config: &Config,
-    previous: &HashMap<BackendId, Arc<Backend>>,
+    previous: &BackendMap<Arc<Backend>>,
 ) -> (Arc<Backend>, Vec<Diagnostic>) {
     let allow_loopback = config.allow_loopback_endpoints;
     let (targets, found) = match &spec.external_name {

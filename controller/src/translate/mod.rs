@@ -27,11 +27,11 @@ mod timeouts;
 mod translation;
 mod upstream;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use dataplane::table::CertTable;
-use dataplane::{Backend, BackendId, FamilyPolicy, LbPolicy, RouteTable, Snapshot};
+use dataplane::{Backend, BackendId, BackendMap, FamilyPolicy, LbPolicy, RouteTable, Snapshot};
 use k8s_openapi::api::core::v1::{Secret, Service};
 
 use crate::stored::{ServiceView, StoredService};
@@ -203,11 +203,7 @@ pub struct RoutePlan {
 }
 
 /// Assembles a snapshot from a plan and its backends.
-pub fn snapshot(
-    plan: &RoutePlan,
-    backends: HashMap<BackendId, Arc<Backend>>,
-    version: u64,
-) -> Snapshot {
+pub fn snapshot(plan: &RoutePlan, backends: BackendMap<Arc<Backend>>, version: u64) -> Snapshot {
     Snapshot {
         version,
         routes: plan.table.clone(),
@@ -231,7 +227,7 @@ pub fn plan_routes(inputs: &Inputs<'_>, config: &Config) -> RoutePlan {
 /// what it publishes). Diagnostics are sorted and free of duplicates.
 pub fn build(inputs: &Inputs<'_>, config: &Config) -> (Snapshot, Vec<Diagnostic>) {
     let plan = plan_routes(inputs, config);
-    let (backends, backend_diagnostics) = build_backends(&plan, inputs, config, &HashMap::new());
+    let (backends, backend_diagnostics) = build_backends(&plan, inputs, config, &BackendMap::new());
     let diagnostics = merge_diagnostics(&plan.diagnostics, backend_diagnostics);
     (snapshot(&plan, backends, 0), diagnostics)
 }

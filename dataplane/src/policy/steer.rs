@@ -38,11 +38,10 @@ pub struct Steered<'a> {
 
 static NONE: Pinning = Pinning::None;
 
-/// The live backends by id, as the proxy holds them: keyed by the snapshot's backend ids (never
-/// by what a client sends), so hashed fast (foldhash, seeded per process), as every request
-/// looks its backend up.
-pub type Backends =
-    std::collections::HashMap<BackendId, std::sync::Arc<LiveBackend>, foldhash::fast::RandomState>;
+/// The live backends by id, as the proxy holds them: in copy-on-write shards (a change copies
+/// one), each hashed fast (foldhash, seeded per process): the keys are the snapshot's backend
+/// ids, never what a client sends, and every request looks its backend up.
+pub type Backends = crate::table::BackendMap<std::sync::Arc<LiveBackend>>;
 
 /// Chooses the backend of a request and reads what pins its target. A request whose affinity
 /// cookie names a pod of one of the route's backends stays on that backend before any canary
