@@ -50,9 +50,14 @@ impl<V> BackendMap<V> {
         }
     }
 
-    /// An empty map (the entries' room is taken shard by shard as they come).
-    pub fn with_capacity(_capacity: usize) -> BackendMap<V> {
-        BackendMap::new()
+    /// An empty map with room for `capacity` entries, spread over the shards as the ids will be.
+    pub fn with_capacity(capacity: usize) -> BackendMap<V>
+    where
+        V: Clone,
+    {
+        let mut map = BackendMap::new();
+        map.reserve(capacity);
+        map
     }
 
     fn shard_of(id: &BackendId) -> usize {
@@ -188,7 +193,8 @@ impl<V: Clone> Extend<(BackendId, V)> for BackendMap<V> {
 
 impl<V: Clone> FromIterator<(BackendId, V)> for BackendMap<V> {
     fn from_iter<I: IntoIterator<Item = (BackendId, V)>>(entries: I) -> BackendMap<V> {
-        let mut map = BackendMap::new();
+        let entries = entries.into_iter();
+        let mut map = BackendMap::with_capacity(entries.size_hint().0);
         map.extend(entries);
         map
     }
