@@ -321,3 +321,66 @@ async fn large_request_bodies_are_streamed_through() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A GET (or HEAD) whose body has no declared length, the stream of an HTTP/2 client that did
+/// not end it with the HEADERS or an HTTP/1.1 `Transfer-Encoding: chunked`, reaches the pod
+/// whole, chunked: the upstream client must not read "GET" as "no body" and send
+/// `Content-Length: 0` while the client's bytes are still coming (they were dropped, and the pod
+/// answered before the request had ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_bodies_of_unknown_length_reach_the_pod_whole() -> anyhow::Result<()> {
+    use conformance::http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let (_fleet, _dir, duet) = setup().await?;
+    for family in Family::BOTH {
+        for h2 in [false, true] {
+            let what = format!("{family} {}", if h2 { "HTTP/2" } else { "HTTP/1.1" });
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(2);
+            let mut rx = rx;
+            let body = StreamBody::new(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+            let mut req = client::request(Method::GET, "hdr.test", "/streamed").body(body)?;
+            let stream = client::connect_tcp(duet.http(family)).await?;
+            let response = if h2 {
+                let (mut sender, conn) = hyper::client::conn::http2::handshake(
+                    TokioExecutor::new(),
+                    TokioIo::new(stream),
+                )
+                .await?;
+                tokio::spawn(conn);
+                tokio::spawn(async move { sender.send_request(req).await })
+            } else {
+                req.headers_mut().insert(
+                    "transfer-encoding",
+                    http::HeaderValue::from_static("chunked"),
+                );
+                let (mut sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(conn);
+                tokio::spawn(async move { sender.send_request(req).await })
+            };
+            tx.send(Ok(Frame::data(Bytes::from_static(b"hello"))))
+                .await?;
+            // The pod answers only once the request has ended: not before the rest is sent.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert!(
+                !response.is_finished(),
+                "{what}: answered before the body ended"
+            );
+            tx.send(Ok(Frame::data(Bytes::from_static(b" world"))))
+                .await?;
+            drop(tx);
+            let response = response.await??;
+            assert_eq!(response.status(), 200, "{what}");
+            let bytes = response.into_body().collect().await?.to_bytes();
+            let echo: conformance::Echo = serde_json::from_slice(&bytes)?;
+            assert_eq!(echo.method, "GET", "{what}");
+            assert_eq!(
+                echo.body_length, 11,
+                "{what}: the whole body reached the pod"
+            );
+        }
+    }
+    Ok(())
+}
