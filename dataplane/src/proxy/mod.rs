@@ -458,7 +458,7 @@ fn upstream_request(
         &routed.host,
         target,
         conn,
-        (hops, upgrade),
+        (&hops, upgrade),
         deferred,
     );
     crate::policy::set_upstream_host(routed.matched.action, req.headers_mut());
