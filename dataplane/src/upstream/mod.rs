@@ -337,12 +337,28 @@ impl Upstream {
         peer: &Peer<'_>,
         slot: &mut Option<Request<UpstreamBody>>,
     ) -> Result<Sent, SendError> {
-        let Some(request) = slot.as_mut() else {
+        let Some(request) = slot.as_ref() else {
             return Err(no_request());
         };
         if !peer.protocol.is_h2() && peer.tls.is_none() && client::takes(request) {
             return self.send_by_client(peer, slot).await;
         }
+        // Boxed: hyper's futures (both protocols, under a timer or the send watch) are 1,500
+        // bytes more than duet's client's, and inline they would size every request's future
+        // (copied whole on each move: into hyper's task, its slot, the HTTP/2 stream's box).
+        Box::pin(self.send_by_hyper(peer, slot)).await
+    }
+
+    /// [`Upstream::send`] through hyper's connections (HTTP/2, TLS, a request with a body or an
+    /// upgrade).
+    async fn send_by_hyper(
+        &self,
+        peer: &Peer<'_>,
+        slot: &mut Option<Request<UpstreamBody>>,
+    ) -> Result<Sent, SendError> {
+        let Some(request) = slot.as_mut() else {
+            return Err(no_request());
+        };
         if let Some(forwarding) = &peer.forwarding {
             forwarding.apply(request.headers_mut());
         }
