@@ -62,7 +62,7 @@ pub(super) fn declare_length(headers: &mut HeaderMap, length: Option<u64>) {
 /// `Upgrade: websocket`. Other upgrades (`h2c`, unknown tokens) are not tunnelled: their
 /// `Upgrade`, `Connection` and `HTTP2-Settings` are removed and the request goes on as a plain one.
 pub(super) fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
-    let mut upgrades = headers.get_all(header::UPGRADE).iter();
+    let mut upgrades = headers.get_all(&UPGRADE).iter();
     let websocket = upgrades
         .next()
         .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"));
@@ -79,7 +79,7 @@ pub(super) fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
 /// Whether a 101 answers the WebSocket upgrade asked for (`Upgrade: websocket`).
 pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
     headers
-        .get(header::UPGRADE)
+        .get(&UPGRADE)
         .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"))
 }
 
@@ -87,69 +87,86 @@ pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
 /// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let hops = Hops::of(headers);
-    strip_hops(headers, hops, keep_upgrade);
+    strip_hops(headers, &hops, keep_upgrade);
 }
 
-/// What one pass over a head's names found: its hop-by-hop names (at most the eight
-/// `upstream::role` knows: a map's names are distinct), and whether it has `Content-Length`,
+/// What one pass over a head's names found: its hop-by-hop names (a bit each of [`HOP_NAMES`]:
+/// a map's names are distinct and lowercase), and whether it has `Content-Length`,
 /// `Transfer-Encoding` and `Upgrade`. Read once per request and used three times (the WebSocket
-/// check, the strip and the framing) instead of a hashed lookup each.
-#[derive(Default)]
+/// check, the strip and the framing) instead of a hashed lookup each; a few bytes, copied
+/// freely (it held the names themselves: 270 bytes zeroed and moved per request).
+#[derive(Clone, Copy, Default)]
 pub(super) struct Hops {
-    names: [Option<HeaderName>; 8],
-    found: usize,
+    /// Bit `i` set: the head has `HOP_NAMES[i]`.
+    found: u8,
     /// The head has a `Content-Length`.
     pub content_length: bool,
-    transfer_encoding: bool,
     /// The head has an `Upgrade`.
     pub upgrade: bool,
 }
 
+/// The hop-by-hop names ([`crate::upstream::role`]'s, but `Content-Length`), one bit each in
+/// [`Hops`]; `Transfer-Encoding` and `Upgrade` at the bits [`Hops`] reads them from.
+static HOP_NAMES: [HeaderName; 8] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::TE,
+    header::TRAILER,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("http2-settings"),
+];
+const TRANSFER_ENCODING_BIT: u8 = 1 << 1;
+const UPGRADE_BIT: u8 = 1 << 2;
+
+/// The bit of a (lowercase) hop-by-hop name in [`Hops`]; `None` for `Content-Length`'s and
+/// end-to-end names, `Some(0)` never.
+fn hop_bit(name: &str) -> Option<u8> {
+    Some(match name {
+        "connection" => 1,
+        "transfer-encoding" => TRANSFER_ENCODING_BIT,
+        "upgrade" => UPGRADE_BIT,
+        "te" => 1 << 3,
+        "trailer" => 1 << 4,
+        "keep-alive" => 1 << 5,
+        "proxy-connection" => 1 << 6,
+        "http2-settings" => 1 << 7,
+        _ => return None,
+    })
+}
+
 impl Hops {
-    /// One pass over the (few) names present, each classified by its length and bytes
-    /// (`upstream::role`, the client's list for response heads) instead of a hashed lookup or
-    /// removal per hop-by-hop name: most requests carry none of them, most responses only
-    /// `Connection: keep-alive`.
+    /// One pass over the (few) names present, each classified by its length and bytes instead
+    /// of a hashed lookup or removal per hop-by-hop name: most requests carry none of them, most
+    /// responses only `Connection: keep-alive`.
     pub(super) fn of(headers: &HeaderMap) -> Hops {
         let mut hops = Hops::default();
         for name in headers.keys() {
             match role(name.as_str().as_bytes()) {
                 Role::EndToEnd => continue,
                 Role::ContentLength => hops.content_length = true,
-                hop_by_hop => {
-                    hops.transfer_encoding |= hop_by_hop == Role::TransferEncoding;
-                    hops.upgrade |= *name == UPGRADE;
-                    if let Some(slot) = hops.names.get_mut(hops.found) {
-                        // Cheap: the eight are standard names or static ones.
-                        *slot = Some(name.clone());
-                        hops.found += 1;
-                    }
-                }
+                _ => hops.found |= hop_bit(name.as_str()).unwrap_or(0),
             }
         }
+        hops.upgrade = hops.found & UPGRADE_BIT != 0;
         hops
     }
 }
 
 /// [`strip_hop_by_hop`] with the names already read.
-fn strip_hops(headers: &mut HeaderMap, hops: Hops, keep_upgrade: bool) {
-    let Hops {
-        names: hop,
-        found,
-        content_length: length,
-        transfer_encoding,
-        ..
-    } = hops;
+fn strip_hops(headers: &mut HeaderMap, hops: &Hops, keep_upgrade: bool) {
+    let found = hops.found;
     // A message framed by Transfer-Encoding carries no meaningful Content-Length (RFC 9112
     // §6.3); the body is re-framed on the way out, so the stale length must not survive.
-    if length && transfer_encoding {
+    if hops.content_length && found & TRANSFER_ENCODING_BIT != 0 {
         headers.remove(&CONTENT_LENGTH);
     }
     if found == 0 {
         return;
     }
     let upgrade = if keep_upgrade {
-        headers.get(header::UPGRADE).cloned()
+        headers.get(&UPGRADE).cloned()
     } else {
         None
     };
@@ -167,8 +184,10 @@ fn strip_hops(headers: &mut HeaderMap, hops: Hops, keep_upgrade: bool) {
     for name in &named {
         headers.remove(name);
     }
-    for name in hop.iter().flatten() {
-        headers.remove(name);
+    for (i, name) in HOP_NAMES.iter().enumerate() {
+        if found & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
     if let Some(upgrade) = upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -185,7 +204,7 @@ pub(super) fn prepare_request<B>(
     host: &ValidHost,
     target: Uri,
     conn: &ConnInfo,
-    (hops, upgrade): (Hops, bool),
+    (hops, upgrade): (&Hops, bool),
     deferred: bool,
 ) {
     *req.uri_mut() = target;
@@ -220,6 +239,60 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn every_hop_by_hop_name_has_its_own_bit_and_is_stripped_alone() {
+        let names = [
+            "connection",
+            "transfer-encoding",
+            "upgrade",
+            "te",
+            "trailer",
+            "keep-alive",
+            "proxy-connection",
+            "http2-settings",
+            "content-length",
+            "x-kept",
+            "tee",
+            "upgrades",
+        ];
+        let mut seen = 0u8;
+        for name in names {
+            let is_hop = matches!(
+                role(name.as_bytes()),
+                Role::Connection | Role::TransferEncoding | Role::HopByHop
+            );
+            let bit = hop_bit(name);
+            assert_eq!(bit.is_some(), is_hop, "{name}");
+            if let Some(bit) = bit {
+                assert_eq!(bit.count_ones(), 1, "{name}");
+                assert_eq!(seen & bit, 0, "{name} shares a bit");
+                seen |= bit;
+                assert_eq!(HOP_NAMES[bit.trailing_zeros() as usize], name);
+            }
+            // Alone beside end-to-end fields, it goes and they stay.
+            let mut h = HeaderMap::new();
+            h.insert(
+                HeaderName::from_static("x-a"),
+                HeaderValue::from_static("1"),
+            );
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("1"),
+            );
+            h.insert(
+                HeaderName::from_static("x-b"),
+                HeaderValue::from_static("2"),
+            );
+            let hops = Hops::of(&h);
+            assert_eq!(hops.upgrade, name == "upgrade", "{name}");
+            assert_eq!(hops.content_length, name == "content-length", "{name}");
+            strip_hop_by_hop(&mut h, false);
+            assert_eq!(h.contains_key(name), !is_hop, "{name}");
+            assert_eq!(h.len(), if is_hop { 2 } else { 3 }, "{name}");
+        }
+        assert_eq!(seen, u8::MAX, "all eight bits in use");
     }
 
     #[test]
@@ -320,7 +393,7 @@ mod tests {
             let host = crate::host::request_host(&req).unwrap();
             let target = origin_form(req.uri()).unwrap();
             let hops = Hops::of(req.headers());
-            prepare_request(&mut req, &host, target, &conn, (hops, false), false);
+            prepare_request(&mut req, &host, target, &conn, (&hops, false), false);
             let h = req.headers();
             assert_eq!(h["x-forwarded-for"], ip);
             assert_eq!(h["x-real-ip"], ip);
@@ -351,7 +424,7 @@ mod tests {
         let host = crate::host::request_host(&req).unwrap();
         let target = origin_form(req.uri()).unwrap();
         let hops = Hops::of(req.headers());
-        prepare_request(&mut req, &host, target, &conn, (hops, false), false);
+        prepare_request(&mut req, &host, target, &conn, (&hops, false), false);
         assert_eq!(req.uri(), "/x/y?z");
         assert_eq!(req.version(), Version::HTTP_11);
         assert_eq!(req.headers()[header::HOST], "demo.local");

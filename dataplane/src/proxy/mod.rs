@@ -255,19 +255,24 @@ impl Proxy {
                     forwarding,
                 };
                 let in_flight = backend.states.start(pick.index);
-                let sending = self.upstream.send(&peer, request);
-                let outcome =
-                    match crate::filters::attempt_deadline(plan.deadline, plan.attempt_timeout) {
-                        None => sending.await,
-                        // Boxed: the timer is not part of every request's future.
-                        Some(at) => match Box::pin(tokio::time::timeout_at(at, sending)).await {
+                let deadline =
+                    crate::filters::attempt_deadline(plan.deadline, plan.attempt_timeout);
+                let outcome = match deadline {
+                    // Awaited where it is made: a future held in a local first is copied (its
+                    // whole size) into the await's slot.
+                    None => self.upstream.send(&peer, request).await,
+                    // Boxed: the timer is not part of every request's future.
+                    Some(at) => {
+                        let sending = self.upstream.send(&peer, request);
+                        match Box::pin(tokio::time::timeout_at(at, sending)).await {
                             Ok(outcome) => outcome,
                             Err(_elapsed) => {
                                 exchange.upstream_done(family, addr, plan.preferred);
                                 return Err(ProxyError::Timeout);
                             }
-                        },
-                    };
+                        }
+                    }
+                };
                 match outcome {
                     Ok(sent) => {
                         if sent.connected {
@@ -458,7 +463,7 @@ fn upstream_request(
         &routed.host,
         target,
         conn,
-        (hops, upgrade),
+        (&hops, upgrade),
         deferred,
     );
     crate::policy::set_upstream_host(routed.matched.action, req.headers_mut());

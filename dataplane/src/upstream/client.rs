@@ -57,9 +57,10 @@ pub(super) fn takes(request: &Request<UpstreamBody>) -> bool {
     matches!(request.method().as_str(), "GET" | "HEAD")
         && request.version() == Version::HTTP_11
         && request.body().is_end_stream()
-        && !request.headers().contains_key(&UPGRADE)
-        && !request.headers().contains_key(&CONTENT_LENGTH)
-        && !request.headers().contains_key(&TRANSFER_ENCODING)
+        && !super::has_any_field(
+            request.headers(),
+            [&UPGRADE, &CONTENT_LENGTH, &TRANSFER_ENCODING],
+        )
 }
 
 /// Read buffers let go by responses whose connection went back to the pool, kept per thread

@@ -45,6 +45,24 @@ use tls::LiveTls;
 /// nothing for a replayed bodyless request.
 pub(crate) type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
 
+/// Names a head has at most for [`has_any_field`] to compare them rather than hash: a request
+/// carries a handful, and a name's comparison (a standard one's index) costs a few instructions
+/// against the 60 to 80 of a hashed lookup.
+const SCANNED_FIELDS: usize = 16;
+
+/// Whether `headers` has a field of any of `names`: one pass over a small head's names, else
+/// a hashed lookup each.
+pub(crate) fn has_any_field<const N: usize>(
+    headers: &http::HeaderMap,
+    names: [&http::HeaderName; N],
+) -> bool {
+    if headers.keys_len() <= SCANNED_FIELDS {
+        headers.keys().any(|key| names.contains(&key))
+    } else {
+        names.iter().any(|name| headers.contains_key(*name))
+    }
+}
+
 /// Where a pooled connection goes: the address, and the TLS settings' key (0: plain TCP).
 pub(crate) type PoolKey = (SocketAddr, u64);
 
@@ -319,12 +337,28 @@ impl Upstream {
         peer: &Peer<'_>,
         slot: &mut Option<Request<UpstreamBody>>,
     ) -> Result<Sent, SendError> {
-        let Some(request) = slot.as_mut() else {
+        let Some(request) = slot.as_ref() else {
             return Err(no_request());
         };
         if !peer.protocol.is_h2() && peer.tls.is_none() && client::takes(request) {
             return self.send_by_client(peer, slot).await;
         }
+        // Boxed: hyper's futures (both protocols, under a timer or the send watch) are 1,500
+        // bytes more than duet's client's, and inline they would size every request's future
+        // (copied whole on each move: into hyper's task, its slot, the HTTP/2 stream's box).
+        Box::pin(self.send_by_hyper(peer, slot)).await
+    }
+
+    /// [`Upstream::send`] through hyper's connections (HTTP/2, TLS, a request with a body or an
+    /// upgrade).
+    async fn send_by_hyper(
+        &self,
+        peer: &Peer<'_>,
+        slot: &mut Option<Request<UpstreamBody>>,
+    ) -> Result<Sent, SendError> {
+        let Some(request) = slot.as_mut() else {
+            return Err(no_request());
+        };
         if let Some(forwarding) = &peer.forwarding {
             forwarding.apply(request.headers_mut());
         }
@@ -471,6 +505,40 @@ impl Upstream {
             connected: fresh,
             pool_return,
             stripped: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+    #[test]
+    fn a_scan_of_few_names_and_a_lookup_of_many_agree() {
+        let asked = [&header::UPGRADE, &header::CONTENT_LENGTH];
+        for size in [
+            0,
+            1,
+            SCANNED_FIELDS - 1,
+            SCANNED_FIELDS,
+            SCANNED_FIELDS + 1,
+            40,
+        ] {
+            for with in [None, Some(&header::UPGRADE), Some(&header::CONTENT_LENGTH)] {
+                let mut h = HeaderMap::new();
+                for i in 0..size {
+                    let name = HeaderName::from_bytes(format!("x-f{i}").as_bytes()).unwrap();
+                    h.insert(name, HeaderValue::from_static("1"));
+                }
+                h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("x"));
+                if let Some(name) = with {
+                    h.insert(name.clone(), HeaderValue::from_static("1"));
+                }
+                let want = asked.iter().any(|n| h.contains_key(*n));
+                assert_eq!(want, with.is_some());
+                assert_eq!(has_any_field(&h, asked), want, "{size} {with:?}");
+            }
         }
     }
 }
