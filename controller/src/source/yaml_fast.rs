@@ -20,6 +20,10 @@ use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, StrInput};
 /// The documents of `text` as serde-saphyr's `from_multiple` would give them (null documents
 /// skipped), or `None` when the text is outside the subset described in the module docs.
 pub fn documents(text: &str) -> Option<Vec<Value>> {
+    // The plainest manifests are read without the parser's tokens and events.
+    if let Some(documents) = super::yaml_lite::documents(text) {
+        return Some(documents);
+    }
     let budget = serde_saphyr::Budget::default();
     if budget
         .max_reader_input_bytes
@@ -52,18 +56,18 @@ fn parser_options(budget: &serde_saphyr::Budget) -> serde_saphyr::granit_parser:
 
 /// What serde-saphyr's budget counts, kept here to stay far below its limits.
 #[derive(Default)]
-struct Counts {
-    events: usize,
-    nodes: usize,
-    scalar_bytes: usize,
-    comment_bytes: usize,
-    documents: usize,
-    depth: usize,
+pub(super) struct Counts {
+    pub(super) events: usize,
+    pub(super) nodes: usize,
+    pub(super) scalar_bytes: usize,
+    pub(super) comment_bytes: usize,
+    pub(super) documents: usize,
+    pub(super) depth: usize,
 }
 
 impl Counts {
     /// Half of each default limit: a text this fast path accepts is never near a budget breach.
-    fn half_of(budget: &serde_saphyr::Budget) -> Counts {
+    pub(super) fn half_of(budget: &serde_saphyr::Budget) -> Counts {
         Counts {
             events: budget.max_events / 2,
             nodes: budget.max_nodes / 2,
@@ -74,7 +78,7 @@ impl Counts {
         }
     }
 
-    fn within(&self, limits: &Counts) -> bool {
+    pub(super) fn within(&self, limits: &Counts) -> bool {
         self.events <= limits.events
             && self.nodes <= limits.nodes
             && self.scalar_bytes <= limits.scalar_bytes
@@ -189,7 +193,7 @@ impl<'t> Reader<'t> {
 
 /// A mapping key as serde-saphyr gives `Value` one (the scalar's text); `None` for a null key
 /// (an error there) and for `<<` (a merge key).
-fn key_text(key: std::borrow::Cow<'_, str>, style: ScalarStyle) -> Option<String> {
+pub(super) fn key_text(key: std::borrow::Cow<'_, str>, style: ScalarStyle) -> Option<String> {
     if key == "<<" || (style == ScalarStyle::Plain && is_null(&key)) {
         return None;
     }
@@ -202,7 +206,7 @@ fn is_null(text: &str) -> bool {
 }
 
 /// An untagged plain scalar's value, when its type is certain; `None` otherwise.
-fn plain(text: &str) -> Option<Value> {
+pub(super) fn plain(text: &str) -> Option<Value> {
     if is_null(text) {
         return Some(Value::Null);
     }
