@@ -83,7 +83,10 @@ pub struct Parsed {
 /// decode.
 pub fn parse(text: &str, previous: &[Object]) -> Parsed {
     let options = serde_saphyr::options! { with_snippet: false };
-    let read = match super::yaml_fast::documents(text) {
+    // The plainest manifests are read without the parser's tokens and events (yaml_lite), the
+    // rest by the parser (yaml_fast), and what that leaves by serde-saphyr itself.
+    let read = match super::yaml_lite::documents(text).or_else(|| super::yaml_fast::documents(text))
+    {
         Some(docs) => Ok(docs),
         None => serde_saphyr::from_multiple_with_options(text, options),
     };

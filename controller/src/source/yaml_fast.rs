@@ -20,17 +20,7 @@ use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, StrInput};
 /// The documents of `text` as serde-saphyr's `from_multiple` would give them (null documents
 /// skipped), or `None` when the text is outside the subset described in the module docs.
 pub fn documents(text: &str) -> Option<Vec<Value>> {
-    // The plainest manifests are read without the parser's tokens and events.
-    if let Some(documents) = super::yaml_lite::documents(text) {
-        return Some(documents);
-    }
-    let budget = serde_saphyr::Budget::default();
-    if budget
-        .max_reader_input_bytes
-        .is_some_and(|max| text.len() > max / 2)
-    {
-        return None;
-    }
+    let budget = within_input_budget(text)?;
     let mut reader = Reader {
         events: Parser::with_options(StrInput::new(text), parser_options(&budget)),
         limits: Counts::half_of(&budget),
@@ -38,6 +28,15 @@ pub fn documents(text: &str) -> Option<Vec<Value>> {
         depth: 0,
     };
     reader.stream()
+}
+
+/// serde-saphyr's default budget, when `text` is under half of its input limit.
+pub(super) fn within_input_budget(text: &str) -> Option<serde_saphyr::Budget> {
+    let budget = serde_saphyr::Budget::default();
+    let over = budget
+        .max_reader_input_bytes
+        .is_some_and(|max| text.len() > max / 2);
+    (!over).then_some(budget)
 }
 
 /// The parser options serde-saphyr derives from its default budget (`Budget::parser_options`):
@@ -259,12 +258,12 @@ fn cannot_be_a_number(bytes: &[u8]) -> bool {
 const NUMERIC: &[u8] = b"0123456789abcdefABCDEF_+-.xXoObBiInNtTyY";
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
 
     /// serde-saphyr's reading of `text`, as `files::parse` asks for it.
-    fn reference(text: &str) -> Option<Vec<Value>> {
+    pub(in crate::source) fn reference(text: &str) -> Option<Vec<Value>> {
         let options = serde_saphyr::options! { with_snippet: false };
         serde_saphyr::from_multiple_with_options(text, options).ok()
     }
@@ -310,7 +309,8 @@ mod tests {
         );
     }
 
-    fn collect_yaml(dir: &Path, files: &mut Vec<PathBuf>) {
+    /// The `*.yaml` and `*.yml` files under `dir`, into `files`.
+    pub(in crate::source) fn collect_yaml(dir: &Path, files: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
         };

@@ -1,8 +1,9 @@
 //! Manifest YAML read straight from its bytes, for the plainest layout manifests have: block
 //! mappings and sequences indented with spaces, flow collections closed on their line, single-line
 //! quoted scalars without escapes, plain scalars on one line. [`documents`] gives the `Value`s
-//! [`super::yaml_fast::documents`] gives (and so serde-saphyr's) for any text it accepts, and
-//! `None` for anything else, which the caller then reads with the YAML parser: it never guesses.
+//! serde-saphyr gives (as [`super::yaml_fast::documents`] does) for any text it accepts, and
+//! `None` for anything else, which `files::parse` then reads with the YAML parser: it never
+//! guesses.
 //!
 //! On the issue-13 folder the YAML parser's tokens and events (a queue of tokens moved in memory
 //! for every one) were most of the start's CPU; this reader makes no token and no event, only
@@ -26,7 +27,7 @@
 
 use serde_json::{Map, Value};
 
-use super::yaml_fast::{key_text, plain, Counts};
+use super::yaml_fast::{key_text, plain, within_input_budget, Counts};
 
 /// Nesting of collections accepted (serde-saphyr's default `max_depth` is 64).
 const MAX_DEPTH: usize = 16;
@@ -37,17 +38,11 @@ const MAX_DOCUMENTS: usize = 256;
 /// Comments in a row accepted (the parser's default buffer of comment events is 32).
 const MAX_COMMENT_RUN: usize = 16;
 
-/// The documents of `text` as `yaml_fast::documents` (and serde-saphyr) read them (null
+/// The documents of `text` as serde-saphyr (and `yaml_fast::documents`) reads them (null
 /// documents skipped), or `None` when the text is outside the layout described in the module
 /// docs.
 pub fn documents(text: &str) -> Option<Vec<Value>> {
-    let budget = serde_saphyr::Budget::default();
-    if budget
-        .max_reader_input_bytes
-        .is_some_and(|max| text.len() > max / 2)
-    {
-        return None;
-    }
+    let budget = within_input_budget(text)?;
     let bytes = text.as_bytes();
     if bytes
         .iter()
@@ -583,14 +578,9 @@ fn contains(text: &[u8], needle: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::yaml_fast::tests::{collect_yaml, reference};
     use super::*;
-    use std::path::{Path, PathBuf};
-
-    /// serde-saphyr's reading of `text`, as `files::parse` asks for it.
-    fn reference(text: &str) -> Option<Vec<Value>> {
-        let options = serde_saphyr::options! { with_snippet: false };
-        serde_saphyr::from_multiple_with_options(text, options).ok()
-    }
+    use std::path::Path;
 
     /// Whether this reader took `text`; when it did, its documents must be serde-saphyr's.
     fn read_as_reference(text: &str) -> bool {
@@ -732,20 +722,6 @@ mod tests {
         }
         // Most of the repository's manifests are in the plain layout.
         assert!(taken * 2 > files.len(), "{taken} of {} taken", files.len());
-    }
-
-    fn collect_yaml(dir: &Path, files: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                collect_yaml(&path, files);
-            } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-                files.push(path);
-            }
-        }
     }
 
     /// Texts one to three edits away (a byte removed, doubled, or replaced or followed by one of
