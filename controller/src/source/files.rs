@@ -83,7 +83,10 @@ pub struct Parsed {
 /// decode.
 pub fn parse(text: &str, previous: &[Object]) -> Parsed {
     let options = serde_saphyr::options! { with_snippet: false };
-    let read = match super::yaml_fast::documents(text) {
+    // The plainest manifests are read without the parser's tokens and events (yaml_lite), the
+    // rest by the parser (yaml_fast), and what that leaves by serde-saphyr itself.
+    let read = match super::yaml_lite::documents(text).or_else(|| super::yaml_fast::documents(text))
+    {
         Some(docs) => Ok(docs),
         None => serde_saphyr::from_multiple_with_options(text, options),
     };
@@ -675,23 +678,31 @@ enum Read {
 }
 
 /// `work(n)` for every `n` below `count`, on as many threads as there are cores (from
-/// [`MIN_FILES_PER_THREAD`] items per thread); the results in the order of `n`.
+/// [`MIN_FILES_PER_THREAD`] items per thread); the results in the order of `n`. Each thread takes
+/// the next [`CHUNK`] items when it is done with its last ones, so a thread the machine delays
+/// (or one given the larger files) leaves the rest to the others instead of finishing alone.
 fn in_parallel<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZero::get)
         .min(count.div_ceil(MIN_FILES_PER_THREAD));
     if threads <= 1 {
         return (0..count).map(work).collect();
     }
+    let taken = AtomicUsize::new(0);
     let mut all: Vec<(usize, T)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let work = &work;
+            .map(|_| {
+                let (work, taken) = (&work, &taken);
                 scope.spawn(move || {
-                    (t..count)
-                        .step_by(threads)
-                        .map(|n| (n, work(n)))
-                        .collect::<Vec<_>>()
+                    let mut done = Vec::with_capacity(count / threads + CHUNK);
+                    loop {
+                        let from = taken.fetch_add(CHUNK, Ordering::Relaxed);
+                        if from >= count {
+                            return done;
+                        }
+                        done.extend((from..count.min(from + CHUNK)).map(|n| (n, work(n))));
+                    }
                 })
             })
             .collect();
@@ -703,6 +714,9 @@ fn in_parallel<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T
     all.sort_unstable_by_key(|(n, _)| *n);
     all.into_iter().map(|(_, item)| item).collect()
 }
+
+/// How many items a thread of [`in_parallel`] takes at a time.
+const CHUNK: usize = 16;
 
 /// Below this many files per thread, a scan reads on one thread.
 const MIN_FILES_PER_THREAD: usize = 64;
@@ -1120,6 +1134,47 @@ items:
         let moved = tempfile::tempdir().unwrap();
         std::fs::rename(dir.path(), moved.path().join("away")).unwrap();
         assert_eq!(events_until(&mut watch, &path("none")).await, None);
+    }
+
+    /// A file that takes long (or a reading thread the machine delays) does not hold back the
+    /// files after it: the other threads take them all. With fixed shares (every other file per
+    /// thread, as before) the slow thread's share waited for it.
+    #[test]
+    fn a_slow_file_leaves_the_rest_to_the_other_threads() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        if cores < 2 {
+            return;
+        }
+        let count = 4 * MIN_FILES_PER_THREAD;
+        let done = AtomicUsize::new(0);
+        let results = in_parallel(count, |n| {
+            let others_done = if n == 0 {
+                // The slow file: it waits (up to 10 s) for every file but those its thread took
+                // with it to be read.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while done.load(Ordering::SeqCst) < count - CHUNK
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                done.load(Ordering::SeqCst)
+            } else {
+                done.fetch_add(1, Ordering::SeqCst);
+                0
+            };
+            (n, others_done)
+        });
+        assert_eq!(
+            results.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            (0..count).collect::<Vec<_>>(),
+            "in order"
+        );
+        assert_eq!(
+            results[0].1,
+            count - CHUNK,
+            "the other files were read meanwhile"
+        );
     }
 
     #[test]

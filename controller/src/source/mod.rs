@@ -10,6 +10,7 @@ mod lean;
 pub mod secrets;
 pub mod watch;
 pub mod yaml_fast;
+mod yaml_lite;
 
 use crate::index::Change;
 

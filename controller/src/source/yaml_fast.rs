@@ -20,13 +20,7 @@ use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, StrInput};
 /// The documents of `text` as serde-saphyr's `from_multiple` would give them (null documents
 /// skipped), or `None` when the text is outside the subset described in the module docs.
 pub fn documents(text: &str) -> Option<Vec<Value>> {
-    let budget = serde_saphyr::Budget::default();
-    if budget
-        .max_reader_input_bytes
-        .is_some_and(|max| text.len() > max / 2)
-    {
-        return None;
-    }
+    let budget = within_input_budget(text)?;
     let mut reader = Reader {
         events: Parser::with_options(StrInput::new(text), parser_options(&budget)),
         limits: Counts::half_of(&budget),
@@ -34,6 +28,15 @@ pub fn documents(text: &str) -> Option<Vec<Value>> {
         depth: 0,
     };
     reader.stream()
+}
+
+/// serde-saphyr's default budget, when `text` is under half of its input limit.
+pub(super) fn within_input_budget(text: &str) -> Option<serde_saphyr::Budget> {
+    let budget = serde_saphyr::Budget::default();
+    let over = budget
+        .max_reader_input_bytes
+        .is_some_and(|max| text.len() > max / 2);
+    (!over).then_some(budget)
 }
 
 /// The parser options serde-saphyr derives from its default budget (`Budget::parser_options`):
@@ -52,18 +55,18 @@ fn parser_options(budget: &serde_saphyr::Budget) -> serde_saphyr::granit_parser:
 
 /// What serde-saphyr's budget counts, kept here to stay far below its limits.
 #[derive(Default)]
-struct Counts {
-    events: usize,
-    nodes: usize,
-    scalar_bytes: usize,
-    comment_bytes: usize,
-    documents: usize,
-    depth: usize,
+pub(super) struct Counts {
+    pub(super) events: usize,
+    pub(super) nodes: usize,
+    pub(super) scalar_bytes: usize,
+    pub(super) comment_bytes: usize,
+    pub(super) documents: usize,
+    pub(super) depth: usize,
 }
 
 impl Counts {
     /// Half of each default limit: a text this fast path accepts is never near a budget breach.
-    fn half_of(budget: &serde_saphyr::Budget) -> Counts {
+    pub(super) fn half_of(budget: &serde_saphyr::Budget) -> Counts {
         Counts {
             events: budget.max_events / 2,
             nodes: budget.max_nodes / 2,
@@ -74,7 +77,7 @@ impl Counts {
         }
     }
 
-    fn within(&self, limits: &Counts) -> bool {
+    pub(super) fn within(&self, limits: &Counts) -> bool {
         self.events <= limits.events
             && self.nodes <= limits.nodes
             && self.scalar_bytes <= limits.scalar_bytes
@@ -189,7 +192,7 @@ impl<'t> Reader<'t> {
 
 /// A mapping key as serde-saphyr gives `Value` one (the scalar's text); `None` for a null key
 /// (an error there) and for `<<` (a merge key).
-fn key_text(key: std::borrow::Cow<'_, str>, style: ScalarStyle) -> Option<String> {
+pub(super) fn key_text(key: std::borrow::Cow<'_, str>, style: ScalarStyle) -> Option<String> {
     if key == "<<" || (style == ScalarStyle::Plain && is_null(&key)) {
         return None;
     }
@@ -202,7 +205,7 @@ fn is_null(text: &str) -> bool {
 }
 
 /// An untagged plain scalar's value, when its type is certain; `None` otherwise.
-fn plain(text: &str) -> Option<Value> {
+pub(super) fn plain(text: &str) -> Option<Value> {
     if is_null(text) {
         return Some(Value::Null);
     }
@@ -255,12 +258,12 @@ fn cannot_be_a_number(bytes: &[u8]) -> bool {
 const NUMERIC: &[u8] = b"0123456789abcdefABCDEF_+-.xXoObBiInNtTyY";
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
 
     /// serde-saphyr's reading of `text`, as `files::parse` asks for it.
-    fn reference(text: &str) -> Option<Vec<Value>> {
+    pub(in crate::source) fn reference(text: &str) -> Option<Vec<Value>> {
         let options = serde_saphyr::options! { with_snippet: false };
         serde_saphyr::from_multiple_with_options(text, options).ok()
     }
@@ -306,7 +309,8 @@ mod tests {
         );
     }
 
-    fn collect_yaml(dir: &Path, files: &mut Vec<PathBuf>) {
+    /// The `*.yaml` and `*.yml` files under `dir`, into `files`.
+    pub(in crate::source) fn collect_yaml(dir: &Path, files: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
         };
