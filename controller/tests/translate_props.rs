@@ -224,7 +224,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// The route phase split over threads by groups of Ingresses sharing no host makes the plan
-    /// one thread makes (`translate_parallel` holds a fixture with TLS, canaries and the rest
+    /// one thread makes (`translate_incremental` holds a fixture with TLS, canaries and the rest
     /// to it).
     #[test]
     fn route_phase_split_over_threads_equals_one_thread(
