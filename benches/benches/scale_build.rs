@@ -42,7 +42,7 @@ fn main() {
         allow_loopback_endpoints: true,
         ..translate::Config::default()
     };
-    let mut app = App::new(AppConfig::new(config), runtime);
+    let mut app = App::new(AppConfig::new(config.clone()), runtime);
     let started = Instant::now();
     app.ingest(changes);
     println!("index_ms: {:.1}", ms(started));
@@ -51,6 +51,8 @@ fn main() {
     app.publish().expect("a first snapshot");
     println!("first_publish_ms: {:.1}", ms(started));
     println!("first_publish_cpu_ms: {:.1}", cpu_ms(cpu));
+
+    route_phase(&app, &config);
 
     let ingress = std::fs::read_to_string(dir.join(field("ingress_file"))).expect("ingress file");
     let slice = std::fs::read_to_string(dir.join(field("endpointslice_file"))).expect("slice");
@@ -65,6 +67,46 @@ fn main() {
         let moved = slice.replace(&address, &format!("127.254.254.{}", round + 1));
         publish_change(&mut app, "endpointslice", &moved);
     }
+}
+
+/// The route phase alone (`ROUTE_ROUNDS`, 3), on one thread and split over the cores
+/// (`translate::plan_routes_in_parts`), interleaved: wall time and the process's CPU time (all
+/// threads) of each.
+fn route_phase(app: &App, config: &translate::Config) {
+    let rounds: usize = std::env::var("ROUTE_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let inputs = app.index().inputs();
+    for _ in 0..rounds {
+        for (name, parts) in [("one_thread", 1), ("split", cores)] {
+            let started = Instant::now();
+            let cpu = process_cpu_ns();
+            let plan = translate::plan_routes_in_parts(&inputs, config, parts, 1024);
+            let wall = ms(started);
+            let cpu = process_cpu_ns().saturating_sub(cpu) as f64 / 1e6;
+            println!("route_phase_{name}_ms: {wall:.1}");
+            println!("route_phase_{name}_cpu_ms: {cpu:.1}");
+            drop(plan);
+        }
+    }
+}
+
+/// Nanoseconds every thread of this process has run (utime + stime of `/proc/self/stat`, in
+/// clock ticks of 10 ms); 0 without it.
+fn process_cpu_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // After the command's `)`: state is field 0, utime 11, stime 12.
+    (ticks(11) + ticks(12)) * 10_000_000
 }
 
 /// Applies the objects of `yaml` and publishes; prints the publish time.

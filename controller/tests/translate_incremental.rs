@@ -1,10 +1,11 @@
 //! An Ingress change planned host by host (`translate::incremental`) equals the full route phase
-//! over the same objects, edit after edit.
+//! over the same objects, edit after edit; and so does the route phase split over threads by
+//! groups of Ingresses sharing no host (`translate::plan_routes_in_parts`).
 use controller::index::{Change, Impact, Index};
 use controller::object::{Kind, ObjectKey};
 use controller::source::files;
 use controller::translate::incremental::plan_ingress_change;
-use controller::translate::{plan_routes, Config, RoutePlan};
+use controller::translate::{plan_routes, plan_routes_in_parts, Config, RoutePlan};
 
 const SERVICES: &str = r#"
 apiVersion: networking.k8s.io/v1
@@ -382,5 +383,198 @@ fn tls_and_default_backend_edits_rebuild_only_the_hosts_they_touch() {
         assert!(check(&next), "{step}: {:?}", next.certs);
         index.set_references(next.references.clone());
         plan = next;
+    }
+}
+
+/// A Service whose port's `appProtocol` duet does not know (a diagnostic of the Service).
+const ODD_SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: odd}
+spec: {ports: [{name: http, port: 80, appProtocol: carrier-pigeon}]}
+"#;
+
+/// An Ingress `name`, created at second `created`, with `annotations` (a flow mapping's
+/// entries), `spec` extra lines and `rules` (host, path, Service).
+fn annotated_ingress(
+    name: &str,
+    created: u32,
+    annotations: &str,
+    extra: &str,
+    rules: &[(&str, &str, &str)],
+) -> String {
+    // Paths quoted (a regex's `[`); the creation time in minutes and seconds.
+    let quoted: Vec<(&str, String, &str)> = rules
+        .iter()
+        .map(|(host, path, service)| (*host, format!("\"{path}\""), *service))
+        .collect();
+    let rules: Vec<(&str, &str, &str)> = quoted
+        .iter()
+        .map(|(h, p, s)| (*h, p.as_str(), *s))
+        .collect();
+    let (minutes, seconds) = (created / 60, created % 60);
+    ingress(name, 0, &rules, extra).replacen(
+        "creationTimestamp: \"2026-01-01T00:00:00Z\"}",
+        &format!("creationTimestamp: \"2026-01-01T00:{minutes:02}:{seconds:02}Z\", annotations: {{{annotations}}}}}"),
+        1,
+    )
+}
+
+#[test]
+fn a_route_phase_split_over_threads_equals_one_on_one_thread() {
+    let mut docs = vec![
+        SERVICES.to_owned(),
+        ODD_SERVICE.to_owned(),
+        tls_secret("shared-cert", &["shared.test", "www.shared.test"]),
+        tls_secret("other-cert", &["shared.test"]),
+    ];
+    // Many independent hosts, created newest-name-first so that age and name orders differ.
+    for i in 0..40u32 {
+        let service = if i % 3 == 0 { "b" } else { "a" };
+        docs.push(annotated_ingress(
+            &format!("app-{i}"),
+            200 - i,
+            "",
+            "",
+            &[
+                (&format!("app-{i}.test"), "/api", service),
+                (&format!("app-{i}.test"), "/", "a"),
+            ],
+        ));
+    }
+    // Hosts shared across Ingresses: conflicting paths (the older wins), TLS of the same host
+    // from two Secrets (the older wins), a canary and its main Ingress, a `www.` twin.
+    docs.push(annotated_ingress(
+        "shared-new",
+        50,
+        "",
+        "  tls: [{hosts: [shared.test], secretName: other-cert}]\n",
+        &[("shared.test", "/", "b"), ("shared.test", "/new", "b")],
+    ));
+    docs.push(annotated_ingress(
+        "shared-old",
+        10,
+        "",
+        "  tls: [{hosts: [shared.test, www.shared.test], secretName: shared-cert}]\n",
+        &[("shared.test", "/", "a")],
+    ));
+    docs.push(annotated_ingress(
+        "canary",
+        60,
+        "nginx.ingress.kubernetes.io/canary: \"true\", nginx.ingress.kubernetes.io/canary-weight: \"30\"",
+        "",
+        &[("shared.test", "/", "b")],
+    ));
+    docs.push(annotated_ingress(
+        "www",
+        70,
+        "nginx.ingress.kubernetes.io/from-to-www-redirect: \"true\"",
+        "",
+        &[("www-only.test", "/", "a")],
+    ));
+    docs.push(annotated_ingress(
+        "www-twin",
+        71,
+        "",
+        "",
+        &[("www.www-only.test", "/x", "b")],
+    ));
+    // Default backends on unrelated hosts (the oldest wins), host-less and wildcard rules,
+    // a missing Secret, a missing Service, an unknown appProtocol used from two groups, an
+    // unsupported annotation, a regex host whose path does not compile, an invalid host.
+    for (name, created) in [("default-new", 90), ("default-old", 80)] {
+        docs.push(annotated_ingress(
+            name,
+            created,
+            "",
+            "  defaultBackend: {service: {name: a, port: {name: http}}}\n",
+            &[(&format!("{name}.test"), "/", "a")],
+        ));
+    }
+    docs.push(annotated_ingress(
+        "anyhost-1",
+        100,
+        "",
+        "",
+        &[("", "/one", "a")],
+    ));
+    docs.push(annotated_ingress(
+        "anyhost-2",
+        101,
+        "",
+        "",
+        &[("", "/one", "b"), ("", "/two", "b")],
+    ));
+    docs.push(annotated_ingress(
+        "wild",
+        102,
+        "",
+        "",
+        &[("*.wild.test", "/", "a")],
+    ));
+    docs.push(annotated_ingress(
+        "no-secret",
+        103,
+        "",
+        "  tls: [{hosts: [nosecret.test], secretName: gone}]\n",
+        &[("nosecret.test", "/", "a")],
+    ));
+    docs.push(annotated_ingress(
+        "no-service",
+        104,
+        "",
+        "",
+        &[("nosvc.test", "/", "missing")],
+    ));
+    docs.push(annotated_ingress(
+        "odd-1",
+        105,
+        "",
+        "",
+        &[("odd1.test", "/", "odd")],
+    ));
+    docs.push(annotated_ingress(
+        "odd-2",
+        106,
+        "",
+        "",
+        &[("odd2.test", "/", "odd")],
+    ));
+    docs.push(annotated_ingress(
+        "alias",
+        107,
+        "nginx.ingress.kubernetes.io/server-alias: other.test",
+        "",
+        &[("alias.test", "/", "a")],
+    ));
+    docs.push(annotated_ingress(
+        "regex",
+        108,
+        "nginx.ingress.kubernetes.io/use-regex: \"true\"",
+        "",
+        &[("regex.test", "/ok", "a"), ("regex.test", "/bad[", "a")],
+    ));
+    docs.push(annotated_ingress(
+        "bad-host",
+        109,
+        "",
+        "",
+        &[("bad host", "/", "a"), ("good.test", "/", "a")],
+    ));
+    let mut index = Index::new(Config::default().class);
+    for doc in &docs {
+        apply(&mut index, doc);
+    }
+    let config = Config {
+        default_tls_secret: Some(controller::object::NsName::new("default", "shared-cert")),
+        ..Config::default()
+    };
+    let inputs = index.inputs();
+    let one = plan_routes_in_parts(&inputs, &config, 1, 1);
+    assert!(one.table.exact.len() > 40, "the fixture's hosts are served");
+    assert!(!one.diagnostics.is_empty() && !one.annotations.is_empty());
+    for parts in [2, 3, 7] {
+        let split = plan_routes_in_parts(&inputs, &config, parts, 1);
+        assert_same(&split, &one, &format!("{parts} parts"));
     }
 }

@@ -220,6 +220,44 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The route phase split over threads by groups of Ingresses sharing no host makes the plan
+    /// one thread makes (`translate_incremental` holds a fixture with TLS, canaries and the rest
+    /// to it).
+    #[test]
+    fn route_phase_split_over_threads_equals_one_thread(
+        specs in prop::collection::vec(ingress_spec(), 1..9),
+        parts in 2usize..5,
+    ) {
+        let services: Vec<Service> = ["a", "b"]
+            .iter()
+            .flat_map(|ns| [service(ns, "web"), service(ns, "api")])
+            .collect();
+        let ingresses: Vec<Ingress> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| make_ingress(i, spec, &(0..spec.rules.len()).collect::<Vec<_>>()))
+            .collect();
+        let inputs = Inputs {
+            ingresses: ingresses.iter().collect(),
+            services: services.iter().collect(),
+            ..Inputs::default()
+        };
+        let config = Config::default();
+        let one = translate::plan_routes_in_parts(&inputs, &config, 1, 1);
+        let split = translate::plan_routes_in_parts(&inputs, &config, parts, 1);
+        prop_assert_eq!(&*split.table, &*one.table);
+        prop_assert_eq!(&split.backends, &one.backends);
+        prop_assert_eq!(&split.references, &one.references);
+        prop_assert_eq!(&split.diagnostics, &one.diagnostics);
+        prop_assert_eq!(&split.annotations, &one.annotations);
+        prop_assert_eq!(&*split.certs, &*one.certs);
+        prop_assert_eq!(&*split.footprints, &*one.footprints);
+    }
+}
+
 /// One pod of the joining model.
 #[derive(Clone, Debug)]
 struct Pod {

@@ -1268,6 +1268,18 @@ impl CertTable {
         }
     }
 
+    /// Takes the host entries of `other` that this table lacks (as [`insert`](Self::insert):
+    /// the entries already here win); `other`'s default certificate is not taken. For a table
+    /// built in parts over disjoint hosts.
+    pub fn absorb(&mut self, other: CertTable) {
+        for (host, cert) in other.exact {
+            self.exact.entry(host).or_insert(cert);
+        }
+        for (suffix, cert) in other.wildcard {
+            self.wildcard.entry(suffix).or_insert(cert);
+        }
+    }
+
     /// Sets the certificate for clients whose SNI matches nothing (or who send none).
     pub fn set_default(&mut self, cert: Arc<TlsCert>) {
         self.default = Some(cert);

@@ -192,6 +192,11 @@ impl<'a> CertBuilder<'a> {
         }
     }
 
+    /// Takes the host entries of a builder that ran over other hosts ([`CertTable::absorb`]).
+    pub(crate) fn absorb(&mut self, table: CertTable) {
+        self.table.absorb(table);
+    }
+
     pub(crate) fn finish(self) -> CertTable {
         self.table
     }

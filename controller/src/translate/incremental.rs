@@ -169,6 +169,16 @@ impl Recorder {
         self.done.insert(name, print);
     }
 
+    /// Takes what a recorder of other Ingresses recorded (a route phase split by host).
+    pub(crate) fn absorb(&mut self, other: Recorder) {
+        for (name, hosts) in other.late {
+            self.late.entry(name).or_default().extend(hosts);
+        }
+        for (name, print) in other.done {
+            self.done.entry(name).or_insert(print);
+        }
+    }
+
     /// The footprints, with `base`, the references made outside any Ingress.
     pub(crate) fn finish(mut self, base: References) -> Footprints {
         for (name, hosts) in self.late {

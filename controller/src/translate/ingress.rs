@@ -68,6 +68,64 @@ impl<'a> IngressProcessor<'a> {
         IngressProcessor { ours }
     }
 
+    /// [`run`](Self::run) split over up to `parts` threads: the Ingresses fall into groups
+    /// that share no host (the hosts of their rules, each exact host's `www.` twin, their
+    /// `spec.tls` hosts; every Ingress with a `defaultBackend` in one group), each part's groups
+    /// are run oldest first on a translation of their own and the parts are absorbed into `t`.
+    /// Every host's entry, certificate and diagnostics come from the same Ingresses in the same
+    /// order as on one thread, so the plan is the same ([`super::plan_routes_in_parts`]). On one
+    /// thread when a part would hold fewer than `min_per_part` Ingresses, or a `spec.tls` host
+    /// is no host key or two Ingresses have one name.
+    pub(crate) fn run_in_parts<'a2>(
+        self,
+        t: &mut Translation<'a2>,
+        inputs: &Inputs<'a2>,
+        config: &'a2 Config,
+        parts: usize,
+        min_per_part: usize,
+    ) where
+        'a: 'a2,
+    {
+        let parts = parts.min(self.ours.len() / min_per_part.max(1));
+        let odd = odd_services(inputs);
+        let Some(assigned) = (parts > 1)
+            .then(|| split(&self.ours, parts, &odd))
+            .flatten()
+        else {
+            return self.run(t);
+        };
+        let mut lists: Vec<Vec<(Origin, &Ingress)>> = vec![Vec::new(); parts];
+        let mut age: std::collections::HashMap<NsName, usize> =
+            std::collections::HashMap::with_capacity(self.ours.len());
+        for (position, ((origin, ingress), part)) in self.ours.into_iter().zip(assigned).enumerate()
+        {
+            age.insert(NsName::new(&*origin.namespace, &*origin.name), position);
+            lists[part].push((origin, ingress));
+        }
+        let mut lists = lists.into_iter();
+        let first = lists.next().unwrap_or_default();
+        let done: Vec<super::translation::Part> = std::thread::scope(|scope| {
+            let others: Vec<_> = lists
+                .map(|ours| {
+                    scope.spawn(move || {
+                        let mut part = Translation::new(inputs, config);
+                        IngressProcessor { ours }.run(&mut part);
+                        part.into_part()
+                    })
+                })
+                .collect();
+            IngressProcessor { ours: first }.run(t);
+            others
+                .into_iter()
+                .map(|h| h.join().expect("a part of the route phase"))
+                .collect()
+        });
+        let age = |name: &NsName| age.get(name).copied().unwrap_or(usize::MAX);
+        for part in done {
+            t.absorb(part, age);
+        }
+    }
+
     /// Adds every Ingress, oldest first, then the rules held back for canaries and
     /// `from-to-www-redirect`.
     pub(crate) fn run(self, t: &mut Translation<'_>) {
@@ -78,6 +136,155 @@ impl<'a> IngressProcessor<'a> {
             t.end_ingress();
         }
         settle(t, held);
+    }
+}
+
+/// Which part each of `ours` (oldest first) goes to, or `None` when the route phase cannot be
+/// split (a `spec.tls` host that is no host key, two Ingresses with one name). Ingresses sharing
+/// a host (see [`IngressProcessor::run_in_parts`]) are in one group; groups go whole to the part
+/// with the fewest paths so far, in order of their oldest Ingress.
+fn split<'s>(
+    ours: &'s [(Origin, &'s Ingress)],
+    parts: usize,
+    odd: &std::collections::HashSet<(&'s str, &'s str)>,
+) -> Option<Vec<usize>> {
+    use std::collections::HashMap;
+    #[derive(Hash, PartialEq, Eq)]
+    enum Shared<'s> {
+        Host(HostKey),
+        DefaultBackend,
+        Service(&'s str, &'s str),
+    }
+    let mut groups = Groups::new(ours.len());
+    let mut first: HashMap<Shared<'s>, usize> = HashMap::with_capacity(ours.len() * 3);
+    let mut names: std::collections::HashSet<(&str, &str)> =
+        std::collections::HashSet::with_capacity(ours.len());
+    let mut weight = vec![1usize; ours.len()];
+    let mut link = |groups: &mut Groups, key: Shared<'s>, i: usize| match first.entry(key) {
+        std::collections::hash_map::Entry::Occupied(o) => groups.join(*o.get(), i),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(i);
+        }
+    };
+    for (i, (origin, ingress)) in ours.iter().enumerate() {
+        if !names.insert((&origin.namespace, &origin.name)) {
+            return None;
+        }
+        let Some(spec) = ingress.spec.as_ref() else {
+            continue;
+        };
+        if spec.default_backend.is_some() {
+            link(&mut groups, Shared::DefaultBackend, i);
+        }
+        let namespace = &*origin.namespace;
+        let backends = spec
+            .default_backend
+            .iter()
+            .chain(spec.rules.iter().flatten().flat_map(|r| {
+                r.http
+                    .iter()
+                    .flat_map(|h| h.paths.iter().map(|p| &p.backend))
+            }));
+        for service in backends.filter_map(|b| b.service.as_ref()) {
+            if let Some(&(ns, name)) = odd.get(&(namespace, service.name.as_str())) {
+                link(&mut groups, Shared::Service(ns, name), i);
+            }
+        }
+        for rule in spec.rules.iter().flatten() {
+            weight[i] += rule.http.as_ref().map_or(0, |h| h.paths.len());
+            // An invalid host is a diagnostic of this Ingress only.
+            let Ok(host) = HostKey::parse(rule.host.as_deref()) else {
+                continue;
+            };
+            if let HostKey::Exact(name) = &host {
+                if let Some(twin) = nginx::traffic::www_twin(name) {
+                    link(&mut groups, Shared::Host(HostKey::Exact(twin)), i);
+                }
+            }
+            link(&mut groups, Shared::Host(host), i);
+        }
+        let tls = spec.tls.iter().flatten();
+        for host in tls.flat_map(|t| t.hosts.iter().flatten()) {
+            match HostKey::parse(Some(host)) {
+                Ok(HostKey::Any) => {}
+                Ok(key) => link(&mut groups, Shared::Host(key), i),
+                Err(_) => return None,
+            }
+        }
+    }
+    let mut part_of_group: HashMap<usize, usize> = HashMap::new();
+    let mut load = vec![0usize; parts];
+    let mut group_weight: HashMap<usize, usize> = HashMap::new();
+    let roots: Vec<usize> = (0..ours.len()).map(|i| groups.root(i)).collect();
+    for (i, root) in roots.iter().enumerate() {
+        *group_weight.entry(*root).or_default() += weight[i];
+    }
+    let assigned = roots
+        .iter()
+        .map(|root| {
+            *part_of_group.entry(*root).or_insert_with(|| {
+                let (part, _) = load
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, l)| **l)
+                    .expect("at least one part");
+                load[part] += group_weight[root];
+                part
+            })
+        })
+        .collect();
+    Some(assigned)
+}
+
+/// The Services (namespace, name) with a port whose `appProtocol` duet does not know: the first
+/// route to such a port in a translation reports it (a diagnostic of the Service, which marks
+/// that Ingress's footprint as reaching beyond its hosts), so the Ingresses routing to one are
+/// kept in one group, in their order.
+fn odd_services<'i>(inputs: &Inputs<'i>) -> std::collections::HashSet<(&'i str, &'i str)> {
+    inputs
+        .all_services()
+        .into_iter()
+        .filter(|s| {
+            s.ports()
+                .iter()
+                .any(|p| super::app_protocol(p.app_protocol.as_deref()).is_none())
+        })
+        .map(|s| {
+            (
+                s.namespace().unwrap_or("default"),
+                s.name().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Union-find over Ingress positions.
+struct Groups {
+    parent: Vec<usize>,
+}
+
+impl Groups {
+    fn new(len: usize) -> Groups {
+        Groups {
+            parent: (0..len).collect(),
+        }
+    }
+
+    fn root(&mut self, mut i: usize) -> usize {
+        while self.parent[i] != i {
+            self.parent[i] = self.parent[self.parent[i]];
+            i = self.parent[i];
+        }
+        i
+    }
+
+    fn join(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.root(a), self.root(b));
+        if a != b {
+            // The older Ingress's root stays the root.
+            let (keep, other) = if a < b { (a, b) } else { (b, a) };
+            self.parent[other] = keep;
+        }
     }
 }
 

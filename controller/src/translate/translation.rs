@@ -87,6 +87,52 @@ impl<'a> Translation<'a> {
         }
     }
 
+    /// What this translation made (routes, backends, certificates, diagnostics, footprints),
+    /// without what it borrows from the inputs: a part of the route phase run on another
+    /// thread, for [`absorb`](Self::absorb).
+    pub(crate) fn into_part(self) -> Part {
+        Part {
+            diagnostics: self.diagnostics,
+            references: self.references,
+            certs: self.certs.finish(),
+            upstream_tls: self.upstream_tls.into_built(),
+            backends: self.backends,
+            ids: self.ids,
+            routes: self.routes,
+            annotations: self.annotations,
+            footprints: self.footprints,
+        }
+    }
+
+    /// Takes a part made from other Ingresses over other hosts (see
+    /// [`IngressProcessor`](super::ingress::IngressProcessor)); `age` orders the annotation
+    /// reports as the Ingresses were processed (oldest first).
+    pub(crate) fn absorb(&mut self, mut part: Part, age: impl Fn(&NsName) -> usize) {
+        self.diagnostics.append(&mut part.diagnostics);
+        let References {
+            ingresses,
+            services,
+            secrets,
+        } = part.references;
+        self.references.ingresses.extend(ingresses);
+        self.references.services.extend(services);
+        self.references.secrets.extend(secrets);
+        self.certs.absorb(part.certs);
+        self.upstream_tls.absorb(part.upstream_tls);
+        for (id, spec) in part.backends {
+            self.backends.entry(id).or_insert(spec);
+        }
+        for (text, id) in part.ids {
+            self.ids.entry(text).or_insert(id);
+        }
+        self.routes.absorb(part.routes);
+        if !part.annotations.is_empty() {
+            self.annotations.append(&mut part.annotations);
+            self.annotations.sort_by_cached_key(|r| age(&r.ingress));
+        }
+        self.footprints.absorb(part.footprints);
+    }
+
     /// The Ingress processor starts on `ingress`: what it references and touches from now on is
     /// its own (see [`incremental`](super::incremental)).
     pub(crate) fn begin_ingress(&mut self, origin: &dataplane::Origin, ingress: &Ingress) {
@@ -304,11 +350,26 @@ impl<'a> Translation<'a> {
             self.certs
                 .default_secret(name, &mut self.diagnostics, &mut self.references);
         }
-        let footprints = std::mem::take(&mut self.footprints);
-        let footprints = Arc::new(footprints.finish(self.references.clone()));
-        let table = self
-            .routes
-            .build(&mut self.diagnostics, &mut self.annotations);
+        let recorder = std::mem::take(&mut self.footprints);
+        let base = self.references.clone();
+        let footprints = move || {
+            let footprints = recorder.finish(base);
+            let references = footprints.references();
+            (Arc::new(footprints), references)
+        };
+        let routes = std::mem::take(&mut self.routes);
+        let (diagnostics, annotations) = (&mut self.diagnostics, &mut self.annotations);
+        // At scale the footprints and their references (20,000 names at the issue-13 size) are
+        // made on a second core while the table is built; they do not depend on each other.
+        let ((footprints, references), table) = if self.backends.len() >= PARALLEL_FINISH {
+            std::thread::scope(|scope| {
+                let prints = scope.spawn(footprints);
+                let table = routes.build(diagnostics, annotations);
+                (prints.join().expect("the footprints"), table)
+            })
+        } else {
+            (footprints(), routes.build(diagnostics, annotations))
+        };
         let gateway_ids = self.gateways.table.actions().flat_map(|action| {
             let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
             std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
@@ -325,7 +386,7 @@ impl<'a> Translation<'a> {
         RoutePlan {
             table: Arc::new(table),
             backends,
-            references: footprints.references(),
+            references,
             diagnostics,
             certs: Arc::new(self.certs.finish()),
             annotations: self.annotations,
@@ -334,6 +395,22 @@ impl<'a> Translation<'a> {
             footprints,
         }
     }
+}
+
+/// Backends from which [`Translation::finish`] builds the footprints beside the table.
+const PARALLEL_FINISH: usize = 1024;
+
+/// What a [`Translation`] made, apart from what it borrows: see [`Translation::into_part`].
+pub(crate) struct Part {
+    diagnostics: Vec<Diagnostic>,
+    references: References,
+    certs: dataplane::table::CertTable,
+    upstream_tls: BTreeMap<(NsName, NsName, bool), Arc<dataplane::upstream_tls::UpstreamTls>>,
+    backends: BTreeMap<BackendId, BackendSpec>,
+    ids: FastMap<Box<str>, BackendId>,
+    routes: RouteModel,
+    annotations: Vec<AnnotationReport>,
+    footprints: super::incremental::Recorder,
 }
 
 /// Hash maps keyed by names from the cluster's objects, hashed fast (foldhash, seeded per

@@ -102,6 +102,16 @@ impl<'a> UpstreamTlsBuilder<'a> {
         }
     }
 
+    /// The settings built so far, to be absorbed by another builder.
+    pub(crate) fn into_built(self) -> BTreeMap<(NsName, NsName, bool), Arc<UpstreamTls>> {
+        self.built
+    }
+
+    /// Takes the settings another builder made (for other Ingresses).
+    pub(crate) fn absorb(&mut self, mut built: BTreeMap<(NsName, NsName, bool), Arc<UpstreamTls>>) {
+        self.built.append(&mut built);
+    }
+
     /// The TLS settings of a route of `ingress` to `service`, `None` for plain protocols. Built
     /// once per Ingress, Service and ALPN; problems become diagnostics of the Ingress. With
     /// `unverified_default` (the protocol comes from ingress-nginx's `backend-protocol`, whose
