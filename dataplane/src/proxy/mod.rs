@@ -473,20 +473,6 @@ fn upstream_request(
     if length_check {
         headers::declare_length(req.headers_mut(), length);
     }
-    // hyper's HTTP/1.1 client sends a GET or HEAD whose body has no length as
-    // `Content-Length: 0`, dropping the body: a client's body still coming (an HTTP/2 stream
-    // its HEADERS did not end, a chunked HTTP/1.1 GET) is sent on chunked, as Envoy does.
-    if length.is_none()
-        && !plan.protocol.is_h2()
-        && !upgrade
-        && matches!(req.method().as_str(), "GET" | "HEAD")
-        && !req.body().is_end_stream()
-    {
-        req.headers_mut().insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-    }
     if trailers {
         crate::upstream::keep_trailers(&mut req);
     }

@@ -63,6 +63,22 @@ pub(crate) fn has_any_field<const N: usize>(
     }
 }
 
+/// hyper's HTTP/1.1 client frames a GET or HEAD whose body has no declared length as
+/// `Content-Length: 0`, dropping the body: such a body still coming (an HTTP/2 stream its
+/// HEADERS did not end, a chunked HTTP/1.1 GET) is declared chunked, as Envoy sends it, and the
+/// pod answers once it has ended.
+fn chunk_unknown_length_get(request: &mut Request<UpstreamBody>) {
+    if matches!(request.method().as_str(), "GET" | "HEAD")
+        && !request.body().is_end_stream()
+        && request.body().size_hint().exact().is_none()
+    {
+        request.headers_mut().insert(
+            http::header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
+    }
+}
+
 /// Where a pooled connection goes: the address, and the TLS settings' key (0: plain TCP).
 pub(crate) type PoolKey = (SocketAddr, u64);
 
@@ -364,6 +380,8 @@ impl Upstream {
         }
         if peer.protocol.is_h2() {
             h2::to_h2_request(request, peer.tls.is_some());
+        } else {
+            chunk_unknown_length_get(request);
         }
         let (mut conn, mut fresh) = match self.checkout(peer) {
             Some(conn) => (conn, false),
