@@ -21,6 +21,7 @@ pub mod idle;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
+mod names;
 pub mod observe;
 pub mod park;
 pub mod passthrough;

@@ -331,10 +331,8 @@ impl<H: Handler> Service<Request<Incoming>> for BoxedService<H> {
 fn parkable<B: Body>(req: &Request<B>) -> bool {
     req.body().is_end_stream()
         && req.method() != hyper::Method::CONNECT
-        && !crate::upstream::has_any_field(req.headers(), [&UPGRADE])
+        && !crate::upstream::has_any_field(req.headers(), [&crate::names::UPGRADE])
 }
-
-static UPGRADE: http::HeaderName = hyper::header::UPGRADE;
 
 /// The HTTP/1.1 server of a client connection, boxed: dropped while the connection is parked.
 type H1Conn<H> = Pin<Box<http1::UpgradeableConnection<TokioIo<Io>, ConnService<H>>>>;

@@ -9,10 +9,7 @@ use crate::host::ValidHost;
 use crate::path::EncodedTraversal;
 use crate::upstream::{role, Role};
 
-// Names used on every request, as statics: a `header::*` constant is a value, copied (a call to
-// `memcpy`) wherever it is used.
-static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
-static UPGRADE: HeaderName = header::UPGRADE;
+use crate::names::{CONTENT_LENGTH, UPGRADE};
 
 /// The request target in origin form with its path normalised ([`crate::path`]) and its query
 /// as received.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
@@ -44,12 +44,7 @@ const READ_SIZE: usize = 16 * 1024;
 /// [`READ_SIZE`] steps.
 const FIRST_READ_SIZE: usize = 8 * 1024;
 
-// Header names used on every exchange, as statics: a `header::*` constant is a value, copied
-// (a call to `memcpy`) wherever it is used.
-static CONNECTION: HeaderName = header::CONNECTION;
-static CONTENT_LENGTH: HeaderName = header::CONTENT_LENGTH;
-static TRANSFER_ENCODING: HeaderName = header::TRANSFER_ENCODING;
-static UPGRADE: HeaderName = header::UPGRADE;
+use crate::names::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 
 /// Whether a request takes this client: HTTP/1.1, GET or HEAD, no body, no upgrade, over plain
 /// TCP (the caller checks the peer).
