@@ -18,7 +18,9 @@
 #                            machine's load; this mostly does not)
 #   rss_ready_mib            VmRSS when ready, and rss_settled_mib 5 s later (STARTUP_ONLY=1: stop
 #                            there, no changes)
-#   first_build_seconds      duet_snapshot_build_seconds_sum (its _count must be 1)
+#   first_build_seconds      duet_snapshot_build_seconds_sum (its _count must be 1); first_build_log
+#                            its "Snapshot applied" line (build.routes_ms, build.backends_ms,
+#                            build.report_ms, build.apply_ms: where the build's time went)
 #   endpointslice_*          the first Service's IPv4 slice gets one address changed (written to a
 #                            hidden temp file, renamed over the old one):
 #     _build_seconds         that snapshot's duet_snapshot_build_seconds (sum and count deltas)
@@ -133,6 +135,8 @@ echo "rss_ready_mib: $(mib "$rss_ready")"
 [[ $(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count) == 1 ]] ||
   die "more than one snapshot was built before the first check"
 echo "first_build_seconds: $(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)"
+first_line=$(grep -m1 -F "Snapshot applied" "$LOG.err")
+echo "first_build_log: ${first_line#*INFO }"
 grep -q "diagnostic\|WARN" "$LOG.err" && note "duet warned: $(grep -m3 'WARN' "$LOG.err")"
 sleep 5
 echo "rss_settled_mib: $(mib "$(rss_kib "$PID")")"

@@ -267,7 +267,9 @@ impl App {
             replaced = self.plan_routes(&pending);
             self.want_names();
         }
+        let routes_done = std::time::Instant::now();
         let (backends, changed) = self.build_backends(rebuild_routes, &pending, replaced)?;
+        let backends_done = std::time::Instant::now();
         let plan = self.plan.as_ref()?;
         let backend_diagnostics = self
             .backend_diagnostics
@@ -313,6 +315,7 @@ impl App {
         }
         self.version += 1;
         let snapshot = Arc::new(translate::snapshot(plan, backends, self.version));
+        let apply_started = std::time::Instant::now();
         match (&changed, &self.published) {
             (Some(ids), Some(base)) => self.runtime.apply_changed(snapshot.clone(), base, ids),
             _ => self.runtime.apply(snapshot.clone()),
@@ -321,7 +324,13 @@ impl App {
         if let Some(metrics) = &self.metrics {
             metrics.observe_build(build);
         }
-        self.log_applied(&snapshot, rebuild_routes, build, pending_since);
+        let phases = BuildPhases {
+            routes: routes_done - started,
+            backends: backends_done - routes_done,
+            report: apply_started - backends_done,
+            apply: apply_started.elapsed(),
+        };
+        self.log_applied(&snapshot, rebuild_routes, build, phases, pending_since);
         let old = self.published.replace(snapshot.clone());
         if rebuild_routes {
             // The last holder of the replaced route table and backends, most often.
@@ -404,6 +413,7 @@ impl App {
         snapshot: &Snapshot,
         rebuild_routes: bool,
         build: Duration,
+        phases: BuildPhases,
         pending_since: Option<std::time::Instant>,
     ) {
         let targets: usize = snapshot.backends.values().map(|b| b.targets.len()).sum();
@@ -415,6 +425,10 @@ impl App {
             targets,
             routes.rebuilt = rebuild_routes,
             build.ms = build.as_secs_f64() * 1e3,
+            build.routes_ms = phases.routes.as_secs_f64() * 1e3,
+            build.backends_ms = phases.backends.as_secs_f64() * 1e3,
+            build.report_ms = phases.report.as_secs_f64() * 1e3,
+            build.apply_ms = phases.apply.as_secs_f64() * 1e3,
             change.age_ms = since_change,
             "Snapshot applied"
         );
@@ -574,6 +588,16 @@ type Backends = BackendMap<Arc<Backend>>;
 
 /// Drops what a route rebuild replaced (the previous plan and snapshot: at the issue-13 size
 /// tens of thousands of allocations) beside the publish instead of before it returns.
+/// Where a publish's time went, for its "Snapshot applied" line: the route phase (with the
+/// names it wants resolved), the backends, the diagnostics' report and the snapshot's assembly,
+/// and the dataplane's apply (live backends, metric handles, the swap).
+struct BuildPhases {
+    routes: Duration,
+    backends: Duration,
+    report: Duration,
+    apply: Duration,
+}
+
 fn retire<T: Send + 'static>(value: Option<T>) {
     if let Some(value) = value {
         dataplane::runtime::drop_beside(value);
