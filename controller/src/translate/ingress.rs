@@ -143,24 +143,22 @@ impl<'a> IngressProcessor<'a> {
 /// split (a `spec.tls` host that is no host key, two Ingresses with one name). Ingresses sharing
 /// a host (see [`IngressProcessor::run_in_parts`]) are in one group; groups go whole to the part
 /// with the fewest paths so far, in order of their oldest Ingress.
-fn split<'s>(
-    ours: &'s [(Origin, &'s Ingress)],
+///
+/// What Ingresses share is keyed by a 64-bit digest of it ([`Shared`]), made without copying a
+/// host or its `www.` twin: two different things with one digest only put their Ingresses in
+/// one group, which changes how the work is split, never the plan.
+fn split(
+    ours: &[(Origin, &Ingress)],
     parts: usize,
-    odd: &std::collections::HashSet<(&'s str, &'s str)>,
+    odd: &std::collections::HashSet<(&str, &str)>,
 ) -> Option<Vec<usize>> {
-    use std::collections::HashMap;
-    #[derive(Hash, PartialEq, Eq)]
-    enum Shared<'s> {
-        Host(HostKey),
-        DefaultBackend,
-        Service(&'s str, &'s str),
-    }
     let mut groups = Groups::new(ours.len());
-    let mut first: HashMap<Shared<'s>, usize> = HashMap::with_capacity(ours.len() * 3);
-    let mut names: std::collections::HashSet<(&str, &str)> =
-        std::collections::HashSet::with_capacity(ours.len());
+    let mut first: FastMap<u64, usize> =
+        FastMap::with_capacity_and_hasher(ours.len() * 3, Default::default());
+    let mut names: FastSet<(&str, &str)> =
+        FastSet::with_capacity_and_hasher(ours.len(), Default::default());
     let mut weight = vec![1usize; ours.len()];
-    let mut link = |groups: &mut Groups, key: Shared<'s>, i: usize| match first.entry(key) {
+    let mut link = |groups: &mut Groups, key: Shared, i: usize| match first.entry(key.0) {
         std::collections::hash_map::Entry::Occupied(o) => groups.join(*o.get(), i),
         std::collections::hash_map::Entry::Vacant(v) => {
             v.insert(i);
@@ -174,7 +172,7 @@ fn split<'s>(
             continue;
         };
         if spec.default_backend.is_some() {
-            link(&mut groups, Shared::DefaultBackend, i);
+            link(&mut groups, Shared::default_backend(), i);
         }
         let namespace = &*origin.namespace;
         let backends = spec
@@ -187,7 +185,7 @@ fn split<'s>(
             }));
         for service in backends.filter_map(|b| b.service.as_ref()) {
             if let Some(&(ns, name)) = odd.get(&(namespace, service.name.as_str())) {
-                link(&mut groups, Shared::Service(ns, name), i);
+                link(&mut groups, Shared::service(ns, name), i);
             }
         }
         for rule in spec.rules.iter().flatten() {
@@ -197,44 +195,110 @@ fn split<'s>(
                 continue;
             };
             if let HostKey::Exact(name) = &host {
-                if let Some(twin) = nginx::traffic::www_twin(name) {
-                    link(&mut groups, Shared::Host(HostKey::Exact(twin)), i);
+                if let Some(twin) = Shared::www_twin(name) {
+                    link(&mut groups, twin, i);
                 }
             }
-            link(&mut groups, Shared::Host(host), i);
+            link(&mut groups, Shared::host(&host), i);
         }
         let tls = spec.tls.iter().flatten();
         for host in tls.flat_map(|t| t.hosts.iter().flatten()) {
             match HostKey::parse(Some(host)) {
                 Ok(HostKey::Any) => {}
-                Ok(key) => link(&mut groups, Shared::Host(key), i),
+                Ok(key) => link(&mut groups, Shared::host(&key), i),
                 Err(_) => return None,
             }
         }
     }
-    let mut part_of_group: HashMap<usize, usize> = HashMap::new();
-    let mut load = vec![0usize; parts];
-    let mut group_weight: HashMap<usize, usize> = HashMap::new();
+    // Each group's weight at its root (the index of its oldest Ingress), then each group, in
+    // the order of its oldest Ingress, to the least loaded part.
     let roots: Vec<usize> = (0..ours.len()).map(|i| groups.root(i)).collect();
+    let mut group_weight = vec![0usize; ours.len()];
     for (i, root) in roots.iter().enumerate() {
-        *group_weight.entry(*root).or_default() += weight[i];
+        group_weight[*root] += weight[i];
     }
+    let mut part_of_group = vec![usize::MAX; ours.len()];
+    let mut load = vec![0usize; parts];
     let assigned = roots
         .iter()
-        .map(|root| {
-            *part_of_group.entry(*root).or_insert_with(|| {
+        .map(|&root| {
+            if part_of_group[root] == usize::MAX {
                 let (part, _) = load
                     .iter()
                     .enumerate()
                     .min_by_key(|(_, l)| **l)
                     .expect("at least one part");
                 load[part] += group_weight[root];
-                part
-            })
+                part_of_group[root] = part;
+            }
+            part_of_group[root]
         })
         .collect();
     Some(assigned)
 }
+
+/// What two Ingresses can share that keeps them in one group, as a digest (FNV-1a over a tag and
+/// the bytes: the same for a `www.` twin whether it is written out or not).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Shared(u64);
+
+impl Shared {
+    const START: u64 = 0xcbf2_9ce4_8422_2325;
+
+    fn digest(mut hash: u64, bytes: &[u8]) -> u64 {
+        for &b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        hash
+    }
+
+    fn tagged(tag: u8, parts: &[&[u8]]) -> Shared {
+        Shared(
+            parts
+                .iter()
+                .fold(Self::digest(Self::START, &[tag]), |h, p| Self::digest(h, p)),
+        )
+    }
+
+    /// A host key.
+    fn host(host: &HostKey) -> Shared {
+        match host {
+            HostKey::Exact(name) => Self::tagged(b'E', &[name.as_bytes()]),
+            HostKey::Wildcard(suffix) => Self::tagged(b'W', &[suffix.as_bytes()]),
+            HostKey::Any => Self::tagged(b'A', &[]),
+        }
+    }
+
+    /// The exact host [`nginx::traffic::www_twin`] gives for `name`, if any.
+    fn www_twin(name: &str) -> Option<Shared> {
+        if name.starts_with("*.") || name.is_empty() {
+            return None;
+        }
+        match name.strip_prefix("www.") {
+            Some(bare) if bare.contains('.') => Some(Self::tagged(b'E', &[bare.as_bytes()])),
+            Some(_) => None,
+            None => Some(Self::tagged(b'E', &[b"www.", name.as_bytes()])),
+        }
+    }
+
+    /// The table's default backend.
+    fn default_backend() -> Shared {
+        Self::tagged(b'D', &[])
+    }
+
+    /// A Service (namespace, name).
+    fn service(namespace: &str, name: &str) -> Shared {
+        Self::tagged(b'S', &[namespace.as_bytes(), b"/", name.as_bytes()])
+    }
+}
+
+/// Hash maps keyed by names from the cluster's objects, hashed with foldhash (seeded per
+/// process).
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A set hashed as [`FastMap`].
+type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// The Services (namespace, name) with a port whose `appProtocol` duet does not know: the first
 /// route to such a port in a translation reports it (a diagnostic of the Service, which marks
@@ -693,4 +757,37 @@ fn nginx_compat(
         return None;
     }
     Some(read.settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The digest of a host's `www.` twin is that of the twin written out, so Ingresses
+        /// that share a host through the twin stay in one group.
+        #[test]
+        fn www_twin_digest_is_the_written_twins(name in "(\\*\\.|www\\.)?([a-z0-9-]{0,6}\\.){0,3}[a-z0-9-]{0,6}") {
+            let written = nginx::traffic::www_twin(&name).map(|twin| Shared::host(&HostKey::Exact(twin)));
+            prop_assert_eq!(Shared::www_twin(&name), written);
+        }
+    }
+
+    #[test]
+    fn what_ingresses_share_has_distinct_digests() {
+        let all = [
+            Shared::host(&HostKey::Exact("a.example".into())),
+            Shared::host(&HostKey::Wildcard("a.example".into())),
+            Shared::host(&HostKey::Exact("www.a.example".into())),
+            Shared::host(&HostKey::Any),
+            Shared::default_backend(),
+            Shared::service("a", "example"),
+        ];
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
 }

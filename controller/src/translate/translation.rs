@@ -374,12 +374,14 @@ impl<'a> Translation<'a> {
             let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
             std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
         });
-        let used: FastSet<&BackendId> = table.backend_ids().chain(gateway_ids).collect();
-        let backends = self
-            .backends
-            .into_iter()
-            .filter(|(id, _)| used.contains(id))
-            .collect();
+        // Sized once (20,000 ids at the issue-13 size), and the unused backends removed in
+        // place: the map rebuilt from a filter cost as much as the set.
+        let mut used: FastSet<&BackendId> =
+            FastSet::with_capacity_and_hasher(self.backends.len(), Default::default());
+        used.extend(table.backend_ids().chain(gateway_ids));
+        let mut backends = self.backends;
+        backends.retain(|id, _| used.contains(id));
+        drop(used);
         let mut diagnostics = self.diagnostics;
         diagnostics.sort();
         diagnostics.dedup();
