@@ -864,6 +864,8 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
+    use http::header;
+
     use http::Method;
     use http_body_util::{BodyExt, Either, Empty};
     use tokio::io::AsyncReadExt;
