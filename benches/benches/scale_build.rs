@@ -53,7 +53,6 @@ fn main() {
     println!("first_publish_cpu_ms: {:.1}", cpu_ms(cpu));
 
     route_phase(&app, &config);
-    backend_and_apply(&app, &config);
 
     let ingress = std::fs::read_to_string(dir.join(field("ingress_file"))).expect("ingress file");
     let slice = std::fs::read_to_string(dir.join(field("endpointslice_file"))).expect("slice");
@@ -91,45 +90,6 @@ fn route_phase(app: &App, config: &translate::Config) {
             println!("route_phase_{name}_cpu_ms: {cpu:.1}");
             drop(plan);
         }
-    }
-}
-
-/// The backend phase alone (`translate::build_backends_with`, from nothing: as a first build)
-/// and a first `Runtime::apply` of its snapshot on a fresh runtime (`BACKEND_ROUNDS`, 3): wall
-/// time and the process's CPU time (all threads) of each.
-fn backend_and_apply(app: &App, config: &translate::Config) {
-    let rounds: usize = std::env::var("BACKEND_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let index = app.index();
-    let plan = translate::plan_routes_in_parts(&index.inputs(), config, cores, 1024);
-    let empty = dataplane::BackendMap::new();
-    for round in 0..rounds {
-        let started = Instant::now();
-        let cpu = process_cpu_ns();
-        let (backends, _) = translate::build_backends_with(
-            &plan,
-            |service| index.slices_of(service),
-            None,
-            config,
-            &empty,
-        );
-        let wall = ms(started);
-        let cpu = process_cpu_ns().saturating_sub(cpu) as f64 / 1e6;
-        println!("backend_phase_ms: {wall:.1}");
-        println!("backend_phase_cpu_ms: {cpu:.1}");
-        let snapshot = std::sync::Arc::new(translate::snapshot(&plan, backends, round as u64 + 1));
-        let runtime = Runtime::new(ProxyConfig::default());
-        let started = Instant::now();
-        let cpu = process_cpu_ns();
-        runtime.apply(snapshot);
-        let wall = ms(started);
-        let cpu = process_cpu_ns().saturating_sub(cpu) as f64 / 1e6;
-        println!("first_apply_ms: {wall:.1}");
-        println!("first_apply_cpu_ms: {cpu:.1}");
-        drop(runtime);
     }
 }
 

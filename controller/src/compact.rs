@@ -20,7 +20,6 @@ use std::borrow::Cow;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use dataplane::TargetKey;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use serde::Deserialize;
 
@@ -44,15 +43,6 @@ pub trait SliceView {
     fn tcp_port(&self, name: &str) -> Option<u16>;
     /// Calls `f` with each endpoint, in order.
     fn for_each_endpoint<'a>(&'a self, f: &mut dyn FnMut(EndpointView<'a>));
-    /// Calls `f` with each endpoint, in order, and the key of its target (`TargetKey::new` of
-    /// the view's `target`, which the view then need not hold: a stored [`Slice`] makes a pod
-    /// uid's key from its 16 bytes, without its text in an allocation of its own).
-    fn for_each_keyed<'a>(&'a self, f: &mut dyn FnMut(EndpointView<'a>, Option<TargetKey>)) {
-        self.for_each_endpoint(&mut |endpoint| {
-            let key = endpoint.target.as_deref().map(TargetKey::new);
-            f(endpoint, key);
-        });
-    }
 }
 
 /// What translation reads of one endpoint.
@@ -78,9 +68,6 @@ pub enum Written<'a> {
     Ip(IpAddr),
     /// The address as written (not canonical, or not an address at all).
     Text(&'a str),
-    /// An address written otherwise than duet prints it (`fd00:0::1`): parsed once when
-    /// stored, and the text as written (what a diagnostic quotes).
-    Parsed(IpAddr, &'a str),
 }
 
 impl Written<'_> {
@@ -89,7 +76,6 @@ impl Written<'_> {
         match self {
             Written::Ip(ip) => Some(*ip),
             Written::Text(text) => text.parse().ok(),
-            Written::Parsed(ip, _) => Some(*ip),
         }
     }
 }
@@ -98,7 +84,7 @@ impl fmt::Display for Written<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Written::Ip(ip) => ip.fmt(f),
-            Written::Text(text) | Written::Parsed(_, text) => f.write_str(text),
+            Written::Text(text) => f.write_str(text),
         }
     }
 }
@@ -174,8 +160,6 @@ enum Address {
     V4(Ipv4Addr),
     V6(Ipv6Addr),
     Text(Box<str>),
-    /// An address written otherwise than its canonical text: both.
-    Parsed(IpAddr, Box<str>),
 }
 
 /// An endpoint's target, while decoding.
@@ -192,9 +176,6 @@ const V4: u8 = 1;
 const V6: u8 = 2;
 const UUID: u8 = 1;
 const TEXT: u8 = 3;
-/// Address kinds: the text's index, then the parsed address's 4 or 16 bytes.
-const TEXT_V4: u8 = 4;
-const TEXT_V6: u8 = 5;
 
 impl PartialEq for Slice {
     /// Equal in all translation reads: the resource version is not compared (a write that
@@ -300,8 +281,6 @@ fn push_endpoint(
         Address::V4(_) => V4,
         Address::V6(_) => V6,
         Address::Text(_) => TEXT,
-        Address::Parsed(IpAddr::V4(_), _) => TEXT_V4,
-        Address::Parsed(IpAddr::V6(_), _) => TEXT_V6,
     };
     let target_kind = match target {
         Target::None => NONE,
@@ -315,13 +294,6 @@ fn push_endpoint(
         Address::V4(ip) => out.extend_from_slice(&ip.octets()),
         Address::V6(ip) => out.extend_from_slice(&ip.octets()),
         Address::Text(text) => out.extend_from_slice(&text_index(texts, text)),
-        Address::Parsed(ip, text) => {
-            out.extend_from_slice(&text_index(texts, text));
-            match ip {
-                IpAddr::V4(ip) => out.extend_from_slice(&ip.octets()),
-                IpAddr::V6(ip) => out.extend_from_slice(&ip.octets()),
-            }
-        }
     }
     match target {
         Target::None => {}
@@ -333,56 +305,38 @@ fn push_endpoint(
     }
 }
 
-/// An endpoint's target, while reading: as stored.
-enum StoredTarget<'a> {
-    None,
-    Uuid([u8; 16]),
-    Text(&'a str),
-}
-
 /// Reads the endpoint at the start of `bytes` (written by [`push_endpoint`]) and moves past it;
-/// `None` at the end. The view's `target` is left out: it is the [`StoredTarget`].
+/// `None` at the end.
 fn next_endpoint<'a>(
     bytes: &mut &[u8],
     texts: &'a [Box<str>],
     zones: &'a [Box<str>],
-) -> Option<(EndpointView<'a>, StoredTarget<'a>)> {
+) -> Option<EndpointView<'a>> {
     let (&[kinds, conditions], rest) = bytes.split_first_chunk::<2>()?;
     *bytes = rest;
     let address = match kinds & 0xf {
         V4 => take::<4>(bytes).map(|b| Written::Ip(IpAddr::V4(Ipv4Addr::from(b)))),
         V6 => take::<16>(bytes).map(|b| Written::Ip(IpAddr::V6(Ipv6Addr::from(b)))),
         TEXT => take::<4>(bytes).map(|at| Written::Text(text_at(texts, at))),
-        TEXT_V4 => take::<4>(bytes).and_then(|at| {
-            let ip = IpAddr::V4(Ipv4Addr::from(take::<4>(bytes)?));
-            Some(Written::Parsed(ip, text_at(texts, at)))
-        }),
-        TEXT_V6 => take::<4>(bytes).and_then(|at| {
-            let ip = IpAddr::V6(Ipv6Addr::from(take::<16>(bytes)?));
-            Some(Written::Parsed(ip, text_at(texts, at)))
-        }),
         _ => None,
     };
     let target = match kinds >> 4 {
-        UUID => take::<16>(bytes).map_or(StoredTarget::None, StoredTarget::Uuid),
-        TEXT => take::<4>(bytes).map_or(StoredTarget::None, |at| {
-            StoredTarget::Text(text_at(texts, at))
-        }),
-        _ => StoredTarget::None,
+        UUID => take::<16>(bytes).map(|b| Cow::Owned(uuid_text(&b))),
+        TEXT => take::<4>(bytes).map(|at| Cow::Borrowed(text_at(texts, at))),
+        _ => None,
     };
     let zone = match conditions & ZONED {
         0 => None,
         _ => take::<4>(bytes).map(u32::from_le_bytes),
     };
     let zone = zone.and_then(|z| usize::try_from(z).ok()?.checked_sub(1));
-    let view = EndpointView {
+    Some(EndpointView {
         ready: conditions & READY_SET == 0 || conditions & READY != 0,
         terminating: conditions & TERMINATING != 0,
         address,
-        target: None,
+        target,
         zone: zone.and_then(|at| zones.get(at)).map(|z| &**z),
-    };
-    Some((view, target))
+    })
 }
 
 /// The next `N` bytes of `bytes`, moving past them (`None`, and nothing left, when fewer remain,
@@ -427,14 +381,12 @@ fn zone_index(zones: &mut Vec<Box<str>>, zone: String) -> u32 {
 }
 
 impl Address {
-    /// An address as written: parsed, and also kept as written unless that is its canonical
-    /// text (`gen-scale.py`'s `fd00:5ca1:e::0:1` is not: parsed here once, not per build).
+    /// An address as written: parsed when `written` is its canonical text.
     fn of(written: String) -> Address {
         match written.parse::<IpAddr>() {
             Ok(IpAddr::V4(ip)) if ip.to_string() == written => Address::V4(ip),
             Ok(IpAddr::V6(ip)) if ip.to_string() == written => Address::V6(ip),
-            Ok(ip) => Address::Parsed(ip, written.into()),
-            Err(_) => Address::Text(written.into()),
+            _ => Address::Text(written.into()),
         }
     }
 }
@@ -465,35 +417,17 @@ fn uuid_bytes(uid: &str) -> Option<[u8; 16]> {
 
 /// The text of [`uuid_bytes`]' result.
 fn uuid_text(bytes: &[u8; 16]) -> String {
-    let hex = uuid_hex(bytes);
-    uuid_str(&hex).to_owned()
-}
-
-/// The key of the target whose uid is [`uuid_bytes`]' result: its text, inline (no allocation).
-fn uuid_key(bytes: &[u8; 16]) -> TargetKey {
-    TargetKey::new(uuid_str(&uuid_hex(bytes)))
-}
-
-/// The 36 ASCII bytes of the text of [`uuid_bytes`]' result.
-fn uuid_hex(bytes: &[u8; 16]) -> [u8; 36] {
-    // Two table lookups a byte instead of `write!` (200,000 of these per full build at scale).
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut text = [b'-'; 36];
-    let mut at = 0;
+    let mut text = String::with_capacity(36);
     for (i, byte) in bytes.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
-            at += 1;
+            text.push('-');
         }
-        text[at] = HEX[usize::from(byte >> 4)];
-        text[at + 1] = HEX[usize::from(byte & 0xf)];
-        at += 2;
+        // Two table lookups instead of `write!` (200,000 of these per full build at scale).
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        text.push(char::from(HEX[usize::from(byte >> 4)]));
+        text.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
     text
-}
-
-/// [`uuid_hex`]'s bytes as text (always ASCII).
-fn uuid_str(hex: &[u8; 36]) -> &str {
-    std::str::from_utf8(hex).unwrap_or_default()
 }
 
 impl SliceView for Slice {
@@ -531,26 +465,8 @@ impl SliceView for Slice {
 
     fn for_each_endpoint<'a>(&'a self, f: &mut dyn FnMut(EndpointView<'a>)) {
         let mut bytes = self.endpoints.as_deref().unwrap_or_default();
-        while let Some((mut endpoint, target)) = next_endpoint(&mut bytes, &self.texts, &self.zones)
-        {
-            endpoint.target = match target {
-                StoredTarget::None => None,
-                StoredTarget::Uuid(b) => Some(Cow::Owned(uuid_text(&b))),
-                StoredTarget::Text(text) => Some(Cow::Borrowed(text)),
-            };
+        while let Some(endpoint) = next_endpoint(&mut bytes, &self.texts, &self.zones) {
             f(endpoint);
-        }
-    }
-
-    fn for_each_keyed<'a>(&'a self, f: &mut dyn FnMut(EndpointView<'a>, Option<TargetKey>)) {
-        let mut bytes = self.endpoints.as_deref().unwrap_or_default();
-        while let Some((endpoint, target)) = next_endpoint(&mut bytes, &self.texts, &self.zones) {
-            let key = match target {
-                StoredTarget::None => None,
-                StoredTarget::Uuid(b) => Some(uuid_key(&b)),
-                StoredTarget::Text(text) => Some(TargetKey::new(text)),
-            };
-            f(endpoint, key);
         }
     }
 }
@@ -842,38 +758,6 @@ endpoints:
         assert_eq!(seen[7].address, Some(Written::Text("2001:db8::7")));
         assert_eq!(seen[4].target.as_deref(), Some("UID-4"));
         assert_eq!(seen[5].target.as_deref(), Some("Pod/ns/pod-5"));
-    }
-
-    #[test]
-    fn keys_of_targets_are_those_of_their_text_and_odd_addresses_are_parsed_once() {
-        let (api, stored) = decode(DUAL);
-        for view in [&api as &dyn SliceView, &stored] {
-            let mut keyed = Vec::new();
-            view.for_each_keyed(&mut |e, key| {
-                keyed.push((e.address.map(|a| (a.to_string(), a.ip())), key))
-            });
-            let mut plain = Vec::new();
-            view.for_each_endpoint(&mut |e| {
-                let key = e.target.as_deref().map(dataplane::TargetKey::new);
-                plain.push((e.address.map(|a| (a.to_string(), a.ip())), key))
-            });
-            assert_eq!(keyed.len(), 4);
-            for (k, p) in keyed.iter().zip(&plain) {
-                assert_eq!(k.0, p.0);
-                assert_eq!(k.1.as_deref(), p.1.as_deref());
-            }
-        }
-        // Not canonical: the address is stored parsed beside the text a diagnostic quotes.
-        let mut second = None;
-        stored.for_each_endpoint(&mut |e| {
-            if let Some(Written::Parsed(ip, text)) = e.address {
-                second.get_or_insert((ip, text));
-            }
-        });
-        assert_eq!(
-            second,
-            Some(("2001:db8::3".parse().unwrap(), "2001:DB8:0::3"))
-        );
     }
 
     #[test]

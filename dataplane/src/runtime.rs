@@ -185,25 +185,21 @@ impl Runtime {
         let metrics = self.telemetry.metrics();
         // The live backends and the route metric handles do not depend on each other: at scale
         // (10,000 backends) they are made side by side, on a scoped thread and this one.
-        // The targets by kind (100,000 targets read there) are counted after the live backends,
-        // on the same thread: the route handles take longer.
-        let live_and_counted = || {
-            let (backends, changed) = live_backends(&old, &snapshot);
-            let counts = changed.then(|| crate::metrics::TargetCounts::of(&snapshot));
-            (backends, counts)
-        };
-        let ((backends, target_counts), (route_metrics, upstream_tls)) =
+        let ((backends, backends_changed), (route_metrics, upstream_tls)) =
             if snapshot.backends.len() >= PARALLEL_APPLY_BACKENDS {
                 std::thread::scope(|scope| {
-                    let backends = scope.spawn(live_and_counted);
+                    let backends = scope.spawn(|| live_backends(&old, &snapshot));
                     let handles = route_handles(metrics, &snapshot, &old);
                     (backends.join().expect("live backends"), handles)
                 })
             } else {
-                (live_and_counted(), route_handles(metrics, &snapshot, &old))
+                (
+                    live_backends(&old, &snapshot),
+                    route_handles(metrics, &snapshot, &old),
+                )
             };
         let certs_changed = !Arc::ptr_eq(&old.snapshot.certs, &snapshot.certs);
-        metrics.snapshot_counted(&snapshot, target_counts, certs_changed);
+        metrics.snapshot_applied(&snapshot, backends_changed, certs_changed);
         let version = snapshot.version;
         self.live.store(Arc::new(Live {
             snapshot,

@@ -372,16 +372,14 @@ pub fn join_targets<S: SliceView + ?Sized>(
     let mut sorted: Vec<&S> = slices.to_vec();
     sorted.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
     let mut diagnostics = Vec::new();
-    // Every serving endpoint in the order met, then sorted by target (stably: the first of a
-    // family met still wins) and joined run by run: one allocation, no map node per target.
-    let mut serving: Vec<(TargetKey, Family, SocketAddr, Option<&str>)> = Vec::new();
+    let mut joined: BTreeMap<TargetKey, Joined> = BTreeMap::new();
     for slice in sorted {
         // Made only for a diagnostic: most slices have none.
         let key = || ObjectKey::new(Kind::EndpointSlice, slice.namespace(), slice.name());
         let Some((family, port)) = family_and_port(slice, &key, port_name, &mut diagnostics) else {
             continue;
         };
-        slice.for_each_keyed(&mut |endpoint, target| {
+        slice.for_each_endpoint(&mut |endpoint| {
             let Some(addr) = serving_address(
                 &endpoint,
                 (&key, slice.address_type()),
@@ -392,22 +390,20 @@ pub fn join_targets<S: SliceView + ?Sized>(
                 return;
             };
             // A pod uid's key is kept inline: no allocation per endpoint.
-            let id = target.unwrap_or_else(|| TargetKey::new(&addr.to_string()));
-            serving.push((id, family, addr, endpoint.zone));
+            let id = match endpoint.target.as_deref() {
+                Some(id) => TargetKey::new(id),
+                None => TargetKey::new(&addr.to_string()),
+            };
+            joined
+                .entry(id)
+                .or_default()
+                .add(family, addr, endpoint.zone);
         });
     }
-    serving.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut targets = Vec::new();
-    let mut serving = serving.into_iter().peekable();
-    while let Some((id, family, addr, zone)) = serving.next() {
-        let mut joined = Joined::default();
-        joined.add(family, addr, zone);
-        while let Some((_, family, addr, zone)) = serving.next_if(|next| next.0 == id) {
-            joined.add(family, addr, zone);
-        }
-        let addrs = joined.v4.into_iter().chain(joined.v6);
-        targets.push(Target::with_addrs(TargetId(id), addrs, joined.zone));
-    }
+    let targets = joined
+        .into_iter()
+        .map(|(id, j)| Target::with_addrs(TargetId(id), j.v4.into_iter().chain(j.v6), j.zone))
+        .collect();
     (targets, diagnostics)
 }
 

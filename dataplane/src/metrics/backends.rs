@@ -103,15 +103,8 @@ fn count<'a>(per_service: &mut PerService<'a>, backend: &'a Backend) {
     }
 }
 
-/// The ready targets by kind of every Service of a snapshot, counted before they are set
-/// ([`Metrics::set_target_counts`]): at scale (100,000 targets) [`crate::Runtime::apply`]
-/// counts them on the thread that makes the live backends, beside the route handles.
-#[derive(Debug)]
-pub(crate) struct TargetCounts(ByService);
-
-impl TargetCounts {
-    /// The counts of `snapshot`'s backends.
-    pub(crate) fn of(snapshot: &Snapshot) -> TargetCounts {
+impl Metrics {
+    pub(super) fn set_backend_targets(&self, snapshot: &Snapshot) {
         let mut per_service =
             PerService::with_capacity_and_hasher(snapshot.backends.len(), FastState::default());
         for backend in snapshot.backends.values() {
@@ -119,15 +112,8 @@ impl TargetCounts {
         }
         let mut all = ByService::with_capacity_and_hasher(per_service.len(), FastState::default());
         all.extend(owned(per_service));
-        TargetCounts(all)
-    }
-}
-
-impl Metrics {
-    /// Replaces every Service's target counts with `counts`.
-    pub(crate) fn set_target_counts(&self, counts: TargetCounts) {
         let series = &self.backends.backend_targets.by_service;
-        *series.write().unwrap_or_else(|e| e.into_inner()) = counts.0;
+        *series.write().unwrap_or_else(|e| e.into_inner()) = all;
     }
 
     /// Records that the backends `changed` of `snapshot` were replaced (every other one is as

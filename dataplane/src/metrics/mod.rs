@@ -34,7 +34,6 @@ use prometheus_client::metrics::family::Family as Series;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-pub(crate) use backends::TargetCounts;
 pub use connections::{ConnectionMetrics, OpenConnection};
 pub use routes::{LiveMetrics, Observation, RouteMetrics};
 pub use tunnels::TunnelEnd;

@@ -63,26 +63,14 @@ impl Metrics {
         backends_changed: bool,
         certs_changed: bool,
     ) {
-        let counts = backends_changed.then(|| super::TargetCounts::of(snapshot));
-        self.snapshot_counted(snapshot, counts, certs_changed);
-    }
-
-    /// [`Metrics::snapshot_applied`] with the targets by kind already counted (`None`: the
-    /// backends did not change).
-    pub(crate) fn snapshot_counted(
-        &self,
-        snapshot: &Snapshot,
-        counts: Option<super::TargetCounts>,
-        certs_changed: bool,
-    ) {
         let s = &self.snapshot;
         s.snapshot_version.set(snapshot.version as i64);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
         s.snapshot_applied.set(now.as_secs_f64());
-        if let Some(counts) = counts {
-            self.set_target_counts(counts);
+        if backends_changed {
+            self.set_backend_targets(snapshot);
         }
         if certs_changed {
             self.clear_certificate_expiries();
