@@ -586,8 +586,6 @@ impl App {
 /// Backends by id, as a snapshot holds them.
 type Backends = BackendMap<Arc<Backend>>;
 
-/// Drops what a route rebuild replaced (the previous plan and snapshot: at the issue-13 size
-/// tens of thousands of allocations) beside the publish instead of before it returns.
 /// Where a publish's time went, for its "Snapshot applied" line: the route phase (with the
 /// names it wants resolved), the backends, the diagnostics' report and the snapshot's assembly,
 /// and the dataplane's apply (live backends, metric handles, the swap).
@@ -598,6 +596,8 @@ struct BuildPhases {
     apply: Duration,
 }
 
+/// Drops what a route rebuild replaced (the previous plan and snapshot: at the issue-13 size
+/// tens of thousands of allocations) beside the publish instead of before it returns.
 fn retire<T: Send + 'static>(value: Option<T>) {
     if let Some(value) = value {
         dataplane::runtime::drop_beside(value);

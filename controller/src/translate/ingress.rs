@@ -36,7 +36,7 @@ use super::annotation::{annotation, Annotated};
 use super::certs::TlsHosts;
 use super::nginx::routing::Pending;
 use super::routes::HostKey;
-use super::translation::{PortRef, Translation};
+use super::translation::{FastMap, FastSet, PortRef, Translation};
 use super::{nginx, timeouts, AnnotationReport, Config, Diagnostic, Inputs, Reason};
 use crate::class::Classes;
 use crate::object::{Kind, NsName, ObjectKey};
@@ -272,14 +272,8 @@ impl Shared {
 
     /// The exact host [`nginx::traffic::www_twin`] gives for `name`, if any.
     fn www_twin(name: &str) -> Option<Shared> {
-        if name.starts_with("*.") || name.is_empty() {
-            return None;
-        }
-        match name.strip_prefix("www.") {
-            Some(bare) if bare.contains('.') => Some(Self::tagged(b'E', &[bare.as_bytes()])),
-            Some(_) => None,
-            None => Some(Self::tagged(b'E', &[b"www.", name.as_bytes()])),
-        }
+        let (prefix, rest) = nginx::traffic::www_twin_parts(name)?;
+        Some(Self::tagged(b'E', &[prefix.as_bytes(), rest.as_bytes()]))
     }
 
     /// The table's default backend.
@@ -292,13 +286,6 @@ impl Shared {
         Self::tagged(b'S', &[namespace.as_bytes(), b"/", name.as_bytes()])
     }
 }
-
-/// Hash maps keyed by names from the cluster's objects, hashed with foldhash (seeded per
-/// process).
-type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
-/// A set hashed as [`FastMap`].
-type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// The Services (namespace, name) with a port whose `appProtocol` duet does not know: the first
 /// route to such a port in a translation reports it (a diagnostic of the Service, which marks

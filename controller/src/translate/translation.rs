@@ -417,10 +417,10 @@ pub(crate) struct Part {
 
 /// Hash maps keyed by names from the cluster's objects, hashed fast (foldhash, seeded per
 /// process) rather than with SipHash: translation looks names up for every route.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A set hashed as [`FastMap`].
-type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+pub(super) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// Every Service of the inputs by namespace (`default` when unset) and name; of two with the
 /// same name, the later one.

@@ -30,6 +30,7 @@ use super::{PoolKey, UpstreamBody};
 pub use crate::error::ClientError;
 use crate::forwarded::Forwarding;
 use crate::limits::UPSTREAM_H1_BUF;
+use crate::names::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 
 /// Response headers parsed at most (as hyper's client).
 const MAX_HEADERS: usize = 100;
@@ -43,8 +44,6 @@ const READ_SIZE: usize = 16 * 1024;
 /// response against about 100 for a small one. A response that does not fit reads on in
 /// [`READ_SIZE`] steps.
 const FIRST_READ_SIZE: usize = 8 * 1024;
-
-use crate::names::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
 
 /// Whether a request takes this client: HTTP/1.1, GET or HEAD, no body, no upgrade, over plain
 /// TCP (the caller checks the peer).

@@ -415,14 +415,20 @@ fn vhost(v: &str) -> Result<String, String> {
 
 /// The other spelling of a host for `from-to-www-redirect`: with `www.` removed or added.
 pub fn www_twin(host: &str) -> Option<String> {
+    www_twin_parts(host).map(|(prefix, rest)| format!("{prefix}{rest}"))
+}
+
+/// [`www_twin`] unwritten: the prefix to put before the rest (`""` and the bare host, or `www.`
+/// and the host), for callers that only hash it.
+pub fn www_twin_parts(host: &str) -> Option<(&'static str, &str)> {
     if host.starts_with("*.") || host.is_empty() {
         return None;
     }
-    Some(match host.strip_prefix("www.") {
-        Some(bare) if bare.contains('.') => bare.to_owned(),
-        Some(_) => return None,
-        None => format!("www.{host}"),
-    })
+    match host.strip_prefix("www.") {
+        Some(bare) if bare.contains('.') => Some(("", bare)),
+        Some(_) => None,
+        None => Some(("www.", host)),
+    }
 }
 
 #[cfg(test)]
