@@ -183,23 +183,28 @@ impl Runtime {
         let _one_at_a_time = self.apply_lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.live.load_full();
         let metrics = self.telemetry.metrics();
-        // The live backends and the route metric handles do not depend on each other: at scale
-        // (10,000 backends) they are made side by side, on a scoped thread and this one.
-        let ((backends, backends_changed), (route_metrics, upstream_tls)) =
+        // The live backends (with the target counts of their metrics) and the route metric
+        // handles do not depend on each other: at scale (10,000 backends) they are made side by
+        // side, on a scoped thread and this one.
+        let backends = || {
+            let (backends, changed) = live_backends(&old, &snapshot);
+            if changed {
+                metrics.set_backend_targets(&snapshot);
+            }
+            backends
+        };
+        let (backends, (route_metrics, upstream_tls)) =
             if snapshot.backends.len() >= PARALLEL_APPLY_BACKENDS {
                 std::thread::scope(|scope| {
-                    let backends = scope.spawn(|| live_backends(&old, &snapshot));
+                    let backends = scope.spawn(backends);
                     let handles = route_handles(metrics, &snapshot, &old);
                     (backends.join().expect("live backends"), handles)
                 })
             } else {
-                (
-                    live_backends(&old, &snapshot),
-                    route_handles(metrics, &snapshot, &old),
-                )
+                (backends(), route_handles(metrics, &snapshot, &old))
             };
         let certs_changed = !Arc::ptr_eq(&old.snapshot.certs, &snapshot.certs);
-        metrics.snapshot_applied(&snapshot, backends_changed, certs_changed);
+        metrics.snapshot_applied(&snapshot, certs_changed);
         let version = snapshot.version;
         self.live.store(Arc::new(Live {
             snapshot,

@@ -104,7 +104,8 @@ fn count<'a>(per_service: &mut PerService<'a>, backend: &'a Backend) {
 }
 
 impl Metrics {
-    pub(super) fn set_backend_targets(&self, snapshot: &Snapshot) {
+    /// Sets the target counts by kind of every Service of `snapshot` (its backends changed).
+    pub fn set_backend_targets(&self, snapshot: &Snapshot) {
         let mut per_service =
             PerService::with_capacity_and_hasher(snapshot.backends.len(), FastState::default());
         for backend in snapshot.backends.values() {
@@ -120,7 +121,7 @@ impl Metrics {
     /// before): sets the target counts of their Services, and the snapshot's version and time.
     /// `changed` names every backend of each Service it touches.
     pub fn backends_replaced(&self, snapshot: &Snapshot, changed: &[BackendId]) {
-        self.snapshot_applied(snapshot, false, false);
+        self.snapshot_applied(snapshot, false);
         let mut per_service = PerService::default();
         for backend in changed.iter().filter_map(|id| snapshot.backends.get(id)) {
             count(&mut per_service, backend);
@@ -217,7 +218,7 @@ mod tests {
         let api_admin = backend("shop/api:9090", 1, 0, 0);
         let web = backend("shop/web:80", 0, 0, 3);
         let db = backend("data/db:5432", 1, 0, 1);
-        metrics.snapshot_applied(&snapshot(&[&api, &api_admin, &web, &db]), true, false);
+        metrics.set_backend_targets(&snapshot(&[&api, &api_admin, &web, &db]));
         let expect = |counts: &[(&str, &str, Kinds)]| {
             let mut r = Registry::default();
             reference(&mut r, counts);
@@ -246,13 +247,13 @@ mod tests {
         );
 
         // A full apply without db: its series leave the exposition.
-        metrics.snapshot_applied(&snapshot(&[&api, &web2]), true, false);
+        metrics.set_backend_targets(&snapshot(&[&api, &web2]));
         assert_eq!(
             exposed(&registry),
             expect(&[("shop", "api", [2, 1, 0]), ("shop", "web", [1, 0, 0])])
         );
         // No backends at all: no HELP or TYPE either, as an empty family.
-        metrics.snapshot_applied(&Snapshot::default(), true, false);
+        metrics.set_backend_targets(&Snapshot::default());
         assert_eq!(exposed(&registry), expect(&[]));
     }
 }

@@ -477,7 +477,8 @@ mod tests {
         snapshot
             .backends
             .insert(backend.id.clone(), Arc::new(backend));
-        metrics.snapshot_applied(&snapshot, true, false);
+        metrics.snapshot_applied(&snapshot, false);
+        metrics.set_backend_targets(&snapshot);
         let text = encode(&registry);
         for line in [
             r#"duet_backend_targets{namespace="shop",service="api",kind="dual"} 1"#,

@@ -55,23 +55,15 @@ impl SnapshotFamilies {
 }
 
 impl Metrics {
-    /// Records a snapshot as applied now: version, time, targets by kind (when its backends
-    /// changed) and certificate expiries (when its certificates changed).
-    pub fn snapshot_applied(
-        &self,
-        snapshot: &Snapshot,
-        backends_changed: bool,
-        certs_changed: bool,
-    ) {
+    /// Records a snapshot as applied now: version, time and certificate expiries (when its
+    /// certificates changed). Its targets by kind are [`Metrics::set_backend_targets`]'s.
+    pub fn snapshot_applied(&self, snapshot: &Snapshot, certs_changed: bool) {
         let s = &self.snapshot;
         s.snapshot_version.set(snapshot.version as i64);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
         s.snapshot_applied.set(now.as_secs_f64());
-        if backends_changed {
-            self.set_backend_targets(snapshot);
-        }
         if certs_changed {
             self.clear_certificate_expiries();
             for cert in snapshot.certs.certs() {
