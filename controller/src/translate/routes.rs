@@ -11,6 +11,7 @@
 //!   compile is skipped (`InvalidPath`).
 
 use std::borrow::Cow;
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -100,6 +101,10 @@ impl fmt::Display for Described<'_> {
 pub(crate) struct RouteModel {
     /// Each rule with the regex it becomes if its host turns to regexes.
     hosts: BTreeMap<HostKey, Vec<(PathRule, String)>>,
+    /// The rules added last, on one host, not yet in `hosts` (they follow that host's rules
+    /// there): an Ingress adds its paths host by host, and each path looked its host up in the
+    /// B-tree, comparing host names.
+    pending: Option<(HostKey, Vec<(PathRule, String)>)>,
     /// Hosts whose paths are regexes.
     regex_hosts: BTreeSet<HostKey>,
     /// The default backend, once claimed.
@@ -116,10 +121,23 @@ impl RouteModel {
             self.use_regex(host);
         }
         let entry = (rule, pattern.to_owned());
-        match self.hosts.get_mut(host) {
-            Some(rules) => rules.push(entry),
-            None => {
-                self.hosts.insert(host.clone(), vec![entry]);
+        match &mut self.pending {
+            Some((last, rules)) if last == host => rules.push(entry),
+            _ => {
+                self.flush();
+                self.pending = Some((host.clone(), vec![entry]));
+            }
+        }
+    }
+
+    /// Moves the pending rules to the end of their host's in `hosts`.
+    fn flush(&mut self) {
+        if let Some((host, mut rules)) = self.pending.take() {
+            match self.hosts.entry(host) {
+                Entry::Occupied(known) => known.into_mut().append(&mut rules),
+                Entry::Vacant(new) => {
+                    new.insert(rules);
+                }
             }
         }
     }
@@ -131,11 +149,12 @@ impl RouteModel {
 
     /// Whether `host` has rules.
     pub(crate) fn has_host(&self, host: &HostKey) -> bool {
-        self.hosts.contains_key(host)
+        self.pending.as_ref().is_some_and(|(last, _)| last == host) || self.hosts.contains_key(host)
     }
 
     /// The rules added on `host` so far, to change their actions.
     pub(crate) fn rules_mut(&mut self, host: &HostKey) -> impl Iterator<Item = &mut PathRule> {
+        self.flush();
         self.hosts
             .get_mut(host)
             .into_iter()
@@ -164,6 +183,8 @@ impl RouteModel {
     /// Takes the hosts of a model built from other Ingresses, over hosts this one lacks (a route
     /// phase split by host); its default backend when this one has none.
     pub(crate) fn absorb(&mut self, mut other: RouteModel) {
+        self.flush();
+        other.flush();
         debug_assert!(other.hosts.keys().all(|h| !self.hosts.contains_key(h)));
         self.hosts.append(&mut other.hosts);
         self.regex_hosts.append(&mut other.regex_hosts);
@@ -178,10 +199,11 @@ impl RouteModel {
     /// The route table: each host's rules in precedence order, conflicts and paths that do not
     /// compile as regexes reported.
     pub(crate) fn build(
-        self,
+        mut self,
         diagnostics: &mut Vec<Diagnostic>,
         reports: &mut [AnnotationReport],
     ) -> RouteTable {
+        self.flush();
         let mut table = RouteTable {
             default_backend: self.default_backend,
             ..RouteTable::default()

@@ -252,6 +252,10 @@ pub fn read(annotations: &BTreeMap<String, String>) -> Read {
 
 /// A redirect code without its redirect has no effect (as in ingress-nginx): not honoured.
 fn codes_need_their_redirect(read: &mut Read) {
+    // Most Ingresses have no annotation: nothing to check, no key to write out.
+    if read.findings.is_empty() {
+        return;
+    }
     let without =
         |r: &Option<(Option<u16>, String)>| r.as_ref().is_none_or(|(_, url)| url.is_empty());
     let missing = [
@@ -281,7 +285,7 @@ fn codes_need_their_redirect(read: &mut Read) {
 
 /// `x-forwarded-prefix` is only sent where a rewrite happens (as in ingress-nginx).
 fn prefix_needs_a_rewrite(read: &mut Read) {
-    if read.settings.rewrite_target.is_some() {
+    if read.settings.rewrite_target.is_some() || read.findings.is_empty() {
         return;
     }
     let key = format!("{PREFIX}x-forwarded-prefix");

@@ -281,6 +281,9 @@ fn default_cookie_path(path: &str) -> String {
 /// effect, and on a canary Ingress the keys other than canary, affinity and hashing are the
 /// main Ingress's business (as in ingress-nginx).
 pub fn finish(read: &mut Read) {
+    if read.findings.is_empty() {
+        return;
+    }
     let canary = read.settings.traffic.canary;
     for f in read.findings.iter_mut().filter(|f| f.status.is_honoured()) {
         let Some(name) = f.key.strip_prefix(PREFIX).map(str::to_owned) else {
