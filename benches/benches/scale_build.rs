@@ -4,7 +4,8 @@
 //! does ([`App::publish`]). Prints the wall time of each step and, for the publishes, the CPU
 //! time of the thread that ran it (`*_cpu_ms`, from `/proc/thread-self/schedstat`: what the
 //! shared machine's load inflates less; it advances by scheduler ticks, about 4 ms); `ROUNDS`
-//! repeats the changes. Not
+//! repeats the changes; `first_publish_minor_faults` counts the pages the first publish touched
+//! first (all threads). Allocates with jemalloc, as `duet` does. Not
 //! a criterion bench: one first build is what `scale.sh` measures, and profilers
 //! (`perf record`, callgrind) can run it alone:
 //!
@@ -18,6 +19,11 @@ use controller::index::Change;
 use controller::source::files::{self, FileSource};
 use controller::translate;
 use dataplane::{ProxyConfig, Runtime};
+
+/// The `duet` binary's allocator (its `jemalloc` feature): allocation costs and page faults as
+/// there.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
     let dir = PathBuf::from(std::env::var("SCALE_DIR").unwrap_or_else(|_| "/tmp/scale".into()));
@@ -48,9 +54,14 @@ fn main() {
     println!("index_ms: {:.1}", ms(started));
     let started = Instant::now();
     let cpu = thread_cpu_ns();
+    let faults = minor_faults();
     app.publish().expect("a first snapshot");
     println!("first_publish_ms: {:.1}", ms(started));
     println!("first_publish_cpu_ms: {:.1}", cpu_ms(cpu));
+    println!(
+        "first_publish_minor_faults: {}",
+        minor_faults().saturating_sub(faults)
+    );
 
     route_phase(&app, &config);
 
@@ -93,20 +104,28 @@ fn route_phase(app: &App, config: &translate::Config) {
     }
 }
 
+/// The process's minor page faults so far (`minflt` of `/proc/self/stat`: pages the kernel
+/// gave on first touch, all threads); 0 without it.
+fn minor_faults() -> u64 {
+    stat_field(7)
+}
+
+/// Field `i` after the command of `/proc/self/stat` (state is 0), as a number; 0 without it.
+fn stat_field(i: usize) -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after
+        .split_whitespace()
+        .nth(i)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Nanoseconds every thread of this process has run (utime + stime of `/proc/self/stat`, in
 /// clock ticks of 10 ms); 0 without it.
 fn process_cpu_ns() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
     // After the command's `)`: state is field 0, utime 11, stime 12.
-    (ticks(11) + ticks(12)) * 10_000_000
+    (stat_field(11) + stat_field(12)) * 10_000_000
 }
 
 /// Applies the objects of `yaml` and publishes; prints the publish time.
