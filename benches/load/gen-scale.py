@@ -66,7 +66,7 @@ spec:
 """
 
 
-def slice_yaml(ns: str, name: str, family: str, first_pod: int, pods: int) -> str:
+def slice_yaml(ns: str, name: str, family: str, first_pod: int, pods: int, zones: int = 0) -> str:
     address = pod_ipv4 if family == "IPv4" else pod_ipv6
     lines = [
         "apiVersion: discovery.k8s.io/v1",
@@ -80,9 +80,12 @@ def slice_yaml(ns: str, name: str, family: str, first_pod: int, pods: int) -> st
         "endpoints:",
     ]
     for n in range(first_pod, first_pod + pods):
+        # A pod's zone, as the endpointslice controller writes it from its node's label.
+        zone = f"    zone: zone-{n % zones}\n" if zones else ""
         lines.append(
             f'  - addresses: ["{address(n)}"]\n'
             f"    conditions: {{ready: true}}\n"
+            f"{zone}"
             f"    targetRef: {{kind: Pod, namespace: {ns}, name: {name}-{n - first_pod}, uid: {pod_uid(n)}}}"
         )
     return "\n".join(lines) + "\n"
@@ -141,8 +144,8 @@ def generate(args: argparse.Namespace) -> dict:
         first_pod = i * args.pods
         objects = {
             "svc": service_yaml(ns, name),
-            "eps-ipv4": slice_yaml(ns, name, "IPv4", first_pod, args.pods),
-            "eps-ipv6": slice_yaml(ns, name, "IPv6", first_pod, args.pods),
+            "eps-ipv4": slice_yaml(ns, name, "IPv4", first_pod, args.pods, args.zones),
+            "eps-ipv6": slice_yaml(ns, name, "IPv6", first_pod, args.pods, args.zones),
             "ing": ingress_yaml(ns, name, i, args.paths),
         }
         if args.layout == "object":
@@ -169,6 +172,7 @@ def generate(args: argparse.Namespace) -> dict:
         pods=args.ingresses * args.pods,
         paths_per_ingress=args.paths,
         layout=args.layout,
+        zones=args.zones,
     )
     write(os.path.join(args.out, ".scale.json"), json.dumps(info, indent=1) + "\n")
     return info
@@ -184,6 +188,8 @@ def main() -> None:
     parser.add_argument("--layout", choices=["object", "service"], default="object")
     parser.add_argument("--addresses", choices=sorted(ADDRESSES), default="loopback",
                         help="pod addresses: loopback/ULA, or 198.18.0.0/15 and 2001:db8:: for an API server")
+    parser.add_argument("--zones", type=int, default=0,
+                        help="topology zones the pods spread over (zone-0 ...); 0: endpoints name none")
     args = parser.parse_args()
     global ADDRESS_PLAN
     ADDRESS_PLAN = args.addresses
@@ -193,6 +199,8 @@ def main() -> None:
         parser.error(f"too many pods for the {ADDRESS_PLAN} addresses")
     if args.paths < 1 or args.namespaces < 1:
         parser.error("--paths and --namespaces must be at least 1")
+    if not 0 <= args.zones <= 1000:
+        parser.error("--zones must be 0..1000")
     info = generate(args)
     print(
         f"{args.out}: {info['ingresses']} Ingresses, {info['services']} Services, "

@@ -63,12 +63,14 @@ pub fn build_backends_by_service(
     }
     let mut diagnostics = ServiceDiagnostics::new();
     let mut backends = BackendMap::with_capacity(plan.backends.len());
+    let mut zones = Zones::default();
     for (id, spec) in &plan.backends {
         let of_service = slices
             .get(&spec.service)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (backend, found) = backend_of(id, spec, of_service, names, config, previous);
+        let (backend, found) =
+            backend_of(id, spec, of_service, names, config, previous, &mut zones);
         add_diagnostics(&mut diagnostics, &spec.service, found);
         backends.insert(id.clone(), backend);
     }
@@ -164,6 +166,7 @@ fn build_part<'a, S: SliceView + ?Sized + 'a>(
     let mut diagnostics = ServiceDiagnostics::new();
     let mut backends = BackendMap::with_capacity(specs.len());
     let mut current: Option<(&NsName, Vec<&S>)> = None;
+    let mut zones = Zones::default();
     for &(id, spec) in specs {
         if current.as_ref().is_none_or(|(s, _)| **s != spec.service) {
             current = Some((&spec.service, slices_of(&spec.service)));
@@ -172,7 +175,7 @@ fn build_part<'a, S: SliceView + ?Sized + 'a>(
             .as_ref()
             .map(|(_, v)| v.as_slice())
             .unwrap_or_default();
-        let (backend, found) = backend_of(id, spec, slices, names, config, previous);
+        let (backend, found) = backend_of(id, spec, slices, names, config, previous, &mut zones);
         add_diagnostics(&mut diagnostics, &spec.service, found);
         backends.insert(id.clone(), backend);
     }
@@ -217,6 +220,7 @@ pub fn update_backends<'a, S: SliceView + ?Sized + 'a>(
         return None;
     }
     let mut backends = previous.clone();
+    let mut zones = Zones::default();
     for service in changed {
         diagnostics.remove(service);
         let slices = slices_of(service);
@@ -224,7 +228,8 @@ pub fn update_backends<'a, S: SliceView + ?Sized + 'a>(
             if !previous.contains_key(id) {
                 return None;
             }
-            let (backend, found) = backend_of(id, spec, &slices, names, config, previous);
+            let (backend, found) =
+                backend_of(id, spec, &slices, names, config, previous, &mut zones);
             add_diagnostics(diagnostics, service, found);
             backends.insert(id.clone(), backend);
         }
@@ -267,10 +272,12 @@ pub fn update_backends_after_routes<'a, S: SliceView + ?Sized + 'a>(
             backends.insert(id.clone(), backend.clone());
         }
     }
+    let mut zones = Zones::default();
     for service in again {
         let slices = slices_of(service);
         for (id, spec) in service_backends(plan, service) {
-            let (backend, found) = backend_of(id, spec, &slices, names, config, previous);
+            let (backend, found) =
+                backend_of(id, spec, &slices, names, config, previous, &mut zones);
             add_diagnostics(diagnostics, service, found);
             backends.insert(id.clone(), backend);
         }
@@ -286,12 +293,13 @@ fn backend_of<S: SliceView + ?Sized>(
     names: Option<&Resolved>,
     config: &Config,
     previous: &BackendMap<Arc<Backend>>,
+    zones: &mut Zones,
 ) -> (Arc<Backend>, Vec<Diagnostic>) {
     let allow_loopback = config.allow_loopback_endpoints;
     let (targets, found) = match &spec.external_name {
         Some(name) => external_target(spec, name, names, allow_loopback),
         None if spec.cluster_ips.is_empty() => {
-            join_targets(slices, &spec.port_name, allow_loopback)
+            join_targets_with(slices, &spec.port_name, allow_loopback, zones)
         }
         None => cluster_target(spec, allow_loopback),
     };
@@ -369,6 +377,38 @@ pub fn join_targets<S: SliceView + ?Sized>(
     port_name: &str,
     allow_loopback: bool,
 ) -> (Vec<Target>, Vec<Diagnostic>) {
+    join_targets_with(slices, port_name, allow_loopback, &mut Zones::default())
+}
+
+/// The zone names targets share: a cluster has a few zones and every pod names one (100,000
+/// targets at the issue-13 size, each a 32-byte allocation of its own before). Up to
+/// [`Zones::MAX`] distinct names are shared; more (never seen in a real cluster, possible in
+/// a hostile slice) get an allocation each rather than a longer search.
+#[derive(Debug, Default)]
+pub(crate) struct Zones(Vec<Arc<str>>);
+
+impl Zones {
+    const MAX: usize = 32;
+
+    fn get(&mut self, zone: &str) -> Arc<str> {
+        if let Some(known) = self.0.iter().find(|z| ***z == *zone) {
+            return known.clone();
+        }
+        let new: Arc<str> = zone.into();
+        if self.0.len() < Self::MAX {
+            self.0.push(new.clone());
+        }
+        new
+    }
+}
+
+/// [`join_targets`] sharing zone names through `zones`.
+fn join_targets_with<S: SliceView + ?Sized>(
+    slices: &[&S],
+    port_name: &str,
+    allow_loopback: bool,
+    zones: &mut Zones,
+) -> (Vec<Target>, Vec<Diagnostic>) {
     let mut sorted: Vec<&S> = slices.to_vec();
     sorted.sort_by(|a, b| (a.namespace(), a.name()).cmp(&(b.namespace(), b.name())));
     let mut diagnostics = Vec::new();
@@ -397,7 +437,7 @@ pub fn join_targets<S: SliceView + ?Sized>(
             joined
                 .entry(id)
                 .or_default()
-                .add(family, addr, endpoint.zone);
+                .add(family, addr, endpoint.zone, zones);
         });
     }
     let targets = joined
@@ -409,7 +449,7 @@ pub fn join_targets<S: SliceView + ?Sized>(
 
 impl Joined {
     /// Adds an endpoint's address of `family` (the first one of each family wins) and zone.
-    fn add(&mut self, family: Family, addr: SocketAddr, zone: Option<&str>) {
+    fn add(&mut self, family: Family, addr: SocketAddr, zone: Option<&str>, zones: &mut Zones) {
         let slot = match family {
             Family::V4 => &mut self.v4,
             Family::V6 => &mut self.v6,
@@ -418,7 +458,7 @@ impl Joined {
             *slot = Some(addr);
         }
         if self.zone.is_none() {
-            self.zone = zone.map(Arc::from);
+            self.zone = zone.map(|z| zones.get(z));
         }
     }
 }
@@ -539,10 +579,65 @@ pub fn forbidden(ip: IpAddr, allow_loopback: bool) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{forbidden, split_by_service};
+    use std::sync::Arc;
+
+    use super::{forbidden, join_targets_with, split_by_service, Zones};
+    use crate::compact::Slice;
     use crate::object::NsName;
     use crate::translate::BackendSpec;
     use dataplane::BackendId;
+
+    /// A stored IPv4 slice of Service `service` whose pods `first..first + zones.len()` are in
+    /// `zones`.
+    fn zoned_slice(service: &str, first: usize, zones: &[String]) -> Slice {
+        let mut yaml = format!(
+            "metadata: {{name: {service}-v4, namespace: ns, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: IPv4\nports: [{{name: http, port: 80}}]\nendpoints:\n"
+        );
+        for (i, zone) in zones.iter().enumerate() {
+            let pod = first + i;
+            yaml += &format!(
+                "  - {{addresses: [\"10.0.{}.{}\"], zone: {zone}, targetRef: {{uid: pod-{pod}}}}}\n",
+                pod / 250,
+                pod % 250 + 1
+            );
+        }
+        serde_saphyr::from_str(&yaml).expect("a slice")
+    }
+
+    #[test]
+    fn targets_share_their_zone_names_across_backends() {
+        let zones: Vec<String> = (0..6).map(|i| format!("zone-{}", i % 3)).collect();
+        let (web, api) = (zoned_slice("web", 0, &zones), zoned_slice("api", 6, &zones));
+        let mut shared = Zones::default();
+        let (mut targets, diagnostics) = join_targets_with(&[&web], "http", false, &mut shared);
+        assert!(diagnostics.is_empty(), "{diagnostics:?}");
+        targets.extend(join_targets_with(&[&api], "http", false, &mut shared).0);
+        assert_eq!(targets.len(), 12);
+        for target in &targets {
+            let pod: usize = target.id.to_string()["pod-".len()..].parse().unwrap();
+            let zone = target.zone.as_ref().expect("a zone");
+            assert_eq!(**zone, *format!("zone-{}", pod % 3));
+            // One allocation per zone name for all of them.
+            let first = targets[pod % 3].zone.as_ref().unwrap();
+            assert!(Arc::ptr_eq(zone, first), "{} of pod-{pod}", zone);
+        }
+    }
+
+    #[test]
+    fn zones_past_the_shared_ones_keep_their_names() {
+        let zones: Vec<String> = (0..Zones::MAX + 8).map(|i| format!("z{i}")).collect();
+        let slice = zoned_slice("many", 0, &zones);
+        let mut shared = Zones::default();
+        for _ in 0..2 {
+            let (targets, _) = join_targets_with(&[&slice], "http", false, &mut shared);
+            assert_eq!(targets.len(), zones.len());
+            for target in &targets {
+                let pod: usize = target.id.to_string()["pod-".len()..].parse().unwrap();
+                assert_eq!(target.zone.as_deref(), Some(&*format!("z{pod}")));
+            }
+        }
+        assert_eq!(shared.0.len(), Zones::MAX);
+    }
 
     #[test]
     fn parts_of_the_backend_phase_cover_every_backend_and_never_split_a_service() {
