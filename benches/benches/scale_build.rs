@@ -107,25 +107,25 @@ fn route_phase(app: &App, config: &translate::Config) {
 /// The process's minor page faults so far (`minflt` of `/proc/self/stat`: pages the kernel
 /// gave on first touch, all threads); 0 without it.
 fn minor_faults() -> u64 {
-    stat_field(7)
+    let [faults] = stat_fields([7]);
+    faults
 }
 
-/// Field `i` after the command of `/proc/self/stat` (state is 0), as a number; 0 without it.
-fn stat_field(i: usize) -> u64 {
+/// The fields `wanted` after the command of one read of `/proc/self/stat` (state is 0), as
+/// numbers; 0 for each without it.
+fn stat_fields<const N: usize>(wanted: [usize; N]) -> [u64; N] {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    after
-        .split_whitespace()
-        .nth(i)
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0)
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    wanted.map(|i| fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0))
 }
 
 /// Nanoseconds every thread of this process has run (utime + stime of `/proc/self/stat`, in
 /// clock ticks of 10 ms); 0 without it.
 fn process_cpu_ns() -> u64 {
     // After the command's `)`: state is field 0, utime 11, stime 12.
-    (stat_field(11) + stat_field(12)) * 10_000_000
+    let [user, system] = stat_fields([11, 12]);
+    (user + system) * 10_000_000
 }
 
 /// Applies the objects of `yaml` and publishes; prints the publish time.

@@ -277,7 +277,8 @@ impl From<EndpointPort> for Port {
 /// [`TERMINATING_SET`], [`TERMINATING`], [`ZONED`]), then the address (4 or 16 bytes, or a
 /// 4-byte index in `texts`), the target (a UUID's 16 bytes, or a 4-byte index in `texts`) and,
 /// when zoned, the zone's 1-based index in `zones` (4 bytes). All numbers little-endian. The
-/// usual endpoint (an address of the slice's family, a UUID uid, no zone) is 22 bytes (IPv4) or 34 (IPv6).
+/// usual endpoint (an address of the slice's family, a UUID uid, no zone) is 22 bytes (IPv4) or
+/// 34 (IPv6).
 fn push_endpoint(
     out: &mut Vec<u8>,
     endpoint: Endpoint,

@@ -391,7 +391,7 @@ impl Zones {
     const MAX: usize = 32;
 
     fn get(&mut self, zone: &str) -> Arc<str> {
-        if let Some(known) = self.0.iter().find(|z| ***z == *zone) {
+        if let Some(known) = self.0.iter().find(|z| z.as_ref() == zone) {
             return known.clone();
         }
         let new: Arc<str> = zone.into();
