@@ -268,7 +268,35 @@ impl App {
             self.want_names();
         }
         let routes_done = std::time::Instant::now();
-        let (backends, changed) = self.build_backends(rebuild_routes, &pending, replaced)?;
+        // A new route table's metric handles depend on nothing else: at scale they are made on
+        // a thread of their own while the backends are built (and the backend phase's threads
+        // share the cores with it), not after them.
+        let prepare = self.plan.as_ref().filter(|plan| {
+            let new_table = self.published.as_ref().is_none_or(|old| {
+                !Arc::ptr_eq(&old.routes, &plan.table)
+                    || !Arc::ptr_eq(&old.gateways, &plan.gateways)
+            });
+            rebuild_routes && new_table && plan.backends.len() >= PREPARE_ROUTES_FROM
+        });
+        let (built, prepared) = match prepare {
+            Some(plan) => {
+                let (runtime, table, gateways) = (
+                    self.runtime.clone(),
+                    plan.table.clone(),
+                    plan.gateways.clone(),
+                );
+                std::thread::scope(|scope| {
+                    let handles = scope.spawn(move || runtime.prepare_routes(&table, &gateways));
+                    let built = self.build_backends(rebuild_routes, &pending, replaced);
+                    (built, Some(handles.join().expect("the route handles")))
+                })
+            }
+            None => (
+                self.build_backends(rebuild_routes, &pending, replaced),
+                None,
+            ),
+        };
+        let (backends, changed) = built?;
         let backends_done = std::time::Instant::now();
         let plan = self.plan.as_ref()?;
         let backend_diagnostics = self
@@ -318,7 +346,10 @@ impl App {
         let apply_started = std::time::Instant::now();
         match (&changed, &self.published) {
             (Some(ids), Some(base)) => self.runtime.apply_changed(snapshot.clone(), base, ids),
-            _ => self.runtime.apply(snapshot.clone()),
+            _ => match prepared {
+                Some(prepared) => self.runtime.apply_prepared(snapshot.clone(), prepared),
+                None => self.runtime.apply(snapshot.clone()),
+            },
         }
         let build = started.elapsed();
         if let Some(metrics) = &self.metrics {
@@ -587,14 +618,19 @@ impl App {
 type Backends = BackendMap<Arc<Backend>>;
 
 /// Where a publish's time went, for its "Snapshot applied" line: the route phase (with the
-/// names it wants resolved), the backends, the diagnostics' report and the snapshot's assembly,
-/// and the dataplane's apply (live backends, metric handles, the swap).
+/// names it wants resolved), the backends (and, beside them at scale, a new route table's
+/// metric handles), the diagnostics' report and the snapshot's assembly, and the dataplane's
+/// apply (live backends, metric handles unless made before, the swap).
 struct BuildPhases {
     routes: Duration,
     backends: Duration,
     report: Duration,
     apply: Duration,
 }
+
+/// Backends from which a new route table's metric handles are made beside the backend phase
+/// ([`dataplane::Runtime::prepare_routes`]): below it a thread costs more than it saves.
+const PREPARE_ROUTES_FROM: usize = 2048;
 
 /// Drops what a route rebuild replaced (the previous plan and snapshot: at the issue-13 size
 /// tens of thousands of allocations) beside the publish instead of before it returns.
@@ -739,6 +775,53 @@ spec: {ports: [{port: 80}]}
             live_after.backends.shared_shards(&live_before.backends),
             shards - 1
         );
+    }
+
+    /// `n` Ingresses `i-K` (host `hK.test`) to Services `s-K` (port 80), from `first`.
+    fn ingresses(first: usize, n: usize) -> String {
+        (first..first + n)
+            .map(|k| {
+                format!(
+                    "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: i-{k}}}\nspec:\n  ingressClassName: duet\n  rules:\n  - host: h{k}.test\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: s-{k}, port: {{number: 80}}}}}}}}]}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: s-{k}}}\nspec: {{ports: [{{port: 80}}]}}\n---\n"
+                )
+            })
+            .collect()
+    }
+
+    /// Every route of the live snapshot has its metric handles; their count.
+    fn routes_with_handles(runtime: &Runtime) -> usize {
+        let live = runtime.load_full();
+        for (host, action) in live.snapshot.routes.actions() {
+            assert!(live.metrics.route(action).is_some(), "{host}: no handles");
+        }
+        live.metrics.routes()
+    }
+
+    #[test]
+    fn route_handles_made_beside_the_backend_phase_serve_every_route() {
+        let (mut app, runtime) = app();
+        let n = PREPARE_ROUTES_FROM + 10;
+        // A file holds at most 1,024 documents: 500 Ingresses and their Services per file.
+        for first in (0..n).step_by(500) {
+            app.ingest(changes(&ingresses(first, 500.min(n - first))));
+        }
+        let first = app.publish().expect("first publish");
+        assert_eq!(first.backends.len(), n);
+        assert_eq!(routes_with_handles(&runtime), n);
+        let handles = |runtime: &Runtime, host: &str| {
+            let live = runtime.load_full();
+            let m = live.snapshot.routes.find(host, "/").expect("a route");
+            live.metrics.route(m.action).expect("handles").clone()
+        };
+        let kept = handles(&runtime, "h7.test");
+
+        // One Ingress more: a new table, its handles made beside the backends again, the
+        // unchanged routes' carried over.
+        app.ingest(changes(&ingresses(n, 1)));
+        let second = app.publish().expect("second publish");
+        assert!(!Arc::ptr_eq(&first.routes, &second.routes));
+        assert_eq!(routes_with_handles(&runtime), n + 1);
+        assert!(Arc::ptr_eq(&handles(&runtime, "h7.test"), &kept));
     }
 
     #[test]

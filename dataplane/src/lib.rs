@@ -42,7 +42,7 @@ pub mod upstream;
 pub mod upstream_tls;
 pub mod x509;
 
-pub use runtime::{Live, ProxyConfig, Runtime};
+pub use runtime::{Live, PreparedRoutes, ProxyConfig, Runtime};
 pub use table::{
     Backend, BackendId, BackendMap, Family, FamilyPolicy, LbPolicy, Origin, PathMatch, PathRule,
     RouteAction, RouteTable, Snapshot, Target, TargetId, TargetKey, TargetV6,

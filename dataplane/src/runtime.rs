@@ -10,7 +10,8 @@ use arc_swap::{ArcSwap, Guard};
 use crate::balance::LiveBackend;
 use crate::metrics::LiveMetrics;
 use crate::observe::Telemetry;
-use crate::table::{BackendId, Family, Snapshot};
+use crate::table::gateway::GatewayTable;
+use crate::table::{BackendId, Family, RouteTable, Snapshot};
 use crate::upstream::tls::UpstreamTlsConfigs;
 
 mod delta;
@@ -76,25 +77,15 @@ impl Default for ProxyConfig {
 const PARALLEL_APPLY_BACKENDS: usize = 2048;
 
 /// The live backends of `snapshot`: those of `old` whose backend is the same `Arc`, the others
-/// built (carrying per-target state over by `TargetId`); and whether any changed.
-fn live_backends(old: &Live, snapshot: &Snapshot) -> (crate::policy::Backends, bool) {
-    let mut changed = old.backends.len() != snapshot.backends.len();
-    let backends = snapshot
-        .backends
-        .iter()
-        .map(|(id, backend)| {
-            let previous = old.backends.get(id);
-            let live = match previous {
-                Some(p) if Arc::ptr_eq(&p.backend, backend) => p.clone(),
-                _ => {
-                    changed = true;
-                    Arc::new(LiveBackend::new(backend.clone(), previous.map(|p| &**p)))
-                }
-            };
-            (id.clone(), live)
-        })
-        .collect();
-    (backends, changed)
+/// built (carrying per-target state over by `TargetId`); on up to `threads` threads.
+fn live_backends(old: &Live, snapshot: &Snapshot, threads: usize) -> crate::policy::Backends {
+    snapshot.backends.map_on(threads, |id, backend| {
+        let previous = old.backends.get(id);
+        match previous {
+            Some(p) if Arc::ptr_eq(&p.backend, backend) => p.clone(),
+            _ => Arc::new(LiveBackend::new(backend.clone(), previous.map(|p| &**p))),
+        }
+    })
 }
 
 /// The route metric handles and upstream TLS configurations of `snapshot`, reusing `old`'s.
@@ -106,6 +97,17 @@ fn route_handles(
     let route_metrics = LiveMetrics::build(metrics, snapshot, &old.metrics);
     let upstream_tls = UpstreamTlsConfigs::build(&snapshot.routes, &old.upstream_tls);
     (route_metrics, upstream_tls)
+}
+
+/// What [`Runtime::prepare_routes`] made for a route table: see [`Runtime::apply_prepared`].
+#[derive(Debug)]
+pub struct PreparedRoutes {
+    /// The live state they were made from (whose handles they carry over).
+    base: Arc<Live>,
+    routes: Arc<RouteTable>,
+    gateways: Arc<GatewayTable>,
+    metrics: LiveMetrics,
+    upstream_tls: UpstreamTlsConfigs,
 }
 
 /// Drops the replaced live state on a thread of its own when it is large (10,000 live backends
@@ -180,31 +182,71 @@ impl Runtime {
     /// changed ones are rebuilt, carrying per-target state over by `TargetId`; upstream TLS
     /// settings get their client configurations, kept from the previous snapshot when equal.
     pub fn apply(&self, snapshot: Arc<Snapshot>) {
+        self.apply_with(snapshot, None)
+    }
+
+    /// The route metric handles and upstream TLS configurations of a route table about to be
+    /// applied (they depend on nothing else), made while the rest of its snapshot is built:
+    /// [`Runtime::apply_prepared`] then only makes the live backends. Handles of routes the
+    /// table drops are let go here, as [`Runtime::apply`] does shortly before the swap.
+    pub fn prepare_routes(
+        &self,
+        routes: &Arc<RouteTable>,
+        gateways: &Arc<GatewayTable>,
+    ) -> PreparedRoutes {
+        let base = self.live.load_full();
+        let routes_only = Snapshot {
+            routes: routes.clone(),
+            gateways: gateways.clone(),
+            ..Snapshot::default()
+        };
+        let (metrics, upstream_tls) = route_handles(self.telemetry.metrics(), &routes_only, &base);
+        PreparedRoutes {
+            base,
+            routes: routes.clone(),
+            gateways: gateways.clone(),
+            metrics,
+            upstream_tls,
+        }
+    }
+
+    /// [`Runtime::apply`] with the route handles `prepared` made, when they were made from the
+    /// live state and for `snapshot`'s routes and Gateway listeners; else they are made again.
+    pub fn apply_prepared(&self, snapshot: Arc<Snapshot>, prepared: PreparedRoutes) {
+        self.apply_with(snapshot, Some(prepared))
+    }
+
+    fn apply_with(&self, snapshot: Arc<Snapshot>, prepared: Option<PreparedRoutes>) {
         let _one_at_a_time = self.apply_lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.live.load_full();
         let metrics = self.telemetry.metrics();
-        // The live backends (with the target counts of their metrics) and the route metric
-        // handles do not depend on each other: at scale (10,000 backends) they are made side by
-        // side, on a scoped thread and this one.
-        let backends = || {
-            let (backends, changed) = live_backends(&old, &snapshot);
-            if changed {
-                metrics.set_backend_targets(&snapshot);
-            }
-            backends
+        let prepared = prepared.and_then(|p| {
+            let fits = Arc::ptr_eq(&p.base, &old)
+                && Arc::ptr_eq(&p.routes, &snapshot.routes)
+                && Arc::ptr_eq(&p.gateways, &snapshot.gateways);
+            // `base` is the live state `retire` lets go of below: not held beyond this.
+            fits.then_some((p.metrics, p.upstream_tls))
+        });
+        // The live backends and the route metric handles do not depend on each other: at scale
+        // (10,000 backends) they are made side by side, on a scoped thread and this one; with
+        // the handles made before, the live backends take both threads.
+        let large = snapshot.backends.len() >= PARALLEL_APPLY_BACKENDS;
+        let backends = |threads: usize| live_backends(&old, &snapshot, threads);
+        let (backends, (route_metrics, upstream_tls)) = if let Some(handles) = prepared {
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            (backends(if large { cores.min(2) } else { 1 }), handles)
+        } else if large {
+            std::thread::scope(|scope| {
+                let backends = scope.spawn(|| backends(1));
+                let handles = route_handles(metrics, &snapshot, &old);
+                (backends.join().expect("live backends"), handles)
+            })
+        } else {
+            (backends(1), route_handles(metrics, &snapshot, &old))
         };
-        let (backends, (route_metrics, upstream_tls)) =
-            if snapshot.backends.len() >= PARALLEL_APPLY_BACKENDS {
-                std::thread::scope(|scope| {
-                    let backends = scope.spawn(backends);
-                    let handles = route_handles(metrics, &snapshot, &old);
-                    (backends.join().expect("live backends"), handles)
-                })
-            } else {
-                (backends(), route_handles(metrics, &snapshot, &old))
-            };
         let certs_changed = !Arc::ptr_eq(&old.snapshot.certs, &snapshot.certs);
         metrics.snapshot_applied(&snapshot, certs_changed);
+        metrics.set_backend_targets(&snapshot);
         let version = snapshot.version;
         self.live.store(Arc::new(Live {
             snapshot,
@@ -235,7 +277,8 @@ impl Runtime {
         }
         let backends = delta::live_backends(&old, &snapshot, changed);
         let metrics = self.telemetry.metrics();
-        metrics.backends_replaced(&snapshot, changed);
+        metrics.snapshot_applied(&snapshot, false);
+        metrics.set_backend_targets(&snapshot);
         let version = snapshot.version;
         self.live.store(Arc::new(Live {
             snapshot,

@@ -79,8 +79,9 @@ pub fn build_backends_by_service(
 
 /// [`build_backends_by_service`] reading each used Service's slices through `slices_of` (the
 /// index's Service-to-slices map) instead of grouping every stored slice. With many backends
-/// the work is split by Service over the machine's cores (scoped threads, no runtime); the
-/// result is the same as on one.
+/// the work is shared by the machine's cores (scoped threads, no runtime): the backends, cut
+/// into runs that never split a Service, are taken run by run by whichever thread is free, so
+/// that no core waits for another that drew slower Services. The result is the same as on one.
 pub fn build_backends_with<'a, S: SliceView + Sync + ?Sized + 'a>(
     plan: &RoutePlan,
     slices_of: impl Fn(&NsName) -> Vec<&'a S> + Sync,
@@ -88,37 +89,61 @@ pub fn build_backends_with<'a, S: SliceView + Sync + ?Sized + 'a>(
     config: &Config,
     previous: &BackendMap<Arc<Backend>>,
 ) -> (BackendMap<Arc<Backend>>, ServiceDiagnostics) {
-    let specs: Vec<(&BackendId, &BackendSpec)> = plan.backends.iter().collect();
-    let parts = parallel_parts(specs.len());
-    let build =
-        |part: &[(&BackendId, &BackendSpec)]| build_part(part, &slices_of, names, config, previous);
-    let mut built = if parts > 1 {
-        let chunks = split_by_service(&specs, parts);
-        std::thread::scope(|scope| {
-            let (first, rest) = chunks.split_first().expect("at least one part");
-            let others: Vec<_> = rest
-                .iter()
-                .map(|chunk| scope.spawn(|| build(chunk)))
-                .collect();
-            let mut all = vec![build(first)];
-            all.extend(
-                others
-                    .into_iter()
-                    .map(|h| h.join().expect("a backend part")),
-            );
-            all
-        })
-    } else {
-        vec![build(&specs)]
-    };
-    let (mut backends, mut diagnostics) = built.remove(0);
-    backends.reserve(specs.len().saturating_sub(backends.len()));
-    for (more, found) in built {
-        backends.extend(more);
-        diagnostics.extend(found);
-    }
-    (backends, diagnostics)
+    let threads = parallel_parts(plan.backends.len());
+    build_backends_on(threads, plan, slices_of, names, config, previous)
 }
+
+/// [`build_backends_with`] on `threads` threads.
+fn build_backends_on<'a, S: SliceView + Sync + ?Sized + 'a>(
+    threads: usize,
+    plan: &RoutePlan,
+    slices_of: impl Fn(&NsName) -> Vec<&'a S> + Sync,
+    names: Option<&Resolved>,
+    config: &Config,
+    previous: &BackendMap<Arc<Backend>>,
+) -> (BackendMap<Arc<Backend>>, ServiceDiagnostics) {
+    let specs: Vec<(&BackendId, &BackendSpec)> = plan.backends.iter().collect();
+    if threads <= 1 {
+        let mut built = Built::with_capacity(specs.len());
+        built.add(&specs, &slices_of, names, config, previous);
+        return (built.backends, built.diagnostics);
+    }
+    let runs = split_by_service(&specs, threads * RUNS_PER_THREAD);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // The thread that keeps its map sizes it for every backend: the others' entries join it
+    // without growing it.
+    let work = |capacity: usize| {
+        let mut built = Built::with_capacity(capacity);
+        loop {
+            let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(run) = runs.get(taken) else {
+                break built;
+            };
+            built.add(run, &slices_of, names, config, previous);
+        }
+    };
+    let (mut all, others) = std::thread::scope(|scope| {
+        let others: Vec<_> = (1..threads)
+            .map(|_| scope.spawn(|| work(specs.len() / threads)))
+            .collect();
+        let mine = work(specs.len());
+        let others: Vec<Built> = others
+            .into_iter()
+            .map(|h| h.join().expect("a backend part"))
+            .collect();
+        (mine, others)
+    });
+    for more in others {
+        all.backends.extend(more.backends);
+        // A Service's backends are in one run: no Service's diagnostics are in two parts.
+        all.diagnostics.extend(more.diagnostics);
+    }
+    (all.backends, all.diagnostics)
+}
+
+/// Runs per thread [`build_backends_with`] cuts the backends into: enough that the threads
+/// finish within a run of each other, few enough that taking one costs nothing.
+const RUNS_PER_THREAD: usize = 16;
 
 /// Backends per part below which the backend phase stays on one thread (a thread costs tens of
 /// microseconds; a backend of ten pods a few).
@@ -155,31 +180,47 @@ fn split_by_service<'s, 'p>(
     chunks
 }
 
-/// The backends of a run of `specs` (sorted by id: a Service's are adjacent).
-fn build_part<'a, S: SliceView + ?Sized + 'a>(
-    specs: &[(&BackendId, &BackendSpec)],
-    slices_of: &impl Fn(&NsName) -> Vec<&'a S>,
-    names: Option<&Resolved>,
-    config: &Config,
-    previous: &BackendMap<Arc<Backend>>,
-) -> (BackendMap<Arc<Backend>>, ServiceDiagnostics) {
-    let mut diagnostics = ServiceDiagnostics::new();
-    let mut backends = BackendMap::with_capacity(specs.len());
-    let mut current: Option<(&NsName, Vec<&S>)> = None;
-    let mut zones = Zones::default();
-    for &(id, spec) in specs {
-        if current.as_ref().is_none_or(|(s, _)| **s != spec.service) {
-            current = Some((&spec.service, slices_of(&spec.service)));
+/// What one thread of the backend phase built: backends and their Services' diagnostics, zone
+/// names shared among its targets.
+struct Built {
+    backends: BackendMap<Arc<Backend>>,
+    diagnostics: ServiceDiagnostics,
+    zones: Zones,
+}
+
+impl Built {
+    fn with_capacity(capacity: usize) -> Built {
+        Built {
+            backends: BackendMap::with_capacity(capacity),
+            diagnostics: ServiceDiagnostics::new(),
+            zones: Zones::default(),
         }
-        let slices = current
-            .as_ref()
-            .map(|(_, v)| v.as_slice())
-            .unwrap_or_default();
-        let (backend, found) = backend_of(id, spec, slices, names, config, previous, &mut zones);
-        add_diagnostics(&mut diagnostics, &spec.service, found);
-        backends.insert(id.clone(), backend);
     }
-    (backends, diagnostics)
+
+    /// Builds the backends of a run of `specs` (sorted by id: a Service's are adjacent).
+    fn add<'a, S: SliceView + ?Sized + 'a>(
+        &mut self,
+        specs: &[(&BackendId, &BackendSpec)],
+        slices_of: &impl Fn(&NsName) -> Vec<&'a S>,
+        names: Option<&Resolved>,
+        config: &Config,
+        previous: &BackendMap<Arc<Backend>>,
+    ) {
+        let mut current: Option<(&NsName, Vec<&S>)> = None;
+        for &(id, spec) in specs {
+            if current.as_ref().is_none_or(|(s, _)| **s != spec.service) {
+                current = Some((&spec.service, slices_of(&spec.service)));
+            }
+            let slices = current
+                .as_ref()
+                .map(|(_, v)| v.as_slice())
+                .unwrap_or_default();
+            let (backend, found) =
+                backend_of(id, spec, slices, names, config, previous, &mut self.zones);
+            add_diagnostics(&mut self.diagnostics, &spec.service, found);
+            self.backends.insert(id.clone(), backend);
+        }
+    }
 }
 
 /// The plan's backends on ports of `service`, found by id (`namespace/service:port`, sorted).
@@ -581,11 +622,14 @@ pub fn forbidden(ip: IpAddr, allow_loopback: bool) -> Option<&'static str> {
 mod tests {
     use std::sync::Arc;
 
-    use super::{forbidden, join_targets_with, split_by_service, Zones};
-    use crate::compact::Slice;
+    use super::{
+        build_backends_by_service, build_backends_on, forbidden, join_targets_with,
+        split_by_service, Zones,
+    };
+    use crate::compact::{Slice, SliceView};
     use crate::object::NsName;
-    use crate::translate::BackendSpec;
-    use dataplane::BackendId;
+    use crate::translate::{BackendSpec, Config, RoutePlan};
+    use dataplane::{BackendId, BackendMap};
 
     /// A stored IPv4 slice of Service `service` whose pods `first..first + zones.len()` are in
     /// `zones`.
@@ -602,6 +646,52 @@ mod tests {
             );
         }
         serde_saphyr::from_str(&yaml).expect("a slice")
+    }
+
+    #[test]
+    fn backends_built_on_several_threads_are_those_built_on_one() {
+        // 90 Services of one to three ports, some slices without the port's name (a
+        // diagnostic of their Service) and some Services without slices.
+        let zones: Vec<String> = (0..4).map(|i| format!("zone-{}", i % 2)).collect();
+        let mut plan = RoutePlan::default();
+        let mut slices = Vec::new();
+        for k in 0..90 {
+            let service = format!("s{k:02}");
+            for port in 0..(k % 3 + 1) {
+                let spec = BackendSpec {
+                    service: NsName::new("ns", &*service),
+                    port_name: if port == 2 {
+                        "admin".into()
+                    } else {
+                        "http".into()
+                    },
+                    port: 80 + port,
+                    protocol: Default::default(),
+                    cluster_ips: Vec::new(),
+                    external_name: None,
+                };
+                let id = BackendId::new("ns", &service, &spec.port.to_string());
+                plan.backends.insert(id, spec);
+            }
+            if k % 7 != 0 {
+                slices.push(zoned_slice(&service, 4 * k as usize, &zones));
+            }
+        }
+        let views: Vec<&dyn SliceView> = slices.iter().map(|s| s as &dyn SliceView).collect();
+        let slices_of = |service: &NsName| -> Vec<&Slice> {
+            let of = |s: &&Slice| s.service() == Some(service.name.as_str());
+            slices.iter().filter(of).collect()
+        };
+        let config = Config::default();
+        let none = BackendMap::new();
+        let (one, one_found) = build_backends_by_service(&plan, &views, None, &config, &none);
+        assert!(one.values().any(|b| !b.targets.is_empty()));
+        assert!(one_found.values().flatten().count() >= 20, "{one_found:?}");
+        for threads in [1, 2, 3] {
+            let (many, found) = build_backends_on(threads, &plan, slices_of, None, &config, &none);
+            assert!(many == one, "{threads} threads: the same backends");
+            assert_eq!(found, one_found, "{threads} threads: the same diagnostics");
+        }
     }
 
     #[test]

@@ -95,11 +95,9 @@ impl<'a> IngressProcessor<'a> {
             return self.run(t);
         };
         let mut lists: Vec<Vec<(Origin, &Ingress)>> = vec![Vec::new(); parts];
-        let mut age: std::collections::HashMap<NsName, usize> =
-            std::collections::HashMap::with_capacity(self.ours.len());
-        for (position, ((origin, ingress), part)) in self.ours.into_iter().zip(assigned).enumerate()
-        {
-            age.insert(NsName::new(&*origin.namespace, &*origin.name), position);
+        let mut order: Vec<&Ingress> = Vec::with_capacity(self.ours.len());
+        for ((origin, ingress), part) in self.ours.into_iter().zip(assigned) {
+            order.push(ingress);
             lists[part].push((origin, ingress));
         }
         let mut lists = lists.into_iter();
@@ -120,7 +118,20 @@ impl<'a> IngressProcessor<'a> {
                 .map(|h| h.join().expect("a part of the route phase"))
                 .collect()
         });
-        let age = |name: &NsName| age.get(name).copied().unwrap_or(usize::MAX);
+        // Each Ingress's position, oldest first: made only when a part has annotation reports
+        // to order (none at the issue-13 size, where this map cost 10,000 names).
+        let positions: std::cell::OnceCell<FastMap<(&str, &str), usize>> = Default::default();
+        let age = |name: &NsName| {
+            let positions = positions.get_or_init(|| {
+                let key = |i: &'a2 Ingress| (namespace_of(i), i.metadata.name.as_deref());
+                let keys = order.iter().map(|i| key(i));
+                keys.enumerate()
+                    .map(|(position, (ns, name))| ((ns, name.unwrap_or_default()), position))
+                    .collect()
+            });
+            let key = (name.namespace.as_str(), name.name.as_str());
+            positions.get(&key).copied().unwrap_or(usize::MAX)
+        };
         for part in done {
             t.absorb(part, age);
         }
@@ -363,14 +374,14 @@ fn settle(t: &mut Translation<'_>, held: Pending<HostKey>) {
 }
 
 /// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
+/// An Ingress's namespace (`default` when unset).
+fn namespace_of(ingress: &Ingress) -> &str {
+    ingress.metadata.namespace.as_deref().unwrap_or("default")
+}
+
 fn origin(ingress: &Ingress) -> Origin {
     Origin {
-        namespace: ingress
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or("default")
-            .into(),
+        namespace: namespace_of(ingress).into(),
         name: ingress.metadata.name.as_deref().unwrap_or_default().into(),
         created: ingress
             .metadata

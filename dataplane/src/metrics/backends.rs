@@ -1,8 +1,8 @@
 //! Ready targets of each Service in the live snapshot, by kind (dual, IPv4 only, IPv6 only),
-//! labelled by the backend's typed namespace and Service. The counts are kept in one map by
-//! Service (replaced whole when every backend is set again, entry by entry after an
-//! endpoint-only change) and encoded as a `Family` of gauges would be: one insert per Service
-//! instead of three label-set lookups.
+//! labelled by the backend's typed namespace and Service, encoded as a `Family` of gauges would
+//! be. Counted when scraped, from the snapshot the series holds: a publish only swaps a pointer.
+//! Counting at publish walked every target of every backend (100,000 at the issue-13 size, long
+//! out of cache by then) on the apply's critical path, for a figure read once per scrape.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -11,9 +11,9 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::services::{FastMap, FastState};
+use super::services::FastState;
 use super::Metrics;
-use crate::table::{Backend, BackendId, Snapshot};
+use crate::table::{Backend, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TargetLabels {
@@ -27,25 +27,36 @@ const KINDS: [&str; 3] = ["dual", "ipv4_only", "ipv6_only"];
 /// A Service's targets by kind, in the order of [`KINDS`].
 type Kinds = [i64; 3];
 
-type ByService = FastMap<(Arc<str>, Arc<str>), Kinds>;
-
-/// The targets by kind of every Service of the live snapshot.
+/// The live snapshot, whose targets by kind are counted when scraped.
 #[derive(Clone, Debug, Default)]
 struct TargetSeries {
-    by_service: Arc<RwLock<ByService>>,
+    live: Arc<RwLock<Option<Arc<Snapshot>>>>,
+}
+
+impl TargetSeries {
+    fn live(&self) -> Option<Arc<Snapshot>> {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl EncodeMetric for TargetSeries {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let by_service = self.by_service.read().unwrap_or_else(|e| e.into_inner());
-        for ((namespace, service), kinds) in by_service.iter() {
+        let Some(snapshot) = self.live() else {
+            return Ok(());
+        };
+        let mut per_service =
+            PerService::with_capacity_and_hasher(snapshot.backends.len(), FastState::default());
+        for backend in snapshot.backends.values() {
+            count(&mut per_service, backend);
+        }
+        for ((namespace, service), kinds) in per_service {
             for (kind, n) in KINDS.into_iter().zip(kinds) {
                 let labels = TargetLabels {
                     namespace: namespace.clone(),
                     service: service.clone(),
                     kind,
                 };
-                encoder.encode_family(&labels)?.encode_gauge(n)?;
+                encoder.encode_family(&labels)?.encode_gauge(&n)?;
             }
         }
         Ok(())
@@ -56,8 +67,7 @@ impl EncodeMetric for TargetSeries {
     }
 
     fn is_empty(&self) -> bool {
-        let by_service = self.by_service.read().unwrap_or_else(|e| e.into_inner());
-        by_service.is_empty()
+        self.live().is_none_or(|s| s.backends.is_empty())
     }
 }
 
@@ -104,40 +114,11 @@ fn count<'a>(per_service: &mut PerService<'a>, backend: &'a Backend) {
 }
 
 impl Metrics {
-    /// Sets the target counts by kind of every Service of `snapshot` (its backends changed).
-    pub fn set_backend_targets(&self, snapshot: &Snapshot) {
-        let mut per_service =
-            PerService::with_capacity_and_hasher(snapshot.backends.len(), FastState::default());
-        for backend in snapshot.backends.values() {
-            count(&mut per_service, backend);
-        }
-        let mut all = ByService::with_capacity_and_hasher(per_service.len(), FastState::default());
-        all.extend(owned(per_service));
-        let series = &self.backends.backend_targets.by_service;
-        *series.write().unwrap_or_else(|e| e.into_inner()) = all;
+    /// `snapshot` is live: `duet_backend_targets` counts its targets from now on.
+    pub fn set_backend_targets(&self, snapshot: &Arc<Snapshot>) {
+        let live = &self.backends.backend_targets.live;
+        *live.write().unwrap_or_else(|e| e.into_inner()) = Some(snapshot.clone());
     }
-
-    /// Records that the backends `changed` of `snapshot` were replaced (every other one is as
-    /// before): sets the target counts of their Services, and the snapshot's version and time.
-    /// `changed` names every backend of each Service it touches.
-    pub fn backends_replaced(&self, snapshot: &Snapshot, changed: &[BackendId]) {
-        self.snapshot_applied(snapshot, false);
-        let mut per_service = PerService::default();
-        for backend in changed.iter().filter_map(|id| snapshot.backends.get(id)) {
-            count(&mut per_service, backend);
-        }
-        let series = &self.backends.backend_targets.by_service;
-        let mut by_service = series.write().unwrap_or_else(|e| e.into_inner());
-        by_service.extend(owned(per_service));
-    }
-}
-
-fn owned<'a>(
-    per_service: PerService<'a>,
-) -> impl Iterator<Item = ((Arc<str>, Arc<str>), Kinds)> + 'a {
-    per_service
-        .into_iter()
-        .map(|((namespace, service), kinds)| ((namespace.clone(), service.clone()), kinds))
 }
 
 #[cfg(test)]
@@ -174,12 +155,12 @@ mod tests {
         })
     }
 
-    fn snapshot(backends: &[&Arc<Backend>]) -> Snapshot {
+    fn snapshot(backends: &[&Arc<Backend>]) -> Arc<Snapshot> {
         let mut snapshot = Snapshot::default();
         for b in backends {
             snapshot.backends.insert(b.id.clone(), Arc::clone(b));
         }
-        snapshot
+        Arc::new(snapshot)
     }
 
     /// `duet_backend_targets` as a `Family` of gauges set the way duet set it before.
@@ -236,7 +217,7 @@ mod tests {
         // An endpoint-only change of web: only its counts move.
         let web2 = backend("shop/web:80", 1, 0, 0);
         let next = snapshot(&[&api, &api_admin, &web2, &db]);
-        metrics.backends_replaced(&next, std::slice::from_ref(&web2.id));
+        metrics.set_backend_targets(&next);
         assert_eq!(
             exposed(&registry),
             expect(&[
@@ -253,7 +234,7 @@ mod tests {
             expect(&[("shop", "api", [2, 1, 0]), ("shop", "web", [1, 0, 0])])
         );
         // No backends at all: no HELP or TYPE either, as an empty family.
-        metrics.set_backend_targets(&Snapshot::default());
+        metrics.set_backend_targets(&Arc::default());
         assert_eq!(exposed(&registry), expect(&[]));
     }
 }

@@ -477,6 +477,7 @@ mod tests {
         snapshot
             .backends
             .insert(backend.id.clone(), Arc::new(backend));
+        let snapshot = Arc::new(snapshot);
         metrics.snapshot_applied(&snapshot, false);
         metrics.set_backend_targets(&snapshot);
         let text = encode(&registry);

@@ -56,7 +56,8 @@ impl SnapshotFamilies {
 
 impl Metrics {
     /// Records a snapshot as applied now: version, time and certificate expiries (when its
-    /// certificates changed). Its targets by kind are [`Metrics::set_backend_targets`]'s.
+    /// certificates changed). Its targets by kind are counted, when scraped, from the snapshot
+    /// [`Metrics::set_backend_targets`] was given.
     pub fn snapshot_applied(&self, snapshot: &Snapshot, certs_changed: bool) {
         let s = &self.snapshot;
         s.snapshot_version.set(snapshot.version as i64);

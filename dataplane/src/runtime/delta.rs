@@ -47,8 +47,8 @@ mod tests {
     use std::net::SocketAddr;
     use std::sync::Arc;
 
-    use crate::runtime::{ProxyConfig, Runtime};
-    use crate::table::{Backend, BackendId, Family, Snapshot, Target, TargetId};
+    use crate::runtime::{Live, ProxyConfig, Runtime};
+    use crate::table::{Backend, BackendId, Family, RouteTable, Snapshot, Target, TargetId};
 
     fn target(id: &str, v4: Option<&str>, v6: Option<&str>) -> Target {
         let addrs = [v4, v6].into_iter().flatten();
@@ -178,5 +178,80 @@ mod tests {
         let text = metrics_text(&runtime);
         let line = r#"duet_backend_targets{namespace="shop",service="a",kind="dual"} 1"#;
         assert!(text.contains(line), "{line}:\n{text}");
+    }
+
+    /// A table whose one route (the default backend) goes to `backend` for Ingress `ingress`.
+    fn table_to(ingress: &str, backend: &str) -> Arc<RouteTable> {
+        let origin = crate::table::Origin {
+            namespace: "shop".into(),
+            name: ingress.into(),
+            created: 0,
+        };
+        let action = crate::table::RouteAction {
+            origin: origin.into(),
+            ..crate::table::RouteAction::to(backend)
+        };
+        Arc::new(RouteTable {
+            default_backend: Some(action),
+            ..RouteTable::default()
+        })
+    }
+
+    fn with_routes(base: &Snapshot, version: u64, routes: Arc<RouteTable>) -> Arc<Snapshot> {
+        Arc::new(Snapshot {
+            version,
+            routes,
+            ..base.clone()
+        })
+    }
+
+    #[test]
+    fn prepared_route_handles_are_used_only_when_made_from_the_live_state() {
+        let runtime = Runtime::new(ProxyConfig::default());
+        let v1 = first();
+        runtime.apply(v1.clone());
+        let handles = |live: &Live| {
+            let action = live.snapshot.routes.default_backend.as_ref().unwrap();
+            live.metrics
+                .route(action)
+                .expect("the route's handles")
+                .clone()
+        };
+
+        // Made from v1's live state for v2's routes: v2 goes live with them.
+        let v2 = with_routes(&v1, 2, table_to("web", "shop/a:80"));
+        let prepared = runtime.prepare_routes(&v2.routes, &v2.gateways);
+        let made = prepared
+            .metrics
+            .route(v2.routes.default_backend.as_ref().unwrap());
+        let made = made.expect("prepared handles").clone();
+        runtime.apply_prepared(v2.clone(), prepared);
+        let live = runtime.load_full();
+        assert!(Arc::ptr_eq(&live.snapshot, &v2));
+        assert!(Arc::ptr_eq(&handles(&live), &made));
+        assert_eq!(live.backends.len(), 2);
+
+        // Made from v2's state, but v3 went live before v4 is applied: made again from v3's.
+        let v4 = with_routes(&v2, 4, table_to("api", "shop/b:80"));
+        let stale = runtime.prepare_routes(&v4.routes, &v4.gateways);
+        let stale_made = stale
+            .metrics
+            .route(v4.routes.default_backend.as_ref().unwrap());
+        let stale_made = stale_made.expect("prepared handles").clone();
+        let v3 = with_routes(&v2, 3, table_to("shop", "shop/b:80"));
+        runtime.apply(v3);
+        runtime.apply_prepared(v4.clone(), stale);
+        let live = runtime.load_full();
+        assert!(Arc::ptr_eq(&live.snapshot, &v4));
+        assert!(!Arc::ptr_eq(&handles(&live), &stale_made));
+        assert_eq!(handles(&live).route_labels()[1].as_ref(), "api");
+
+        // Made for other routes than the snapshot's: made again.
+        let v5 = with_routes(&v4, 5, table_to("cart", "shop/a:80"));
+        let other = runtime.prepare_routes(&table_to("cart", "shop/a:80"), &v5.gateways);
+        runtime.apply_prepared(v5.clone(), other);
+        let live = runtime.load_full();
+        assert_eq!(handles(&live).route_labels()[1].as_ref(), "cart");
+        assert_eq!(*runtime.applied().borrow(), 5);
     }
 }

@@ -21,13 +21,18 @@ type Hasher = foldhash::fast::RandomState;
 /// One shard: the ids whose hash falls into it.
 type Shard<V> = HashMap<BackendId, V, Hasher>;
 
-/// The process's shard chooser: which shard an id falls into does not change while it runs.
-static CHOOSER: LazyLock<Hasher> = LazyLock::new(Hasher::default);
+/// The process's id digester: an id's digest (and so its shard) does not change while it runs.
+static DIGESTER: LazyLock<Hasher> = LazyLock::new(Hasher::default);
 
-/// The shard of the id `id` (a [`BackendId`] keeps it): the hash's top bits, into which foldhash
-/// mixes every byte of the id.
-pub(super) fn shard_of(id: &str) -> u8 {
-    (CHOOSER.hash_one(id) >> (u64::BITS - SHARDS.trailing_zeros())) as u8
+/// The digest of the id `id`, which a [`BackendId`] keeps: it is hashed by it and falls into
+/// the shard of its top bits, into which foldhash mixes every byte of the id.
+pub(super) fn digest_of(id: &str) -> u64 {
+    DIGESTER.hash_one(id)
+}
+
+/// The shard of an id of digest `digest`.
+pub(super) fn shard_of(digest: u64) -> usize {
+    (digest >> (u64::BITS - SHARDS.trailing_zeros())) as usize
 }
 
 /// A map from [`BackendId`] to `V` in [`SHARDS`] shards shared between clones: a clone shares
@@ -112,6 +117,40 @@ impl<V> BackendMap<V> {
             .zip(other.shards.iter())
             .filter(|(a, b)| Arc::ptr_eq(a, b))
             .count()
+    }
+}
+
+impl<V: Send + Sync> BackendMap<V> {
+    /// A map of the same ids, the value of each `f(id, value)`, made on up to `threads` threads
+    /// (scoped; this one among them), each making a run of whole shards: an entry goes into its
+    /// shard's copy, sized once, and no id is looked up in another shard.
+    pub fn map_on<W: Send + Sync>(
+        &self,
+        threads: usize,
+        f: impl Fn(&BackendId, &V) -> W + Sync,
+    ) -> BackendMap<W> {
+        let hasher = self.shards[0].hasher().clone();
+        let map_shard = |shard: &Arc<Shard<V>>| {
+            let mut out = Shard::with_capacity_and_hasher(shard.len(), hasher.clone());
+            out.extend(shard.iter().map(|(id, value)| (id.clone(), f(id, value))));
+            Arc::new(out)
+        };
+        let map_run = |run: &[Arc<Shard<V>>]| run.iter().map(map_shard).collect::<Vec<_>>();
+        let per_thread = SHARDS.div_ceil(threads.clamp(1, SHARDS));
+        let mut runs = self.shards.chunks(per_thread);
+        let first = runs.next().unwrap_or_default();
+        let shards = std::thread::scope(|scope| {
+            let others: Vec<_> = runs.map(|run| scope.spawn(move || map_run(run))).collect();
+            let mut shards = map_run(first);
+            for other in others {
+                shards.extend(other.join().expect("a run of shards"));
+            }
+            shards
+        });
+        BackendMap {
+            shards: shards.into(),
+            len: self.len,
+        }
     }
 }
 
@@ -245,6 +284,21 @@ mod tests {
 
     fn id(n: usize) -> BackendId {
         format!("ns-{}/svc-{n}:80", n % 7).parse().unwrap()
+    }
+
+    #[test]
+    fn a_map_mapped_on_several_threads_holds_every_id_with_its_new_value() {
+        let map: BackendMap<usize> = (0..1000).map(|n| (id(n), n)).collect();
+        for threads in [1, 2, 3, SHARDS + 5] {
+            let doubled = map.map_on(threads, |id, n| (id.as_str().len(), 2 * n));
+            assert_eq!(doubled.len(), map.len(), "{threads} threads");
+            for n in 0..1000 {
+                let want = (id(n).as_str().len(), 2 * n);
+                assert_eq!(doubled.get(&id(n)), Some(&want), "{threads} threads: {n}");
+            }
+            assert_eq!(doubled.get(&id(1000)), None);
+            assert_eq!(doubled.iter().count(), 1000);
+        }
     }
 
     #[test]
