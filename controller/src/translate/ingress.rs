@@ -373,12 +373,12 @@ fn settle(t: &mut Translation<'_>, held: Pending<HostKey>) {
     }
 }
 
-/// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
 /// An Ingress's namespace (`default` when unset).
 fn namespace_of(ingress: &Ingress) -> &str {
     ingress.metadata.namespace.as_deref().unwrap_or("default")
 }
 
+/// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
 fn origin(ingress: &Ingress) -> Origin {
     Origin {
         namespace: namespace_of(ingress).into(),
