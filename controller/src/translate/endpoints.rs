@@ -61,20 +61,11 @@ pub fn build_backends_by_service(
             }
         }
     }
-    let mut diagnostics = ServiceDiagnostics::new();
-    let mut backends = BackendMap::with_capacity(plan.backends.len());
-    let mut zones = Zones::default();
-    for (id, spec) in &plan.backends {
-        let of_service = slices
-            .get(&spec.service)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let (backend, found) =
-            backend_of(id, spec, of_service, names, config, previous, &mut zones);
-        add_diagnostics(&mut diagnostics, &spec.service, found);
-        backends.insert(id.clone(), backend);
-    }
-    (backends, diagnostics)
+    let specs: Vec<(&BackendId, &BackendSpec)> = plan.backends.iter().collect();
+    let slices_of = |service: &NsName| slices.get(service).cloned().unwrap_or_default();
+    let mut built = Built::with_capacity(specs.len());
+    built.add(&specs, &slices_of, names, config, previous);
+    (built.backends, built.diagnostics)
 }
 
 /// [`build_backends_by_service`] reading each used Service's slices through `slices_of` (the

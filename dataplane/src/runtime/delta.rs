@@ -210,21 +210,17 @@ mod tests {
         let runtime = Runtime::new(ProxyConfig::default());
         let v1 = first();
         runtime.apply(v1.clone());
-        let handles = |live: &Live| {
-            let action = live.snapshot.routes.default_backend.as_ref().unwrap();
-            live.metrics
-                .route(action)
-                .expect("the route's handles")
-                .clone()
+        // The handles `metrics` holds for the one route of `snapshot`.
+        let handles_of = |metrics: &crate::metrics::LiveMetrics, snapshot: &Snapshot| {
+            let action = snapshot.routes.default_backend.as_ref().unwrap();
+            metrics.route(action).expect("the route's handles").clone()
         };
+        let handles = |live: &Live| handles_of(&live.metrics, &live.snapshot);
 
         // Made from v1's live state for v2's routes: v2 goes live with them.
         let v2 = with_routes(&v1, 2, table_to("web", "shop/a:80"));
         let prepared = runtime.prepare_routes(&v2.routes, &v2.gateways);
-        let made = prepared
-            .metrics
-            .route(v2.routes.default_backend.as_ref().unwrap());
-        let made = made.expect("prepared handles").clone();
+        let made = handles_of(&prepared.metrics, &v2);
         runtime.apply_prepared(v2.clone(), prepared);
         let live = runtime.load_full();
         assert!(Arc::ptr_eq(&live.snapshot, &v2));
@@ -234,10 +230,7 @@ mod tests {
         // Made from v2's state, but v3 went live before v4 is applied: made again from v3's.
         let v4 = with_routes(&v2, 4, table_to("api", "shop/b:80"));
         let stale = runtime.prepare_routes(&v4.routes, &v4.gateways);
-        let stale_made = stale
-            .metrics
-            .route(v4.routes.default_backend.as_ref().unwrap());
-        let stale_made = stale_made.expect("prepared handles").clone();
+        let stale_made = handles_of(&stale.metrics, &v4);
         let v3 = with_routes(&v2, 3, table_to("shop", "shop/b:80"));
         runtime.apply(v3);
         runtime.apply_prepared(v4.clone(), stale);
