@@ -540,11 +540,7 @@ impl Index {
 
     /// The stored EndpointSlices of one Service (labelled with its name, in its namespace).
     pub fn slices_of(&self, service: &NsName) -> Vec<&Slice> {
-        self.slice_owners
-            .of(service)
-            .filter_map(|slice| self.endpoint_slices.get(&slice))
-            .map(|e| &*e.object)
-            .collect()
+        self.slice_owners.of(service).iter().map(|s| &**s).collect()
     }
 
     /// The stored objects of one type.
