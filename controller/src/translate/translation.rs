@@ -105,9 +105,9 @@ impl<'a> Translation<'a> {
     }
 
     /// Takes a part made from other Ingresses over other hosts (see
-    /// [`IngressProcessor`](super::ingress::IngressProcessor)); `age` orders the annotation
-    /// reports as the Ingresses were processed (oldest first).
-    pub(crate) fn absorb(&mut self, mut part: Part, age: impl Fn(&NsName) -> usize) {
+    /// [`IngressProcessor`](super::ingress::IngressProcessor), which orders the annotation
+    /// reports once every part is in).
+    pub(crate) fn absorb(&mut self, mut part: Part) {
         self.diagnostics.append(&mut part.diagnostics);
         let References {
             ingresses,
@@ -126,10 +126,7 @@ impl<'a> Translation<'a> {
             self.ids.entry(text).or_insert(id);
         }
         self.routes.absorb(part.routes);
-        if !part.annotations.is_empty() {
-            self.annotations.append(&mut part.annotations);
-            self.annotations.sort_by_cached_key(|r| age(&r.ingress));
-        }
+        self.annotations.append(&mut part.annotations);
         self.footprints.absorb(part.footprints);
     }
 
