@@ -20,12 +20,19 @@ bench can change one EndpointSlice file; `service` writes one file per Service h
 Service, its two slices and its Ingress. A hidden `.scale.json` (duet ignores hidden files) tells
 scale.sh which file holds the first Service's IPv4 slice, which holds its Ingress, and what to
 change. The output is the same for the same flags.
+
+Creation times: none by default (every Ingress is equally old, so duet takes them in namespace/
+name order). `--created shuffled` gives each Ingress a `creationTimestamp`, one second apart in an
+order unrelated to the names (seeded: the same every time), as in a cluster where Ingresses were
+created over time; duet resolves conflicts oldest first, so that is the order it reads them in.
 """
 
 import argparse
 import ipaddress
+import datetime
 import json
 import os
+import random
 import sys
 
 
@@ -100,11 +107,12 @@ def path_for(p: int) -> tuple:
     return (f"/extra/{p}", "Prefix")
 
 
-def ingress_yaml(ns: str, name: str, index: int, paths: int) -> str:
+def ingress_yaml(ns: str, name: str, index: int, paths: int, created: str = "") -> str:
+    stamp = f"creationTimestamp: '{created}', " if created else ""
     lines = [
         "apiVersion: networking.k8s.io/v1",
         "kind: Ingress",
-        f"metadata: {{name: {name}, namespace: {ns}}}",
+        f"metadata: {{{stamp}name: {name}, namespace: {ns}}}",
         "spec:",
         "  ingressClassName: duet",
         "  rules:",
@@ -133,12 +141,22 @@ def write(path: str, text: str) -> None:
         f.write(text)
 
 
+def created(args: argparse.Namespace, epoch: datetime.datetime, rank: int) -> str:
+    if args.created == "none":
+        return ""
+    return (epoch + datetime.timedelta(seconds=rank)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def generate(args: argparse.Namespace) -> dict:
     os.makedirs(args.out, exist_ok=True)
     if os.listdir(args.out):
         sys.exit(f"gen-scale.py: {args.out} is not empty; give a new folder")
     write(os.path.join(args.out, "class.yaml"), CLASS)
     info = {}
+    # `--created shuffled`: Ingress i was created rank[i] seconds after the epoch below.
+    rank = list(range(args.ingresses))
+    random.Random(13).shuffle(rank)
+    epoch = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
     for i in range(args.ingresses):
         ns, name = f"ns-{i % args.namespaces}", f"app-{i}"
         first_pod = i * args.pods
@@ -146,7 +164,7 @@ def generate(args: argparse.Namespace) -> dict:
             "svc": service_yaml(ns, name),
             "eps-ipv4": slice_yaml(ns, name, "IPv4", first_pod, args.pods, args.zones),
             "eps-ipv6": slice_yaml(ns, name, "IPv6", first_pod, args.pods, args.zones),
-            "ing": ingress_yaml(ns, name, i, args.paths),
+            "ing": ingress_yaml(ns, name, i, args.paths, created(args, epoch, rank[i])),
         }
         if args.layout == "object":
             files = {k: f"{k}-{ns}-{name}.yaml" for k in objects}
@@ -173,6 +191,7 @@ def generate(args: argparse.Namespace) -> dict:
         paths_per_ingress=args.paths,
         layout=args.layout,
         zones=args.zones,
+        created=args.created,
     )
     write(os.path.join(args.out, ".scale.json"), json.dumps(info, indent=1) + "\n")
     return info
@@ -188,6 +207,9 @@ def main() -> None:
     parser.add_argument("--layout", choices=["object", "service"], default="object")
     parser.add_argument("--addresses", choices=sorted(ADDRESSES), default="loopback",
                         help="pod addresses: loopback/ULA, or 198.18.0.0/15 and 2001:db8:: for an API server")
+    parser.add_argument("--created", choices=["none", "shuffled"], default="none",
+                        help="Ingress creationTimestamps: none, or one second apart in an order "
+                             "unrelated to the names")
     parser.add_argument("--zones", type=int, default=0,
                         help="topology zones the pods spread over (zone-0 ...); 0: endpoints name none")
     args = parser.parse_args()

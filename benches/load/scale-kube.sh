@@ -25,9 +25,14 @@
 #                            cluster was loaded by an earlier run)
 #   then for each binary of DUET_BINS, after a "run: N BINARY" line:
 #   ready_seconds            start of duet to the first /readyz 200 (lists of every kind, the
-#                            first snapshot built and live)
+#                            first snapshot built and live; polled every 10 ms by one python3)
+#   cpu_ready_seconds        duet's user + system CPU time when ready
+#   control_plane_cpu_seconds  what etcd, kube-apiserver and kube-controller-manager spent in the
+#                            same time (mostly answering duet's lists and watches): the CPU the
+#                            2 cores had left for duet's start
 #   rss_ready_mib            VmRSS when ready, and rss_settled_mib 5 s later
-#   first_build_seconds      duet_snapshot_build_seconds_sum of the first snapshot
+#   first_build_seconds      duet_snapshot_build_seconds_sum of the first snapshot; first_build_log
+#                            its "Snapshot applied" line (the build's phases, as in scale.sh)
 #   endpointslice_*          one address of the first Service's IPv4 slice is replaced (a JSON
 #                            patch through the API; the next run swaps it back): _build_seconds
 #                            is that snapshot's build time, _applied_seconds from the API
@@ -75,6 +80,9 @@ else
   done
 fi
 NETNS=$(cat "$CDIR/netns")
+# etcd, kube-apiserver and kube-controller-manager: their command lines name the cluster's folder.
+mapfile -t CONTROL_PLANE < <(pgrep -f -- "--.*$CDIR/" || true)
+((${#CONTROL_PLANE[@]} > 0)) || die "no control plane process names $CDIR"
 # Every curl of this script and of lib.sh's helpers runs in the cluster's namespace.
 curl() { nsenter --net="$NETNS" curl "$@"; }
 KUBECONFIG_FILE="$CDIR/kubeconfig"
@@ -106,6 +114,7 @@ measure() {
   local run=$1 duet=$2 log="$WORK/duet.$1" start ready rss_ready pid
   echo "run: $run $duet"
   note "run $run: $duet, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  cp_start=$(cpu_seconds "${CONTROL_PLANE[@]}")
   start=$(now)
   # nsenter execs duet: the pid is duet's.
   DUET_LOG=info nsenter --net="$NETNS" "$duet" serve --kubeconfig "$KUBECONFIG_FILE" --access-log off \
@@ -114,12 +123,17 @@ measure() {
     --admin-listen "127.0.0.1:$ADMIN_PORT" --shutdown-delay 0 >"$log.out" 2>"$log.err" &
   pid=$!
   STARTED_PIDS=("$pid" "${STARTED_PIDS[@]}")
-  wait_readyz "$pid" "$ADMIN" "$start" "$READY_TIMEOUT" "$log.err"
-  ready=$(now)
+  ready=$(ready_time "$pid" "$ADMIN_PORT" "$READY_TIMEOUT" nsenter --net="$NETNS") ||
+    die "not ready: $(tail -5 "$log.err")"
   rss_ready=$(rss_kib "$pid")
+  cp_ready=$(cpu_seconds "${CONTROL_PLANE[@]}")
   echo "ready_seconds: $(since "$start" "$ready")"
+  echo "cpu_ready_seconds: $(cpu_seconds "$pid")"
+  echo "control_plane_cpu_seconds: $(since "$cp_start" "$cp_ready" 2)"
   echo "rss_ready_mib: $(mib "$rss_ready")"
   echo "first_build_seconds: $(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)"
+  first_line=$(grep -m1 -F "Snapshot applied" "$log.err")
+  echo "first_build_log: ${first_line#*INFO }"
   sleep 5
   echo "rss_settled_mib: $(mib "$(rss_kib "$pid")")"
 

@@ -59,14 +59,6 @@ else
 fi
 [[ -f $DIR/.scale.json ]] || die "$DIR has no .scale.json: make it with gen-scale.py"
 info() { python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$DIR/.scale.json" "$1"; }
-# User plus system CPU seconds of process PID so far (/proc/PID/stat, clock ticks).
-cpu_seconds() {
-  python3 -c "
-import os, sys
-fields = open(f'/proc/{sys.argv[1]}/stat').read().rsplit(')', 1)[1].split()
-print(f'{(int(fields[11]) + int(fields[12])) / os.sysconf(\"SC_CLK_TCK\"):.2f}')
-" "$1"
-}
 
 read -r HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 4)
 ADMIN="http://127.0.0.1:$ADMIN_PORT"
@@ -84,37 +76,13 @@ DUET_LOG=info "$DUET" serve --manifests "$DIR" --access-log off \
 PID=$!
 STARTED_PIDS+=("$PID")
 
-# One python3 process polls /readyz every 10 ms: lib.sh's wait_readyz runs curl, kill, awk, date
-# and sleep per poll, about 15 ms of CPU each time, which on a 2-core machine took a third of the
-# CPU that duet's start had (READY_POLL=curl restores it, to compare with older figures).
+# One python3 process polls /readyz (lib.sh's ready_time); READY_POLL=curl: a curl per poll, as
+# before session 9, to compare with older figures.
 if [[ ${READY_POLL:-} == curl ]]; then
   wait_readyz "$PID" "$ADMIN" "$start" "$READY_TIMEOUT" "$LOG.err"
   ready=$(now)
 else
-  ready=$(python3 - "$PID" "$ADMIN_PORT" "$READY_TIMEOUT" <<'PY'
-import http.client, os, sys, time
-pid, port, timeout = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-start = time.time()
-while True:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        conn.request("GET", "/readyz")
-        status = conn.getresponse().status
-        conn.close()
-        if status == 200:
-            print(f"{time.time():.6f}")
-            sys.exit(0)
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        sys.exit("duet exited before it was ready")
-    if time.time() - start > timeout:
-        sys.exit(f"/readyz not 200 within {timeout}s")
-    time.sleep(0.01)
-PY
-  ) || die "not ready: $(tail -5 "$LOG.err")"
+  ready=$(ready_time "$PID" "$ADMIN_PORT" "$READY_TIMEOUT") || die "not ready: $(tail -5 "$LOG.err")"
 fi
 rss_ready=$(rss_kib "$PID")
 cpu_ready=$(cpu_seconds "$PID")
