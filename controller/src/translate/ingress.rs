@@ -76,7 +76,8 @@ impl<'a> IngressProcessor<'a> {
     /// entry, certificate and diagnostics come from the same Ingresses in the same order as on
     /// one thread, so the plan is the same ([`super::plan_routes_in_parts`]). On one thread when
     /// a part would hold fewer than `min_per_part` Ingresses, or a `spec.tls` host is no host
-    /// key or two Ingresses have one name.
+    /// key or two Ingresses have one name: all of them oldest first when there are fewer than
+    /// two parts' worth, else (one core) grouped as below.
     ///
     /// A part runs its groups in the order of the inputs (the store's: by namespace and name),
     /// each group's Ingresses oldest first: groups share nothing, so their order does not change
@@ -95,12 +96,15 @@ impl<'a> IngressProcessor<'a> {
     ) where
         'a: 'a2,
     {
-        let parts = parts.min(self.ours.len() / min_per_part.max(1));
+        // Grouping pays for itself from two parts' worth of Ingresses, on one core too (for the
+        // name order alone).
+        let whole_parts = self.ours.len() / min_per_part.max(1);
+        if whole_parts < 2 {
+            return self.run(t);
+        }
+        let parts = parts.clamp(1, whole_parts);
         let odd = odd_services(inputs);
-        let Some(assigned) = (parts > 1)
-            .then(|| split(&self.ours, parts, &odd))
-            .flatten()
-        else {
+        let Some(assigned) = split(&self.ours, parts, &odd) else {
             return self.run(t);
         };
         let mut lists: Vec<Vec<(Origin, &Ingress, usize)>> = vec![Vec::new(); parts];

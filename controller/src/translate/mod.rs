@@ -228,8 +228,10 @@ const MIN_INGRESSES_PER_PART: usize = 1024;
 /// [`plan_routes`] with the Ingress processor split over up to `parts` threads, each of at
 /// least `min_per_part` Ingresses, by groups of Ingresses that share no host: the same plan as
 /// on one thread (same routes in the same order, certificates, backends, diagnostics,
-/// annotation reports and footprints), made on several cores. Public for the tests that hold
-/// it to that.
+/// annotation reports and footprints), made on several cores. From two parts' worth of
+/// Ingresses the groups are formed on one core too (`parts` 1), each part reading its groups in
+/// name order; with fewer (`min_per_part` `usize::MAX`: always) every Ingress is read oldest
+/// first on one thread. Public for the tests that hold the plans equal.
 pub fn plan_routes_in_parts(
     inputs: &Inputs<'_>,
     config: &Config,
