@@ -135,8 +135,8 @@ impl<'a> IngressProcessor<'a> {
                 .map(|h| h.join().expect("a part of the route phase"))
                 .collect()
         });
-        // Each Ingress's position, oldest first: made only when a part has annotation reports
-        // to order (none at the issue-13 size, where this map cost 10,000 names).
+        // Each Ingress's position, oldest first: made only when there are annotation reports to
+        // order (none at the issue-13 size, where this map cost 10,000 names).
         let positions: std::cell::OnceCell<FastMap<(&str, &str), usize>> = Default::default();
         let age = |name: &NsName| {
             let positions = positions.get_or_init(|| {
