@@ -462,7 +462,16 @@ impl Index {
     }
 
     fn secret_impact(&self, key: &NsName, old: Option<&Secret>, new: Option<&Secret>) -> Impact {
-        if old != new && self.references.secrets.contains(key) {
+        // What translation reads of a Secret: its type and its data (`stringData` in a
+        // manifest); its metadata (labels, annotations, resource version) is not read.
+        let same = match (old, new) {
+            (Some(a), Some(b)) => {
+                a.type_ == b.type_ && a.data == b.data && a.string_data == b.string_data
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if !same && self.references.secrets.contains(key) {
             Impact::routes()
         } else {
             Impact::default()
@@ -776,6 +785,59 @@ mod tests {
             ..Default::default()
         })));
         assert!(index.apply(secret).routes);
+    }
+
+    #[test]
+    fn service_and_secret_writes_that_change_nothing_read_touch_no_routes() {
+        use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+        use k8s_openapi::ByteString;
+        let mut index = Index::new(ClassConfig::default());
+        index.set_references(References {
+            services: [NsName::new("default", "web")].into_iter().collect(),
+            secrets: [NsName::new("default", "tls")].into_iter().collect(),
+            ..Default::default()
+        });
+        // As the Service watcher converts what the API sends: a label or annotation change
+        // arrives as a new resource version of an otherwise equal stored Service.
+        let svc = |version: &str, labels: &[(&str, &str)], port: i32| {
+            let mut metadata = meta("default", "web");
+            metadata.resource_version = Some(version.to_owned());
+            let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            metadata.labels = Some(labels.collect());
+            apply(Object::Service(Arc::new(StoredService::from(Service {
+                metadata,
+                spec: Some(ServiceSpec {
+                    ports: Some(vec![ServicePort {
+                        name: Some("http".to_owned()),
+                        port,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }))))
+        };
+        assert!(index.apply(svc("1", &[], 80)).routes);
+        assert_eq!(
+            index.apply(svc("2", &[("team", "a")], 80)),
+            Impact::default()
+        );
+        assert!(index.apply(svc("3", &[("team", "a")], 8080)).routes);
+
+        let secret = |version: &str, annotation: &str, key: &str| {
+            let mut metadata = meta("default", "tls");
+            metadata.resource_version = Some(version.to_owned());
+            metadata.annotations = Some([("note".to_owned(), annotation.to_owned())].into());
+            apply(Object::Secret(Arc::new(Secret {
+                metadata,
+                type_: Some("kubernetes.io/tls".to_owned()),
+                data: Some([("tls.key".to_owned(), ByteString(key.into()))].into()),
+                ..Default::default()
+            })))
+        };
+        assert!(index.apply(secret("1", "a", "k1")).routes);
+        assert_eq!(index.apply(secret("2", "b", "k1")), Impact::default());
+        assert!(index.apply(secret("3", "b", "k2")).routes);
     }
 
     #[test]
