@@ -1,6 +1,7 @@
 //! The control loop's publish at scale, from a `gen-scale.py` folder (`SCALE_DIR`, default
 //! `/tmp/scale`): the folder read, the first full build and apply, then one Ingress change (a
-//! path added to the first Ingress) and one EndpointSlice change, each published as `duet serve`
+//! path added to the first Ingress), one EndpointSlice change and two Service changes (its port's
+//! `appProtocol` set to `kubernetes.io/h2c` and back), each published as `duet serve`
 //! does ([`App::publish`]). Prints the wall time of each step and, for the publishes, the CPU
 //! time of the thread that ran it (`*_cpu_ms`, from `/proc/thread-self/schedstat`: what the
 //! shared machine's load inflates less; it advances by scheduler ticks, about 4 ms); `ROUNDS`
@@ -77,7 +78,34 @@ fn main() {
         let address = field("endpointslice_address");
         let moved = slice.replace(&address, &format!("127.254.254.{}", round + 1));
         publish_change(&mut app, "endpointslice", &moved);
+        // The slice's Service (as gen-scale.py writes it) with its port's protocol changed,
+        // then back: a change of what the routes of the Ingress reading it read.
+        for app_protocol in [", appProtocol: kubernetes.io/h2c", ""] {
+            let service = service_of(&slice, app_protocol);
+            publish_change(&mut app, "service", &service);
+        }
     }
+}
+
+/// The Service of the EndpointSlice `slice` (its namespace and `kubernetes.io/service-name`
+/// label) as gen-scale.py writes it, with `port_extra` in its port.
+fn service_of(slice: &str, port_extra: &str) -> String {
+    // The first of each (the file may hold the Service first: gen-scale.py's `service` layout).
+    let value = |prefix: &str| {
+        let at = slice.find(prefix).expect("the slice names it") + prefix.len();
+        let end = |c: char| c == '\n' || c == '}' || c == ',';
+        slice[at..]
+            .split(end)
+            .next()
+            .expect("a value")
+            .trim()
+            .to_owned()
+    };
+    let namespace = value("namespace: ");
+    let name = value("kubernetes.io/service-name: ");
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  ports: [{{name: http, port: 80, targetPort: http{port_extra}}}]\n"
+    )
 }
 
 /// The route phase alone (`ROUTE_ROUNDS`, 3), on one thread and split over the cores

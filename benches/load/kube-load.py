@@ -3,6 +3,7 @@
 
     benches/load/kube-load.py --kubeconfig KUBECONFIG DIR [--threads 8]
     benches/load/kube-load.py --kubeconfig KUBECONFIG --patch-slice NS/NAME --address OLD=NEW
+    benches/load/kube-load.py --kubeconfig KUBECONFIG --patch-service NS/NAME
 
 Each file's YAML documents are POSTed after their namespaces, as JSON when PyYAML is installed
 (Debian `python3-yaml`: read here with libyaml, so the API server does not convert YAML), else as
@@ -15,6 +16,10 @@ to stderr every 5,000 objects.
 --patch-slice replaces one endpoint address of an EndpointSlice (a JSON patch of
 `/endpoints/I/addresses/0`): OLD by NEW, or NEW by OLD when the slice holds NEW (a second run
 on the same loaded cluster); prints the time the API server answered.
+
+--patch-service sets `appProtocol: kubernetes.io/h2c` on a Service's first port, or removes it
+when set (a JSON patch guarded by the resource version): a change of what the routes read of the
+Service (the protocol spoken to its pods); prints the time the API server answered.
 """
 
 import argparse
@@ -159,15 +164,41 @@ def patch_slice(api: Api, target: str, change: str):
     print(f"{answered:.6f}")
 
 
+def patch_service(api: Api, target: str):
+    ns, name = target.split("/", 1)
+    path = PATHS["Service"].format(ns=ns) + "/" + name
+    status, body = api.request("GET", path, b"", "application/json")
+    if status != 200:
+        sys.exit(f"GET {path}: {status}")
+    service = json.loads(body)
+    ports = service.get("spec", {}).get("ports") or []
+    if not ports:
+        sys.exit(f"{target} has no port")
+    guard = {"op": "test", "path": "/metadata/resourceVersion", "value": service["metadata"]["resourceVersion"]}
+    if "appProtocol" in ports[0]:
+        change = {"op": "remove", "path": "/spec/ports/0/appProtocol"}
+    else:
+        change = {"op": "add", "path": "/spec/ports/0/appProtocol", "value": "kubernetes.io/h2c"}
+    status, body = api.request("PATCH", path, json.dumps([guard, change]).encode(), "application/json-patch+json")
+    answered = time.time()
+    if status != 200:
+        sys.exit(f"PATCH {path}: {status} {body[:300]!r}")
+    print(f"{answered:.6f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--patch-slice", metavar="NS/NAME")
     parser.add_argument("--address", metavar="OLD=NEW")
+    parser.add_argument("--patch-service", metavar="NS/NAME")
     parser.add_argument("dir", nargs="?")
     args = parser.parse_args()
     api = Api(args.kubeconfig)
+    if args.patch_service:
+        patch_service(api, args.patch_service)
+        return
     if args.patch_slice:
         if not args.address:
             parser.error("--patch-slice needs --address OLD=NEW")

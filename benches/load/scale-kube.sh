@@ -37,8 +37,13 @@
 #                            patch through the API; the next run swaps it back): _build_seconds
 #                            is that snapshot's build time, _applied_seconds from the API
 #                            server's answer to the swap (duet_snapshot_applied_timestamp_seconds):
-#                            the watch's delivery and the 50 ms holdoff are in it
-#   rss_end_mib              VmRSS after the change
+#                            the watch's delivery and the 50 ms holdoff are in it; _log its
+#                            "Snapshot applied" line
+#   service_*                the same for that Service: its port's appProtocol set to
+#                            kubernetes.io/h2c (the next run removes it), a change of what its
+#                            routes read (routes.by_host=true in the log: only the Ingresses
+#                            reading it are planned again)
+#   rss_end_mib              VmRSS after the changes
 # Fails (exit 1) if the cluster or a duet does not become ready, or a change is not applied.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -102,14 +107,40 @@ fi
 ADMIN_PORT=9901
 ADMIN="http://127.0.0.1:$ADMIN_PORT"
 slice_file="$DIR/$(info endpointslice_file)"
-slice=$(python3 -c "
+read -r slice service < <(python3 -c "
 import re, sys
 text = open(sys.argv[1]).read()
 name = re.search(r'^  name: (\S+)', text, re.M).group(1)
 ns = re.search(r'^  namespace: (\S+)', text, re.M).group(1)
-print(f'{ns}/{name}')" "$slice_file")
+owner = re.search(r'kubernetes.io/service-name: ([^,}\s]+)', text).group(1)
+print(f'{ns}/{name} {ns}/{owner}')" "$slice_file")
 
-# One duet run: ready, RSS, the first build, one endpoint address replaced through the API.
+# One change through the API (COMMAND prints when the API server answered): the build seconds
+# of the snapshot it made, when that was live after the answer, and its "Snapshot applied" line.
+measure_change() {
+  local name=$1 pid=$2 log=$3 sum count applied_before answered sum2 count2 line
+  shift 3
+  sum=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
+  count=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count)
+  applied_before=$(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds)
+  answered=$("$@")
+  until [[ $(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds) != "$applied_before" ]]; do
+    within "$answered" "$CHANGE_TIMEOUT" || die "the $name change was not applied within ${CHANGE_TIMEOUT}s"
+    kill -0 "$pid" || die "duet exited"
+    sleep 0.005
+  done
+  sleep 0.2 # a second snapshot for the same change would show in the count
+  sum2=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
+  count2=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count)
+  ((count2 == count + 1)) || note "$((count2 - count)) snapshots were built for one $name change"
+  echo "${name}_build_seconds: $(since "$sum" "$sum2" 6)"
+  echo "${name}_applied_seconds: $(since "$answered" "$(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds)")"
+  line=$(grep -F "Snapshot applied" "$log" | tail -1)
+  echo "${name}_log: ${line#*INFO }"
+}
+
+# One duet run: ready, RSS, the first build, then one endpoint address and one Service port's
+# protocol changed through the API.
 measure() {
   local run=$1 duet=$2 log="$WORK/duet.$1" start ready rss_ready pid
   echo "run: $run $duet"
@@ -137,22 +168,11 @@ measure() {
   sleep 5
   echo "rss_settled_mib: $(mib "$(rss_kib "$pid")")"
 
-  local sum count applied_before answered sum2 count2
-  sum=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
-  count=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count)
-  applied_before=$(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds)
-  answered=$(nsenter --net="$NETNS" python3 "$LOAD_DIR/kube-load.py" --kubeconfig "$KUBECONFIG_FILE" \
-    --patch-slice "$slice" --address "$(info endpointslice_address)=$(info endpointslice_new_address)")
-  until [[ $(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds) != "$applied_before" ]]; do
-    within "$answered" "$CHANGE_TIMEOUT" || die "the EndpointSlice change was not applied within ${CHANGE_TIMEOUT}s"
-    sleep 0.005
-  done
-  sleep 0.2 # a second snapshot for the same change would show in the count
-  sum2=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
-  count2=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_count)
-  ((count2 == count + 1)) || note "$((count2 - count)) snapshots were built for one change"
-  echo "endpointslice_build_seconds: $(since "$sum" "$sum2" 6)"
-  echo "endpointslice_applied_seconds: $(since "$answered" "$(metric "$ADMIN/metrics" duet_snapshot_applied_timestamp_seconds)")"
+  measure_change endpointslice "$pid" "$log.err" nsenter --net="$NETNS" python3 "$LOAD_DIR/kube-load.py" \
+    --kubeconfig "$KUBECONFIG_FILE" --patch-slice "$slice" \
+    --address "$(info endpointslice_address)=$(info endpointslice_new_address)"
+  measure_change service "$pid" "$log.err" nsenter --net="$NETNS" python3 "$LOAD_DIR/kube-load.py" \
+    --kubeconfig "$KUBECONFIG_FILE" --patch-service "$service"
   echo "rss_end_mib: $(mib "$(rss_kib "$pid")")"
   kill -0 "$pid" || die "duet exited"
   kill -TERM "$pid"

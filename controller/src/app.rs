@@ -267,6 +267,7 @@ impl App {
             replaced = self.plan_routes(&pending);
             self.want_names();
         }
+        let by_host = replaced.is_some();
         let routes_done = std::time::Instant::now();
         // A new route table's metric handles depend on nothing else: at scale they are made on
         // a thread of their own while the backends are built (and the backend phase's threads
@@ -333,6 +334,9 @@ impl App {
             if unchanged {
                 tracing::debug!(
                     snapshot.version = self.version,
+                    routes.rebuilt = rebuild_routes,
+                    routes.by_host = by_host,
+                    build.ms = started.elapsed().as_secs_f64() * 1e3,
                     "Nothing changed; snapshot kept"
                 );
                 if rebuild_routes {
@@ -361,7 +365,13 @@ impl App {
             report: apply_started - backends_done,
             apply: apply_started.elapsed(),
         };
-        self.log_applied(&snapshot, rebuild_routes, build, phases, pending_since);
+        self.log_applied(
+            &snapshot,
+            (rebuild_routes, by_host),
+            build,
+            phases,
+            pending_since,
+        );
         let old = self.published.replace(snapshot.clone());
         if rebuild_routes {
             // The last holder of the replaced route table and backends, most often.
@@ -436,13 +446,14 @@ impl App {
         Some((backends, None))
     }
 
-    /// Logs a published snapshot: its size, whether routes were rebuilt, how long the build and
-    /// apply took, and how long after the first change it waited for it went live (the debounce
-    /// holdoff included: the time from the change reaching the control loop).
+    /// Logs a published snapshot: its size, whether routes were rebuilt (and whether host by
+    /// host, for the hosts a change touched), how long the build and apply took, and how long
+    /// after the first change it waited for it went live (the debounce holdoff included: the
+    /// time from the change reaching the control loop).
     fn log_applied(
         &self,
         snapshot: &Snapshot,
-        rebuild_routes: bool,
+        (rebuild_routes, by_host): (bool, bool),
         build: Duration,
         phases: BuildPhases,
         pending_since: Option<std::time::Instant>,
@@ -455,6 +466,7 @@ impl App {
             backends = snapshot.backends.len(),
             targets,
             routes.rebuilt = rebuild_routes,
+            routes.by_host = by_host,
             build.ms = build.as_secs_f64() * 1e3,
             build.routes_ms = phases.routes.as_secs_f64() * 1e3,
             build.backends_ms = phases.backends.as_secs_f64() * 1e3,
@@ -465,8 +477,9 @@ impl App {
         );
     }
 
-    /// The route phase from the whole stored state, or for an Ingress-only change over just the
-    /// hosts it touches ([`translate::incremental`]); the old table and certificates are kept
+    /// The route phase from the whole stored state, or for a change of Ingresses (and of Services
+    /// and Secrets that only Ingresses read) over just the hosts it touches
+    /// ([`translate::incremental`]); the old table and certificates are kept
     /// (their `Arc`s) when the rebuild produced the same.
     /// Returns the replaced plan when the new one was planned host by host.
     fn plan_routes(&mut self, pending: &Impact) -> Option<RoutePlan> {
@@ -474,14 +487,16 @@ impl App {
         inputs.names = Some(&*self.resolved);
         let config = &self.config.translate;
         let incremental = match &self.plan {
-            Some(old) if !pending.all_routes && !pending.ingresses.is_empty() => {
-                translate::incremental::plan_ingress_change(
-                    old,
-                    &inputs,
-                    config,
-                    &pending.ingresses,
-                )
-            }
+            Some(old) if !pending.all_routes => translate::incremental::changed_ingresses(
+                old,
+                &pending.ingresses,
+                &pending.services,
+                &pending.secrets,
+            )
+            .filter(|changed| !changed.is_empty())
+            .and_then(|changed| {
+                translate::incremental::plan_ingress_change(old, &inputs, config, &changed)
+            }),
             _ => None,
         };
         let by_host = incremental.is_some();
@@ -1041,7 +1056,7 @@ spec: {ports: [{port: 80}]}
     }
 
     #[test]
-    fn backends_after_an_ingress_change_by_host_equal_a_full_build() {
+    fn backends_after_a_change_planned_by_host_equal_a_full_build() {
         let (mut app, _runtime) = app();
         app.ingest(changes(BASE));
         app.ingest(changes(&slice("a", "10.0.0.1")));
@@ -1053,15 +1068,23 @@ spec: {ports: [{port: 80}]}
         app.ingest(changes(&slice("c", "127.0.0.1")));
         app.publish();
         let web = BASE.split("---").next().unwrap();
-        for (step, ingress) in [
+        let c81 = c.replace("port: 80", "port: 81");
+        for (step, object) in [
             (
                 "b.test moves to Service c",
                 web.replace("name: b, port", "name: c, port"),
             ),
+            // The route names port 80: gone with the Service's port, back with it.
+            ("Service c's port renumbered", c81),
+            ("Service c's port back", c.to_owned()),
             ("back to b", web.to_owned()),
         ] {
-            app.ingest(changes(&ingress));
-            assert!(!app.pending.all_routes && !app.pending.ingresses.is_empty());
+            app.ingest(changes(&object));
+            let pending = &app.pending;
+            assert!(
+                !pending.all_routes && (pending.ingresses.len() + pending.services.len()) == 1,
+                "{step}: {pending:?}"
+            );
             let snapshot = app.publish().expect("published");
             let inputs = app.index().inputs();
             let (full, diagnostics) = translate::build(&inputs, &app.config.translate);

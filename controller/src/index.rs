@@ -249,7 +249,13 @@ pub struct Impact {
     /// The Ingresses whose change set `routes`; `all_routes`: something else did too, so the
     /// whole route phase must run (see `translate::incremental`).
     pub ingresses: BTreeSet<NsName>,
-    /// Whether routes changed through anything but `ingresses`.
+    /// The Services and Secrets whose change set `routes`: the route phase runs again for the
+    /// Ingresses that read them, or whole when something else does (see
+    /// `translate::incremental::changed_ingresses`).
+    pub services: BTreeSet<NsName>,
+    /// See `services`.
+    pub secrets: BTreeSet<NsName>,
+    /// Whether routes changed through anything but `ingresses`, `services` and `secrets`.
     pub all_routes: bool,
 }
 
@@ -264,6 +270,8 @@ impl Impact {
         self.routes |= other.routes;
         self.endpoints.extend(other.endpoints);
         self.ingresses.extend(other.ingresses);
+        self.services.extend(other.services);
+        self.secrets.extend(other.secrets);
         self.all_routes |= other.all_routes;
     }
 
@@ -442,7 +450,11 @@ impl Index {
         new: Option<&StoredService>,
     ) -> Impact {
         if old != new && self.references.services.contains(key) {
-            Impact::routes()
+            Impact {
+                routes: true,
+                services: BTreeSet::from([key.clone()]),
+                ..Impact::default()
+            }
         } else {
             Impact::default()
         }
@@ -472,7 +484,11 @@ impl Index {
             _ => false,
         };
         if !same && self.references.secrets.contains(key) {
-            Impact::routes()
+            Impact {
+                routes: true,
+                secrets: BTreeSet::from([key.clone()]),
+                ..Impact::default()
+            }
         } else {
             Impact::default()
         }

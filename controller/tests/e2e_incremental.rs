@@ -1,7 +1,8 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: the incremental paths of the control
 //! loop serve what a full rebuild would. An EndpointSlice change (published without rebuilding
-//! routes, only that Service's backends replaced in the runtime) and then an Ingress change (the
-//! hosts it touches rebuilt, the others reused) are each checked from clients of both families,
+//! routes, only that Service's backends replaced in the runtime), then an Ingress change (the
+//! hosts it touches rebuilt, the others reused) and a Service change (the hosts of the Ingresses
+//! reading it rebuilt) are each checked from clients of both families,
 //! on the changed host and on a host the change did not touch, on new and on kept-alive
 //! connections.
 
@@ -42,6 +43,28 @@ async fn until_served_by(
     Ok(())
 }
 
+/// Waits until `host` `path` answers `status` to clients of both families.
+async fn until_status(
+    duet: &conformance::Duet,
+    host: &str,
+    path: &str,
+    status: u16,
+) -> anyhow::Result<()> {
+    for family in Family::BOTH {
+        client::eventually(
+            &format!("{host}{path} answers {status} to {family} clients"),
+            LIVE,
+            || async {
+                let reply = client::get(duet.http(family), host, path).await?;
+                anyhow::ensure!(reply.status == status, "answered {}", reply.status);
+                Ok(())
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// `host` `path` is served by `pod` on each kept-alive connection, in its own family.
 async fn kept_alive_served_by(
     conns: &mut [Conn],
@@ -59,20 +82,25 @@ async fn kept_alive_served_by(
     Ok(())
 }
 
-/// The `routes.rebuilt` field of duet's "Snapshot applied" line of `version`.
-fn routes_rebuilt(duet: &conformance::Duet, version: u64) -> Option<bool> {
+/// The boolean `field` of duet's "Snapshot applied" line of `version`.
+fn snapshot_flag(duet: &conformance::Duet, version: u64, field: &str) -> Option<bool> {
     let logs = duet.logs();
     let marker = format!("snapshot.version={version} ");
     let line = logs
         .lines()
         .find(|l| l.contains("Snapshot applied") && l.contains(&marker))?;
-    if line.contains("routes.rebuilt=true") {
+    if line.contains(&format!("{field}=true")) {
         Some(true)
-    } else if line.contains("routes.rebuilt=false") {
+    } else if line.contains(&format!("{field}=false")) {
         Some(false)
     } else {
         None
     }
+}
+
+/// The `routes.rebuilt` field of duet's "Snapshot applied" line of `version`.
+fn routes_rebuilt(duet: &conformance::Duet, version: u64) -> Option<bool> {
+    snapshot_flag(duet, version, "routes.rebuilt")
 }
 
 /// The latest published snapshot version in duet's log.
@@ -155,6 +183,37 @@ async fn endpoint_and_ingress_changes_serve_both_families_on_changed_and_untouch
         Some(true),
         "an Ingress change rebuilds routes"
     );
+
+    // A Service change: api's port renamed, so the routes naming its port "http" lose their
+    // backend: b.test has no route left, a.test's Exact /api falls to its Prefix / (web). Only
+    // the Ingresses reading api (a and b) are planned again, host by host.
+    let before = latest_version(&duet);
+    let mut renamed = api.manifests();
+    renamed[0]["spec"]["ports"][0]["name"] = "web".into();
+    dir.write("api.yaml", &renamed)?;
+    until_served_by(&duet, "a.test", "/api", "web-2").await?;
+    until_status(&duet, "b.test", "/", 404).await?;
+    until_served_by(&duet, "c.test", "/", "web-2").await?;
+    kept_alive_served_by(&mut conns, "a.test", "/", "web-2").await?;
+    // And back: the same routes again.
+    dir.write("api.yaml", &api.manifests())?;
+    until_served_by(&duet, "a.test", "/api", "api-1").await?;
+    until_served_by(&duet, "b.test", "/", "api-1").await?;
+    kept_alive_served_by(&mut conns, "b.test", "/", "api-1").await?;
+    let service_version = latest_version(&duet);
+    assert!(
+        service_version >= before + 2,
+        "two snapshots:\n{}",
+        duet.logs()
+    );
+    for version in before + 1..=service_version {
+        assert_eq!(
+            snapshot_flag(&duet, version, "routes.by_host"),
+            Some(true),
+            "snapshot {version} after a Service change did not plan routes host by host:\n{}",
+            duet.logs()
+        );
+    }
 
     // And an EndpointSlice change after it: back to web's first pod, on every host of web.
     dir.write("web.yaml", &web_1.manifests())?;

@@ -1,10 +1,11 @@
 //! An Ingress change planned host by host (`translate::incremental`) equals the full route phase
-//! over the same objects, edit after edit; and so does the route phase split over threads by
+//! over the same objects, edit after edit, and so does a change of a Service or Secret that
+//! Ingresses read (planned as a change of those Ingresses); and so does the route phase split over threads by
 //! groups of Ingresses sharing no host (`translate::plan_routes_in_parts`).
 use controller::index::{Change, Impact, Index};
 use controller::object::{Kind, ObjectKey};
 use controller::source::files;
-use controller::translate::incremental::plan_ingress_change;
+use controller::translate::incremental::{changed_ingresses, plan_ingress_change};
 use controller::translate::{plan_routes, plan_routes_in_parts, Config, RoutePlan};
 
 const SERVICES: &str = r#"
@@ -59,14 +60,22 @@ fn apply(index: &mut Index, yaml: &str) -> Impact {
     impact
 }
 
-/// The plan after a change, as the app makes it: incremental when only Ingresses changed and
-/// it applies; whether it did.
+/// The plan after a change, as the app makes it: incremental when only Ingresses, and Services
+/// and Secrets only Ingresses read, changed and it applies; whether it did.
 fn plan_after(index: &Index, previous: &RoutePlan, impact: &Impact) -> (RoutePlan, bool) {
     let config = Config::default();
     let inputs = index.inputs();
-    if !impact.all_routes && !impact.ingresses.is_empty() {
-        if let Some(plan) = plan_ingress_change(previous, &inputs, &config, &impact.ingresses) {
-            return (plan, true);
+    if !impact.all_routes {
+        let changed = changed_ingresses(
+            previous,
+            &impact.ingresses,
+            &impact.services,
+            &impact.secrets,
+        );
+        if let Some(changed) = changed.filter(|c| !c.is_empty()) {
+            if let Some(plan) = plan_ingress_change(previous, &inputs, &config, &changed) {
+                return (plan, true);
+            }
         }
     }
     (plan_routes(&inputs, &config), false)
@@ -384,6 +393,210 @@ fn tls_and_default_backend_edits_rebuild_only_the_hosts_they_touch() {
         index.set_references(next.references.clone());
         plan = next;
     }
+}
+
+/// A Service `name` with one port (`http` unless `port_name` says otherwise) and `extra` spec.
+fn service(name: &str, port_name: &str, port: u16, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec: {{ports: [{{name: {port_name}, port: {port}}}]{extra}}}\n"
+    )
+}
+
+#[test]
+fn service_and_secret_changes_rebuild_only_the_hosts_of_the_ingresses_reading_them() {
+    let mut index = Index::new(Config::default().class);
+    apply(&mut index, SERVICES);
+    apply(&mut index, &tls_secret("ct", &["c.test"]));
+    apply(
+        &mut index,
+        &service("up", "http", 80, ", clusterIP: 10.96.0.1"),
+    );
+    let upstream = ingress("six", 6, &[("f.test", "/", "up")], "").replace(
+        "metadata: {name: six",
+        "metadata: {name: six, annotations: {nginx.ingress.kubernetes.io/service-upstream: \"true\"}",
+    );
+    let start = [
+        ingress("one", 1, &[("a.test", "/", "a")], ""),
+        ingress("two", 2, &[("b.test", "/", "b")], ""),
+        ingress(
+            "three",
+            3,
+            &[("c.test", "/", "a")],
+            "  tls: [{hosts: [c.test], secretName: ct}]\n",
+        ),
+        ingress("four", 4, &[("d.test", "/", "b")], ""),
+        ingress("five", 5, &[("e.test", "/", "c")], ""),
+        upstream,
+    ];
+    apply(&mut index, &start.join("---\n"));
+    let mut plan = plan_routes(&index.inputs(), &Config::default());
+    index.set_references(plan.references.clone());
+    let spec = |p: &RoutePlan, service: &str| {
+        p.backends
+            .values()
+            .find(|s| s.service.name == service)
+            .cloned()
+    };
+    let reported =
+        |p: &RoutePlan, text: &str| p.diagnostics.iter().any(|d| d.message.contains(text));
+    type Check = Box<dyn Fn(&RoutePlan) -> bool>;
+    let delete = |name: &str| Some(ObjectKey::new(Kind::Service, "default", name));
+    let delete_secret = Some(ObjectKey::new(Kind::Secret, "default", "ct"));
+    // Each step: its name, the object written (or deleted), whether it is planned by host, the
+    // hosts whose entries it must not rebuild, and what a user sees after it.
+    type Step = (
+        &'static str,
+        String,
+        Option<ObjectKey>,
+        bool,
+        &'static [&'static str],
+        Check,
+    );
+    let steps: Vec<Step> = vec![
+        (
+            "a Service's port renumbered",
+            service("b", "http", 81, ""),
+            None,
+            true,
+            &["a.test", "c.test", "e.test", "f.test"],
+            Box::new(move |p| spec(p, "b").is_some_and(|s| s.port == 81)),
+        ),
+        (
+            "the port renamed: the routes naming it lose their backend",
+            service("b", "web", 81, ""),
+            None,
+            true,
+            &["a.test", "c.test", "e.test", "f.test"],
+            Box::new(move |p| spec(p, "b").is_none() && reported(p, "has no port")),
+        ),
+        (
+            "a missing Service created",
+            service("c", "http", 80, ""),
+            None,
+            true,
+            &["a.test", "b.test", "c.test", "d.test", "f.test"],
+            Box::new(move |p| spec(p, "c").is_some()),
+        ),
+        (
+            "a Service deleted",
+            String::new(),
+            delete("a"),
+            true,
+            &["b.test", "d.test", "e.test", "f.test"],
+            Box::new(move |p| {
+                spec(p, "a").is_none() && reported(p, "Service default/a does not exist")
+            }),
+        ),
+        (
+            "service-upstream: the cluster IPs changed",
+            service(
+                "up",
+                "http",
+                80,
+                ", clusterIPs: [10.96.0.2, \"fd00:96::2\"]",
+            ),
+            None,
+            true,
+            &["b.test", "d.test", "e.test"],
+            Box::new(move |p| {
+                let ips = spec(p, "up").map(|s| s.cluster_ips).unwrap_or_default();
+                ips.len() == 2 && ips[1].is_ipv6()
+            }),
+        ),
+        (
+            "a Service turned ExternalName",
+            service(
+                "c",
+                "http",
+                80,
+                ", type: ExternalName, externalName: backend.example",
+            ),
+            None,
+            true,
+            &["b.test", "d.test", "f.test"],
+            Box::new(move |p| spec(p, "c").is_some_and(|s| s.external_name.is_some())),
+        ),
+        (
+            "the TLS Secret renewed",
+            tls_secret("ct", &["c.test", "www.c.test"]),
+            None,
+            true,
+            &["b.test", "d.test", "e.test", "f.test"],
+            Box::new(|p| p.certs.host("c.test").is_some()),
+        ),
+        (
+            "the TLS Secret deleted",
+            String::new(),
+            delete_secret,
+            true,
+            &["b.test", "d.test", "e.test", "f.test"],
+            Box::new(|p| p.certs.host("c.test").is_none()),
+        ),
+    ];
+    for (step, yaml, delete, expect_incremental, untouched, check) in steps {
+        let impact = match delete {
+            Some(key) => index.apply(Change::Delete(key)),
+            None => apply(&mut index, &yaml),
+        };
+        assert!(
+            impact.routes && !impact.all_routes && impact.ingresses.is_empty(),
+            "{step}: {impact:?}"
+        );
+        let (next, incremental) = plan_after(&index, &plan, &impact);
+        assert_eq!(incremental, expect_incremental, "{step}: incremental");
+        let full = plan_routes(&index.inputs(), &Config::default());
+        assert_same(&next, &full, step);
+        for host in untouched {
+            // A host without a route (its only Service missing) has no entry before or after.
+            let (now, before) = (next.table.exact.get(*host), plan.table.exact.get(*host));
+            assert!(
+                match (now, before) {
+                    (Some(now), Some(before)) => now.same(before),
+                    (now, before) => now.is_none() && before.is_none(),
+                },
+                "{step}: {host} rebuilt"
+            );
+        }
+        assert!(check(&next), "{step}: {:?}", next.backends);
+        index.set_references(next.references.clone());
+        plan = next;
+    }
+    // Writes of what no route reads, or of nothing translation reads, plan nothing.
+    assert!(apply(&mut index, &tls_secret("cert", &["x.test"])).is_empty());
+    let labelled = service("b", "web", 81, "").replace("{name: b}", "{name: b, labels: {team: x}}");
+    assert!(apply(&mut index, &labelled).is_empty());
+}
+
+#[test]
+fn a_secret_or_service_read_outside_ingresses_runs_the_full_route_phase() {
+    let mut index = Index::new(Config::default().class);
+    apply(&mut index, SERVICES);
+    apply(&mut index, &tls_secret("ct", &["c.test"]));
+    apply(
+        &mut index,
+        &ingress(
+            "one",
+            1,
+            &[("c.test", "/", "a")],
+            "  tls: [{hosts: [c.test], secretName: ct}]\n",
+        ),
+    );
+    let config = Config {
+        default_tls_secret: Some(controller::object::NsName::new("default", "ct")),
+        ..Config::default()
+    };
+    let plan = plan_routes(&index.inputs(), &config);
+    let none = Default::default();
+    let names = |name: &str| [controller::object::NsName::new("default", name)].into();
+    // The default TLS Secret is read outside any Ingress (the certificate for unknown SNI).
+    assert_eq!(changed_ingresses(&plan, &none, &none, &names("ct")), None);
+    // Service a is read by Ingress one only.
+    assert_eq!(
+        changed_ingresses(&plan, &none, &names("a"), &none),
+        Some(names("one"))
+    );
+    // Nothing reads Service b: the references and the footprints would disagree.
+    assert_eq!(changed_ingresses(&plan, &none, &names("b"), &none), None);
 }
 
 /// A Service whose port's `appProtocol` duet does not know (a diagnostic of the Service).

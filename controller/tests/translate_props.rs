@@ -1,11 +1,13 @@
 //! Properties of translation: the route table does not depend on the order of the input objects
-//! (nor of the rules inside an Ingress), and EndpointSlice joining gives exactly one target per
-//! pod with each family's address and port from its own slice.
+//! (nor of the rules inside an Ingress), the route phase split over threads or planned host by
+//! host after a Service change makes the plan of the whole route phase, and EndpointSlice joining
+//! gives exactly one target per pod with each family's address and port from its own slice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
-use controller::translate::{self, Config, Inputs};
+use controller::object::NsName;
+use controller::translate::{self, incremental, Config, Inputs};
 use dataplane::{Target, TargetId};
 use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
@@ -256,6 +258,77 @@ proptest! {
         prop_assert_eq!(&split.annotations, &one.annotations);
         prop_assert_eq!(&*split.certs, &*one.certs);
         prop_assert_eq!(&*split.footprints, &*one.footprints);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// A change of one Service that Ingresses read, planned as a change of those Ingresses
+    /// (`translate::incremental::changed_ingresses`, then the route phase over them and the
+    /// Ingresses sharing their hosts), makes the plan the full route phase makes.
+    #[test]
+    fn a_service_change_planned_by_host_equals_the_full_route_phase(
+        specs in prop::collection::vec(ingress_spec(), 1..9),
+        namespace in prop_oneof![Just("a"), Just("b")],
+        name in 0..SERVICES.len(),
+        edit in 0u8..3,
+    ) {
+        let before: Vec<Service> = ["a", "b"]
+            .iter()
+            .flat_map(|ns| [service(ns, "web"), service(ns, "api")])
+            .collect();
+        let name = SERVICES[name];
+        let is_it = |s: &Service| {
+            s.metadata.namespace.as_deref() == Some(namespace) && s.metadata.name.as_deref() == Some(name)
+        };
+        let mut after: Vec<Service> = before.iter().filter(|s| !is_it(s)).cloned().collect();
+        let mut edited = service(namespace, name);
+        let port = &mut edited.spec.as_mut().unwrap().ports.as_mut().unwrap()[0];
+        match edit {
+            // Deleted (or "ghost", still missing).
+            0 => {}
+            // Renumbered: the routes naming port 80 lose it, those naming "http" follow it.
+            1 => {
+                port.port = 81;
+                after.push(edited);
+            }
+            // Unnamed: the routes naming "http" lose it (and "ghost" is created).
+            _ => {
+                port.name = None;
+                after.push(edited);
+            }
+        }
+        let ingresses: Vec<Ingress> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| make_ingress(i, spec, &(0..spec.rules.len()).collect::<Vec<_>>()))
+            .collect();
+        fn inputs<'a>(ingresses: &'a [Ingress], services: &'a [Service]) -> Inputs<'a> {
+            Inputs {
+                ingresses: ingresses.iter().collect(),
+                services: services.iter().collect(),
+                ..Inputs::default()
+            }
+        }
+        let config = Config::default();
+        let previous = translate::plan_routes(&inputs(&ingresses, &before), &config);
+        let full = translate::plan_routes(&inputs(&ingresses, &after), &config);
+        let key = NsName::new(namespace, name);
+        let none = BTreeSet::new();
+        // The index reports a change of a Service the routes read (referenced, existing or not).
+        prop_assume!(previous.references.services.contains(&key));
+        let changed = incremental::changed_ingresses(&previous, &none, &BTreeSet::from([key]), &none);
+        let changed = changed.expect("only Ingresses read the Services here");
+        if let Some(plan) = incremental::plan_ingress_change(&previous, &inputs(&ingresses, &after), &config, &changed) {
+            prop_assert_eq!(&*plan.table, &*full.table);
+            prop_assert_eq!(&plan.backends, &full.backends);
+            prop_assert_eq!(&plan.references, &full.references);
+            prop_assert_eq!(&plan.diagnostics, &full.diagnostics);
+            prop_assert_eq!(&plan.annotations, &full.annotations);
+            prop_assert_eq!(&*plan.certs, &*full.certs);
+            prop_assert_eq!(&*plan.footprints, &*full.footprints);
+        }
     }
 }
 

@@ -16,6 +16,9 @@
 //! - The default backend is the oldest resolving `defaultBackend`: when the changed Ingresses
 //!   have or had one, every Ingress with a `defaultBackend` is run again and the table takes
 //!   the partial run's default backend.
+//! - A change of a Service or Secret that only Ingresses read ([`changed_ingresses`]) is planned
+//!   as a change of every Ingress that read it: the route phase runs over those (and the Ingresses
+//!   sharing their hosts), which read the object again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -203,6 +206,41 @@ const MAX_SHARE_EIGHTHS: usize = 2;
 
 /// How many times the set of hosts may grow before giving up.
 const MAX_ROUNDS: usize = 8;
+
+/// The Ingresses to plan again ([`plan_ingress_change`]) after a change of the Ingresses
+/// `ingresses` and of the Services `services` and Secrets `secrets` the routes read: those
+/// Ingresses and every Ingress of `previous` that read a changed Service or Secret (its
+/// footprint names it). `None` when the full route phase must run: something outside any
+/// Ingress reads one of them (the `--default-tls-secret`, a Gateway API route), or no Ingress
+/// does (the references and the footprints disagree).
+pub fn changed_ingresses(
+    previous: &RoutePlan,
+    ingresses: &BTreeSet<NsName>,
+    services: &BTreeSet<NsName>,
+    secrets: &BTreeSet<NsName>,
+) -> Option<BTreeSet<NsName>> {
+    if services.is_empty() && secrets.is_empty() {
+        return Some(ingresses.clone());
+    }
+    let prints = &previous.footprints;
+    let base = &prints.base;
+    if services.iter().any(|s| base.services.contains(s))
+        || secrets.iter().any(|s| base.secrets.contains(s))
+    {
+        return None;
+    }
+    let mut changed = ingresses.clone();
+    let mut readers = 0;
+    for (name, print) in &prints.by_ingress {
+        if print.services.iter().any(|s| services.contains(s))
+            || print.secrets.iter().any(|s| secrets.contains(s))
+        {
+            changed.insert(name.clone());
+            readers += 1;
+        }
+    }
+    (readers > 0).then_some(changed)
+}
 
 /// The route plan after a change of only the Ingresses `changed` (any of which may now be gone
 /// or not ours), from `previous`, the plan of the inputs before the change; `None` when the full
