@@ -251,13 +251,7 @@ proptest! {
         // Every Ingress oldest first on one thread; `parts` 1 is grouped on one core.
         let one = translate::plan_routes_in_parts(&inputs, &config, 1, usize::MAX);
         let split = translate::plan_routes_in_parts(&inputs, &config, parts, 1);
-        prop_assert_eq!(&*split.table, &*one.table);
-        prop_assert_eq!(&split.backends, &one.backends);
-        prop_assert_eq!(&split.references, &one.references);
-        prop_assert_eq!(&split.diagnostics, &one.diagnostics);
-        prop_assert_eq!(&split.annotations, &one.annotations);
-        prop_assert_eq!(&*split.certs, &*one.certs);
-        prop_assert_eq!(&*split.footprints, &*one.footprints);
+        same_plan(&split, &one)?;
     }
 }
 
@@ -321,15 +315,21 @@ proptest! {
         let changed = incremental::changed_ingresses(&previous, &none, &BTreeSet::from([key]), &none);
         let changed = changed.expect("only Ingresses read the Services here");
         if let Some(plan) = incremental::plan_ingress_change(&previous, &inputs(&ingresses, &after), &config, &changed) {
-            prop_assert_eq!(&*plan.table, &*full.table);
-            prop_assert_eq!(&plan.backends, &full.backends);
-            prop_assert_eq!(&plan.references, &full.references);
-            prop_assert_eq!(&plan.diagnostics, &full.diagnostics);
-            prop_assert_eq!(&plan.annotations, &full.annotations);
-            prop_assert_eq!(&*plan.certs, &*full.certs);
-            prop_assert_eq!(&*plan.footprints, &*full.footprints);
+            same_plan(&plan, &full)?;
         }
     }
+}
+
+/// Every part of the route plan `got` equals the one of `want`.
+fn same_plan(got: &translate::RoutePlan, want: &translate::RoutePlan) -> Result<(), TestCaseError> {
+    prop_assert_eq!(&*got.table, &*want.table);
+    prop_assert_eq!(&got.backends, &want.backends);
+    prop_assert_eq!(&got.references, &want.references);
+    prop_assert_eq!(&got.diagnostics, &want.diagnostics);
+    prop_assert_eq!(&got.annotations, &want.annotations);
+    prop_assert_eq!(&*got.certs, &*want.certs);
+    prop_assert_eq!(&*got.footprints, &*want.footprints);
+    Ok(())
 }
 
 /// One pod of the joining model.
