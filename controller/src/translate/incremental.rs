@@ -20,7 +20,7 @@
 //!   as a change of every Ingress that read it: the route phase runs over those (and the Ingresses
 //!   sharing their hosts), which read the object again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use dataplane::table::CertTable;
@@ -28,7 +28,6 @@ use dataplane::{Origin, RouteTable};
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::routes::HostKey;
-use super::translation::FastSet;
 use super::{Config, Diagnostic, Inputs, References, RoutePlan};
 use crate::object::{Kind, NsName};
 
@@ -371,7 +370,8 @@ fn merge(
     // else the previous plan. Both plans' backends are sorted by id: walked together (the
     // partial's spec first), kept when used (hashed: sorting the 20,000 ids of the issue-13 size
     // took a third of the merge), collected in order (a B-tree built from sorted input).
-    let used: FastSet<&dataplane::BackendId> = table.backend_ids().chain(gateway_ids).collect();
+    let used: HashSet<&dataplane::BackendId, foldhash::fast::RandomState> =
+        table.backend_ids().chain(gateway_ids).collect();
     let backends = union_sorted(&partial.backends, &previous.backends)
         .filter(|(id, _)| used.contains(id))
         .map(|(id, spec)| (id.clone(), spec.clone()))
