@@ -131,6 +131,10 @@ pub struct Fleet {
     pods: Vec<Pod>,
     listening: Vec<(String, Vec<SocketAddr>)>,
     server: Option<EchoServer>,
+    /// Duplicates of the listening sockets, held across [`Fleet::restart`]: the ports are
+    /// ephemeral ones, and while no socket held them another one (a client's source port) could
+    /// take them before the restarted server bound them again. Let go by [`Fleet::stop`].
+    kept: Vec<PodListeners>,
     options: EchoOptions,
     /// Makes this fleet's slice names unique, as the controller's random suffix does.
     slice_suffix: String,
@@ -195,6 +199,22 @@ fn bind_v4_sides(specs: &[PodSpec]) -> anyhow::Result<Vec<Option<Side>>> {
     }
     Err(last.map_or_else(|| anyhow::anyhow!("no port"), anyhow::Error::from))
         .context("no IPv4 port free on every pod's loopback address")
+}
+
+/// New descriptors of the same listening sockets (the sockets live while any is open).
+fn duplicates(pods: &[PodListeners]) -> std::io::Result<Vec<PodListeners>> {
+    pods.iter()
+        .map(|pod| {
+            Ok(PodListeners {
+                name: pod.name.clone(),
+                listeners: pod
+                    .listeners
+                    .iter()
+                    .map(std::net::TcpListener::try_clone)
+                    .collect::<std::io::Result<_>>()?,
+            })
+        })
+        .collect()
 }
 
 /// A bound, never listening socket at `addr`: connections to it are refused.
@@ -328,6 +348,7 @@ impl Fleet {
                 (p.name.clone(), addrs.collect())
             })
             .collect();
+        let kept = duplicates(&listeners)?;
         let server = EchoServer::serve(identity, listeners, options.clone())?;
         static FLEETS: AtomicU32 = AtomicU32::new(0);
         Ok(Fleet {
@@ -338,6 +359,7 @@ impl Fleet {
             pods,
             listening,
             server: Some(server),
+            kept,
             _closed: closed,
         })
     }
@@ -424,21 +446,40 @@ impl Fleet {
     /// kernel hands them to someone else, or [`Fleet::restart`]).
     pub fn stop(&mut self) {
         self.server = None;
+        self.kept.clear();
     }
 
     /// Stops serving (cutting open connections) and serves again on the same addresses, like
-    /// pods whose process restarted.
+    /// pods whose process restarted. The listening sockets stay open in between (connections
+    /// made meanwhile wait in their backlog), unless [`Fleet::stop`] let the ports go: then they
+    /// are bound again.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         if let Some(server) = self.server.take() {
             server.close().await;
+        }
+        if self.kept.is_empty() {
+            for (name, addrs) in &self.listening {
+                let listeners = addrs
+                    .iter()
+                    .map(|&a| echo::bind(a).with_context(|| format!("cannot listen on {a}")))
+                    .collect::<anyhow::Result<_>>()?;
+                self.kept.push(PodListeners {
+                    name: name.clone(),
+                    listeners,
+                });
+            }
         }
         let identity = Identity {
             namespace: self.namespace.clone(),
             ingress: String::new(),
             service: self.service.clone(),
         };
-        let server = EchoServer::bind(identity, &self.listening, self.options.clone())?;
-        self.server = Some(server);
+        let listeners = duplicates(&self.kept)?;
+        self.server = Some(EchoServer::serve(
+            identity,
+            listeners,
+            self.options.clone(),
+        )?);
         Ok(())
     }
 }
