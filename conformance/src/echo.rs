@@ -155,6 +155,28 @@ pub struct PodListeners {
     pub listeners: Vec<std::net::TcpListener>,
 }
 
+impl PodListeners {
+    /// Binds every address of every pod (see [`bind`]).
+    pub fn bind(pods: &[(String, Vec<SocketAddr>)]) -> io::Result<Vec<PodListeners>> {
+        pods.iter()
+            .map(|(name, addrs)| {
+                let listeners = addrs
+                    .iter()
+                    .map(|&a| {
+                        bind(a).map_err(|e| {
+                            io::Error::new(e.kind(), format!("cannot listen on {a}: {e}"))
+                        })
+                    })
+                    .collect::<io::Result<Vec<_>>>()?;
+                Ok(PodListeners {
+                    name: name.clone(),
+                    listeners,
+                })
+            })
+            .collect()
+    }
+}
+
 /// A pod being served, with the addresses its sockets are bound to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServedPod {
@@ -209,21 +231,7 @@ impl EchoServer {
         pods: &[(String, Vec<SocketAddr>)],
         options: EchoOptions,
     ) -> io::Result<EchoServer> {
-        let mut bound = Vec::with_capacity(pods.len());
-        for (name, addrs) in pods {
-            let listeners = addrs
-                .iter()
-                .map(|&a| {
-                    bind(a)
-                        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {a}: {e}")))
-                })
-                .collect::<io::Result<Vec<_>>>()?;
-            bound.push(PodListeners {
-                name: name.clone(),
-                listeners,
-            });
-        }
-        EchoServer::serve(identity, bound, options)
+        EchoServer::serve(identity, PodListeners::bind(pods)?, options)
     }
 
     /// Serves pods on sockets bound by the caller. Must be called inside a Tokio runtime.

@@ -458,16 +458,7 @@ impl Fleet {
             server.close().await;
         }
         if self.kept.is_empty() {
-            for (name, addrs) in &self.listening {
-                let listeners = addrs
-                    .iter()
-                    .map(|&a| echo::bind(a).with_context(|| format!("cannot listen on {a}")))
-                    .collect::<anyhow::Result<_>>()?;
-                self.kept.push(PodListeners {
-                    name: name.clone(),
-                    listeners,
-                });
-            }
+            self.kept = PodListeners::bind(&self.listening)?;
         }
         let identity = Identity {
             namespace: self.namespace.clone(),
