@@ -127,10 +127,14 @@ impl NsName {
 impl NsName {
     /// The namespace (`default` when unset) and name of a namespaced object.
     pub fn of(meta: &ObjectMeta) -> NsName {
-        NsName::new(
-            meta.namespace.as_deref().unwrap_or("default"),
-            meta.name.clone().unwrap_or_default(),
-        )
+        let (namespace, name) = NsName::borrowed(meta);
+        NsName::new(namespace, name)
+    }
+
+    /// [`NsName::of`] without allocating: the namespace (`default` when unset) and the name.
+    pub fn borrowed(meta: &ObjectMeta) -> (&str, &str) {
+        let namespace = meta.namespace.as_deref().unwrap_or("default");
+        (namespace, meta.name.as_deref().unwrap_or_default())
     }
 }
 

@@ -275,12 +275,10 @@ pub fn plan_ingress_change(
         defaults |= print.default_backend;
         hosts.extend(print.hosts.iter().cloned());
     }
-    // An Ingress's name as `NsName::of` reads it, borrowed: the members are found by one pass
-    // over the inputs, not through a map of every Ingress by an allocated name.
+    // The members are found by one pass over the inputs with borrowed names, not through a
+    // map of every Ingress by an allocated name.
     fn key(i: &Ingress) -> (&str, &str) {
-        let meta = &i.metadata;
-        let namespace = meta.namespace.as_deref().unwrap_or("default");
-        (namespace, meta.name.as_deref().unwrap_or_default())
+        NsName::borrowed(&i.metadata)
     }
     let limit = (prints.by_ingress.len() * MAX_SHARE_EIGHTHS / 8).max(8);
     let mut partial_config = config.clone();
