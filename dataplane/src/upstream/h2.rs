@@ -3,6 +3,7 @@
 //! and the HTTP/2 form of an upstream request.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,21 +16,31 @@ use hyper::client::conn::http2;
 use super::tls::LiveTls;
 use super::{connect, PoolKey, PoolMap, UpstreamBody};
 
+/// An HTTP/2 connection: its sender and its number in the pool, which tells it from a later
+/// connection to the same address (so a failed one is let go, never its replacement).
+#[derive(Clone)]
+pub(super) struct H2Conn {
+    pub(super) sender: http2::SendRequest<UpstreamBody>,
+    id: u64,
+}
+
 /// A pooled HTTP/2 connection and when a request last took it.
-type PooledH2 = (http2::SendRequest<UpstreamBody>, Instant);
+type PooledH2 = (H2Conn, Instant);
 
 /// A connection attempt that every request arriving meanwhile waits for.
-type Connecting =
-    Shared<BoxFuture<'static, Result<http2::SendRequest<UpstreamBody>, Arc<io::Error>>>>;
+type Connecting = Shared<BoxFuture<'static, Result<H2Conn, Arc<io::Error>>>>;
 
 /// One multiplexed HTTP/2 connection per upstream address and TLS settings, shared by every
-/// request to that address; a closed connection (GOAWAY, reset) is replaced on the next request.
-/// Requests that find no connection while one is being made wait for that one. A connection no
-/// request has used for the idle timeout is let go (its open streams still finish).
+/// request to that address; a closed connection (GOAWAY, reset) is replaced on the next request,
+/// and one a request failed on is let go at once (see [`Pool::forget`]). Requests that find no
+/// connection while one is being made wait for that one. A connection no request has used for
+/// the idle timeout is let go (its open streams still finish).
 #[derive(Default)]
 pub(super) struct Pool {
     conns: Mutex<PoolMap<PooledH2>>,
     connecting: Mutex<PoolMap<Connecting>>,
+    /// The number of the next connection made.
+    next_id: AtomicU64,
 }
 
 impl std::fmt::Debug for Pool {
@@ -41,23 +52,33 @@ impl std::fmt::Debug for Pool {
 
 impl Pool {
     /// The open connection to `key`, if there is one.
-    pub(super) fn get(&self, key: PoolKey) -> Option<http2::SendRequest<UpstreamBody>> {
+    pub(super) fn get(&self, key: PoolKey) -> Option<H2Conn> {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let (sender, used) = conns.get_mut(&key).filter(|(s, _)| !s.is_closed())?;
+        let (conn, used) = conns.get_mut(&key).filter(|(c, _)| !c.sender.is_closed())?;
         *used = Instant::now();
-        Some(sender.clone())
+        Some(conn.clone())
     }
 
-    fn put(&self, key: PoolKey, sender: http2::SendRequest<UpstreamBody>) {
+    fn put(&self, key: PoolKey, conn: H2Conn) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.insert(key, (sender, Instant::now()));
+        conns.insert(key, (conn, Instant::now()));
+    }
+
+    /// Lets go of `conn`, which a request failed on, if the pool still offers it for `key`: the
+    /// next request (a replay too) connects afresh instead of taking a connection whose end its
+    /// own task has not marked yet. A newer connection to the key stays.
+    pub(super) fn forget(&self, key: PoolKey, conn: &H2Conn) {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.get(&key).is_some_and(|(c, _)| c.id == conn.id) {
+            conns.remove(&key);
+        }
     }
 
     /// Drops closed connections, and lets go of those unused for `max_idle` (which closes them
     /// once their open streams are done).
     pub(super) fn reap(&self, max_idle: Duration) {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.retain(|_, (s, used)| !s.is_closed() && used.elapsed() < max_idle);
+        conns.retain(|_, (c, used)| !c.sender.is_closed() && used.elapsed() < max_idle);
     }
 
     /// A new connection to the key's address, or the one another request is making right now.
@@ -66,7 +87,7 @@ impl Pool {
         key: PoolKey,
         tls: Option<&Arc<LiveTls>>,
         timeout: Duration,
-    ) -> io::Result<http2::SendRequest<UpstreamBody>> {
+    ) -> io::Result<H2Conn> {
         let tls = tls.cloned();
         self.connect_with(key, move || {
             async move { connect::connect(key.0, tls.as_deref(), timeout).await }.boxed()
@@ -77,11 +98,7 @@ impl Pool {
     /// Joins the attempt in progress for `key`, or starts one with `make`. However the wait ends
     /// (connected, failed, cancelled, or the attempt panicked), the attempt is no longer offered
     /// to later requests: the next one tries again.
-    async fn connect_with<F>(
-        &self,
-        key: PoolKey,
-        make: F,
-    ) -> io::Result<http2::SendRequest<UpstreamBody>>
+    async fn connect_with<F>(&self, key: PoolKey, make: F) -> io::Result<H2Conn>
     where
         F: FnOnce() -> BoxFuture<'static, io::Result<http2::SendRequest<UpstreamBody>>>,
     {
@@ -90,12 +107,19 @@ impl Pool {
             // A request that found no connection may get here after another one's attempt has
             // finished and left the table: the connection it made is in the pool by now (put
             // before the attempt is forgotten), and is shared rather than doubled.
-            if let Some(sender) = self.get(key) {
-                return Ok(sender);
+            if let Some(conn) = self.get(key) {
+                return Ok(conn);
             }
             connecting
                 .entry(key)
-                .or_insert_with(|| make().map(|r| r.map_err(Arc::new)).boxed().shared())
+                .or_insert_with(|| {
+                    // Numbered as the attempt starts: every request waiting for it gets the same.
+                    let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                    make()
+                        .map(move |r| r.map(|sender| H2Conn { sender, id }).map_err(Arc::new))
+                        .boxed()
+                        .shared()
+                })
                 .clone()
         };
         let _forget = ForgetAttempt {
@@ -104,8 +128,8 @@ impl Pool {
             attempt: attempt.clone(),
         };
         let result = attempt.await;
-        if let Ok(sender) = &result {
-            self.put(key, sender.clone());
+        if let Ok(conn) = &result {
+            self.put(key, conn.clone());
         }
         result.map_err(|e| io::Error::new(e.kind(), e.to_string()))
     }
@@ -300,7 +324,8 @@ mod tests {
                 })
                 .await;
             let raced = raced.unwrap_or_else(|e| panic!("{ip}: {e}"));
-            assert!(raced.is_ready() && !raced.is_closed(), "{ip}");
+            assert_eq!(raced.id, first.id, "{ip}: the same connection");
+            assert!(raced.sender.is_ready() && !raced.sender.is_closed(), "{ip}");
             drop((first, raced));
             go.notify_one();
         }
@@ -345,6 +370,111 @@ mod tests {
                 matches!(sent, Ok(Ok((http::StatusCode::OK, true)))),
                 "{ip}: {sent:?}"
             );
+        }
+    }
+
+    /// An HTTP/2 frame's head and payload.
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+        let mut frame = vec![len[1], len[2], len[3], kind, flags];
+        frame.extend_from_slice(&stream.to_be_bytes());
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    /// An h2c peer that refuses (`RST_STREAM` `REFUSED_STREAM`) the second stream of its first
+    /// connection, keeping that connection open, and answers every other stream `200`. Sends
+    /// (connection number, stream) for each request it reads.
+    async fn refusing_server(
+        ip: std::net::IpAddr,
+    ) -> (
+        SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<(usize, u32)>,
+    ) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for number in 0.. {
+                let (mut tcp, _) = listener.accept().await.unwrap();
+                let seen = seen_tx.clone();
+                tokio::spawn(async move {
+                    let mut preface = [0u8; 24];
+                    tcp.read_exact(&mut preface).await?;
+                    tcp.write_all(&frame(0x4, 0, 0, &[])).await?;
+                    let mut streams = 0;
+                    loop {
+                        let mut head = [0u8; 9];
+                        tcp.read_exact(&mut head).await?;
+                        let len = usize::from(head[0]) << 16
+                            | usize::from(head[1]) << 8
+                            | usize::from(head[2]);
+                        let mut payload = vec![0u8; len];
+                        tcp.read_exact(&mut payload).await?;
+                        let (kind, flags) = (head[3], head[4]);
+                        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+                        let reply = match kind {
+                            // SETTINGS (not an ACK): acknowledged.
+                            0x4 if flags & 0x1 == 0 => frame(0x4, 0x1, 0, &[]),
+                            // HEADERS: a request.
+                            0x1 => {
+                                streams += 1;
+                                let _ = seen.send((number, stream));
+                                if number == 0 && streams == 2 {
+                                    frame(0x3, 0, stream, &7u32.to_be_bytes())
+                                } else {
+                                    // `:status: 200` (static table entry 8), ending the stream.
+                                    frame(0x1, 0x5, stream, &[0x88])
+                                }
+                            }
+                            _ => continue,
+                        };
+                        tcp.write_all(&reply).await?;
+                    }
+                    #[allow(unreachable_code)]
+                    Ok::<_, io::Error>(())
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    #[tokio::test]
+    async fn a_replay_goes_over_a_new_connection_and_the_failed_one_is_not_offered_again() {
+        for ip in ["127.0.0.1", "::1"] {
+            let (addr, mut seen) = refusing_server(ip.parse().unwrap()).await;
+            let upstream = Upstream::new(Duration::from_secs(60), 64);
+            let peer = peer(addr, Duration::from_secs(5));
+            let get = || {
+                Request::builder()
+                    .uri("/")
+                    .header(header::HOST, "h2.test")
+                    .body(UpstreamBody::Right(http_body_util::Empty::new()))
+                    .unwrap()
+            };
+            let send = async || {
+                let sent = upstream.send(&peer, &mut Some(get())).await;
+                let Ok(sent) = sent else {
+                    panic!("{ip}: the request failed");
+                };
+                assert_eq!(sent.response.status(), http::StatusCode::OK, "{ip}");
+                sent.connected
+            };
+            assert!(send().await, "{ip}: the first request connects");
+            assert_eq!(seen.recv().await, Some((0, 1)));
+            // The second takes the pooled connection, where its stream is refused: it is replayed
+            // over a new connection (the refused one is still open, and not closed by its task).
+            assert!(send().await, "{ip}: the replay connects");
+            assert_eq!(seen.recv().await, Some((0, 3)));
+            assert_eq!(
+                seen.recv().await,
+                Some((1, 1)),
+                "{ip}: the replay's connection"
+            );
+            // Later requests share the new connection; the refused one is not offered again.
+            assert!(!send().await, "{ip}: reused");
+            assert_eq!(seen.recv().await, Some((1, 3)), "{ip}");
         }
     }
 

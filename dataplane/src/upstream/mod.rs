@@ -25,7 +25,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::{Either, Empty};
 use hyper::body::{Body, Incoming};
-use hyper::client::conn::{http1, http2, TrySendError};
+use hyper::client::conn::{http1, TrySendError};
 use tokio::time::timeout;
 
 pub(crate) use client::ClientError;
@@ -163,7 +163,7 @@ enum Conn {
     /// HTTP/1.1: one request at a time, back to the pool when the response body is done.
     H1(http1::SendRequest<UpstreamBody>),
     /// HTTP/2: shared by every request to the address.
-    H2(http2::SendRequest<UpstreamBody>),
+    H2(h2::H2Conn),
 }
 
 /// The body of an upstream response: hyper's, or one read by duet's own client.
@@ -405,18 +405,27 @@ impl Upstream {
                 (Conn::H1(s), None) => timeout(peer.read_timeout, s.try_send_request(request))
                     .await
                     .ok(),
-                (Conn::H2(s), None) => timeout(peer.read_timeout, s.try_send_request(request))
-                    .await
-                    .ok(),
+                (Conn::H2(c), None) => {
+                    timeout(peer.read_timeout, c.sender.try_send_request(request))
+                        .await
+                        .ok()
+                }
                 (Conn::H1(s), Some(w)) => watched(peer, w, s.try_send_request(request)).await,
-                (Conn::H2(s), Some(w)) => watched(peer, w, s.try_send_request(request)).await,
+                (Conn::H2(c), Some(w)) => {
+                    watched(peer, w, c.sender.try_send_request(request)).await
+                }
             };
             let error = match sent {
                 None => return Err(SendError::Failed(ProxyError::Timeout)),
                 Some(Ok(response)) => return Ok(self.sent(peer, conn, response, fresh)),
                 Some(Err(error)) => error,
             };
-            match after_failure(error, fresh, &mut replay) {
+            let retry = after_failure(error, fresh, &mut replay);
+            if let (Conn::H2(failed), Retry::Again(_) | Retry::Unsent(..)) = (&conn, &retry) {
+                // Judged dead: the replay, and every later request, connects afresh.
+                self.h2.forget(peer.key(), failed);
+            }
+            match retry {
                 Retry::Again(again) => *slot = Some(again),
                 Retry::Unsent(unsent, e) => {
                     *slot = Some(unsent);
@@ -498,8 +507,9 @@ impl Upstream {
     async fn connect(&self, peer: &Peer<'_>) -> io::Result<Conn> {
         let timeout = peer.connect_timeout;
         if peer.protocol.is_h2() {
-            let sender = self.h2.connect(peer.key(), peer.tls, timeout).await?;
-            return Ok(Conn::H2(sender));
+            return Ok(Conn::H2(
+                self.h2.connect(peer.key(), peer.tls, timeout).await?,
+            ));
         }
         let tls = peer.tls.map(|t| &**t);
         Ok(Conn::H1(connect::connect(peer.addr, tls, timeout).await?))
