@@ -499,7 +499,9 @@ fn service_and_secret_changes_rebuild_only_the_hosts_of_the_ingresses_reading_th
             true,
             &["b.test", "d.test", "e.test"],
             Box::new(move |p| {
-                let ips = spec(p, "up").map(|s| s.cluster_ips).unwrap_or_default();
+                let ips = spec(p, "up")
+                    .map(|s| s.cluster_ips.clone())
+                    .unwrap_or_default();
                 ips.len() == 2 && ips[1].is_ipv6()
             }),
         ),

@@ -1195,10 +1195,7 @@ impl RouteTable {
 
     /// Every backend id the table refers to, the alternatives of per-request choices included.
     pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
-        self.actions().flat_map(|(_, action)| {
-            let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
-            std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
-        })
+        self.actions().flat_map(|(_, action)| action.backend_ids())
     }
 }
 
@@ -1373,6 +1370,14 @@ impl Snapshot {
     /// The backend of a route, if it exists.
     pub fn backend(&self, id: &BackendId) -> Option<&Arc<Backend>> {
         self.backends.get(id)
+    }
+}
+
+impl RouteAction {
+    /// The route's backend and those of its per-request choice's alternatives.
+    pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
+        let alternatives = self.choice.iter().flat_map(|c| &c.alternatives);
+        std::iter::once(&self.backend).chain(alternatives.map(|alt| &alt.backend))
     }
 }
 

@@ -61,7 +61,8 @@ pub fn build_backends_by_service(
             }
         }
     }
-    let specs: Vec<(&BackendId, &BackendSpec)> = plan.backends.iter().collect();
+    let specs: Vec<(&BackendId, &BackendSpec)> =
+        plan.backends.iter().map(|(id, s)| (id, &**s)).collect();
     let slices_of = |service: &NsName| slices.get(service).cloned().unwrap_or_default();
     let mut built = Built::with_capacity(specs.len());
     built.add(&specs, &slices_of, names, config, previous);
@@ -93,7 +94,8 @@ fn build_backends_on<'a, S: SliceView + Sync + ?Sized + 'a>(
     config: &Config,
     previous: &BackendMap<Arc<Backend>>,
 ) -> (BackendMap<Arc<Backend>>, ServiceDiagnostics) {
-    let specs: Vec<(&BackendId, &BackendSpec)> = plan.backends.iter().collect();
+    let specs: Vec<(&BackendId, &BackendSpec)> =
+        plan.backends.iter().map(|(id, s)| (id, &**s)).collect();
     if threads <= 1 {
         let mut built = Built::with_capacity(specs.len());
         built.add(&specs, &slices_of, names, config, previous);
@@ -225,6 +227,7 @@ fn service_backends<'p>(
         .range(from..)
         .take_while(move |(id, _)| id.as_str().starts_with(&prefix))
         .filter(move |(_, spec)| spec.service == *service)
+        .map(|(id, spec)| (id, &**spec))
 }
 
 /// The ids of the plan's backends on ports of the `services`.
@@ -669,7 +672,7 @@ mod tests {
                     external_name: None,
                 };
                 let id = BackendId::new("ns", &service, &spec.port.to_string());
-                plan.backends.insert(id, spec);
+                plan.backends.insert(id, Arc::new(spec));
             }
             if k % 7 != 0 {
                 slices.push(zoned_slice(&service, 4 * k as usize, &zones));

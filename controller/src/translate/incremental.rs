@@ -24,11 +24,12 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use dataplane::table::CertTable;
-use dataplane::{Origin, RouteTable};
+use dataplane::table::RouteAction;
+use dataplane::{BackendId, Origin, RouteTable};
 use k8s_openapi::api::networking::v1::Ingress;
 
 use super::routes::HostKey;
-use super::{Config, Diagnostic, Inputs, References, RoutePlan};
+use super::{BackendSpec, Config, Diagnostic, Inputs, References, RoutePlan};
 use crate::object::{Kind, NsName};
 
 /// What one of our Ingresses contributed to a route build.
@@ -360,20 +361,7 @@ fn merge(
         by_ingress,
         base: previous.footprints.base.clone(),
     };
-    let gateway_ids = previous.gateways.actions().flat_map(|action| {
-        let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
-        std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
-    });
-    // Every backend the table and the Gateway API tables use, its spec from the partial run or
-    // else the previous plan. Both plans' backends are sorted by id: walked together (the
-    // partial's spec first), kept when used (hashed: sorting the 20,000 ids of the issue-13 size
-    // took a third of the merge), collected in order (a B-tree built from sorted input).
-    let used: HashSet<&dataplane::BackendId, foldhash::fast::RandomState> =
-        table.backend_ids().chain(gateway_ids).collect();
-    let backends = union_sorted(&partial.backends, &previous.backends)
-        .filter(|(id, _)| used.contains(id))
-        .map(|(id, spec)| (id.clone(), spec.clone()))
-        .collect();
+    let backends = merge_backends(previous, &partial, &table, hosts, defaults);
     let of_member =
         |d: &Diagnostic| d.object.kind == Kind::Ingress && members.contains(&d.object.ns_name());
     let mut diagnostics: Vec<Diagnostic> = previous
@@ -413,6 +401,67 @@ fn merge(
         gateway_report: previous.gateway_report.clone(),
         footprints: Arc::new(footprints),
     }
+}
+
+/// The backends of the merged plan made of `table`: every backend its routes and the Gateway API
+/// tables use, its spec from the partial run or else the previous plan.
+fn merge_backends(
+    previous: &RoutePlan,
+    partial: &RoutePlan,
+    table: &RouteTable,
+    hosts: &BTreeSet<HostKey>,
+    defaults: bool,
+) -> BTreeMap<BackendId, Arc<BackendSpec>> {
+    // What the replaced hosts (and default backend) use, before and after.
+    let before = ids_of_hosts(&previous.table, hosts, defaults);
+    let after = ids_of_hosts(table, hosts, defaults);
+    if before.iter().all(|id| after.contains(id)) {
+        // No backend lost a route (a path added, a Service's port changed): the used backends
+        // are the previous plan's and those the replaced hosts use now; a spec the partial run
+        // made is the newer (a Service changed). The previous backends are shared specs: a copy
+        // of pointers, where the walk below hashes every route's id of the whole table.
+        let mut backends = previous.backends.clone();
+        for (id, spec) in &partial.backends {
+            if after.contains(id) || backends.contains_key(id) {
+                backends.insert(id.clone(), spec.clone());
+            }
+        }
+        return backends;
+    }
+    // Every backend the table and the Gateway API tables use, its spec from the partial run or
+    // else the previous plan. Both plans' backends are sorted by id: walked together (the
+    // partial's spec first), kept when used (hashed: sorting the 20,000 ids of the issue-13 size
+    // took a third of the merge), collected in order (a B-tree built from sorted input).
+    let gateway_ids = previous
+        .gateways
+        .actions()
+        .flat_map(RouteAction::backend_ids);
+    let used: HashSet<&BackendId, foldhash::fast::RandomState> =
+        table.backend_ids().chain(gateway_ids).collect();
+    union_sorted(&partial.backends, &previous.backends)
+        .filter(|(id, _)| used.contains(id))
+        .map(|(id, spec)| (id.clone(), spec.clone()))
+        .collect()
+}
+
+/// The backend ids the entries of `hosts` in `table` use, and its default backend's with
+/// `defaults`.
+fn ids_of_hosts<'t>(
+    table: &'t RouteTable,
+    hosts: &BTreeSet<HostKey>,
+    defaults: bool,
+) -> HashSet<&'t BackendId, foldhash::fast::RandomState> {
+    let entries = hosts.iter().filter_map(|host| match host {
+        HostKey::Exact(name) => table.exact.get(name.as_str()),
+        HostKey::Wildcard(suffix) => table.wildcard.get(suffix.as_str()),
+        HostKey::Any => Some(&table.any_host),
+    });
+    let default = table.default_backend.as_ref().filter(|_| defaults);
+    entries
+        .flat_map(|entry| entry.rules.iter().map(|rule| &rule.action))
+        .chain(default)
+        .flat_map(RouteAction::backend_ids)
+        .collect()
 }
 
 /// The entries of two maps in key order, each key once: `first`'s entry where both have it.

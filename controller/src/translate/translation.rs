@@ -9,7 +9,7 @@ use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use dataplane::table::UpstreamProtocol;
+use dataplane::table::{RouteAction, UpstreamProtocol};
 use dataplane::BackendId;
 use k8s_openapi::api::core::v1::{Secret, ServicePort};
 use k8s_openapi::api::networking::v1::Ingress;
@@ -50,7 +50,7 @@ pub(crate) struct Translation<'a> {
     /// The certificate table being built.
     pub(crate) certs: CertBuilder<'a>,
     upstream_tls: UpstreamTlsBuilder<'a>,
-    backends: BTreeMap<BackendId, BackendSpec>,
+    backends: BTreeMap<BackendId, Arc<BackendSpec>>,
     /// The ids of `backends` by their text (`namespace/service:port`): a route to a Service
     /// port already seen shares its id instead of making one.
     ids: FastMap<Box<str>, BackendId>,
@@ -207,7 +207,7 @@ impl<'a> Translation<'a> {
         let id = BackendId::new(&name.namespace, &name.name, &written);
         if !self.backends.contains_key(&id) {
             let spec = self.backend_spec(name, &written, found);
-            self.backends.insert(id.clone(), spec);
+            self.backends.insert(id.clone(), Arc::new(spec));
         }
         self.ids.insert(id.as_str().into(), id.clone());
         Some(id)
@@ -282,7 +282,9 @@ impl<'a> Translation<'a> {
             external::ExternalName::Ip(ip) => spec.cluster_ips = vec![ip],
             external::ExternalName::Name(host) => spec.external_name = Some(host),
         }
-        self.backends.entry(id.clone()).or_insert(spec);
+        self.backends
+            .entry(id.clone())
+            .or_insert_with(|| Arc::new(spec));
         Some(id)
     }
 
@@ -310,9 +312,11 @@ impl<'a> Translation<'a> {
         let cluster = BackendId::new(namespace, name, &format!("{written}/cluster-ip"));
         let spec = BackendSpec {
             cluster_ips: ips,
-            ..spec.clone()
+            ..BackendSpec::clone(spec)
         };
-        self.backends.entry(cluster.clone()).or_insert(spec);
+        self.backends
+            .entry(cluster.clone())
+            .or_insert_with(|| Arc::new(spec));
         cluster
     }
 
@@ -367,10 +371,11 @@ impl<'a> Translation<'a> {
         } else {
             (footprints(), routes.build(diagnostics, annotations))
         };
-        let gateway_ids = self.gateways.table.actions().flat_map(|action| {
-            let alternatives = action.choice.iter().flat_map(|c| &c.alternatives);
-            std::iter::once(&action.backend).chain(alternatives.map(|alt| &alt.backend))
-        });
+        let gateway_ids = self
+            .gateways
+            .table
+            .actions()
+            .flat_map(RouteAction::backend_ids);
         let mut backends = self.backends;
         retain_used(&mut backends, table.backend_ids().chain(gateway_ids));
         let mut diagnostics = self.diagnostics;
@@ -397,7 +402,7 @@ impl<'a> Translation<'a> {
 /// A route's id that is no key's clone (a Service resolved by both parts of a split route
 /// phase) is matched by value.
 fn retain_used<'b>(
-    backends: &mut BTreeMap<BackendId, BackendSpec>,
+    backends: &mut BTreeMap<BackendId, Arc<BackendSpec>>,
     used: impl Iterator<Item = &'b BackendId>,
 ) {
     let keys: FastSet<usize> = backends.keys().map(BackendId::identity).collect();
@@ -423,7 +428,7 @@ pub(crate) struct Part {
     references: References,
     certs: dataplane::table::CertTable,
     upstream_tls: BTreeMap<(NsName, NsName, bool), Arc<dataplane::upstream_tls::UpstreamTls>>,
-    backends: BTreeMap<BackendId, BackendSpec>,
+    backends: BTreeMap<BackendId, Arc<BackendSpec>>,
     ids: FastMap<Box<str>, BackendId>,
     routes: RouteModel,
     annotations: Vec<AnnotationReport>,
@@ -500,9 +505,9 @@ mod tests {
     #[test]
     fn backends_used_by_a_clone_or_an_equal_id_are_kept_the_rest_removed() {
         let [api, web, db] = ["api", "web", "db"].map(|s| BackendId::new("shop", s, "80"));
-        let mut backends: BTreeMap<BackendId, BackendSpec> = [&api, &web, &db]
+        let mut backends: BTreeMap<BackendId, Arc<BackendSpec>> = [&api, &web, &db]
             .into_iter()
-            .map(|id| (id.clone(), spec(id.service())))
+            .map(|id| (id.clone(), Arc::new(spec(id.service()))))
             .collect();
         // `api` by a clone of its key; `web` by an id made apart (another part's resolution).
         let web_elsewhere = BackendId::new("shop", "web", "80");
