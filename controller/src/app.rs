@@ -308,11 +308,10 @@ impl App {
             .collect();
         let all = translate::merge_diagnostics(&plan.diagnostics, backend_diagnostics);
         if rebuild_routes {
-            // The plan's references move to the index (20,000 names at the issue-13 size, no
-            // longer cloned); the live Ingresses are read from there.
-            if let Some(plan) = self.plan.as_mut() {
-                self.index
-                    .set_references(std::mem::take(&mut plan.references));
+            // The plan's references are shared with the index (20,000 names at the issue-13
+            // size, not cloned); the live Ingresses are read from there.
+            if let Some(plan) = self.plan.as_ref() {
+                self.index.set_references(plan.references.clone());
             }
         }
         self.report(all);

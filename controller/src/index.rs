@@ -300,7 +300,7 @@ pub use store::Store;
 #[derive(Debug, Default)]
 pub struct Index {
     class: ClassConfig,
-    references: References,
+    references: Arc<References>,
     /// Ingresses.
     pub ingresses: Store<Ingress>,
     /// IngressClasses (namespace empty).
@@ -337,7 +337,7 @@ impl Index {
     }
 
     /// Records what the current routes use (from the last route build).
-    pub fn set_references(&mut self, references: References) {
+    pub fn set_references(&mut self, references: Arc<References>) {
         self.references = references;
     }
 
@@ -700,10 +700,10 @@ mod tests {
         // Same object again: a resync, nothing to do.
         assert!(index.apply(apply(ingress("a", "duet"))).is_empty());
         // Moving an Ingress away from our class is a route change (its routes go).
-        index.set_references(References {
+        index.set_references(Arc::new(References {
             ingresses: [NsName::new("default", "a")].into_iter().collect(),
             ..Default::default()
-        });
+        }));
         assert!(index.apply(apply(ingress("a", "nginx"))).routes);
         assert!(index
             .apply(Change::Delete(ObjectKey::new(
@@ -746,10 +746,10 @@ mod tests {
     #[test]
     fn slices_of_referenced_services_are_endpoint_only() {
         let mut index = Index::new(ClassConfig::default());
-        index.set_references(References {
+        index.set_references(Arc::new(References {
             services: [NsName::new("default", "web")].into_iter().collect(),
             ..Default::default()
-        });
+        }));
         let impact = index.apply(apply(slice("web-1", "web", "10.0.0.1")));
         assert!(!impact.routes);
         assert_eq!(
@@ -781,11 +781,11 @@ mod tests {
             }))))
         };
         assert!(index.apply(svc("web")).is_empty());
-        index.set_references(References {
+        index.set_references(Arc::new(References {
             services: [NsName::new("default", "web")].into_iter().collect(),
             secrets: [NsName::new("default", "tls")].into_iter().collect(),
             ..Default::default()
-        });
+        }));
         assert!(
             index
                 .apply(Change::Delete(ObjectKey::new(
@@ -808,11 +808,11 @@ mod tests {
         use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
         use k8s_openapi::ByteString;
         let mut index = Index::new(ClassConfig::default());
-        index.set_references(References {
+        index.set_references(Arc::new(References {
             services: [NsName::new("default", "web")].into_iter().collect(),
             secrets: [NsName::new("default", "tls")].into_iter().collect(),
             ..Default::default()
-        });
+        }));
         // As the Service watcher converts what the API sends: a label or annotation change
         // arrives as a new resource version of an otherwise equal stored Service.
         let svc = |version: &str, labels: &[(&str, &str)], port: i32| {
@@ -859,10 +859,10 @@ mod tests {
     #[test]
     fn replace_deletes_what_a_relist_no_longer_has() {
         let mut index = Index::new(ClassConfig::default());
-        index.set_references(References {
+        index.set_references(Arc::new(References {
             services: [NsName::new("default", "web")].into_iter().collect(),
             ..Default::default()
-        });
+        }));
         index.apply(apply(slice("web-1", "web", "10.0.0.1")));
         index.apply(apply(slice("web-2", "web", "10.0.0.2")));
         index.apply(apply(ingress("a", "duet")));

@@ -361,6 +361,7 @@ fn merge(
         by_ingress,
         base: previous.footprints.base.clone(),
     };
+    let references = merge_references(previous, &partial, members, &footprints);
     let backends = merge_backends(previous, &partial, &table, hosts, defaults);
     let of_member =
         |d: &Diagnostic| d.object.kind == Kind::Ingress && members.contains(&d.object.ns_name());
@@ -393,7 +394,7 @@ fn merge(
     RoutePlan {
         table: Arc::new(table),
         backends,
-        references: footprints.references(),
+        references,
         diagnostics,
         certs,
         annotations,
@@ -442,6 +443,32 @@ fn merge_backends(
         .filter(|(id, _)| used.contains(id))
         .map(|(id, spec)| (id.clone(), spec.clone()))
         .collect()
+}
+
+/// The references of the merged plan: the previous plan's (shared) when the `members` reference
+/// what they referenced before (the common edit: a path, a port, an annotation), else those of
+/// the merged `footprints` (20,000 names collected and sorted at the issue-13 size).
+fn merge_references(
+    previous: &RoutePlan,
+    partial: &RoutePlan,
+    members: &BTreeSet<NsName>,
+    footprints: &Footprints,
+) -> Arc<References> {
+    fn referenced<'p>(
+        plan: &'p RoutePlan,
+        name: &NsName,
+    ) -> Option<(bool, &'p [NsName], &'p [NsName])> {
+        let print = plan.footprints.by_ingress.get(name)?;
+        Some((print.referenced, &print.services, &print.secrets))
+    }
+    let same = members
+        .iter()
+        .all(|name| referenced(previous, name) == referenced(partial, name));
+    if same {
+        previous.references.clone()
+    } else {
+        Arc::new(footprints.references())
+    }
 }
 
 /// The backend ids the entries of `hosts` in `table` use, and its default backend's with

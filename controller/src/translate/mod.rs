@@ -188,7 +188,7 @@ pub struct RoutePlan {
     /// the previous one copies 20,000 pointers, not 20,000 specs, at the issue-13 size).
     pub backends: BTreeMap<BackendId, Arc<BackendSpec>>,
     /// What our Ingresses reference (for the index's relevance decisions).
-    pub references: References,
+    pub references: Arc<References>,
     /// Problems found in Ingresses.
     pub diagnostics: Vec<Diagnostic>,
     /// Certificates by SNI from `spec.tls` and the default TLS Secret.

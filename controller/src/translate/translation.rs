@@ -356,7 +356,7 @@ impl<'a> Translation<'a> {
         let footprints = move || {
             let footprints = recorder.finish(base);
             let references = footprints.references();
-            (Arc::new(footprints), references)
+            (Arc::new(footprints), Arc::new(references))
         };
         let routes = std::mem::take(&mut self.routes);
         let (diagnostics, annotations) = (&mut self.diagnostics, &mut self.annotations);
