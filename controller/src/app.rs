@@ -502,7 +502,9 @@ impl App {
         tracing::debug!(incremental = by_host, "Route phase");
         let mut plan = incremental.unwrap_or_else(|| translate::plan_routes(&inputs, config));
         if let Some(old) = &self.plan {
-            if translate::reuse_hosts(Arc::make_mut(&mut plan.table), &old.table) {
+            // A plan made by host shares what it did not replace, and the replaced entries that
+            // came out equal ([`translate::incremental`]): only a full build is compared whole.
+            if !by_host && translate::reuse_hosts(Arc::make_mut(&mut plan.table), &old.table) {
                 plan.table = old.table.clone();
             }
             if *old.certs == *plan.certs {

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use dataplane::table::CertTable;
-use dataplane::table::RouteAction;
+use dataplane::table::{HostRules, RouteAction};
 use dataplane::{BackendId, Origin, RouteTable};
 use k8s_openapi::api::networking::v1::Ingress;
 
@@ -343,10 +343,7 @@ fn merge(
     hosts: &BTreeSet<HostKey>,
     defaults: bool,
 ) -> RoutePlan {
-    let mut table = replace_hosts(&previous.table, &partial.table, hosts);
-    if defaults {
-        table.default_backend = partial.table.default_backend.clone();
-    }
+    let table = replace_hosts(&previous.table, &partial.table, hosts, defaults);
     let certs = replace_certs(&previous.certs, &partial.certs, hosts);
     let mut by_ingress = previous.footprints.by_ingress.clone();
     by_ingress.retain(|k, _| !members.contains(k));
@@ -392,7 +389,7 @@ fn merge(
     };
     annotations.sort_by_cached_key(|r| age(&r.ingress));
     RoutePlan {
-        table: Arc::new(table),
+        table,
         backends,
         references,
         diagnostics,
@@ -478,17 +475,22 @@ fn ids_of_hosts<'t>(
     hosts: &BTreeSet<HostKey>,
     defaults: bool,
 ) -> HashSet<&'t BackendId, foldhash::fast::RandomState> {
-    let entries = hosts.iter().filter_map(|host| match host {
-        HostKey::Exact(name) => table.exact.get(name.as_str()),
-        HostKey::Wildcard(suffix) => table.wildcard.get(suffix.as_str()),
-        HostKey::Any => Some(&table.any_host),
-    });
+    let entries = hosts.iter().filter_map(|host| entry(table, host));
     let default = table.default_backend.as_ref().filter(|_| defaults);
     entries
         .flat_map(|entry| entry.rules.iter().map(|rule| &rule.action))
         .chain(default)
         .flat_map(RouteAction::backend_ids)
         .collect()
+}
+
+/// The entry of `host` in `table`.
+fn entry<'t>(table: &'t RouteTable, host: &HostKey) -> Option<&'t HostRules> {
+    match host {
+        HostKey::Exact(name) => table.exact.get(name.as_str()),
+        HostKey::Wildcard(suffix) => table.wildcard.get(suffix.as_str()),
+        HostKey::Any => Some(&table.any_host),
+    }
 }
 
 /// The entries of two maps in key order, each key once: `first`'s entry where both have it.
@@ -537,14 +539,30 @@ fn replace_certs(
     Arc::new(certs)
 }
 
-/// `previous` with the entries of `hosts` as in `partial` (gone where `partial` has none).
+/// The previous table with the entries of `hosts` (and the default backend, with `defaults`)
+/// from `partial`. An entry equal to the previous one stays the previous one (its rules shared:
+/// the dataplane keeps what it derived from them), and when every one does the table is the
+/// previous table itself: nothing else is compared (the other hosts are the previous entries).
 fn replace_hosts(
-    previous: &RouteTable,
+    previous: &Arc<RouteTable>,
     partial: &RouteTable,
     hosts: &BTreeSet<HostKey>,
-) -> RouteTable {
-    let mut table = previous.clone();
-    for host in hosts {
+    defaults: bool,
+) -> Arc<RouteTable> {
+    let same = |new: Option<&HostRules>, old: Option<&HostRules>| match (new, old) {
+        (Some(new), Some(old)) => new.same(old) || new == old,
+        (new, old) => new.is_none() && old.is_none(),
+    };
+    let changed: Vec<&HostKey> = hosts
+        .iter()
+        .filter(|host| !same(entry(partial, host), entry(previous, host)))
+        .collect();
+    let default_changed = defaults && partial.default_backend != previous.default_backend;
+    if changed.is_empty() && !default_changed {
+        return previous.clone();
+    }
+    let mut table = RouteTable::clone(previous);
+    for host in changed {
         match host {
             HostKey::Exact(name) => match partial.exact.get(name.as_str()) {
                 Some(entry) => {
@@ -565,7 +583,10 @@ fn replace_hosts(
             HostKey::Any => table.any_host = partial.any_host.clone(),
         }
     }
-    table
+    if default_changed {
+        table.default_backend = partial.default_backend.clone();
+    }
+    Arc::new(table)
 }
 
 #[cfg(test)]
