@@ -494,7 +494,7 @@ impl App {
             )
             .filter(|changed| !changed.is_empty())
             .and_then(|changed| {
-                translate::incremental::plan_ingress_change(old, &inputs, config, &changed)
+                translate::incremental::plan_ingress_change(old, &mut inputs, config, &changed)
             }),
             _ => None,
         };

@@ -585,6 +585,8 @@ impl Index {
             secrets: self.objects(),
             names: None,
             gateway_api: self.gateway_inputs(),
+            // Each store is a Vec in key order (`store`).
+            sorted: true,
         }
     }
 }

@@ -64,7 +64,7 @@ fn apply(index: &mut Index, yaml: &str) -> Impact {
 /// and Secrets only Ingresses read, changed and it applies; whether it did.
 fn plan_after(index: &Index, previous: &RoutePlan, impact: &Impact) -> (RoutePlan, bool) {
     let config = Config::default();
-    let inputs = index.inputs();
+    let mut inputs = index.inputs();
     if !impact.all_routes {
         let changed = changed_ingresses(
             previous,
@@ -73,7 +73,7 @@ fn plan_after(index: &Index, previous: &RoutePlan, impact: &Impact) -> (RoutePla
             &impact.secrets,
         );
         if let Some(changed) = changed.filter(|c| !c.is_empty()) {
-            if let Some(plan) = plan_ingress_change(previous, &inputs, &config, &changed) {
+            if let Some(plan) = plan_ingress_change(previous, &mut inputs, &config, &changed) {
                 return (plan, true);
             }
         }

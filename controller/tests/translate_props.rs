@@ -314,7 +314,7 @@ proptest! {
         prop_assume!(previous.references.services.contains(&key));
         let changed = incremental::changed_ingresses(&previous, &none, &BTreeSet::from([key]), &none);
         let changed = changed.expect("only Ingresses read the Services here");
-        if let Some(plan) = incremental::plan_ingress_change(&previous, &inputs(&ingresses, &after), &config, &changed) {
+        if let Some(plan) = incremental::plan_ingress_change(&previous, &mut inputs(&ingresses, &after), &config, &changed) {
             same_plan(&plan, &full)?;
         }
     }

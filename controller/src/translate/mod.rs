@@ -132,6 +132,10 @@ pub struct Inputs<'a> {
     pub names: Option<&'a Resolved>,
     /// The Gateway API objects and Namespaces ([`gateway::GatewayProcessor`]).
     pub gateway_api: gateway::GatewayInputs<'a>,
+    /// Whether `ingresses` and `stored_services` are each in strictly increasing order of
+    /// namespace (`default` when unset) and name, as the index lists them, and `services` is
+    /// empty: names are then found by binary search, with no map of every object made first.
+    pub sorted: bool,
 }
 
 impl<'a> Inputs<'a> {
