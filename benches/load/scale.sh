@@ -38,6 +38,8 @@
 #                            serializes the whole table (28 MB at the issue-13 size) and the heap
 #                            keeps what that took, so rss_end_mib is mostly the bench's own asking
 #   ingress_*                the same for a path added to the first Ingress
+#   service_*                the same for that Ingress's Service, its port's appProtocol set to
+#                            kubernetes.io/h2c (gen-scale.py's `object` layout: svc-*.yaml files)
 #   The file source waits 20 ms for more events, then rereads the files the events name (the
 #   rename's target; the hidden temporary file is ignored), the control loop debounces 50 ms
 #   (holdoff): both are in the *_applied_seconds figures.
@@ -179,5 +181,14 @@ path=$(info ingress_new_path)
 measure_change ingress "$(info ingress_file)" "" \
   "          - {path: $path, pathType: Exact, backend: {service: {name: $(info ingress_service), port: {name: http}}}}
 " "\"$path\""
+# The Ingress's Service gets its port's appProtocol set (HTTP/2 to the pods): a change of what the
+# routes read, planned by host (routes.by_host=true in its log line).
+service_file="svc-$(info ingress_file | sed 's/^ing-//')"
+if [[ -e $DIR/$service_file ]]; then
+  measure_change service "$service_file" \
+    "targetPort: http}" "targetPort: http, appProtocol: kubernetes.io/h2c}" '"h2c"'
+else
+  echo "service_skipped: no $service_file in $DIR (only gen-scale.py's object layout has one)"
+fi
 echo "rss_end_mib: $(mib "$(rss_kib "$PID")")"
 kill -0 "$PID" || die "duet exited"
