@@ -405,15 +405,7 @@ mod tests {
                     tcp.write_all(&frame(0x4, 0, 0, &[])).await?;
                     let mut streams = 0;
                     loop {
-                        let mut head = [0u8; 9];
-                        tcp.read_exact(&mut head).await?;
-                        let len = usize::from(head[0]) << 16
-                            | usize::from(head[1]) << 8
-                            | usize::from(head[2]);
-                        let mut payload = vec![0u8; len];
-                        tcp.read_exact(&mut payload).await?;
-                        let (kind, flags) = (head[3], head[4]);
-                        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+                        let (kind, flags, stream, _) = read_frame(&mut tcp).await?;
                         let reply = match kind {
                             // SETTINGS (not an ACK): acknowledged.
                             0x4 if flags & 0x1 == 0 => frame(0x4, 0x1, 0, &[]),
@@ -478,16 +470,16 @@ mod tests {
         }
     }
 
-    /// Reads one HTTP/2 frame: (type, stream, payload).
-    async fn read_frame(tcp: &mut TcpStream) -> (u8, u32, Vec<u8>) {
+    /// Reads one HTTP/2 frame: (type, flags, stream, payload).
+    async fn read_frame(tcp: &mut TcpStream) -> io::Result<(u8, u8, u32, Vec<u8>)> {
         use tokio::io::AsyncReadExt as _;
         let mut head = [0u8; 9];
-        tcp.read_exact(&mut head).await.unwrap();
+        tcp.read_exact(&mut head).await?;
         let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
         let mut payload = vec![0u8; len];
-        tcp.read_exact(&mut payload).await.unwrap();
+        tcp.read_exact(&mut payload).await?;
         let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-        (head[3], stream, payload)
+        Ok((head[3], head[4], stream, payload))
     }
 
     #[tokio::test]
@@ -508,7 +500,7 @@ mod tests {
             let mut preface = [0u8; 24];
             tcp.read_exact(&mut preface).await.unwrap();
             assert_eq!(&preface, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
-            let (kind, _, settings) = read_frame(&mut tcp).await;
+            let (kind, _, _, settings) = read_frame(&mut tcp).await.unwrap();
             assert_eq!(kind, 0x4, "{ip}: SETTINGS first");
             let stream_window = settings.chunks_exact(6).find_map(|e| {
                 (u16::from_be_bytes([e[0], e[1]]) == 0x4)
@@ -520,7 +512,7 @@ mod tests {
                 "{ip}"
             );
             // The connection window grows from the protocol's 65,535 by one WINDOW_UPDATE.
-            let (kind, stream, increment) = read_frame(&mut tcp).await;
+            let (kind, _, stream, increment) = read_frame(&mut tcp).await.unwrap();
             assert_eq!((kind, stream), (0x8, 0), "{ip}: connection WINDOW_UPDATE");
             let increment =
                 u32::from_be_bytes([increment[0], increment[1], increment[2], increment[3]]);
