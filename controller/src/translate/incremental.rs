@@ -563,7 +563,7 @@ fn replace_hosts(
     defaults: bool,
 ) -> Arc<RouteTable> {
     let same = |new: Option<&HostRules>, old: Option<&HostRules>| match (new, old) {
-        (Some(new), Some(old)) => new.same(old) || new == old,
+        (Some(new), Some(old)) => super::reuse::same_rules(new, old),
         (new, old) => new.is_none() && old.is_none(),
     };
     let changed: Vec<&HostKey> = hosts

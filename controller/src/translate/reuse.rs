@@ -35,14 +35,18 @@ fn reuse_map(
 
 /// `entry` becomes `old` (sharing its rules) when equal by value.
 fn reuse_entry(entry: &mut HostRules, old: &HostRules) -> bool {
-    if entry.same(old) {
-        return true;
+    if !same_rules(entry, old) {
+        return false;
     }
-    if entry == old {
+    if !entry.same(old) {
         *entry = old.clone();
-        return true;
     }
-    false
+    true
+}
+
+/// Whether two host entries are the same rules: shared, or else equal by value.
+pub(super) fn same_rules(entry: &HostRules, old: &HostRules) -> bool {
+    entry.same(old) || entry == old
 }
 
 /// Whether two tables share every host entry by pointer (and have the same default backend).
