@@ -265,11 +265,11 @@ YAML
 }
 
 # Writes DIR/nginx.conf: nginx as the load scripts compare it with duet, one worker proxying Host
-# `bench.example` over HTTP/1.1 keep-alive (`keepalive 64`) to the duet-echo pod on ECHO_PORT of
-# the client's family with duet's forwarding headers; TLS (CERT_DIR's tls.crt and tls.key, ALPN
-# h2) on 127.0.0.1 and [::1] port HTTPS_PORT, plain HTTP on HTTP_PORT too unless it is empty.
-# MAIN: lines of the main context (at least `events`; error_log, daemon, ...); HTTP: lines of the
-# http context (at least access_log).
+# `bench.example` over HTTP/1.1 keep-alive (`keepalive 320`, as duet and ingress-nginx) to the
+# duet-echo pod on ECHO_PORT of the client's family with duet's forwarding headers; TLS (CERT_DIR's
+# tls.crt and tls.key, ALPN h2) on 127.0.0.1 and [::1] port HTTPS_PORT, plain HTTP on HTTP_PORT too
+# unless it is empty. MAIN: lines of the main context (at least `events`; error_log, daemon, ...);
+# HTTP: lines of the http context (at least access_log).
 write_nginx_conf() {
   local dir=$1 echo_port=$2 https_port=$3 http_port=$4 cert_dir=$5 main=$6 http=$7 plain=""
   [[ -n $http_port ]] && plain="listen 127.0.0.1:$http_port;
@@ -284,8 +284,8 @@ http {
   $http
   client_body_temp_path $dir/body;
   proxy_temp_path $dir/proxy;
-  upstream echo4 { server 127.0.0.1:$echo_port; keepalive 64; }
-  upstream echo6 { server [::1]:$echo_port; keepalive 64; }
+  upstream echo4 { server 127.0.0.1:$echo_port; keepalive 320; }
+  upstream echo6 { server [::1]:$echo_port; keepalive 320; }
   map \$server_addr \$echo { ~: echo6; default echo4; }
   server {
     $plain

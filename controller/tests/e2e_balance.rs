@@ -1,10 +1,15 @@
 //! End to end, over real sockets on 127.0.0.1 and [::1]: balancing over pods (a dual-stack pod
 //! counts once), the family a pod is reached over under each family policy, and fallback to a
-//! pod's other family when one of its ports is closed.
+//! pod's other family when one of its ports is closed; pooled upstream connections (kept after a
+//! burst, not lost when pods restart).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use conformance::client::{self, Reply};
+use conformance::bytes::Bytes;
+use conformance::client::{self, Conn, Reply};
+use conformance::http::Method;
+use conformance::http_body_util::Full;
 use conformance::manifests::FAMILY_ANNOTATION;
 use conformance::{Duet, DuetBuilder, Echo, Family, Fleet, Ingress, ManifestDir, PodSpec, Port};
 
@@ -335,6 +340,63 @@ async fn restarted_pods_lose_no_request_to_stale_pooled_connections() -> anyhow:
                 assert_eq!(r.status, 200, "round {round}, {family}: {}", r.text());
             }
         }
+    }
+    Ok(())
+}
+
+/// `n` requests sent at once, each over its own client connection, that the pod holds for
+/// `hold_ms` before answering: duet has them all in flight to the pod together.
+async fn burst(duet: &Duet, family: Family, n: usize, hold_ms: u64) -> anyhow::Result<Vec<Echo>> {
+    let mut tasks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let to = duet.http(family);
+        tasks.push(tokio::spawn(async move {
+            let req = client::request(Method::GET, "pool.test", "/")
+                .header("x-echo-delay-ms", hold_ms.to_string())
+                .body(Full::new(Bytes::new()))?;
+            Conn::http1(to).await?.send(req).await
+        }));
+    }
+    let mut replies = Vec::with_capacity(n);
+    for task in tasks {
+        replies.push(task.await??);
+    }
+    echoes(&replies)
+}
+
+/// After a burst of 100 requests held by the pod at once (100 upstream connections), a second
+/// burst finds all of them idle in duet's pool and opens none: 100 is within the 320 idle
+/// connections kept per pod address (ingress-nginx's `upstream-keepalive-connections`); with 64,
+/// 36 would be closed after the first burst and opened again for the second. Over both families,
+/// each to the pod's address of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_burst_reuses_every_upstream_connection_of_the_first() -> anyhow::Result<()> {
+    let s = setup(
+        &[PodSpec::dual("dual")],
+        &[Ingress::new("e2e", "echo").host("pool.test", "echo")],
+        &[],
+    )
+    .await?;
+    for family in Family::BOTH {
+        let first = burst(&s.duet, family, 100, 1000).await?;
+        let opened: BTreeSet<_> = first.iter().map(|e| e.peer).collect();
+        assert_eq!(
+            opened.len(),
+            100,
+            "{family}: the first burst was not in flight at once"
+        );
+        assert!(
+            first.iter().all(|e| e.family == family),
+            "{family}: {first:?}"
+        );
+        // The connections go back to the pool as their responses end; give the last ones a moment.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let second = burst(&s.duet, family, 100, 1000).await?;
+        let new = second.iter().filter(|e| !opened.contains(&e.peer)).count();
+        assert_eq!(
+            new, 0,
+            "{family}: {new} of 100 requests went over new upstream connections"
+        );
     }
     Ok(())
 }

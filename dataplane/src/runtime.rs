@@ -32,7 +32,8 @@ pub struct ProxyConfig {
     pub keepalive_timeout: Duration,
     /// Idle time after which a pooled upstream connection is closed.
     pub upstream_idle_timeout: Duration,
-    /// Idle keep-alive connections kept per upstream address.
+    /// Idle keep-alive connections kept per upstream address (ingress-nginx's
+    /// `upstream-keepalive-connections`: 320).
     pub upstream_idle_per_addr: usize,
     /// How many targets one request may try after connect failures.
     pub max_target_attempts: usize,
@@ -64,7 +65,7 @@ impl Default for ProxyConfig {
             header_read_timeout: Duration::from_secs(60),
             keepalive_timeout: Duration::from_secs(75),
             upstream_idle_timeout: Duration::from_secs(60),
-            upstream_idle_per_addr: 64,
+            upstream_idle_per_addr: 320,
             max_target_attempts: 3,
             drain_timeout: Duration::from_secs(25),
             proxy_protocol_timeout: Duration::from_secs(5),
