@@ -78,13 +78,22 @@ floor_bin() {
   echo "$bin"
 }
 
-# Prints COUNT distinct TCP ports that are free on both 127.0.0.1 and [::1].
+# Prints COUNT distinct TCP ports that are free on both 127.0.0.1 and [::1], outside the kernel's
+# ephemeral range: a script starts and stops servers on them for minutes, while its clients' and
+# proxies' outgoing connections take ephemeral ports (one took a debug listener's port between two
+# rounds of h2-bench.sh).
 free_ports() {
   python3 - "$1" <<'PY'
 import random, socket, sys
 count, found = int(sys.argv[1]), []
+try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = map(int, f.read().split())
+except (OSError, ValueError):
+    low, high = 32768, 60999
+candidates = [p for p in range(10000, 65000) if not low <= p <= high] or list(range(20000, 60000))
 while len(found) < count:
-    port = random.randint(20000, 59999)
+    port = random.choice(candidates)
     if port in found:
         continue
     try:
