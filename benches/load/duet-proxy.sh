@@ -5,8 +5,8 @@
 # Writes a manifest folder with one host-less Ingress whose Service has one pod at the bench's
 # upstream address, then execs duet in the foreground with one Tokio worker (the harness pins it
 # to one core) and the access log off. DUET_BIN overrides the binary (default:
-# target/release/duet of this checkout). benches/load/floor-proxy.sh adds floor-relay beside it, the
-# least CPU per request any proxy can spend in the same run.
+# target/release/duet of this checkout). benches/load/floor-proxy.sh runs floor-relay beside it:
+# the least CPU per request any proxy can spend, in the same run.
 set -euo pipefail
 port=$1
 upstream=$2 # host:port, IPv6 bracketed
