@@ -21,11 +21,8 @@ set -euo pipefail
 }
 port=$1
 upstream_port=$2
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-bin=${FLOOR_BIN:-$root/target/release/floor-relay}
-[[ -x $bin ]] || {
-  echo "floor-proxy.sh: no floor-relay at $bin: run 'cargo build --release -p floor-relay'" >&2
-  exit 1
-}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bin=$(floor_bin)
 exec "$bin" --listen "127.0.0.1:$port" --listen "[::1]:$port" \
   --upstream "127.0.0.1:$upstream_port" --upstream "[::1]:$upstream_port"
