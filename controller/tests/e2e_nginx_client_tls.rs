@@ -6,7 +6,9 @@
 //! `FAILED:...`; the verification, the subject and issuer, and with
 //! `auth-tls-pass-certificate-to-upstream` the URL-encoded PEM go upstream as `ssl-client-*`
 //! headers (a client's own are replaced); `auth-tls-error-page` redirects instead of the 400;
-//! a Host other than the TLS server name gets 421.
+//! a Host other than the TLS server name gets 421. No `ssl-client-*` header a client sends reaches
+//! a backend, on any route, over TLS or plain HTTP (also behind a trusted proxy that says
+//! `X-Forwarded-Proto: https`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -282,9 +284,9 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
             client::expect_status(&reply, 200)?;
             assert!(!asked, "{family}: {host} does not ask for a certificate");
             assert_eq!(
-                header(&reply, "ssl-client-verify")?.as_deref(),
-                Some("SUCCESS"),
-                "{host}: the client's header, untouched"
+                header(&reply, "ssl-client-verify")?,
+                None,
+                "{family} {host}: the client's forged header removed"
             );
         }
 
@@ -306,6 +308,63 @@ async fn client_certificates_as_ingress_nginx_over_both_families() -> anyhow::Re
         status("opt", "auth-tls-verify-client").as_deref(),
         Some("honoured")
     );
+    Ok(())
+}
+
+/// Plain HTTP from a trusted proxy that says `X-Forwarded-Proto: https` is not redirected to
+/// HTTPS and cannot present a certificate: the `ssl-client-*` headers it forged must not reach
+/// the backend of an `auth-tls` host, nor of a host without client certificates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_client_certificate_headers_never_pass_over_plain_http() -> anyhow::Result<()> {
+    let ca = TestCa::new("duet client CA");
+    let server = tls::cert(&["on.test"]);
+    let fleet = Fleet::start("mtls3", "web", &[PodSpec::dual("pod")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("fleet.yaml", &fleet.manifests())?;
+    dir.write(
+        "secrets.yaml",
+        &[
+            tls::secret("mtls3", "web-tls", &server),
+            tls::ca_secret("mtls3", "client-ca", &ca.cert_pem),
+        ],
+    )?;
+    let ingresses = [
+        Ingress::new("mtls3", "on")
+            .nginx_annotations(&[("auth-tls-secret", "mtls3/client-ca")])
+            .host("on.test", "web")
+            .tls(&["on.test"], "web-tls"),
+        Ingress::new("mtls3", "plain").host("plain.test", "web"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    let duet = DuetBuilder::new(DUET, dir.path())
+        .args(["--trusted-proxies", "127.0.0.1,::1"])
+        .start()
+        .await?;
+    for family in Family::BOTH {
+        for host in ["on.test", "plain.test"] {
+            let req = client::request(conformance::http::Method::GET, host, "/")
+                .header("x-forwarded-proto", "https")
+                .header("ssl-client-verify", "SUCCESS")
+                .header("ssl-client-subject-dn", "CN=admin")
+                .header("SSL-Client-Anything", "forged")
+                .body(conformance::http_body_util::Full::new(
+                    conformance::bytes::Bytes::new(),
+                ))?;
+            let reply = Conn::http1(duet.http(family)).await?.send(req).await?;
+            client::expect_status(&reply, 200)?;
+            for name in [
+                "ssl-client-verify",
+                "ssl-client-subject-dn",
+                "ssl-client-anything",
+            ] {
+                assert_eq!(
+                    header(&reply, name)?,
+                    None,
+                    "{family} {host}: {name} passed"
+                );
+            }
+        }
+    }
     Ok(())
 }
 

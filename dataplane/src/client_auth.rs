@@ -111,19 +111,11 @@ fn count<T, S: Serializer>(items: &Arc<[T]>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(items.len() as u64)
 }
 
-/// The headers ingress-nginx sends upstream about the client certificate.
-pub const HEADERS: [&str; 4] = [
-    "ssl-client-verify",
-    "ssl-client-subject-dn",
-    "ssl-client-issuer-dn",
-    "ssl-client-cert",
-];
-
 /// What a route does with a request, given the connection's client certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Proxy it, with these headers (names from [`HEADERS`]; every other `ssl-client-*`
-    /// header the client sent is removed).
+    /// Proxy it, with these headers (ingress-nginx's `ssl-client-verify`, `-subject-dn`,
+    /// `-issuer-dn` and `-cert`; every `ssl-client-*` header the client sent is removed).
     Pass(Vec<(&'static str, String)>),
     /// Answer 400 with this text (nginx's words).
     BadRequest(&'static str),

@@ -59,6 +59,7 @@ pub(crate) struct Admission<'r, 'a> {
 /// Runs the route's checks in order until one answers or refuses: the list of request policies.
 /// A new per-route policy is one more function, and one more line here.
 pub(crate) fn admit(a: &mut Admission<'_, '_>) -> Verdict {
+    strip_client_certificate_headers(a.headers);
     client_certificate(a)?;
     gateway_filters(a)?;
     redirect(a)?;
@@ -100,15 +101,33 @@ fn gateway_filters(a: &mut Admission<'_, '_>) -> Verdict {
     Ok(())
 }
 
+/// The names of the headers that carry a client certificate's facts upstream: only duet writes
+/// them ([`client_certificate`]), from the connection's verified certificate.
+const CLIENT_CERTIFICATE_PREFIX: &str = "ssl-client-";
+
+/// Removes every `ssl-client-*` header the client sent, on every route of every listener and
+/// before any check may let the request go on, so that a backend can trust them whenever they
+/// arrive. One pass over the names; the common request, which has none, allocates nothing.
+fn strip_client_certificate_headers(headers: &mut HeaderMap) {
+    let forged = |name: &&HeaderName| name.as_str().starts_with(CLIENT_CERTIFICATE_PREFIX);
+    if !headers.keys().any(|name| forged(&name)) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(forged).cloned().collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
 /// ingress-nginx's `auth-tls-*`, first (nginx checks the certificate before its phases): the
-/// connection's client certificate against the route's CA ([`ClientAuth::decide`]); the client's
-/// `ssl-client-*` headers are replaced by duet's. A Host other than the TLS server name gets 421
+/// connection's client certificate against the route's CA ([`ClientAuth::decide`]); duet's
+/// `ssl-client-*` headers go upstream (the client's own are gone already). A Host other than the TLS server name gets 421
 /// (the certificate was asked for by that name's settings); plain HTTP counts as no certificate,
 /// unless the HTTPS redirect answers it.
 ///
 /// [`ClientAuth::decide`]: crate::client_auth::ClientAuth::decide
 fn client_certificate(a: &mut Admission<'_, '_>) -> Verdict {
-    use crate::client_auth::{Decision, HEADERS};
+    use crate::client_auth::Decision;
     let Some(auth) = a.routed.matched.action.client_auth.as_deref() else {
         return Ok(());
     };
@@ -125,9 +144,6 @@ fn client_certificate(a: &mut Admission<'_, '_>) -> Verdict {
             .is_some_and(|s| s.eq_ignore_ascii_case(host))
     {
         return local(StatusCode::MISDIRECTED_REQUEST, "421 Misdirected Request\n");
-    }
-    for name in HEADERS {
-        a.headers.remove(name);
     }
     match auth.decide(&a.conn.client_certs) {
         Decision::Pass(headers) => {
