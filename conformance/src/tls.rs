@@ -262,6 +262,21 @@ pub async fn handshake(
     handshake_on(tcp, to, sni, alpn, versions).await
 }
 
+/// The first flight of a TLS client (its ClientHello) naming `sni`, to send on a raw socket.
+pub fn client_hello(sni: &str) -> anyhow::Result<Vec<u8>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServerCert::new(provider)))
+        .with_no_client_auth();
+    let name = ServerName::try_from(sni.to_owned())?;
+    let mut client = rustls::ClientConnection::new(Arc::new(config), name)?;
+    let mut hello = Vec::new();
+    client.write_tls(&mut hello)?;
+    Ok(hello)
+}
+
 /// Like [`handshake`], on an already connected socket (e.g. after a PROXY protocol header).
 pub async fn handshake_on(
     tcp: TcpStream,

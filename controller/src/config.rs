@@ -188,6 +188,17 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
     pub max_connections: usize,
 
+    /// ssl-passthrough relays open at once; each also holds a --max-connections place, and past
+    /// this a passthrough connection is closed at once and counted as refused. Default: a
+    /// quarter of --max-connections (at least 1), so that relays never take every place.
+    #[arg(long, value_name = "N", value_parser = parse_max_connections)]
+    pub max_passthrough_connections: Option<usize>,
+
+    /// Time an ssl-passthrough relay may go without a byte either way before both of its
+    /// connections are closed (once one side has closed: at most 5s).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub passthrough_idle_timeout: Duration,
+
     /// Time between /readyz turning 503 on SIGTERM and the proxy listeners closing; requests
     /// are still served meanwhile.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_or_zero)]
@@ -317,6 +328,8 @@ pub struct Config {
     pub edge: Edge,
     /// `--max-connections`.
     pub max_connections: usize,
+    /// `--max-passthrough-connections`, or its default.
+    pub max_passthrough_connections: usize,
     /// `--shutdown-delay`.
     pub shutdown_delay: Duration,
     /// `--resolv-conf`.
@@ -423,6 +436,18 @@ where
     }
 }
 
+/// `--max-passthrough-connections`: at most `--max-connections`; by default a quarter of it.
+fn passthrough_places(args: &ServeArgs) -> Result<usize, ConfigError> {
+    match args.max_passthrough_connections {
+        None => Ok((args.max_connections / 4).max(1)),
+        Some(n) if n <= args.max_connections => Ok(n),
+        Some(n) => Err(ConfigError::Usage(format!(
+            "invalid value '{n}' for '--max-passthrough-connections': more than --max-connections ({})",
+            args.max_connections
+        ))),
+    }
+}
+
 fn defaulted(matches: &ArgMatches, id: &str) -> bool {
     matches.value_source(id) == Some(ValueSource::DefaultValue)
 }
@@ -449,8 +474,10 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         keepalive_timeout: args.keepalive_timeout,
         header_read_timeout: args.header_read_timeout,
         drain_timeout: args.drain_timeout,
+        passthrough_idle_timeout: args.passthrough_idle_timeout,
         ..ProxyConfig::default()
     };
+    let max_passthrough_connections = passthrough_places(&args)?;
     let kube = kube_config(args.kube)?;
     let gateway = translate::GatewaySettings {
         controller_name: kube.gateway.controller_name.clone(),
@@ -500,6 +527,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         },
         access_log: args.access_log,
         max_connections: args.max_connections,
+        max_passthrough_connections,
         shutdown_delay: args.shutdown_delay,
         resolv_conf: args.resolv_conf,
     })
@@ -685,6 +713,8 @@ mod tests {
         );
         assert!(c.debug_listen.addrs.iter().all(|a| a.ip().is_loopback()));
         assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.max_passthrough_connections, DEFAULT_MAX_CONNECTIONS / 4);
+        assert_eq!(c.proxy.passthrough_idle_timeout, Duration::from_secs(600));
         assert_eq!(c.shutdown_delay, Duration::from_secs(5));
         assert_eq!(c.proxy.drain_timeout, Duration::from_secs(25));
         assert!(c.edge.proxy_protocol_from.0.is_empty());

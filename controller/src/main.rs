@@ -319,7 +319,8 @@ impl Options {
         };
         let fallback = dataplane::tls::self_signed().context("TLS fallback certificate")?;
         let tls_config = dataplane::tls::server_config(runtime.clone(), &fallback);
-        let handshakes = dataplane::handshake::Handshakes::new(runtime.clone(), tls_config.clone());
+        let handshakes = dataplane::handshake::Handshakes::new(runtime.clone(), tls_config.clone())
+            .limit_relays(config.max_passthrough_connections);
         let tls = ServeOptions {
             tls: Some(tls_config),
             handshakes: Some(Arc::new(handshakes)),

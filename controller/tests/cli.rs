@@ -114,6 +114,13 @@ fn out_of_range_durations_sizes_and_limits_exit_64_with_one_line() {
         ("--max-body-size", "65g", "maximum, 64g"),
         ("--max-connections", "0", "from 1 to"),
         ("--max-connections", "1000001", "from 1 to"),
+        ("--max-passthrough-connections", "0", "from 1 to"),
+        (
+            "--max-passthrough-connections",
+            "4097",
+            "more than --max-connections (4096)",
+        ),
+        ("--passthrough-idle-timeout", "2h", "maximum, 1h"),
         ("--proxy-protocol-from", "10.0.0.0/33", ""),
         ("--debug-listen", "localhost:1", ""),
     ] {

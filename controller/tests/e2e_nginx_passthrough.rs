@@ -5,7 +5,9 @@
 //! the client's (the other family when the pod has only that one); on the same listener another
 //! host, an unknown server name and a ClientHello without one are terminated by duet; a
 //! garbage first packet is closed without harm; the connections are counted by client and
-//! upstream family. Without the flag the annotation is reported and not applied.
+//! upstream family. Without the flag the annotation is reported and not applied. Silent clients
+//! neither keep their relay past `--passthrough-idle-timeout` nor take the places that
+//! `--max-connections` gives every listener (`--max-passthrough-connections`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -198,6 +200,52 @@ async fn passthrough_hosts_reach_their_tls_upstream_unterminated_over_both_famil
             .contains("not applied to the HTTPS connections relayed by ssl-passthrough"),
         "{body}"
     );
+    Ok(())
+}
+
+/// Four ClientHellos for a passthrough host, then silence, under `--max-connections 4`: one is
+/// relayed (a quarter of the places), the others are closed at once, plain HTTP is still served,
+/// and the relay is closed once no byte has moved for the idle timeout; over both families.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_passthrough_clients_neither_stay_nor_starve_the_other_listeners(
+) -> anyhow::Result<()> {
+    let s = setup(&[
+        "--enable-ssl-passthrough",
+        "--max-connections",
+        "4",
+        "--passthrough-idle-timeout",
+        "2s",
+    ])
+    .await?;
+    let hello = tls::client_hello("vault.test")?;
+    for family in Family::BOTH {
+        let mut silent = Vec::new();
+        for _ in 0..4 {
+            let mut tcp = client::connect_tcp(s.duet.https(family)).await?;
+            tcp.write_all(&hello).await?;
+            silent.push(tcp);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let req = client::request(Method::GET, "web.test", "/").body(
+            conformance::http_body_util::Full::new(conformance::bytes::Bytes::new()),
+        )?;
+        let reply = Conn::http1(s.duet.http(family)).await?.send(req).await;
+        let reply = reply.with_context(|| format!("{family}: plain HTTP refused"))?;
+        assert_eq!(reply.status, 308, "{family}: served (the HTTPS redirect)");
+        for (i, tcp) in silent.iter_mut().enumerate() {
+            let mut answer = Vec::new();
+            let closed = tokio::time::timeout(Duration::from_secs(6), tcp.read_to_end(&mut answer));
+            let closed = closed.await;
+            assert!(closed.is_ok(), "{family}: silent connection {i} still open");
+        }
+    }
+    let metrics = s.duet.admin_get(Family::V4, "/metrics").await?.text();
+    let refused: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("duet_connections_refused_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(refused, 6.0, "three relays refused per family: {metrics}");
     Ok(())
 }
 

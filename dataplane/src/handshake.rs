@@ -13,11 +13,13 @@ use rustls::server::ResolvesServerCert;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tokio_rustls::server::TlsStream;
 
 use crate::client_auth::{algorithms, ClientAuth};
 use crate::passthrough::Relay;
 use crate::runtime::Runtime;
+use crate::table::passthrough::Passthrough;
 
 /// Asks for a certificate, hinting the CA subjects, and accepts any whose handshake signature
 /// holds; the route verifies it.
@@ -79,6 +81,8 @@ pub enum Handshake {
     Tls(Box<TlsStream<TcpStream>>),
     /// A passthrough host's connection, to relay unterminated.
     Passthrough(Relay),
+    /// A passthrough host's connection past `--max-passthrough-connections`: closed.
+    Refused,
 }
 
 /// The TLS handshakes of the HTTPS listeners: the ClientHello is read first, then the server
@@ -90,6 +94,8 @@ pub struct Handshakes {
     base: Arc<ServerConfig>,
     certs: Arc<dyn ResolvesServerCert>,
     asking: Mutex<Vec<(Weak<ClientAuth>, Arc<ServerConfig>)>>,
+    /// Places for passthrough relays (`None`: only the listeners' own limit).
+    relays: Option<Arc<Semaphore>>,
 }
 
 impl std::fmt::Debug for Handshakes {
@@ -107,7 +113,16 @@ impl Handshakes {
             certs: base.cert_resolver.clone(),
             base,
             asking: Mutex::new(Vec::new()),
+            relays: None,
         }
+    }
+
+    /// At most `n` passthrough relays open at once (each also holds its listener's connection
+    /// place): silent passthrough clients cannot take every place the HTTP and HTTPS listeners
+    /// share.
+    pub fn limit_relays(mut self, n: usize) -> Handshakes {
+        self.relays = Some(Arc::new(Semaphore::new(n)));
+        self
     }
 
     /// Reads the ClientHello; when its SNI names a passthrough host (ingress-nginx's
@@ -126,13 +141,25 @@ impl Handshakes {
             if let Some(to) =
                 crate::table::passthrough::find(&live.snapshot.routes.passthrough, sni)
             {
-                let relay = Relay::new(stream, bytes, to.clone(), self.runtime.clone());
-                return Ok(Handshake::Passthrough(relay));
+                return Ok(self.relay(stream, bytes, to.clone()));
             }
         }
         let config = self.config_for(sni.as_deref());
         let start = tokio_rustls::StartHandshake::from_parts(hello.accepted, stream);
         Ok(Handshake::Tls(Box::new(start.into_stream(config).await?)))
+    }
+
+    /// A passthrough host's connection to relay, or refused when every relay place is taken.
+    fn relay(&self, stream: TcpStream, hello: Vec<u8>, to: Passthrough) -> Handshake {
+        let place = match &self.relays {
+            None => None,
+            Some(relays) => match relays.clone().try_acquire_owned() {
+                Ok(place) => Some(place),
+                Err(_) => return Handshake::Refused,
+            },
+        };
+        let relay = Relay::new(stream, hello, to, self.runtime.clone());
+        Handshake::Passthrough(relay.holding(place))
     }
 
     /// The configuration for a ClientHello naming `sni`.

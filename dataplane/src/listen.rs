@@ -669,6 +669,13 @@ impl<H> PerConnection<H> {
                 relay.run(info.family, info.peer).await;
                 None
             }
+            Ok(Ok(Handshake::Refused)) => {
+                if let Some(c) = &self.connections {
+                    c.refused(info.family);
+                }
+                tracing::debug!(client.addr = %info.peer, "Passthrough connection limit (--max-passthrough-connections) reached; closing");
+                None
+            }
             Ok(Ok(Handshake::Tls(tls))) => {
                 let session = tls.get_ref().1;
                 let alpn_h2 = session.alpn_protocol() == Some(b"h2");

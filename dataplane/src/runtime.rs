@@ -41,6 +41,9 @@ pub struct ProxyConfig {
     pub drain_timeout: Duration,
     /// Time a client (a load balancer) has to send its PROXY protocol header, where expected.
     pub proxy_protocol_timeout: Duration,
+    /// Time an `ssl-passthrough` relay may go without a byte either way before both sides are
+    /// closed (nginx stream's `proxy_timeout`: 10 min).
+    pub passthrough_idle_timeout: Duration,
     /// The bound HTTPS listener addresses; the HTTPS redirect names the port of the client's
     /// family (443 when there is none).
     pub https_listen: Vec<SocketAddr>,
@@ -69,6 +72,7 @@ impl Default for ProxyConfig {
             max_target_attempts: 3,
             drain_timeout: Duration::from_secs(25),
             proxy_protocol_timeout: Duration::from_secs(5),
+            passthrough_idle_timeout: Duration::from_secs(600),
             https_listen: Vec::new(),
         }
     }

@@ -53,7 +53,7 @@ impl ConnectionFamilies {
         );
         registry.register(
             "duet_connections_refused",
-            "Client connections closed right after accept because --max-connections were open, by listener address and client address family",
+            "Client connections closed right after accept because --max-connections were open (or, for ssl-passthrough hosts, --max-passthrough-connections relays), by listener address and client address family",
             f.connections_refused.clone(),
         );
         f
