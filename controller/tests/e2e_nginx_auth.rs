@@ -358,6 +358,68 @@ async fn answer(
 }
 
 /// `auth-url` on IPv4 and on an IPv6 literal, asked from clients of both families.
+/// Passwords longer than htpasswd's 255 bytes match nothing (401, never hashed), and a Secret
+/// with a bcrypt hash above cost 12 is refused (503 with a diagnostic) instead of holding a core
+/// for seconds on every request; over both families.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_passwords_and_costly_bcrypt_hashes_are_refused() -> anyhow::Result<()> {
+    let fleet = Fleet::start("bl", "echo", &[PodSpec::dual("dual")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let (longest, longer) = ("p".repeat(255), "p".repeat(256));
+    let htpasswd = format!("max:{{PLAIN}}{longest}\nover:{{PLAIN}}{longer}\nbob:{APR1}\n");
+    let costly = format!("slow:{}\n", BCRYPT.replacen("$05$", "$13$", 1));
+    dir.write(
+        "users.yaml",
+        &[
+            opaque("bl", "users", &[("auth", &htpasswd)]),
+            opaque("bl", "costly", &[("auth", &costly)]),
+        ],
+    )?;
+    let ba = |name: &str| {
+        Ingress::new("bl", name)
+            .nginx_annotations(&[("auth-type", "basic"), ("auth-secret", name)])
+            .host(&format!("{name}.test"), "echo")
+            .build()
+    };
+    dir.write("ingress.yaml", &[ba("users"), ba("costly")])?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        let status = |user: &'static str, password: String, host: &'static str| async move {
+            anyhow::Ok(get(to, host, Some(basic(user, &password))).await?.status)
+        };
+        assert_eq!(
+            status("max", longest.clone(), "users.test").await?,
+            200,
+            "{family}"
+        );
+        assert_eq!(
+            status("over", longer.clone(), "users.test").await?,
+            401,
+            "{family}"
+        );
+        let apr1_flood = format!("myPassword{}", "x".repeat(20_000));
+        assert_eq!(
+            status("bob", apr1_flood, "users.test").await?,
+            401,
+            "{family}"
+        );
+        assert_eq!(status("bob", "myPassword".into(), "users.test").await?, 200);
+        assert_eq!(
+            status("slow", "U*U".into(), "costly.test").await?,
+            503,
+            "{family}"
+        );
+    }
+    let routes = duet.debug_routes().await?.to_string();
+    assert!(
+        routes.contains("Secret bl/costly has bcrypt hashes of a cost above 12"),
+        "{routes}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::Result<()> {
     let auth = AuthService::start().await?;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
+use tokio::sync::Semaphore;
 
 use crate::access_policy::{Access, BasicAuth, ExternalAuth, RateLimit};
 
@@ -61,6 +62,8 @@ type ZoneKey = (Arc<str>, Arc<str>);
 pub struct Gate {
     zones: Mutex<HashMap<ZoneKey, Arc<rate_limit::Zone>>>,
     timeouts: (Duration, Duration),
+    /// Places for slow password hashes (bcrypt, MD5-crypt) on the blocking pool.
+    hashing: Arc<Semaphore>,
 }
 
 impl Gate {
@@ -69,6 +72,7 @@ impl Gate {
         Gate {
             zones: Mutex::default(),
             timeouts: (connect_timeout, response_timeout),
+            hashing: Arc::new(Semaphore::new(hashing_places())),
         }
     }
 
@@ -90,7 +94,7 @@ impl Gate {
             None => None,
         };
         if let Some(basic) = &access.basic_auth {
-            authenticate(basic, req).await?;
+            authenticate(basic, req, &self.hashing).await?;
         }
         let mut cookies = Vec::new();
         if let Some(auth) = &access.external_auth {
@@ -172,22 +176,30 @@ impl Gate {
     }
 }
 
-/// Checks basic credentials; bcrypt runs off the async threads (it costs milliseconds).
-async fn authenticate<B>(basic: &BasicAuth, req: &Request<B>) -> Result<(), Refusal> {
+/// Slow hashes checked at once: half the cores (at least one), so that password checks never
+/// take every core from the proxy's workers.
+fn hashing_places() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+/// Checks basic credentials. A password longer than [`basic_auth::MAX_PASSWORD_BYTES`] matches
+/// nothing and is never hashed.
+async fn authenticate<B>(
+    basic: &BasicAuth,
+    req: &Request<B>,
+    hashing: &Arc<Semaphore>,
+) -> Result<(), Refusal> {
     if basic.error.is_some() {
         return Err(misconfigured());
     }
     let verified = match basic_auth::credentials(req.headers()) {
-        Some((user, password)) => match basic.hash_of(&user) {
-            Some(hash) if basic_auth::scheme(&hash) == "bcrypt" => {
-                tokio::task::spawn_blocking(move || basic_auth::verify(&hash, &password))
-                    .await
-                    .unwrap_or(false)
+        Some((user, password)) if password.len() <= basic_auth::MAX_PASSWORD_BYTES => {
+            match basic.hash_of(&user) {
+                Some(hash) => matches(hash, password, hashing).await,
+                None => false,
             }
-            Some(hash) => basic_auth::verify(&hash, &password),
-            None => false,
-        },
-        None => false,
+        }
+        _ => false,
     };
     if verified {
         return Ok(());
@@ -196,6 +208,24 @@ async fn authenticate<B>(basic: &BasicAuth, req: &Request<B>) -> Result<(), Refu
     res.headers_mut()
         .insert(header::WWW_AUTHENTICATE, basic.challenge());
     Err(res)
+}
+
+/// Whether `password` matches `hash`: fast schemes on the calling worker; slow ones (bcrypt,
+/// MD5-crypt: milliseconds each) on the blocking pool, at most `hashing`'s places at once (the
+/// others wait their turn without holding a worker).
+async fn matches(hash: Arc<str>, password: Vec<u8>, hashing: &Arc<Semaphore>) -> bool {
+    if !basic_auth::is_slow(&hash) {
+        return basic_auth::verify(&hash, &password);
+    }
+    let Ok(place) = hashing.clone().acquire_owned().await else {
+        return false;
+    };
+    tokio::task::spawn_blocking(move || {
+        let _place = place;
+        basic_auth::verify(&hash, &password)
+    })
+    .await
+    .unwrap_or(false)
 }
 
 fn text(status: StatusCode, body: &'static str) -> Refusal {

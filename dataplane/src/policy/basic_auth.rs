@@ -62,10 +62,43 @@ impl BasicAuth {
     }
 }
 
-/// Whether `password` matches `hash` (any supported scheme; constant-time comparison).
+/// The longest password checked: 255 bytes, Apache `htpasswd`'s own limit (no hash it makes has
+/// a longer password). A longer one gets 401 without being hashed: MD5-crypt's time grows with
+/// the password's length.
+pub const MAX_PASSWORD_BYTES: usize = 255;
+
+/// The highest bcrypt cost accepted: 12 (2^12 rounds, about 0.2 s of one core per check, and
+/// basic auth checks every request). `htpasswd -B` makes cost 5, Go's and most frameworks'
+/// defaults are 10 to 12; a Secret with a higher cost is refused at translation (its routes
+/// answer 503), and such a hash never matches here.
+pub const MAX_BCRYPT_COST: u32 = 12;
+
+/// The cost of a bcrypt hash (`$2y$05$…` is 5), `None` for other hashes or a malformed cost.
+pub fn bcrypt_cost(hash: &str) -> Option<u32> {
+    if scheme(hash) != "bcrypt" {
+        return None;
+    }
+    let cost = hash.get(4..7)?.strip_suffix('$')?;
+    if !cost.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    cost.parse().ok()
+}
+
+/// Whether checking a password against `hash` takes milliseconds (bcrypt, MD5-crypt) rather than
+/// a single hash.
+pub fn is_slow(hash: &str) -> bool {
+    matches!(scheme(hash), "bcrypt" | "apr1" | "md5-crypt")
+}
+
+/// Whether `password` matches `hash` (any supported scheme; constant-time comparison). A bcrypt
+/// hash above [`MAX_BCRYPT_COST`] never matches, and is never computed.
 pub fn verify(hash: &str, password: &[u8]) -> bool {
     match scheme(hash) {
-        "bcrypt" => bcrypt::verify(password, hash).unwrap_or(false),
+        "bcrypt" => {
+            bcrypt_cost(hash).is_some_and(|cost| cost <= MAX_BCRYPT_COST)
+                && bcrypt::verify(password, hash).unwrap_or(false)
+        }
         "apr1" => md5_crypt_matches(hash, password, "$apr1$"),
         "md5-crypt" => md5_crypt_matches(hash, password, "$1$"),
         "sha1" => {
@@ -218,6 +251,21 @@ mod tests {
         assert!(!verify(bcrypt, b"U*V"));
         let y = bcrypt.replacen("$2a$", "$2y$", 1);
         assert!(verify(&y, b"U*U"));
+    }
+
+    #[test]
+    fn bcrypt_costs_read_and_above_the_bound_never_computed() {
+        let vector = "$2a$05$CCCCCCCCCCCCCCCCCCCCC.E5YPO9kmyuRGyh0XouQYb4YMJKvyOeW";
+        assert_eq!(bcrypt_cost(vector), Some(5));
+        for bad in ["$2a$5$x", "$2a$x5$CC", "$2a$", "{SHA}05$", "$apr1$05$"] {
+            assert_eq!(bcrypt_cost(bad), None, "{bad}");
+        }
+        // Cost 31 would take hours: refused before a single round.
+        let hours = vector.replacen("$05$", "$31$", 1);
+        assert_eq!(bcrypt_cost(&hours), Some(31));
+        assert!(!verify(&hours, b"U*U"));
+        assert!(is_slow(vector) && is_slow(APR1) && is_slow("$1$s$h"));
+        assert!(!is_slow(SHA) && !is_slow("{PLAIN}x") && !is_slow("{SSHA}x"));
     }
 
     #[test]

@@ -426,26 +426,12 @@ fn basic(
         ));
         return closed(reason);
     };
-    match users(secret, a.auth_map) {
-        Ok(users) => {
-            let unsupported: Vec<&str> = users
-                .iter()
-                .filter(|c| basic_auth::scheme(&c.hash) == "unsupported")
-                .map(|c| &*c.user)
-                .collect();
-            if !unsupported.is_empty() {
-                diagnostics.push(Diagnostic::new(
-                    key.clone(),
-                    Reason::InvalidAnnotation,
-                    format!("{PREFIX}auth-secret: Secret {wanted}: the hashes of {} are not bcrypt, apr1, $1$, {{SHA}}, {{SSHA}} or {{PLAIN}}; those users cannot sign in", unsupported.join(", ")),
-                ));
-            }
-            BasicAuth {
-                realm,
-                users: users.into(),
-                error: None,
-            }
-        }
+    match users(secret, a.auth_map).and_then(|users| usable(users, &wanted, key, diagnostics)) {
+        Ok(users) => BasicAuth {
+            realm,
+            users: users.into(),
+            error: None,
+        },
         Err(problem) => {
             let reason = format!("{PREFIX}auth-secret: Secret {wanted} {problem}: the Ingress's routes answer 503 (fail closed, as ingress-nginx)");
             diagnostics.push(Diagnostic::new(
@@ -456,6 +442,39 @@ fn basic(
             closed(reason)
         }
     }
+}
+
+/// The users of an auth Secret, when they can be served: users whose hash is of no supported
+/// scheme cannot sign in (a diagnostic names them); a bcrypt hash above
+/// [`basic_auth::MAX_BCRYPT_COST`] refuses the Secret (each check would hold a core for seconds).
+fn usable(
+    users: Vec<Credential>,
+    wanted: &NsName,
+    key: &ObjectKey,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Result<Vec<Credential>, String> {
+    let names = |keep: &dyn Fn(&str) -> bool| -> Vec<&str> {
+        users
+            .iter()
+            .filter(|c| keep(&c.hash))
+            .map(|c| &*c.user)
+            .collect()
+    };
+    let max = basic_auth::MAX_BCRYPT_COST;
+    let costly = names(&|h| basic_auth::bcrypt_cost(h).is_some_and(|cost| cost > max));
+    if !costly.is_empty() {
+        let users = costly.join(", ");
+        return Err(format!("has bcrypt hashes of a cost above {max}, which duet refuses (each check would hold a core for seconds; users {users})"));
+    }
+    let unsupported = names(&|h| basic_auth::scheme(h) == "unsupported");
+    if !unsupported.is_empty() {
+        diagnostics.push(Diagnostic::new(
+            key.clone(),
+            Reason::InvalidAnnotation,
+            format!("{PREFIX}auth-secret: Secret {wanted}: the hashes of {} are not bcrypt, apr1, $1$, {{SHA}}, {{SSHA}} or {{PLAIN}}; those users cannot sign in", unsupported.join(", ")),
+        ));
+    }
+    Ok(users)
 }
 
 /// The users of an auth Secret: its `auth` key as an htpasswd file, or (`auth-map`) one user per
@@ -599,6 +618,24 @@ mod tests {
                 access.unwrap().basic_auth.as_ref().unwrap().error.is_some(),
                 "{pairs:?}"
             );
+        }
+        // A bcrypt cost above 12 refuses the Secret: 503 with a diagnostic; 12 is served.
+        let hash = |cost: &str| {
+            format!(
+                "${}${cost}$CCCCCCCCCCCCCCCCCCCCC.E5YPO9kmyuRGyh0XouQYb4YMJKvyOeW",
+                "2y"
+            )
+        };
+        for (cost, refused) in [("12", false), ("13", true), ("31", true)] {
+            let htpasswd = format!("alice:{{PLAIN}}a\nslow:{}\n", hash(cost));
+            let costly = secret("users", &[("auth", &htpasswd)]);
+            let (access, diagnostics) = resolve_with(&r, &[&costly]);
+            let error = access.unwrap().basic_auth.as_ref().unwrap().error.clone();
+            assert_eq!(error.is_some(), refused, "cost {cost}: {error:?}");
+            let said = diagnostics
+                .iter()
+                .any(|d| d.message.contains("cost above 12"));
+            assert_eq!(said, refused, "cost {cost}: {diagnostics:?}");
         }
         // Without auth-type the other keys do nothing (as in ingress-nginx).
         let r = read(&[("auth-secret", "users"), ("auth-realm", "x")]);
