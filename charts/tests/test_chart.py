@@ -505,6 +505,13 @@ def test_ssl_passthrough_is_its_own_switch():
     assert "--enable-ssl-passthrough" in f
 
 
+def test_canary_scope_confines_canaries_unless_set_to_cluster():
+    assert flags(container(render())["args"])["--canary-scope"] == ["namespace"]
+    assert flags(container(render(VARIANTS["compat-ingress-nginx"]))["args"])["--canary-scope"] == ["namespace"]
+    f = flags(container(render({"controller": {"canaryScope": "cluster"}}))["args"])
+    assert f["--canary-scope"] == ["cluster"]
+
+
 def test_rbac_is_exactly_what_duet_calls():
     objects = render()
     assert granted(objects) == {"*": CLUSTER_RULES, NAMESPACE: LEASE_RULES}

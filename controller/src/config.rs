@@ -17,6 +17,7 @@ use crate::object::{is_dns_label, is_dns_subdomain, NsName};
 use crate::source::kube::KubeSettings;
 use crate::status::Publish;
 use crate::translate;
+use crate::translate::nginx::routing::CanaryScope;
 use crate::units::{parse_body_size, parse_duration, parse_duration_or_zero, SizeError};
 
 /// Exit code for a bad command line (`EX_USAGE`).
@@ -66,6 +67,11 @@ pub struct MigrateCheck {
     /// ssl-passthrough is reported as not applied, as duet serves it by default).
     #[arg(long)]
     pub enable_ssl_passthrough: bool,
+
+    /// Check canaries as `duet serve --canary-scope SCOPE` attaches them: namespace (the default)
+    /// reports a canary whose main Ingress is in another namespace as not served.
+    #[arg(long, value_name = "SCOPE", default_value = "namespace", value_parser = parse_canary_scope)]
+    pub canary_scope: CanaryScope,
 
     /// A manifest file, a folder of *.yaml/*.yml files (recursively), or - for standard input:
     /// as `kubectl get ingress -A -o yaml` prints them (Lists, multi-document files, single
@@ -228,6 +234,11 @@ pub struct ServeArgs {
     /// (ingress-nginx's flag of the same name); without it the annotation is not applied.
     #[arg(long)]
     pub enable_ssl_passthrough: bool,
+
+    /// Which main Ingresses an ingress-nginx canary Ingress (canary: "true") may attach to:
+    /// namespace (its own namespace's only) or cluster (any namespace's, as ingress-nginx).
+    #[arg(long, value_name = "SCOPE", default_value = "namespace", value_parser = parse_canary_scope)]
+    pub canary_scope: CanaryScope,
     /// The resolv.conf whose name servers, search list and ndots resolve ExternalName Services'
     /// names (A and AAAA, re-resolved when their TTL runs out).
     #[arg(long, value_name = "PATH", default_value = "/etc/resolv.conf")]
@@ -252,6 +263,10 @@ fn parse_max_connections(s: &str) -> Result<usize, String> {
             "{s:?} is not a number of connections from 1 to {MAX_MAX_CONNECTIONS}"
         )),
     }
+}
+
+fn parse_canary_scope(s: &str) -> Result<CanaryScope, String> {
+    s.parse()
 }
 
 fn parse_access_log(s: &str) -> Result<AccessLogFormat, String> {
@@ -515,6 +530,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             allow_loopback_endpoints: from_files || args.allow_loopback_endpoints,
             strict_annotations: args.strict_annotations,
             ssl_passthrough: args.enable_ssl_passthrough,
+            canary_scope: args.canary_scope,
             gateway,
         },
         proxy,

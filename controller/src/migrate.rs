@@ -2,14 +2,16 @@
 //! prints them, Lists and multi-document files included) and prints, per Ingress, every
 //! `nginx.ingress.kubernetes.io/` annotation with what duet does with it, then a summary.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read as _, Write};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress};
 
 use crate::config::MigrateCheck;
 use crate::index::Object;
 use crate::source::files;
+use crate::translate::nginx::routing::CanaryScope;
 use crate::translate::nginx::{self, Finding, Status};
 
 /// The legacy class annotation.
@@ -63,11 +65,10 @@ pub fn check(args: &MigrateCheck, out: &mut dyn Write) -> Result<bool, MigrateEr
     });
     let mut all: Vec<Finding> = Vec::new();
     let mut clean = 0;
-    for f in &checked {
-        let empty = Default::default();
-        let mut read = nginx::read(f.ingress.metadata.annotations.as_ref().unwrap_or(&empty));
-        nginx::passthrough::settle(&mut read, args.enable_ssl_passthrough);
-        check_regex_paths(&f.ingress, &mut read);
+    let reads: Vec<nginx::Read> = checked.iter().map(|f| read(f, args)).collect();
+    let mains = mains(&checked, &reads);
+    for (f, mut read) in checked.iter().zip(reads) {
+        check_canary_scope(f, &mut read, &mains, args.canary_scope);
         print_ingress(out, f, &read.findings).map_err(MigrateError::Write)?;
         if read.findings.iter().all(|f| f.status.is_honoured()) {
             clean += 1;
@@ -79,16 +80,105 @@ pub fn check(args: &MigrateCheck, out: &mut dyn Write) -> Result<bool, MigrateEr
     Ok(all.iter().all(|f| f.status.is_honoured()))
 }
 
+/// What duet makes of one Ingress's annotations on its own.
+fn read(f: &Found, args: &MigrateCheck) -> nginx::Read {
+    let empty = Default::default();
+    let mut read = nginx::read(f.ingress.metadata.annotations.as_ref().unwrap_or(&empty));
+    nginx::passthrough::settle(&mut read, args.enable_ssl_passthrough);
+    check_regex_paths(&f.ingress, &mut read);
+    read
+}
+
+/// A host and path as an Ingress writes them (`""` for a rule without host).
+type HostPath<'a> = (&'a str, &'a str);
+
+/// Each path of an Ingress with its host.
+fn paths(ingress: &Ingress) -> impl Iterator<Item = (&str, &HTTPIngressPath)> {
+    let rules = ingress.spec.iter().flat_map(|s| s.rules.iter().flatten());
+    rules.flat_map(|r| {
+        let host = r.host.as_deref().unwrap_or("");
+        r.http.iter().flat_map(|h| &h.paths).map(move |p| (host, p))
+    })
+}
+
+/// A path as written (`/` when empty or unset).
+fn written(path: &HTTPIngressPath) -> &str {
+    path.path
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .unwrap_or("/")
+}
+
+/// The host and path of each path of an Ingress.
+fn host_paths(ingress: &Ingress) -> impl Iterator<Item = HostPath<'_>> {
+    paths(ingress).map(|(host, path)| (host, written(path)))
+}
+
+/// The main (not canary) Ingresses of each host and path.
+fn mains<'a>(
+    checked: &'a [Found],
+    reads: &[nginx::Read],
+) -> BTreeMap<HostPath<'a>, Vec<&'a Found>> {
+    let mut mains: BTreeMap<HostPath<'a>, Vec<&'a Found>> = BTreeMap::new();
+    for (f, read) in checked.iter().zip(reads) {
+        if !read.settings.traffic.canary {
+            for key in host_paths(&f.ingress) {
+                mains.entry(key).or_default().push(f);
+            }
+        }
+    }
+    mains
+}
+
+/// A canary whose main Ingress for a path is in another namespace only: not served there under
+/// `--canary-scope namespace`, served (as ingress-nginx) under `cluster`; the `canary` key says so.
+fn check_canary_scope(
+    f: &Found,
+    read: &mut nginx::Read,
+    mains: &BTreeMap<HostPath<'_>, Vec<&Found>>,
+    scope: CanaryScope,
+) {
+    if !read.settings.traffic.canary {
+        return;
+    }
+    let (mut foreign, mut own) = (Vec::new(), false);
+    for key in host_paths(&f.ingress) {
+        let Some(list) = mains.get(&key) else {
+            continue;
+        };
+        match list.iter().find(|m| m.namespace == f.namespace) {
+            Some(_) => own = true,
+            None => foreign.push(format!(
+                "{}{} of Ingress {}/{}",
+                key.0, key.1, list[0].namespace, list[0].name
+            )),
+        }
+    }
+    if foreign.is_empty() {
+        return;
+    }
+    let foreign = foreign.join(", ");
+    let key = format!("{}canary", nginx::PREFIX);
+    for finding in read.findings.iter_mut().filter(|x| x.key == key) {
+        if scope == CanaryScope::Cluster {
+            finding.detail =
+                format!("attaches across namespaces to {foreign} (--canary-scope=cluster)");
+            continue;
+        }
+        finding.status = if own {
+            Status::HonouredWithDifference
+        } else {
+            Status::IgnoredUnsupported
+        };
+        finding.detail = format!("not attached to {foreign}: another namespace's, and duet's --canary-scope=namespace (the default) confines canaries to their own; --canary-scope=cluster attaches it, as ingress-nginx");
+    }
+}
+
 /// Reports the paths of an Ingress asking for regexes that duet cannot compile (the paths of
 /// other Ingresses of its hosts are checked when duet serves them).
 fn check_regex_paths(ingress: &Ingress, read: &mut nginx::Read) {
-    let rules = ingress.spec.iter().flat_map(|s| s.rules.iter().flatten());
-    for path in rules.flat_map(|r| r.http.iter().flat_map(|h| &h.paths)) {
-        let written = path
-            .path
-            .as_deref()
-            .filter(|p| !p.is_empty())
-            .unwrap_or("/");
+    for (_, path) in paths(ingress) {
+        let written = written(path);
         if !read.settings.forces_regex(written) {
             continue;
         }

@@ -56,6 +56,15 @@ fn bad_flags_and_values_exit_64_with_one_line() {
         "{line}"
     );
 
+    let line = usage_error(&["serve", "--manifests", d, "--canary-scope", "global"]);
+    assert!(
+        line.starts_with("duet: invalid value 'global' for '--canary-scope': "),
+        "{line}"
+    );
+    assert!(line.contains("namespace or cluster"), "{line}");
+    let line = usage_error(&["migrate", "check", "--canary-scope", "Cluster", d]);
+    assert!(line.contains("'--canary-scope'"), "{line}");
+
     let line = usage_error(&["serve", "--manifests", d, "--http-listen", "localhost"]);
     assert!(line.contains("'--http-listen'"), "{line}");
 

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use conformance::bytes::Bytes;
 use conformance::client::{self, Conn};
+use conformance::http_body_util::Full;
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
 
@@ -385,6 +387,22 @@ fn raw_route(name: &str, rules: Value) -> Value {
     })
 }
 
+/// A Gateway of one listener (any host) on `port` serving `routes`, with one Service of one
+/// dual-stack pod per name of `services`.
+async fn serve_routes(
+    port: u16,
+    services: &[&'static str],
+    routes: Vec<Value>,
+) -> anyhow::Result<(Vec<Fleet>, ManifestDir, conformance::Duet)> {
+    let mut docs = vec![gateway_class(), gateway(port, &[("any", None)])];
+    docs.extend(routes);
+    let fleets: Vec<(&str, Vec<PodSpec>)> = services
+        .iter()
+        .map(|s| (*s, vec![PodSpec::dual(&format!("{s}-pod"))]))
+        .collect();
+    setup(&fleets, docs).await
+}
+
 /// Rule internals served on a Gateway's own port: header, query and method matches with their
 /// precedence, a request header filter, a redirect; a route whose only rule asks for a filter
 /// duet does not serve is not served, and the other routes keep working.
@@ -392,9 +410,7 @@ fn raw_route(name: &str, rules: Value) -> Value {
 async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> anyhow::Result<()> {
     let port = free_port()?;
     let to = |svc: &str| json!([{"name": svc, "port": 8080}]);
-    let docs = vec![
-        gateway_class(),
-        gateway(port, &[("any", None)]),
+    let routes = vec![
         raw_route(
             "match",
             json!([
@@ -421,11 +437,8 @@ async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> any
                     "backendRefs": to("gw-plain")}]),
         ),
     ];
-    let fleets: Vec<(&str, Vec<PodSpec>)> = ["gw-plain", "gw-header", "gw-query", "gw-post"]
-        .into_iter()
-        .map(|s| (s, vec![PodSpec::dual(&format!("{s}-pod"))]))
-        .collect();
-    let (_fleets, _dir, duet) = setup(&fleets, docs).await?;
+    let services = ["gw-plain", "gw-header", "gw-query", "gw-post"];
+    let (_fleets, _dir, duet) = serve_routes(port, &services, routes).await?;
     for family in Family::BOTH {
         let mut conn = connect(family, port).await?;
         assert_eq!(served_by(&mut conn, "match.test", "/a").await?, "gw-plain");
@@ -468,5 +481,64 @@ async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> any
             .any(|l| l.starts_with("duet_requests_total{") && l.contains(&route)),
         "no duet_requests_total series with {route}"
     );
+    Ok(())
+}
+
+/// A rule whose header modifier names a hop-by-hop or framing header, or `Host`, is refused at
+/// translation (the route says why) and not served: its requests go to the route's other rule
+/// with their own framing, and no smuggled `Transfer-Encoding`, `Connection` or `Host` reaches
+/// the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modifiers_naming_framing_or_hop_by_hop_headers_are_not_served() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let refused = |path: &str, name: &str, value: &str| {
+        json!({"matches": [{"path": {"type": "PathPrefix", "value": path}}],
+               "filters": [{"type": "RequestHeaderModifier",
+                            "requestHeaderModifier": {"set": [{"name": name, "value": value}]}}],
+               "backendRefs": [{"name": "gw-filtered", "port": 8080}]})
+    };
+    let route = raw_route(
+        "smuggle",
+        json!([
+            {"backendRefs": [{"name": "gw-plain", "port": 8080}]},
+            refused("/te", "Transfer-Encoding", "chunked"),
+            refused("/conn", "Connection", "close"),
+            refused("/host", "Host", "evil.test"),
+        ]),
+    );
+    let services = ["gw-plain", "gw-filtered"];
+    let (_fleets, _dir, duet) = serve_routes(port, &services, vec![route]).await?;
+    for family in Family::BOTH {
+        let mut conn = connect(family, port).await?;
+        for path in ["/te", "/conn", "/host"] {
+            let req = client::request(conformance::http::Method::POST, "smuggle.test", path)
+                .body(Full::new(Bytes::from_static(b"hello")))?;
+            let reply = conn.send(req).await?;
+            client::expect_status(&reply, 200)?;
+            let echo = reply.echo()?;
+            assert_eq!(echo.service, "gw-plain", "{family} {path}: rule refused");
+            assert_eq!(echo.family, family);
+            assert_eq!(echo.body_length, 5, "{family} {path}");
+            assert_eq!(echo.host, "smuggle.test", "{family} {path}");
+            for name in ["Transfer-Encoding", "Connection"] {
+                assert_eq!(echo.headers.get(name), None, "{family} {path}: {name}");
+            }
+        }
+    }
+    let routes = duet.debug_routes().await?;
+    let said: Vec<&str> = routes["diagnostics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["object"]["name"] == "smuggle")
+        .filter_map(|d| d["message"].as_str())
+        .collect();
+    for name in ["transfer-encoding", "connection", "Host"] {
+        anyhow::ensure!(
+            said.iter()
+                .any(|m| m.contains(&format!("cannot name {name}"))),
+            "no diagnostic naming {name}: {said:?}"
+        );
+    }
     Ok(())
 }

@@ -242,6 +242,58 @@ async fn canaries_by_header_cookie_and_weight() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A canary Ingress in another namespace than the main Ingress of its host and path takes none
+/// of its traffic by default (`--canary-scope namespace`), and says why; the main Ingress keeps
+/// serving. With `--canary-scope cluster` it attaches, as in ingress-nginx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canaries_of_another_namespace_attach_only_with_canary_scope_cluster() -> anyhow::Result<()>
+{
+    let stable = Fleet::start("shop", "pay", &[PodSpec::dual("p1")])?;
+    let intruder = Fleet::start("intruder", "collect", &[PodSpec::dual("i1")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write(
+        "fleets.yaml",
+        &[stable.manifests(), intruder.manifests()].concat(),
+    )?;
+    let ingresses = [
+        Ingress::new("shop", "pay").host("pay.test", "pay"),
+        Ingress::new("intruder", "canary")
+            .nginx_annotations(&[("canary", "true"), ("canary-weight", "100")])
+            .host("pay.test", "collect"),
+    ];
+    dir.write("ingress.yaml", &ingresses.map(|i| i.build()))?;
+    for (args, want) in [
+        (&[][..], "pay"),
+        (&["--canary-scope", "cluster"][..], "collect"),
+    ] {
+        let duet = DuetBuilder::new(DUET, dir.path())
+            .args(args.iter().copied())
+            .start()
+            .await?;
+        for family in Family::BOTH {
+            let mut conn = Conn::http1(duet.http(family)).await?;
+            for _ in 0..20 {
+                let r = get(&mut conn, "pay.test", "/", &[]).await?;
+                assert_eq!(served_by(&r)?.0, want, "{family} {args:?}");
+            }
+        }
+        let routes = duet.debug_routes().await?;
+        let refused = routes["diagnostics"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|d| {
+                d["object"]["namespace"] == "intruder"
+                    && d["reason"] == "ConflictingPath"
+                    && d["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("of another namespace"))
+            });
+        assert_eq!(refused, args.is_empty(), "{args:?}: {routes:#}");
+    }
+    Ok(())
+}
+
 /// The cookie's value in a `Set-Cookie` of `name`.
 fn cookie_value<'a>(set_cookie: &'a str, name: &str) -> Option<&'a str> {
     set_cookie

@@ -223,6 +223,55 @@ fn ssl_passthrough_needs_the_flag_as_in_ingress_nginx() {
     assert_eq!(with.status.code(), Some(0), "{stdout}");
 }
 
+/// A canary Ingress whose main Ingress is another namespace's.
+const CROSS_NAMESPACE_CANARY: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: pay, namespace: shop}
+spec:
+  rules:
+    - host: pay.test
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: pay, port: {number: 80}}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: canary
+  namespace: intruder
+  annotations: {nginx.ingress.kubernetes.io/canary: "true", nginx.ingress.kubernetes.io/canary-weight: "100"}
+spec:
+  rules:
+    - host: pay.test
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: collect, port: {number: 80}}}}]}
+"#;
+
+#[test]
+fn canaries_of_another_namespace_are_reported_by_canary_scope() {
+    let key = format!("{N}canary");
+    let out = check(&["-"], Some(CROSS_NAMESPACE_CANARY));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert_eq!(
+        statuses(&stdout)["intruder/canary"][&key],
+        "ignored-unsupported"
+    );
+    assert!(
+        stdout.contains("not attached to pay.test/ of Ingress shop/pay: another namespace's"),
+        "{stdout}"
+    );
+    let out = check(
+        &["--canary-scope", "cluster", "-"],
+        Some(CROSS_NAMESPACE_CANARY),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_eq!(statuses(&stdout)["intruder/canary"][&key], "honoured");
+    assert!(
+        stdout.contains("attaches across namespaces to pay.test/ of Ingress shop/pay"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn without_a_class_every_ingress_is_checked() {
     let out = check(&["corpus"], None);

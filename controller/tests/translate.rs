@@ -392,3 +392,40 @@ fn timeout_annotations_set_per_ingress_and_bad_ones_fall_back() {
     assert!(bad[0].2.contains("duet.dev/proxy-connect-timeout") && bad[0].2.contains("soon"));
     assert!(bad[1].2.contains("duet.dev/proxy-read-timeout") && bad[1].2.contains("-1"));
 }
+
+/// The canary backends attached to the route of `host` `/`.
+fn canaries(snapshot: &Snapshot, host: &str) -> Vec<String> {
+    let matched = snapshot.routes.find(host, "/").expect("routed");
+    let choice = matched.action.choice.as_deref();
+    let alternatives = choice
+        .map(|c| c.alternatives.as_slice())
+        .unwrap_or_default();
+    alternatives.iter().map(|a| a.backend.to_string()).collect()
+}
+
+#[test]
+fn canaries_attach_across_namespaces_only_with_canary_scope_cluster() {
+    // Default (namespace): the canary of the main Ingress's own namespace attaches, another
+    // namespace's does not; the main Ingress keeps serving, the refused canary is told why.
+    let (snapshot, diagnostics) = translate("canary_scope.yaml", &Config::default());
+    assert_eq!(canaries(&snapshot, "web.test"), ["shop/web-canary:80"]);
+    assert!(canaries(&snapshot, "pay.test").is_empty());
+    assert_eq!(
+        route(&snapshot, "pay.test", "/").map(|r| r.0).as_deref(),
+        Some("shop/web:80")
+    );
+    let refused: Vec<String> = diagnostics.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        refused,
+        ["Ingress intruder/canary: ConflictingPath: canary path / matches Ingress shop/pay of another namespace; not served (--canary-scope=namespace: a canary attaches to its own namespace's Ingresses only)"]
+    );
+    // ingress-nginx's behaviour: both attach, nothing to say.
+    let cluster = Config {
+        canary_scope: "cluster".parse().unwrap(),
+        ..Config::default()
+    };
+    let (snapshot, diagnostics) = translate("canary_scope.yaml", &cluster);
+    assert_eq!(canaries(&snapshot, "web.test"), ["shop/web-canary:80"]);
+    assert_eq!(canaries(&snapshot, "pay.test"), ["intruder/collect:80"]);
+    assert_eq!(diagnostics, []);
+}

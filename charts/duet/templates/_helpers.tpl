@@ -207,6 +207,7 @@ controller.watchNamespaces (duet's Gateway watches are narrowed to them too). */
 {{- if .Values.controller.enableSslPassthrough }}
 - "--enable-ssl-passthrough"
 {{- end }}
+- "--canary-scope={{ .Values.controller.canaryScope }}"
 {{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}

@@ -242,6 +242,7 @@ macro_rules! header_filter {
     ($slot:expr, $written:expr, $kind:literal) => {{
         let m = $written.as_ref().map(|m| {
             modifier(
+                $kind,
                 m.set.iter().flatten().map(|h| (&*h.name, &*h.value)),
                 m.add.iter().flatten().map(|h| (&*h.name, &*h.value)),
                 m.remove.iter().flatten(),
@@ -310,23 +311,38 @@ fn once<T>(slot: &mut Option<T>, value: Option<T>, kind: &str) -> Result<(), Rul
 }
 
 fn modifier<'a>(
+    kind: &str,
     set: impl Iterator<Item = (&'a str, &'a str)>,
     add: impl Iterator<Item = (&'a str, &'a str)>,
     remove: impl Iterator<Item = &'a String>,
 ) -> Result<HeaderModifier, RuleRefusal> {
-    let pair = |(n, v): (&str, &str)| {
-        Ok((
-            header_name(n, "header modifier")?,
-            header_value(v, "header modifier")?,
-        ))
-    };
+    let pair = |(n, v): (&str, &str)| Ok((editable(n, kind)?, header_value(v, "header modifier")?));
     Ok(HeaderModifier {
         set: set.map(pair).collect::<Result<_, RuleRefusal>>()?,
         add: add.map(pair).collect::<Result<_, RuleRefusal>>()?,
         remove: remove
-            .map(|n| header_name(n, "header modifier"))
+            .map(|n| editable(n, kind))
             .collect::<Result<_, _>>()?,
     })
+}
+
+/// A header name a modifier may set, add or remove: not `Host` (a rule changes it with
+/// `URLRewrite`'s `hostname`, which is validated as a host name), nor a framing or hop-by-hop
+/// header, which duet writes itself on each hop (a filter's `Transfer-Encoding` or
+/// `Content-Length` would frame the body one way for duet and another for the peer).
+fn editable(name: &str, kind: &str) -> Result<HeaderName, RuleRefusal> {
+    let name = header_name(name, "header modifier")?;
+    if name.as_str() == "host" {
+        return Err(unsupported(format!(
+            "{kind} cannot name Host: a URLRewrite filter's hostname sets the Host sent upstream"
+        )));
+    }
+    if dataplane::upstream::is_hop_or_framing(name.as_str()) {
+        return Err(unsupported(format!(
+            "{kind} cannot name {name}: a hop-by-hop or framing header, which duet writes itself"
+        )));
+    }
+    Ok(name)
 }
 
 /// A host name a redirect or rewrite may name: DNS characters only (no port, no scheme).
@@ -906,6 +922,58 @@ filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x, 
         ))
         .unwrap_err();
         assert_eq!(refusal.reason, UNSUPPORTED_VALUE);
+    }
+
+    /// The headers no modifier may name, as users may spell them.
+    const RESERVED: [&str; 10] = [
+        "Transfer-Encoding",
+        "content-length",
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Upgrade",
+        "HTTP2-Settings",
+        "Host",
+    ];
+
+    #[test]
+    fn modifiers_naming_hop_by_hop_framing_or_host_headers_are_refused() {
+        let field = |op: &str, name: &str| match op {
+            "remove" => format!("{{remove: [{name}]}}"),
+            _ => format!("{{{op}: [{{name: {name}, value: x}}]}}"),
+        };
+        for name in RESERVED {
+            let says = format!("cannot name {}", name.to_ascii_lowercase());
+            let says = if name == "Host" {
+                "cannot name Host"
+            } else {
+                &says
+            };
+            for op in ["set", "add", "remove"] {
+                let f = field(op, name);
+                let req = format!("[{{type: RequestHeaderModifier, requestHeaderModifier: {f}}}]");
+                let res =
+                    format!("[{{type: ResponseHeaderModifier, responseHeaderModifier: {f}}}]");
+                for list in [&req, &res] {
+                    let refusals = [
+                        refused(&format!("filters: {list}")),
+                        grpc(&format!("filters: {list}")).unwrap_err(),
+                        http_backend_filters(&serde_saphyr::from_str::<Vec<_>>(list).unwrap())
+                            .unwrap_err(),
+                    ];
+                    for refusal in refusals {
+                        assert_eq!(refusal.reason, UNSUPPORTED_VALUE, "{list}");
+                        assert!(refusal.message.contains(says), "{list}: {refusal}");
+                    }
+                }
+            }
+        }
+        // End-to-end headers stay editable, Proxy-Authorization included (RFC 9110 lets a proxy
+        // relay it).
+        let ok = "filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Proxy-Authorization, value: x}], add: [{name: X-Host, value: y}], remove: [Forwarded]}}]";
+        assert!(http_rule(&rule(ok)).unwrap().filters.is_some());
     }
 
     proptest::proptest! {

@@ -381,7 +381,8 @@ fn settle(t: &mut Translation<'_>, held: Pending<HostKey>) {
     let (canaries, www) = held.into_parts();
     for canary in canaries {
         t.footprints.touch_late(canary.origin(), &canary.host);
-        canary.attach(t.routes.rules_mut(&canary.host), &mut t.diagnostics);
+        let scope = t.config.canary_scope;
+        canary.attach(t.routes.rules_mut(&canary.host), scope, &mut t.diagnostics);
     }
     for (host, rule) in www {
         let HostKey::Exact(name) = &host else {

@@ -78,6 +78,8 @@ pub struct Config {
     pub strict_annotations: bool,
     /// `--enable-ssl-passthrough`: apply ingress-nginx's `ssl-passthrough` annotation.
     pub ssl_passthrough: bool,
+    /// `--canary-scope`: which main Ingresses a canary Ingress may attach to.
+    pub canary_scope: nginx::routing::CanaryScope,
     /// How Gateway API objects are served.
     pub gateway: GatewaySettings,
 }

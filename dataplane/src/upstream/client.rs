@@ -387,6 +387,13 @@ pub(crate) fn role(name: &[u8]) -> Role {
     }
 }
 
+/// Whether a field (any case) is one duet writes itself on every hop: a framing field
+/// (`Content-Length`, `Transfer-Encoding`) or a hop-by-hop one ([`role`]'s list). A header filter
+/// naming one is refused by the controller.
+pub fn is_hop_or_framing(name: &str) -> bool {
+    role(name.as_bytes()) != Role::EndToEnd
+}
+
 /// The elements of a comma-separated field value, trimmed, empty ones skipped.
 fn elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value

@@ -31,6 +31,7 @@ use tokio::time::timeout;
 pub(crate) use client::ClientError;
 /// An HTTP/1.1 connection going back to the pool when its response is done.
 pub(crate) type PoolReturn = h1::PoolReturn<client::ClientConn>;
+pub use client::is_hop_or_framing;
 pub(crate) use client::{is_connection_option, role, Role};
 pub(crate) use h2::{keep_trailers, wants_trailers};
 

@@ -455,18 +455,26 @@ mod tests {
         (p.accepted.reason.to_owned(), p.resolved.reason.to_owned())
     }
 
-    #[test]
-    fn attachment_and_references_give_the_spec_reasons() {
-        let class: GatewayClass = serde_json::from_value(json!({
+    fn class() -> GatewayClass {
+        serde_json::from_value(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
             "metadata": {"name": "duet"}, "spec": {"controllerName": "duet.dev/gateway-controller"}
         }))
-        .unwrap();
-        let svc: Service = serde_json::from_value(json!({
+        .unwrap()
+    }
+
+    /// `gw/web`, port 8080.
+    fn web_service() -> Service {
+        serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "gw", "name": "web"},
             "spec": {"ports": [{"name": "http", "port": 8080}]}
         }))
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn attachment_and_references_give_the_spec_reasons() {
+        let (class, svc) = (class(), web_service());
         let labelled: Namespace = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "team", "labels": {"team": "x"}}
@@ -607,5 +615,53 @@ mod tests {
             plan.gateways.ports.keys().copied().collect::<Vec<_>>(),
             [80, 81, 82]
         );
+    }
+    #[test]
+    fn a_rule_whose_modifier_names_a_framing_header_is_refused_on_the_route() {
+        let (class, svc) = (class(), web_service());
+        let web = json!([{"name": "web", "port": 8080}]);
+        let modifier = |kind: &str, field: &str, name: &str| json!([{"type": kind, field: {"set": [{"name": name, "value": "chunked"}]}}]);
+        let mut route = route("gw", "smuggle", json!({"name": "g"}), &[], web[0].clone());
+        route.spec.rules = serde_json::from_value(json!([
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/ok"}}], "backendRefs": web},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/te"}}], "backendRefs": web,
+             "filters": modifier("RequestHeaderModifier", "requestHeaderModifier", "Transfer-Encoding")},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/conn"}}], "backendRefs": web,
+             "filters": modifier("ResponseHeaderModifier", "responseHeaderModifier", "Connection")},
+        ]))
+        .unwrap();
+        let gw = gateway();
+        let inputs = Inputs {
+            services: vec![&svc],
+            gateway_api: GatewayInputs {
+                classes: vec![&class],
+                gateways: vec![&gw],
+                http_routes: vec![&route],
+                ..GatewayInputs::default()
+            },
+            ..Inputs::default()
+        };
+        let plan = crate::translate::plan_routes(&inputs, &Config::default());
+        let r = &plan.gateway_report.routes[&(Kind::HttpRoute, NsName::new("gw", "smuggle"))];
+        for p in &r.parents {
+            assert!(!p.accepted.status, "{:?}", p.accepted);
+            assert_eq!(p.accepted.reason, "UnsupportedValue");
+            assert!(
+                p.accepted.message.contains("cannot name transfer-encoding"),
+                "{}",
+                p.accepted.message
+            );
+        }
+        // The refused rules are left out; the route's other rule is served, without filters.
+        let port = plan.gateways.port(81).unwrap();
+        assert!(port.find("any.test", "/ok").is_some());
+        assert!(port.find("any.test", "/te").is_none());
+        assert!(port.find("any.test", "/conn").is_none());
+        assert!(plan.gateways.actions().all(|a| a.filters.is_none()));
+        let said = plan
+            .diagnostics
+            .iter()
+            .filter(|d| d.object.name == "smuggle");
+        assert_eq!(said.count(), 2, "{:?}", plan.diagnostics);
     }
 }
