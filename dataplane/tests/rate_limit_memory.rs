@@ -27,21 +27,11 @@ fn resident() -> usize {
 /// zones, 139 at most while zones take room from each other).
 const BYTES_PER_CLIENT: usize = 160;
 
-fn zone(clients: &Arc<Clients>, rpm: u32) -> Arc<Zone> {
-    let config = RateLimit {
-        rpm: Some(rpm),
-        burst_multiplier: 1,
-        ipv6_prefix: 128,
-        ..RateLimit::default()
-    };
-    Arc::new(Zone::new(config, clients))
-}
-
-/// Sends one request from each of `n` new clients (IPv6, distinct per zone and round).
+/// Sends one request from each of `n` new clients (IPv6 /64s, distinct per zone and round).
 fn arrive(zone: &Arc<Zone>, tag: u32, n: u32, now: Instant) {
     for i in 0..n {
-        let ip =
-            IpAddr::V6(((0x2001_0db8_u128 << 96) | (u128::from(tag) << 32) | u128::from(i)).into());
+        let net = (0x2001_0db8_u128 << 32) | (u128::from(tag) << 20) | u128::from(i);
+        let ip = IpAddr::V6((net << 64).into());
         assert!(matches!(zone.admit(ip, now), Verdict::Admitted(_)));
     }
 }
@@ -55,7 +45,13 @@ fn clients_cost_bounded_memory() {
     let now = Instant::now();
     let base = resident();
     let clients = Clients::new(ZONE_KEYS, TOTAL_KEYS, Metrics::unregistered());
-    let zones: Vec<_> = (1..=8).map(|rpm| zone(&clients, rpm)).collect();
+    let limits = |rpm| RateLimit {
+        rpm: Some(rpm),
+        ..RateLimit::default()
+    };
+    let zones: Vec<_> = (1..=8)
+        .map(|rpm| Arc::new(Zone::new(limits(rpm), &clients)))
+        .collect();
     let per_zone = ZONE_KEYS as u32;
     // Five zones fill up: all zones together are full.
     for (tag, z) in zones.iter().take(5).enumerate() {
