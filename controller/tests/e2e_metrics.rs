@@ -224,11 +224,20 @@ async fn requests_are_counted_by_client_and_upstream_family() -> anyhow::Result<
             "duet_snapshot_build_seconds",
             "duet_snapshot_applied_timestamp_seconds",
             "duet_config_diagnostics",
+            "duet_rate_limit_evictions_total",
         ] {
             assert!(
                 text.contains(&format!("# HELP {help} ")),
                 "no HELP for {help}"
             );
+        }
+        // Rate-limit evictions are listed for both families and both bounds, none yet.
+        for family in Family::BOTH {
+            for bound in ["zone", "total"] {
+                let labels = [("client_family", family.as_str()), ("bound", bound)];
+                let evicted = sum(&text, "duet_rate_limit_evictions_total", &labels);
+                assert_eq!(evicted, Some(0.0), "{text}");
+            }
         }
         // No TLS certificate is served: that family has no series and is not listed.
         assert!(!text.contains("duet_tls_certificate_expiry"), "{text}");

@@ -728,6 +728,12 @@ async fn upstream_vhost_and_from_to_www_redirect() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `Vary` field lines of a response, in order.
+fn vary(reply: &Reply) -> Vec<&str> {
+    let lines = reply.headers.get_all("vary").iter();
+    lines.filter_map(|v| v.to_str().ok()).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyhow::Result<()> {
     let fleet = Fleet::start("cors", "web", &[PodSpec::dual("pod")])?;
@@ -786,6 +792,7 @@ async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyho
                 reply.header("content-type"),
                 Some("text/plain charset=UTF-8")
             );
+            assert_eq!(vary(&reply), ["Origin"], "{family}");
             assert!(reply.body.is_empty());
         }
         // Other origins (one label too deep, another scheme) get no CORS header, and their
@@ -802,15 +809,28 @@ async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyho
                 None,
                 "{family} {origin}"
             );
+            // The answer still depends on the origin: caches must not share it.
+            assert_eq!(vary(&reply), ["Origin"], "{family} {origin}");
         }
-        // A simple request from an allowed origin: proxied, the headers added.
+        // A simple request from an allowed origin: proxied, the headers added, `Origin` added
+        // to the upstream's `Vary` (once, whether or not the upstream named it).
         let reply = get(
             &mut conn,
             "list.test",
             "/api",
-            &[("origin", "https://app.example.com")],
+            &[
+                ("origin", "https://app.example.com"),
+                ("x-echo-set-header", "Vary: Accept-Encoding"),
+            ],
         )
         .await?;
+        assert_eq!(vary(&reply), ["Accept-Encoding", "Origin"], "{family}");
+        let named = [
+            ("origin", "https://app.example.com"),
+            ("x-echo-set-header", "Vary: origin"),
+        ];
+        let again = get(&mut conn, "list.test", "/api", &named).await?;
+        assert_eq!(vary(&again), ["origin"], "{family}");
         assert_eq!(reply.echo()?.family, family);
         assert_eq!(
             reply.header("access-control-allow-origin"),
@@ -824,6 +844,7 @@ async fn cors_preflights_are_answered_and_responses_carry_the_headers() -> anyho
         let reply = get(&mut conn, "any.test", "/", &[]).await?;
         client::expect_status(&reply, 200)?;
         assert_eq!(reply.header("access-control-allow-origin"), Some("*"));
+        assert!(vary(&reply).is_empty(), "`*` is the same for every origin");
         assert_eq!(
             reply.header("access-control-allow-credentials"),
             Some("true")

@@ -16,11 +16,13 @@
 //!
 //! One module per family group: [`routes`] (requests, latencies, upstream failures by route and
 //! Service), [`backends`] (targets by kind), [`connections`], [`snapshot`] (version, certificate
-//! expiry), [`tunnels`] and [`passthrough`]; the access-log drop counter is here.
+//! expiry), [`tunnels`], [`passthrough`] and [`rate_limit`] (zone evictions); the access-log drop
+//! counter is here.
 
 mod backends;
 mod connections;
 mod passthrough;
+mod rate_limit;
 mod routes;
 mod services;
 mod snapshot;
@@ -35,6 +37,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 pub use connections::{ConnectionMetrics, OpenConnection};
+pub use rate_limit::EvictionBound;
 pub use routes::{LiveMetrics, Observation, RouteMetrics};
 pub use tunnels::TunnelEnd;
 
@@ -105,6 +108,7 @@ pub struct Metrics {
     access_log_dropped: Counter,
     tunnels: tunnels::TunnelFamilies,
     passthrough: passthrough::PassthroughFamilies,
+    rate_limit: rate_limit::RateLimitFamilies,
 }
 
 impl Metrics {
@@ -123,6 +127,7 @@ impl Metrics {
         );
         let tunnels = tunnels::TunnelFamilies::register(registry);
         let passthrough = passthrough::PassthroughFamilies::register(registry);
+        let rate_limit = rate_limit::RateLimitFamilies::register(registry);
         Arc::new(Metrics {
             routes,
             backends,
@@ -131,6 +136,7 @@ impl Metrics {
             access_log_dropped,
             tunnels,
             passthrough,
+            rate_limit,
         })
     }
 

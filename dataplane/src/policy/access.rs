@@ -17,6 +17,7 @@ use http::{Request, Response, StatusCode};
 use tokio::sync::Semaphore;
 
 use crate::access_policy::{Access, BasicAuth, ExternalAuth, RateLimit};
+use crate::metrics::Metrics;
 
 /// What an admitted request holds until its response is done: its `limit-connections` slot,
 /// and the auth response's `Set-Cookie` headers for the client.
@@ -61,16 +62,24 @@ type ZoneKey = (Arc<str>, Arc<str>);
 #[derive(Debug)]
 pub struct Gate {
     zones: Mutex<HashMap<ZoneKey, Arc<rate_limit::Zone>>>,
+    clients: Arc<rate_limit::Clients>,
     timeouts: (Duration, Duration),
     /// Places for slow password hashes (bcrypt, MD5-crypt) on the blocking pool.
     hashing: Arc<Semaphore>,
 }
 
 impl Gate {
-    /// A gate whose auth requests use these connect and response timeouts.
-    pub fn new(connect_timeout: Duration, response_timeout: Duration) -> Gate {
+    /// A gate whose auth requests use these connect and response timeouts, counting the
+    /// clients its rate-limit zones forget in `metrics`.
+    pub fn new(
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Gate {
+        let (per_zone, total) = (rate_limit::ZONE_KEYS, rate_limit::TOTAL_KEYS);
         Gate {
             zones: Mutex::default(),
+            clients: rate_limit::Clients::new(per_zone, total, metrics),
             timeouts: (connect_timeout, response_timeout),
             hashing: Arc::new(Semaphore::new(hashing_places())),
         }
@@ -134,7 +143,7 @@ impl Gate {
         match zones.get(&key) {
             Some(zone) if zone.config() == limits => zone.clone(),
             _ => {
-                let zone = Arc::new(rate_limit::Zone::new(limits.clone()));
+                let zone = Arc::new(rate_limit::Zone::new(limits.clone(), &self.clients));
                 zones.insert(key, zone.clone());
                 zone
             }
@@ -270,7 +279,8 @@ mod tests {
 
     #[tokio::test]
     async fn zones_outlive_snapshots_while_their_limits_are_unchanged() {
-        let gate = Gate::new(Duration::from_secs(1), Duration::from_secs(1));
+        let second = Duration::from_secs(1);
+        let gate = Gate::new(second, second, Metrics::unregistered());
         let zone = ("ns", "ing");
         // rpm 1, burst 1: two at once.
         for want in [200, 200, 503] {

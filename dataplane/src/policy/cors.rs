@@ -1,26 +1,43 @@
 //! CORS as ingress-nginx does it (`enable-cors`): a request whose `Origin` is allowed (or any
 //! request, when the origins are `*`) gets the `Access-Control-*` headers on its response; such a
 //! request with method `OPTIONS` is a preflight answered by duet with `204`, not proxied. A
-//! request whose `Origin` is not allowed gets no CORS header and is proxied as it is.
+//! request whose `Origin` is not allowed gets no CORS header and is proxied as it is. With a list
+//! of origins every response also carries `Vary: Origin` (added to the upstream's `Vary`), so a
+//! cache never serves one origin's answer to another.
 
+use http::header::{ACCESS_CONTROL_ALLOW_ORIGIN, VARY};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
-use crate::route_policy::Cors;
+use crate::route_policy::{Cors, OriginPattern};
 
-/// The CORS response headers for a request, when the route enables CORS and admits its origin.
+/// The CORS response headers for a request on a route that enables CORS: `Vary: Origin` when
+/// the answer depends on the origin, and the `Access-Control-*` headers when it is admitted.
 pub fn headers_for(cors: &Cors, request: &HeaderMap) -> Option<HeaderMap> {
-    let origin = match &cors.origins {
-        None => HeaderValue::from_static("*"),
-        Some(list) => {
-            let origin = request.get(http::header::ORIGIN)?;
-            let text = origin.to_str().ok()?;
-            list.iter()
-                .any(|p| p.matches(text))
-                .then(|| origin.clone())?
-        }
+    let Some(list) = &cors.origins else {
+        return Some(allowing(
+            cors,
+            HeaderValue::from_static("*"),
+            HeaderMap::new(),
+        ));
     };
     let mut out = HeaderMap::new();
-    out.insert(http::header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    out.insert(VARY, HeaderValue::from_static("Origin"));
+    Some(match allowed(list, request) {
+        Some(origin) => allowing(cors, origin, out),
+        None => out,
+    })
+}
+
+/// The request's `Origin`, when a pattern of the list admits it.
+fn allowed(list: &[OriginPattern], request: &HeaderMap) -> Option<HeaderValue> {
+    let origin = request.get(http::header::ORIGIN)?;
+    let text = origin.to_str().ok()?;
+    list.iter().any(|p| p.matches(text)).then(|| origin.clone())
+}
+
+/// `out` with the `Access-Control-*` headers admitting `origin`.
+fn allowing(cors: &Cors, origin: HeaderValue, mut out: HeaderMap) -> HeaderMap {
+    out.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     if cors.credentials {
         out.insert(
             http::header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
@@ -41,18 +58,41 @@ pub fn headers_for(cors: &Cors, request: &HeaderMap) -> Option<HeaderMap> {
         http::header::ACCESS_CONTROL_MAX_AGE,
         &cors.max_age.to_string(),
     );
-    Some(out)
+    out
 }
 
-/// Whether a request that got CORS headers is a preflight duet answers itself.
-pub fn is_preflight(method: &Method) -> bool {
-    method == Method::OPTIONS
+/// Whether a request with these CORS headers is a preflight duet answers itself: an `OPTIONS`
+/// whose origin is admitted.
+pub fn is_preflight(method: &Method, cors: &HeaderMap) -> bool {
+    method == Method::OPTIONS && cors.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN)
+}
+
+/// Adds the CORS headers to a response: `Vary` after the upstream's own (unless it already
+/// names `Origin` or is `*`), the others in place of the upstream's.
+pub fn add_to(response: &mut HeaderMap, cors: &HeaderMap) {
+    for (name, value) in cors {
+        if name != VARY {
+            response.insert(name, value.clone());
+        } else if !varies_on_origin(response) {
+            response.append(VARY, value.clone());
+        }
+    }
+}
+
+/// Whether a response's `Vary` already covers `Origin` (names it, or is `*`).
+fn varies_on_origin(response: &HeaderMap) -> bool {
+    response
+        .get_all(VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|f| f == "*" || f.eq_ignore_ascii_case("origin"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route_policy::OriginPattern;
 
     fn cors(origins: Option<&[&str]>) -> Cors {
         Cors {
@@ -90,7 +130,13 @@ mod tests {
             ("null", true),
             ("https://evil.com/https://app.example.com", false),
         ] {
-            assert_eq!(headers_for(&c, &origin(o)).is_some(), want, "{o}");
+            let headers = headers_for(&c, &origin(o)).unwrap();
+            assert_eq!(
+                headers.contains_key("access-control-allow-origin"),
+                want,
+                "{o}"
+            );
+            assert_eq!(headers["vary"], "Origin", "{o}");
         }
         let echoed = headers_for(&c, &origin("https://app.example.com")).unwrap();
         assert_eq!(
@@ -99,15 +145,44 @@ mod tests {
         );
         assert_eq!(echoed["access-control-allow-credentials"], "true");
         assert_eq!(echoed["access-control-max-age"], "1728000");
-        assert!(headers_for(&c, &HeaderMap::new()).is_none());
+        // Without an Origin: no CORS header, but the answer varies on it all the same.
+        let none = headers_for(&c, &HeaderMap::new()).unwrap();
+        assert_eq!(none.len(), 1);
+        assert_eq!(none["vary"], "Origin");
     }
 
     #[test]
     fn a_star_allows_everyone_without_echoing() {
         let any = headers_for(&cors(None), &HeaderMap::new()).unwrap();
         assert_eq!(any["access-control-allow-origin"], "*");
+        assert!(!any.contains_key("vary"), "the same for every origin");
         assert!(OriginPattern::parse("https://exa mple.com").is_none());
         assert!(OriginPattern::parse("example.com").is_none());
         assert!(OriginPattern::parse("https://example.com/path").is_none());
+    }
+
+    #[test]
+    fn vary_origin_is_added_to_the_upstreams_vary_once() {
+        let c = cors(Some(&["https://app.example.com"]));
+        let cors = headers_for(&c, &origin("https://app.example.com")).unwrap();
+        let vary = |upstream: &[&'static str]| {
+            let mut res = HeaderMap::new();
+            for v in upstream {
+                res.append(VARY, HeaderValue::from_static(v));
+            }
+            add_to(&mut res, &cors);
+            assert_eq!(res[ACCESS_CONTROL_ALLOW_ORIGIN], "https://app.example.com");
+            let all = res.get_all(VARY).iter();
+            all.map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(vary(&[]), ["Origin"]);
+        assert_eq!(vary(&["Accept-Encoding"]), ["Accept-Encoding", "Origin"]);
+        assert_eq!(
+            vary(&["Accept-Encoding, ORIGIN"]),
+            ["Accept-Encoding, ORIGIN"]
+        );
+        assert_eq!(vary(&["Cookie", "origin"]), ["Cookie", "origin"]);
+        assert_eq!(vary(&["*"]), ["*"]);
     }
 }

@@ -212,8 +212,8 @@ pub fn respond(headers: &mut HeaderMap, cookie: Option<HeaderValue>, cors: Optio
     if let Some(cookie) = cookie {
         headers.append(http::header::SET_COOKIE, cookie);
     }
-    for (name, value) in cors.into_iter().flatten() {
-        headers.insert(name, value.clone());
+    if let Some(cors) = cors {
+        cors::add_to(headers, cors);
     }
 }
 
@@ -226,7 +226,7 @@ pub fn cors_for(action: &RouteAction, request: &HeaderMap) -> Option<HeaderMap> 
 /// The `204` duet answers a CORS preflight with (`Content-Type: text/plain charset=UTF-8`, as
 /// ingress-nginx), if the request is one.
 pub fn preflight(method: &http::Method, cors: Option<&HeaderMap>) -> Option<HeaderMap> {
-    let mut headers = cors.filter(|_| cors::is_preflight(method))?.clone();
+    let mut headers = cors.filter(|c| cors::is_preflight(method, c))?.clone();
     headers.insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain charset=UTF-8"),

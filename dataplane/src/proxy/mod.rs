@@ -123,8 +123,13 @@ impl Proxy {
                 }
             }
         });
-        let tunnels = Arc::new(Tunnels::new(runtime.telemetry().metrics().clone()));
-        let gate = Gate::new(config.connect_timeout, config.response_timeout);
+        let metrics = runtime.telemetry().metrics();
+        let tunnels = Arc::new(Tunnels::new(metrics.clone()));
+        let gate = Gate::new(
+            config.connect_timeout,
+            config.response_timeout,
+            metrics.clone(),
+        );
         Arc::new(Proxy {
             runtime,
             upstream,
