@@ -15,7 +15,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 
-use crate::access_policy::{Access, BasicAuth, ExternalAuth, RateLimit};
+use crate::access_policy::{Access, AuthDestinations, BasicAuth, ExternalAuth, RateLimit};
+use crate::upstream::Upstream;
 
 /// What an admitted request holds until its response is done: its `limit-connections` slot,
 /// and the auth response's `Set-Cookie` headers for the client.
@@ -60,15 +61,20 @@ type ZoneKey = (Arc<str>, Arc<str>);
 #[derive(Debug)]
 pub struct Gate {
     zones: Mutex<HashMap<ZoneKey, Arc<rate_limit::Zone>>>,
-    timeouts: (Duration, Duration),
+    auth: ext_auth::AuthClient,
 }
 
 impl Gate {
-    /// A gate whose auth requests use these connect and response timeouts.
-    pub fn new(connect_timeout: Duration, response_timeout: Duration) -> Gate {
+    /// A gate whose auth requests go over `upstream`'s pools to the allowed destinations, with
+    /// these connect and response timeouts.
+    pub(crate) fn new(
+        upstream: Arc<Upstream>,
+        destinations: AuthDestinations,
+        timeouts: (Duration, Duration),
+    ) -> Gate {
         Gate {
             zones: Mutex::default(),
-            timeouts: (connect_timeout, response_timeout),
+            auth: ext_auth::AuthClient::new(upstream, destinations, timeouts),
         }
     }
 
@@ -157,7 +163,7 @@ impl Gate {
             http_host: client.host,
             request_uri: &request_uri,
         };
-        match ext_auth::check(auth, req, client.ip, &vars, self.timeouts).await {
+        match self.auth.check(auth, req, client.ip, &vars).await {
             ext_auth::Outcome::Allow { headers, cookies } => {
                 for (name, value) in headers {
                     match value {
@@ -240,7 +246,9 @@ mod tests {
 
     #[tokio::test]
     async fn zones_outlive_snapshots_while_their_limits_are_unchanged() {
-        let gate = Gate::new(Duration::from_secs(1), Duration::from_secs(1));
+        let upstream = Arc::new(Upstream::new(Duration::from_secs(60), 8));
+        let second = Duration::from_secs(1);
+        let gate = Gate::new(upstream, AuthDestinations::Default, (second, second));
         let zone = ("ns", "ing");
         // rpm 1, burst 1: two at once.
         for want in [200, 200, 503] {

@@ -124,7 +124,11 @@ impl Proxy {
             }
         });
         let tunnels = Arc::new(Tunnels::new(runtime.telemetry().metrics().clone()));
-        let gate = Gate::new(config.connect_timeout, config.response_timeout);
+        let gate = Gate::new(
+            upstream.clone(),
+            config.auth_destinations.clone(),
+            (config.connect_timeout, config.response_timeout),
+        );
         Arc::new(Proxy {
             runtime,
             upstream,
