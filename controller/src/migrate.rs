@@ -67,6 +67,7 @@ pub fn check(args: &MigrateCheck, out: &mut dyn Write) -> Result<bool, MigrateEr
         let empty = Default::default();
         let mut read = nginx::read(f.ingress.metadata.annotations.as_ref().unwrap_or(&empty));
         nginx::passthrough::settle(&mut read, args.enable_ssl_passthrough);
+        nginx::access::settle_destination(&mut read);
         check_regex_paths(&f.ingress, &mut read);
         print_ingress(out, f, &read.findings).map_err(MigrateError::Write)?;
         if read.findings.iter().all(|f| f.status.is_honoured()) {

@@ -115,6 +115,12 @@ fn out_of_range_durations_sizes_and_limits_exit_64_with_one_line() {
         ("--max-connections", "0", "from 1 to"),
         ("--max-connections", "1000001", "from 1 to"),
         ("--proxy-protocol-from", "10.0.0.0/33", ""),
+        (
+            "--auth-allowed-destinations",
+            "10.0.0.0/8,fe80::/129",
+            "CIDR",
+        ),
+        ("--auth-allowed-destinations", "metadata.internal", "CIDR"),
         ("--debug-listen", "localhost:1", ""),
     ] {
         let line = usage_error(&["serve", "--manifests", d, flag, value]);

@@ -53,6 +53,8 @@ pub use upstream::{
     BACKEND_TLS_SKIP_VERIFY_ANNOTATION,
 };
 
+use dataplane::access_policy::AuthDestinations;
+
 use crate::class::ClassConfig;
 use crate::compact::{Slice, SliceView};
 use crate::object::NsName;
@@ -78,6 +80,8 @@ pub struct Config {
     pub strict_annotations: bool,
     /// `--enable-ssl-passthrough`: apply ingress-nginx's `ssl-passthrough` annotation.
     pub ssl_passthrough: bool,
+    /// `--auth-allowed-destinations`: an `auth-url` naming another address gets a diagnostic.
+    pub auth_destinations: AuthDestinations,
     /// How Gateway API objects are served.
     pub gateway: GatewaySettings,
 }
