@@ -373,6 +373,7 @@ def test_args_for_options():
             "proxyProtocol": "https",
             "accessLog": "off",
             "trustedProxies": ["10.0.0.0/8", "fd00::/8"],
+            "authAllowedDestinations": ["10.0.0.0/8", "fd00::/8"],
         },
         "ingressClass": {"name": "edge"},
     }
@@ -391,8 +392,9 @@ def test_args_for_options():
     assert f["--proxy-protocol"] == ["https"]
     assert f["--access-log"] == ["off"]
     assert f["--trusted-proxies"] == ["10.0.0.0/8,fd00::/8"]
+    assert f["--auth-allowed-destinations"] == ["10.0.0.0/8,fd00::/8"]
     defaults = flags(container(render())["args"])
-    assert not {"--default-tls-secret", "--proxy-protocol", "--trusted-proxies"} & set(defaults)
+    assert not {"--default-tls-secret", "--proxy-protocol", "--trusted-proxies", "--auth-allowed-destinations"} & set(defaults)
     assert f["--ingress-class"] == ["edge"]
     assert one(objects, "IngressClass")["metadata"]["name"] == "edge"
     assert c["readinessProbe"]["httpGet"]["port"] == "admin"

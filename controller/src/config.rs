@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use dataplane::access_log::AccessLogFormat;
+use dataplane::access_policy::AuthDestinations;
 use dataplane::forwarded::{Cidr, TrustedProxies};
 use dataplane::{FamilyPolicy, LbPolicy, ProxyConfig};
 
@@ -188,6 +189,12 @@ pub struct ServeArgs {
     /// Default: any peer (with a warning at start).
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
     pub proxy_protocol_from: Vec<Cidr>,
+
+    /// The only networks (CIDRs of either family, comma-separated or repeated) auth requests
+    /// (auth-url) may connect to, checked on every resolved address. Default: every address but
+    /// loopback, link-local and unspecified ones (IPv4-mapped forms included).
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = parse_cidr)]
+    pub auth_allowed_destinations: Vec<Cidr>,
 
     /// Client connections open at once over all proxy listeners; past it new connections are
     /// closed at once and counted (duet_connections_refused_total).
@@ -483,6 +490,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             args.resolv_conf.display()
         )));
     }
+    let max_passthrough_connections = passthrough_places(&args)?;
     let proxy = ProxyConfig {
         connect_timeout: args.connect_timeout,
         response_timeout: args.upstream_timeout,
@@ -490,9 +498,9 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         header_read_timeout: args.header_read_timeout,
         drain_timeout: args.drain_timeout,
         passthrough_idle_timeout: args.passthrough_idle_timeout,
+        auth_destinations: AuthDestinations::from_list(args.auth_allowed_destinations),
         ..ProxyConfig::default()
     };
-    let max_passthrough_connections = passthrough_places(&args)?;
     let kube = kube_config(args.kube)?;
     let gateway = translate::GatewaySettings {
         controller_name: kube.gateway.controller_name.clone(),
@@ -531,6 +539,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             strict_annotations: args.strict_annotations,
             ssl_passthrough: args.enable_ssl_passthrough,
             canary_scope: args.canary_scope,
+            auth_destinations: proxy.auth_destinations.clone(),
             gateway,
         },
         proxy,
@@ -817,6 +826,26 @@ mod tests {
         assert_eq!(c.proxy.response_timeout, Duration::from_secs(2));
         assert_eq!(c.proxy.keepalive_timeout, Duration::from_secs(60));
         assert_eq!(c.proxy.header_read_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn auth_destinations_flag() {
+        let c = serve(&[]).unwrap();
+        assert_eq!(c.proxy.auth_destinations, AuthDestinations::Default);
+        let c = serve(&[
+            "--auth-allowed-destinations",
+            "127.0.0.0/8,::1",
+            "--auth-allowed-destinations=10.0.0.0/8",
+        ])
+        .unwrap();
+        let AuthDestinations::Only(networks) = &c.proxy.auth_destinations else {
+            panic!("{:?}", c.proxy.auth_destinations)
+        };
+        assert_eq!(networks.len(), 3);
+        assert_eq!(c.translate.auth_destinations, c.proxy.auth_destinations);
+        assert!(c.proxy.auth_destinations.allows("::1".parse().unwrap()));
+        let line = usage(&["--auth-allowed-destinations", "fe80::/129"]);
+        assert!(line.contains("'--auth-allowed-destinations'"), "{line}");
     }
 
     #[test]

@@ -85,6 +85,7 @@ fn read(f: &Found, args: &MigrateCheck) -> nginx::Read {
     let empty = Default::default();
     let mut read = nginx::read(f.ingress.metadata.annotations.as_ref().unwrap_or(&empty));
     nginx::passthrough::settle(&mut read, args.enable_ssl_passthrough);
+    nginx::access::settle_destination(&mut read);
     check_regex_paths(&f.ingress, &mut read);
     read
 }

@@ -131,6 +131,12 @@ fn out_of_range_durations_sizes_and_limits_exit_64_with_one_line() {
         ),
         ("--passthrough-idle-timeout", "2h", "maximum, 1h"),
         ("--proxy-protocol-from", "10.0.0.0/33", ""),
+        (
+            "--auth-allowed-destinations",
+            "10.0.0.0/8,fe80::/129",
+            "CIDR",
+        ),
+        ("--auth-allowed-destinations", "metadata.internal", "CIDR"),
         ("--debug-listen", "localhost:1", ""),
     ] {
         let line = usage_error(&["serve", "--manifests", d, flag, value]);

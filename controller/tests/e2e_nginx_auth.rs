@@ -8,6 +8,7 @@
 //! (claimed through PROXY protocol headers), IPv4-mapped ones as IPv4.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +19,9 @@ use conformance::fleet::closed_port;
 use conformance::http::{HeaderMap, Method, Request, Response, StatusCode};
 use conformance::http_body_util::{BodyExt as _, Full};
 use conformance::tls::{self, base64};
-use conformance::{DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
+use conformance::{
+    Duet, DuetBuilder, Family, Fleet, Ingress, ManifestDir, PathType, PodSpec, PortRef,
+};
 use dataplane::proxy_protocol::encode_v1;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
@@ -223,6 +226,12 @@ async fn basic_auth_checks_htpasswd_users_and_follows_the_secret() -> anyhow::Re
     Ok(())
 }
 
+/// The flag letting auth requests reach the loopback auth services of these tests.
+const ALLOW_LOOPBACK: &str = "--auth-allowed-destinations=127.0.0.0/8,::1";
+
+/// The token the auth service admits.
+const GOOD: [(&str, &str); 1] = [("authorization", "Bearer good")];
+
 /// One request the auth service saw.
 #[derive(Clone, Debug)]
 struct Seen {
@@ -239,6 +248,8 @@ struct AuthService {
     v4: SocketAddr,
     v6: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Connections accepted, over both families.
+    accepted: Arc<AtomicUsize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -253,14 +264,17 @@ impl Drop for AuthService {
 impl AuthService {
     async fn start() -> anyhow::Result<AuthService> {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let accepted = Arc::new(AtomicUsize::new(0));
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
         for (family, bind) in [(Family::V4, "127.0.0.1:0"), (Family::V6, "[::1]:0")] {
             let listener = tokio::net::TcpListener::bind(bind).await?;
             addrs.push(listener.local_addr()?);
             let seen = seen.clone();
+            let accepted = accepted.clone();
             tasks.push(tokio::spawn(async move {
                 while let Ok((stream, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::SeqCst);
                     let seen = seen.clone();
                     tokio::spawn(async move {
                         let service = hyper::service::service_fn(move |req| {
@@ -280,6 +294,7 @@ impl AuthService {
             v4: addrs[0],
             v6: addrs[1],
             seen,
+            accepted,
             tasks,
         })
     }
@@ -486,7 +501,10 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
             ext("bad", &[("auth-url", "http://$upstream_addr/auth")]),
         ],
     )?;
-    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let duet = DuetBuilder::new(DUET, dir.path())
+        .args([ALLOW_LOOPBACK])
+        .start()
+        .await?;
     for family in Family::BOTH {
         let to = duet.http(family);
         let client_ip = if family == Family::V4 {
@@ -669,6 +687,172 @@ async fn external_auth_asks_the_service_with_ingress_nginx_headers() -> anyhow::
     ] {
         let want = format!(r#""key":"{N}{key}","status":"{status}""#);
         assert!(routes.contains(&want), "{want}: {routes}");
+    }
+    Ok(())
+}
+
+/// An Ingress of namespace `ext` with these annotations, `/` to `echo` on `host` (`None`: every
+/// host).
+fn ext_ingress(name: &str, host: Option<&str>, pairs: &[(&str, &str)]) -> Value {
+    Ingress::new("ext", name)
+        .nginx_annotations(pairs)
+        .path(
+            host,
+            PathType::Prefix,
+            "/",
+            "echo",
+            PortRef::Name("http".into()),
+        )
+        .build()
+}
+
+/// An auth service, and duet started with `args` serving the Ingresses `ingresses` makes for it
+/// in front of an echo pod of both families (namespace `ext`).
+struct AuthSetup {
+    auth: AuthService,
+    duet: Duet,
+    _fleet: Fleet,
+    _dir: ManifestDir,
+}
+
+impl AuthSetup {
+    async fn start(
+        ingresses: impl FnOnce(&AuthService) -> Vec<Value>,
+        args: &[&str],
+    ) -> anyhow::Result<AuthSetup> {
+        let auth = AuthService::start().await?;
+        let fleet = Fleet::start("ext", "echo", &[PodSpec::dual("dual")])?;
+        let dir = ManifestDir::with_class()?;
+        dir.write("echo.yaml", &fleet.manifests())?;
+        dir.write("ingress.yaml", &ingresses(&auth))?;
+        let duet = DuetBuilder::new(DUET, dir.path())
+            .args(args.iter().copied())
+            .start()
+            .await?;
+        Ok(AuthSetup {
+            auth,
+            duet,
+            _fleet: fleet,
+            _dir: dir,
+        })
+    }
+}
+
+/// Without `--auth-allowed-destinations`, auth URLs on loopback (IPv4 and IPv6 literals, an
+/// IPv4-mapped one, a name resolving to them) are refused at connect time: 500, the service never
+/// asked, a diagnostic on the Ingress and a log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_requests_to_loopback_are_refused_by_default() -> anyhow::Result<()> {
+    let hosts = ["v4.test", "v6.test", "mapped.test", "name.test"];
+    let urls = |auth: &AuthService| {
+        let port = auth.v4.port();
+        [
+            format!("http://{}/auth", auth.v4),
+            format!("http://{}/auth", auth.v6),
+            format!("http://[::ffff:127.0.0.1]:{port}/auth"),
+            format!("http://localhost:{port}/auth"),
+        ]
+    };
+    let ingresses = |auth: &AuthService| {
+        let urls = urls(auth);
+        let pairs = hosts.iter().zip(&urls);
+        pairs
+            .map(|(host, url)| {
+                ext_ingress(&host.replace('.', "-"), Some(host), &[("auth-url", url)])
+            })
+            .collect()
+    };
+    let setup = AuthSetup::start(ingresses, &[]).await?;
+    let (auth, duet) = (&setup.auth, &setup.duet);
+    for family in Family::BOTH {
+        for host in hosts {
+            let reply = send(duet.http(family), Method::GET, host, "/", &GOOD).await?;
+            assert_eq!(reply.status, 500, "{family} {host}: {}", reply.text());
+        }
+    }
+    assert_eq!(
+        auth.accepted.load(Ordering::SeqCst),
+        0,
+        "the service was reached"
+    );
+    let routes = duet.debug_routes().await?.to_string();
+    assert!(
+        routes.contains("auth-url: 127.0.0.1 is a loopback, link-local or unspecified address"),
+        "{routes}"
+    );
+    assert!(routes.contains("auth-url: ::1 is a loopback"), "{routes}");
+    let logs = duet.logs();
+    assert!(
+        logs.contains("refused by --auth-allowed-destinations"),
+        "{logs}"
+    );
+    Ok(())
+}
+
+/// `$http_host` in an auth URL's authority is the routed host without the client's port: a
+/// client sending `Host: 127.0.0.1:PORT` (`[::1]:PORT`) cannot aim the auth request at PORT,
+/// and a port written in the URL is the one used whatever port the client sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_cannot_pick_the_auth_request_port() -> anyhow::Result<()> {
+    let ingresses = |auth: &AuthService| {
+        let ported = format!("http://$http_host:{}/probe", auth.v4.port());
+        vec![
+            ext_ingress("aimed", None, &[("auth-url", "http://$http_host/probe")]),
+            ext_ingress("ported", Some("localhost"), &[("auth-url", &ported)]),
+        ]
+    };
+    let setup = AuthSetup::start(ingresses, &[ALLOW_LOOPBACK]).await?;
+    let (auth, duet) = (&setup.auth, &setup.duet);
+    for family in Family::BOTH {
+        let to = duet.http(family);
+        let aimed = match family {
+            Family::V4 => auth.v4.to_string(),
+            Family::V6 => auth.v6.to_string(),
+        };
+        let before = auth.accepted.load(Ordering::SeqCst);
+        let reply = send(to, Method::GET, &aimed, "/", &GOOD).await?;
+        assert_eq!(reply.status, 500, "{family} {aimed}: {}", reply.text());
+        let after = auth.accepted.load(Ordering::SeqCst);
+        assert_eq!(after, before, "{family}: the client's port was used");
+        let reply = send(to, Method::GET, "localhost:19999", "/", &GOOD).await?;
+        assert_eq!(reply.status, 200, "{family}: {}", reply.text());
+        let host = auth.last().headers.get("host").cloned();
+        let want = format!("localhost:{}", auth.v4.port());
+        assert_eq!(host.as_ref().and_then(|h| h.to_str().ok()), Some(&*want));
+    }
+    Ok(())
+}
+
+/// Auth requests to one destination share pooled connections, as requests to pods do: four auth
+/// checks (from new client connections of both families, admitted and refused) reach the
+/// service over one connection, for a GET to its IPv4 address and a POST to its IPv6 one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_requests_reuse_pooled_connections() -> anyhow::Result<()> {
+    let ingresses = |auth: &AuthService| {
+        let (url4, url6) = (
+            format!("http://{}/a", auth.v4),
+            format!("http://{}/a", auth.v6),
+        );
+        let post = [("auth-url", url6.as_str()), ("auth-method", "POST")];
+        vec![
+            ext_ingress("four", Some("four.test"), &[("auth-url", &url4)]),
+            ext_ingress("six", Some("six.test"), &post),
+        ]
+    };
+    let setup = AuthSetup::start(ingresses, &[ALLOW_LOOPBACK]).await?;
+    let (auth, duet) = (&setup.auth, &setup.duet);
+    for (host, service) in [("four.test", Family::V4), ("six.test", Family::V6)] {
+        let before = auth.accepted.load(Ordering::SeqCst);
+        for family in Family::BOTH {
+            for (token, want) in [("Bearer good", 200), ("Bearer bad", 401)] {
+                let header = [("authorization", token)];
+                let reply = send(duet.http(family), Method::GET, host, "/", &header).await?;
+                assert_eq!(reply.status, want, "{family} {host}: {}", reply.text());
+                assert_eq!(auth.last().family, service);
+            }
+        }
+        let opened = auth.accepted.load(Ordering::SeqCst) - before;
+        assert_eq!(opened, 1, "{host}: 4 auth checks over {opened} connections");
     }
     Ok(())
 }

@@ -332,3 +332,40 @@ fn bad_input_exits_64_with_one_line() {
         "{stderr}"
     );
 }
+
+#[test]
+fn auth_urls_on_addresses_refused_by_default_are_reported() {
+    let ingress = |name: &str, url: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  annotations:\n    {N}auth-url: \"{url}\"\nspec: {{rules: [{{host: {name}.test}}]}}\n---\n"
+        )
+    };
+    let text = [
+        ingress("v4", "http://127.0.0.1:4180/oauth2/auth"),
+        ingress("v6", "http://[::1]:4180/oauth2/auth"),
+        ingress("metadata", "http://169.254.169.254/latest"),
+        ingress("mapped", "http://[::ffff:127.0.0.1]/auth"),
+        ingress("service", "http://oauth2-proxy.auth.svc:4180/oauth2/auth"),
+        ingress("pod", "http://[fd00::7]:4180/oauth2/auth"),
+    ]
+    .concat();
+    let out = check(&["-"], Some(&text));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let got = statuses(&stdout);
+    let key = format!("{N}auth-url");
+    for (name, want) in [
+        ("v4", "ignored-unsupported"),
+        ("v6", "ignored-unsupported"),
+        ("metadata", "ignored-unsupported"),
+        ("mapped", "ignored-unsupported"),
+        ("service", "honoured-with-difference"),
+        ("pod", "honoured-with-difference"),
+    ] {
+        assert_eq!(got[&format!("shop/{name}")][&key], want, "{name}: {stdout}");
+    }
+    assert!(
+        stdout.contains("unless --auth-allowed-destinations lists it"),
+        "{stdout}"
+    );
+}

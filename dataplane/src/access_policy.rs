@@ -3,6 +3,7 @@
 //! The checking, and its runtime state, is in [`crate::policy::access`]; `table` names these
 //! types without importing the policies.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
@@ -153,5 +154,79 @@ impl ExternalAuth {
             request_redirect: None,
             error: None,
         }
+    }
+}
+
+/// The addresses auth requests (`auth-url`) may reach, checked on every resolved address at
+/// connect time (`--auth-allowed-destinations`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AuthDestinations {
+    /// Every address but loopback (`127.0.0.0/8`, `::1`), link-local (`169.254.0.0/16`,
+    /// `fe80::/10`) and unspecified ones (`0.0.0.0/8`, `::`), IPv4-mapped forms included.
+    #[default]
+    Default,
+    /// Only the addresses of these networks.
+    Only(Vec<Cidr>),
+}
+
+impl AuthDestinations {
+    /// The destinations a list of networks allows: the default when it is empty.
+    pub fn from_list(networks: Vec<Cidr>) -> AuthDestinations {
+        if networks.is_empty() {
+            AuthDestinations::Default
+        } else {
+            AuthDestinations::Only(networks)
+        }
+    }
+
+    /// Whether an auth request may connect to `ip` (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        match self {
+            AuthDestinations::Default => !refused_by_default(ip),
+            AuthDestinations::Only(networks) => networks.iter().any(|n| n.contains(ip)),
+        }
+    }
+}
+
+/// Loopback, link-local or unspecified (`0.0.0.0/8`, which Linux connects to loopback, and `::`).
+pub fn refused_by_default(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => a.is_loopback() || a.is_link_local() || a.octets()[0] == 0,
+        IpAddr::V6(a) => {
+            a.is_loopback() || a.is_unspecified() || (a.segments()[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_destinations_refuse_loopback_link_local_and_unspecified_of_both_families() {
+        let default = AuthDestinations::default();
+        for refused in [
+            "127.0.0.1",
+            "127.9.9.9",
+            "::1",
+            "169.254.169.254",
+            "fe80::1",
+            "febf::1",
+            "0.0.0.0",
+            "::",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::ffff:0.0.0.0",
+        ] {
+            assert!(!default.allows(refused.parse().unwrap()), "{refused}");
+        }
+        for allowed in ["10.0.0.1", "192.0.2.1", "fd00::1", "2001:db8::1", "fec0::1"] {
+            assert!(default.allows(allowed.parse().unwrap()), "{allowed}");
+        }
+        let only = AuthDestinations::from_list(vec!["127.0.0.0/8".parse().unwrap()]);
+        assert!(only.allows("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!only.allows("10.0.0.1".parse().unwrap()));
+        assert!(!only.allows("::1".parse().unwrap()));
+        assert_eq!(AuthDestinations::from_list(Vec::new()), default);
     }
 }

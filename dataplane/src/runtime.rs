@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 
+use crate::access_policy::AuthDestinations;
 use crate::balance::LiveBackend;
 use crate::metrics::LiveMetrics;
 use crate::observe::Telemetry;
@@ -47,6 +48,8 @@ pub struct ProxyConfig {
     /// The bound HTTPS listener addresses; the HTTPS redirect names the port of the client's
     /// family (443 when there is none).
     pub https_listen: Vec<SocketAddr>,
+    /// The addresses auth requests may reach (`--auth-allowed-destinations`).
+    pub auth_destinations: AuthDestinations,
 }
 
 impl ProxyConfig {
@@ -74,6 +77,7 @@ impl Default for ProxyConfig {
             proxy_protocol_timeout: Duration::from_secs(5),
             passthrough_idle_timeout: Duration::from_secs(600),
             https_listen: Vec::new(),
+            auth_destinations: AuthDestinations::Default,
         }
     }
 }

@@ -193,6 +193,9 @@ controller.watchNamespaces (duet's Gateway watches are narrowed to them too). */
 {{- with .Values.controller.trustedProxies }}
 - "--trusted-proxies={{ join "," . }}"
 {{- end }}
+{{- with .Values.controller.authAllowedDestinations }}
+- "--auth-allowed-destinations={{ join "," . }}"
+{{- end }}
 {{- with .Values.controller.proxyProtocolFrom }}
 - "--proxy-protocol-from={{ join "," . }}"
 {{- end }}

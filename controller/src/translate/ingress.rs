@@ -564,6 +564,7 @@ fn settings<'i>(
         &nginx,
         &obj,
         &t.secrets,
+        &t.config.auth_destinations,
         &mut t.diagnostics,
         &mut t.references,
     );

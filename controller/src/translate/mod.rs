@@ -53,6 +53,8 @@ pub use upstream::{
     BACKEND_TLS_SKIP_VERIFY_ANNOTATION,
 };
 
+use dataplane::access_policy::AuthDestinations;
+
 use crate::class::ClassConfig;
 use crate::compact::{Slice, SliceView};
 use crate::object::NsName;
@@ -80,6 +82,8 @@ pub struct Config {
     pub ssl_passthrough: bool,
     /// `--canary-scope`: which main Ingresses a canary Ingress may attach to.
     pub canary_scope: nginx::routing::CanaryScope,
+    /// `--auth-allowed-destinations`: an `auth-url` naming another address gets a diagnostic.
+    pub auth_destinations: AuthDestinations,
     /// How Gateway API objects are served.
     pub gateway: GatewaySettings,
 }

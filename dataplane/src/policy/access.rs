@@ -16,8 +16,9 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 use tokio::sync::Semaphore;
 
-use crate::access_policy::{Access, BasicAuth, ExternalAuth, RateLimit};
+use crate::access_policy::{Access, AuthDestinations, BasicAuth, ExternalAuth, RateLimit};
 use crate::metrics::Metrics;
+use crate::upstream::Upstream;
 
 /// What an admitted request holds until its response is done: its `limit-connections` slot,
 /// and the auth response's `Set-Cookie` headers for the client.
@@ -63,24 +64,26 @@ type ZoneKey = (Arc<str>, Arc<str>);
 pub struct Gate {
     zones: Mutex<HashMap<ZoneKey, Arc<rate_limit::Zone>>>,
     clients: Arc<rate_limit::Clients>,
-    timeouts: (Duration, Duration),
+    auth: ext_auth::AuthClient,
     /// Places for slow password hashes (bcrypt, MD5-crypt) on the blocking pool.
     hashing: Arc<Semaphore>,
 }
 
 impl Gate {
-    /// A gate whose auth requests use these connect and response timeouts, counting the
-    /// clients its rate-limit zones forget in `metrics`.
-    pub fn new(
-        connect_timeout: Duration,
-        response_timeout: Duration,
+    /// A gate whose auth requests go over `upstream`'s pools to the allowed destinations, with
+    /// these connect and response timeouts, counting the clients its rate-limit zones forget in
+    /// `metrics`.
+    pub(crate) fn new(
+        upstream: Arc<Upstream>,
+        destinations: AuthDestinations,
+        timeouts: (Duration, Duration),
         metrics: Arc<Metrics>,
     ) -> Gate {
         let (per_zone, total) = (rate_limit::ZONE_KEYS, rate_limit::TOTAL_KEYS);
         Gate {
             zones: Mutex::default(),
             clients: rate_limit::Clients::new(per_zone, total, metrics),
-            timeouts: (connect_timeout, response_timeout),
+            auth: ext_auth::AuthClient::new(upstream, destinations, timeouts),
             hashing: Arc::new(Semaphore::new(hashing_places())),
         }
     }
@@ -170,7 +173,7 @@ impl Gate {
             http_host: client.host,
             request_uri: &request_uri,
         };
-        match ext_auth::check(auth, req, client.ip, &vars, self.timeouts).await {
+        match self.auth.check(auth, req, client.ip, &vars).await {
             ext_auth::Outcome::Allow { headers, cookies } => {
                 for (name, value) in headers {
                     match value {
@@ -279,8 +282,15 @@ mod tests {
 
     #[tokio::test]
     async fn zones_outlive_snapshots_while_their_limits_are_unchanged() {
+        let upstream = Arc::new(Upstream::new(Duration::from_secs(60), 8));
         let second = Duration::from_secs(1);
-        let gate = Gate::new(second, second, Metrics::unregistered());
+        let timeouts = (second, second);
+        let gate = Gate::new(
+            upstream,
+            AuthDestinations::Default,
+            timeouts,
+            Metrics::unregistered(),
+        );
         let zone = ("ns", "ing");
         // rpm 1, burst 1: two at once.
         for want in [200, 200, 503] {

@@ -9,19 +9,21 @@
 //! `$host`, `$http_host`, `$best_http_host`, `$scheme`, `$pass_access_scheme`, `$request_uri`
 //! and `$escaped_request_uri`; names are resolved per request (A and AAAA, tried in order).
 
+use std::collections::HashMap;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::Empty;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use http_body_util::{BodyExt as _, Either, Empty};
 
-use crate::access_policy::ExternalAuth;
+use crate::access_policy::{AuthDestinations, ExternalAuth};
+use crate::table::{Family, UpstreamProtocol};
 use crate::upstream::tls::LiveTls;
+use crate::upstream::{Peer, SendError, Sent, Upstream};
 use crate::upstream_tls::{UpstreamTls, UpstreamTrust};
 
 /// The auth request has no body.
@@ -91,6 +93,31 @@ pub fn expand(template: &str, vars: &Vars<'_>) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The scheme and authority of an auth URL template: up to the first `/`, `?` or `#` after
+/// `://` (the whole template without one).
+pub fn authority(template: &str) -> &str {
+    let start = template.find("://").map_or(0, |i| i + 3);
+    let end = template[start..]
+        .find(['/', '?', '#'])
+        .map_or(template.len(), |i| start + i);
+    &template[..end]
+}
+
+/// Expands an auth URL template. In its authority `$http_host` and `$best_http_host` stand for
+/// the routed host without the client's port (as `$host`): a variable naming the destination
+/// never lets the client pick the port; the rest of the URL gets the Host as received.
+pub fn expand_url(template: &str, vars: &Vars<'_>) -> String {
+    let head = authority(template);
+    let host = vars.host();
+    let routed = Vars {
+        http_host: &host,
+        ..vars.clone()
+    };
+    let mut url = expand(head, &routed);
+    url.push_str(&expand(&template[head.len()..], vars));
+    url
 }
 
 /// nginx's `set_escape_uri`: every byte but `A-Z a-z 0-9 - . _ ~` percent-encoded.
@@ -272,30 +299,6 @@ fn request_id() -> String {
     format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }
 
-/// Asks the auth service about a request and says what to do with it.
-pub async fn check<B>(
-    auth: &ExternalAuth,
-    req: &Request<B>,
-    client: IpAddr,
-    vars: &Vars<'_>,
-    timeouts: (Duration, Duration),
-) -> Outcome {
-    let expanded = expand(&auth.url, vars);
-    let Some(url) = parse_url(&expanded) else {
-        tracing::debug!(url = %expanded, "The auth URL does not parse after expansion");
-        return Outcome::Deny(answer(StatusCode::INTERNAL_SERVER_ERROR));
-    };
-    let request = auth_request(auth, &url, req, client, vars);
-    let res = match send(&url, request, timeouts).await {
-        Ok(res) => res,
-        Err(error) => {
-            tracing::debug!(%error, url = %expanded, "The auth request failed");
-            return Outcome::Deny(answer(StatusCode::INTERNAL_SERVER_ERROR));
-        }
-    };
-    decide(auth, &res, vars)
-}
-
 /// What an auth response means (nginx's `auth_request` and ingress-nginx's error pages).
 pub fn decide<B>(auth: &ExternalAuth, res: &Response<B>, vars: &Vars<'_>) -> Outcome {
     let status = res.status();
@@ -368,80 +371,190 @@ pub fn answer(status: StatusCode) -> Response<Bytes> {
     res
 }
 
+/// TLS settings kept by server name (all dropped when full: they are remade on demand).
+const TLS_KEPT: usize = 64;
+
+/// The most of an auth response's body read (and discarded, as nginx does) to keep its
+/// connection; past it the connection is closed.
+const DRAINED_BODY: usize = 64 * 1024;
+
+/// How auth requests go out: over the upstream connection pools (by address and TLS settings,
+/// as requests to pods), to the allowed destinations only.
+#[derive(Debug)]
+pub(crate) struct AuthClient {
+    upstream: Arc<Upstream>,
+    destinations: AuthDestinations,
+    /// TLS settings of the `https://` auth hosts written out in auth URLs, by server name.
+    tls: Mutex<HashMap<String, Arc<LiveTls>>>,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+}
+
+impl AuthClient {
+    /// A client over `upstream`'s pools, with these connect and response timeouts.
+    pub(crate) fn new(
+        upstream: Arc<Upstream>,
+        destinations: AuthDestinations,
+        (connect_timeout, read_timeout): (Duration, Duration),
+    ) -> AuthClient {
+        AuthClient {
+            upstream,
+            destinations,
+            tls: Mutex::default(),
+            connect_timeout,
+            read_timeout,
+        }
+    }
+
+    /// Asks the auth service about a request and says what to do with it. The connection is
+    /// pooled when the URL's host and port are written out; when a variable names them (the
+    /// client picks the host), it is closed after the answer.
+    pub(crate) async fn check<B>(
+        &self,
+        auth: &ExternalAuth,
+        req: &Request<B>,
+        client: IpAddr,
+        vars: &Vars<'_>,
+    ) -> Outcome {
+        let expanded = expand_url(&auth.url, vars);
+        let Some(url) = parse_url(&expanded) else {
+            tracing::debug!(url = %expanded, "The auth URL does not parse after expansion");
+            return Outcome::Deny(answer(StatusCode::INTERNAL_SERVER_ERROR));
+        };
+        let pooled = !authority(&auth.url).contains('$');
+        let mut request = auth_request(auth, &url, req, client, vars);
+        if !pooled {
+            let close = HeaderValue::from_static("close");
+            request.headers_mut().insert(header::CONNECTION, close);
+        }
+        let sent = match self.send(&url, request, pooled).await {
+            Ok(sent) => sent,
+            Err(error) => {
+                tracing::debug!(%error, url = %expanded, "The auth request failed");
+                return Outcome::Deny(answer(StatusCode::INTERNAL_SERVER_ERROR));
+            }
+        };
+        let outcome = decide(auth, &sent.response, vars);
+        self.drain(sent).await;
+        outcome
+    }
+
+    /// Sends the auth request to the first allowed address of its host that connects.
+    async fn send(
+        &self,
+        url: &AuthUrl,
+        request: Request<AuthBody>,
+        pooled: bool,
+    ) -> io::Result<Sent> {
+        let tls = if url.tls {
+            Some(self.tls_for(&url.host, pooled)?)
+        } else {
+            None
+        };
+        let mut slot = Some(request.map(Either::Right));
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+        for addr in self.addresses(url).await? {
+            let peer = Peer {
+                addr,
+                family: Family::of(&addr),
+                protocol: match tls {
+                    Some(_) => UpstreamProtocol::Https,
+                    None => UpstreamProtocol::Http1,
+                },
+                tls: tls.as_ref(),
+                connect_timeout: self.connect_timeout,
+                read_timeout: self.read_timeout,
+                forwarding: None,
+            };
+            match self.upstream.send(&peer, &mut slot).await {
+                Ok(sent) => return Ok(sent),
+                Err(SendError::Unsent(error)) => last = error,
+                Err(SendError::Failed(error)) => return Err(io::Error::other(error.to_string())),
+            }
+        }
+        Err(last)
+    }
+
+    /// The addresses of an auth URL's host (the literal, or the name's A and AAAA records) that
+    /// the destinations allow; refused ones are logged, and none allowed is an error.
+    async fn addresses(&self, url: &AuthUrl) -> io::Result<Vec<SocketAddr>> {
+        let found = resolve(url, self.connect_timeout).await?;
+        let (allowed, refused): (Vec<SocketAddr>, Vec<SocketAddr>) = found
+            .into_iter()
+            .partition(|a| self.destinations.allows(a.ip()));
+        if !refused.is_empty() {
+            tracing::warn!(
+                auth.host = %url.host,
+                auth.refused = ?refused,
+                "An auth request's destination is refused by --auth-allowed-destinations \
+                 (loopback, link-local and unspecified addresses by default)"
+            );
+        }
+        if allowed.is_empty() && !refused.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the destination is not allowed",
+            ));
+        }
+        Ok(allowed)
+    }
+
+    /// The TLS settings of an auth host (SNI on, the certificate not verified, as ingress-nginx's
+    /// auth location): kept by server name for pooled connections, made afresh otherwise.
+    fn tls_for(&self, host: &str, pooled: bool) -> io::Result<Arc<LiveTls>> {
+        let make = || {
+            let settings = UpstreamTls::new(host, &UpstreamTrust::SkipVerify, false)
+                .map_err(io::Error::other)?;
+            Ok::<_, io::Error>(Arc::new(LiveTls::new(Arc::new(settings))))
+        };
+        if !pooled {
+            return make();
+        }
+        let mut kept = self.tls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tls) = kept.get(host) {
+            return Ok(tls.clone());
+        }
+        if kept.len() >= TLS_KEPT {
+            kept.clear();
+        }
+        let tls = make()?;
+        kept.insert(host.to_owned(), tls.clone());
+        Ok(tls)
+    }
+
+    /// Reads the auth response's body to its end (at most [`DRAINED_BODY`], within the response
+    /// timeout) and drops it, so its connection goes back to the pool.
+    async fn drain(&self, sent: Sent) {
+        let Sent {
+            response,
+            pool_return,
+            ..
+        } = sent;
+        let mut body = response.into_body();
+        let read_all = async {
+            let mut read = 0;
+            while let Some(Ok(frame)) = body.frame().await {
+                read += frame.data_ref().map_or(0, |d| d.len());
+                if read > DRAINED_BODY {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(self.read_timeout, read_all).await;
+        drop(body);
+        drop(pool_return);
+    }
+}
+
 /// The addresses of an auth URL's host: the literal, or the name's A and AAAA records.
-async fn addresses(url: &AuthUrl, timeout: Duration) -> std::io::Result<Vec<SocketAddr>> {
+async fn resolve(url: &AuthUrl, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
     if let Ok(ip) = url.host.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, url.port)]);
     }
     let found = tokio::time::timeout(timeout, tokio::net::lookup_host((&*url.host, url.port)))
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "resolving timed out"))??;
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "resolving timed out"))??;
     Ok(found.collect())
-}
-
-/// Sends the auth request on a fresh connection (no keep-alive, as ingress-nginx by default) to
-/// the first address that connects, and waits for the response head.
-async fn send(
-    url: &AuthUrl,
-    request: Request<AuthBody>,
-    (connect_timeout, read_timeout): (Duration, Duration),
-) -> std::io::Result<Response<hyper::body::Incoming>> {
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    for addr in addresses(url, connect_timeout).await? {
-        let sender = match connect(url, addr, connect_timeout).await {
-            Ok(sender) => sender,
-            Err(error) => {
-                last = error;
-                continue;
-            }
-        };
-        let mut sender = sender;
-        return tokio::time::timeout(read_timeout, sender.send_request(request))
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))?
-            .map_err(std::io::Error::other);
-    }
-    Err(last)
-}
-
-async fn connect(
-    url: &AuthUrl,
-    addr: SocketAddr,
-    timeout: Duration,
-) -> std::io::Result<hyper::client::conn::http1::SendRequest<AuthBody>> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-    if !url.tls {
-        return handshake(stream, addr).await;
-    }
-    // As ingress-nginx's auth location: SNI on, the certificate not verified.
-    let settings = UpstreamTls::new(&url.host, &UpstreamTrust::SkipVerify, false)
-        .map_err(std::io::Error::other)?;
-    let tls = LiveTls::new(Arc::new(settings));
-    let stream = tokio::time::timeout(timeout, tls.handshake(stream, false))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS timed out"))??;
-    handshake(stream, addr).await
-}
-
-/// HTTP/1.1 over a connected stream; the connection is driven until the response is read.
-async fn handshake<S>(
-    stream: S,
-    addr: SocketAddr,
-) -> std::io::Result<hyper::client::conn::http1::SendRequest<AuthBody>>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(std::io::Error::other)?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::trace!(%error, auth.addr = %addr, "Auth connection ended");
-        }
-    });
-    Ok(sender)
 }
 
 #[cfg(test)]
@@ -493,6 +606,27 @@ mod tests {
             ..vars()
         };
         assert_eq!(v6.host(), "[::1]");
+    }
+
+    #[test]
+    fn the_client_never_picks_the_auth_destination_port() {
+        for (sent, routed) in [("LocalHost:19999", "localhost"), ("[::1]:19999", "[::1]")] {
+            let v = Vars {
+                http_host: sent,
+                ..vars()
+            };
+            for template in ["http://$http_host/probe", "http://$best_http_host/probe"] {
+                let url = parse_url(&expand_url(template, &v)).unwrap();
+                assert_eq!((url.authority.as_str(), url.port), (routed, 80), "{sent}");
+            }
+            // Elsewhere in the URL the Host is as received; a port written out stays.
+            assert_eq!(
+                expand_url("https://$http_host:8443/a?h=$http_host", &v),
+                format!("https://{routed}:8443/a?h={sent}")
+            );
+        }
+        assert_eq!(authority("http://a:1?x=/"), "http://a:1");
+        assert_eq!(authority("http://$host"), "http://$host");
     }
 
     #[test]

@@ -126,8 +126,9 @@ impl Proxy {
         let metrics = runtime.telemetry().metrics();
         let tunnels = Arc::new(Tunnels::new(metrics.clone()));
         let gate = Gate::new(
-            config.connect_timeout,
-            config.response_timeout,
+            upstream.clone(),
+            config.auth_destinations.clone(),
+            (config.connect_timeout, config.response_timeout),
             metrics.clone(),
         );
         Arc::new(Proxy {

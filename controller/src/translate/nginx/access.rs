@@ -11,9 +11,12 @@
 //! `limit-burst-multiplier`, ...) fall back to their default with a diagnostic.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use dataplane::access_policy::{Access, BasicAuth, Credential, ExternalAuth, RateLimit};
+use dataplane::access_policy::{
+    Access, AuthDestinations, BasicAuth, Credential, ExternalAuth, RateLimit,
+};
 use dataplane::cidr::Cidr;
 use dataplane::policy::{basic_auth, ext_auth};
 use k8s_openapi::api::core::v1::Secret;
@@ -198,7 +201,7 @@ fn url_template(v: &str) -> Result<String, String> {
         http_host: "example.test",
         request_uri: "/",
     };
-    ext_auth::parse_url(&ext_auth::expand(v, &sample))
+    ext_auth::parse_url(&ext_auth::expand_url(v, &sample))
         .map(|_| v.to_owned())
         .ok_or_else(|| format!("{v:?} is not an absolute http:// or https:// URL"))
 }
@@ -322,10 +325,14 @@ pub(crate) fn resolve(
     settings: &Settings,
     obj: &Annotated<'_>,
     secrets: &BTreeMap<NsName, &Secret>,
+    destinations: &AuthDestinations,
     diagnostics: &mut Vec<Diagnostic>,
     references: &mut References,
 ) -> Option<Arc<Access>> {
     let a = &settings.access;
+    if let Some(Ok(url)) = &a.auth_url {
+        check_destination(url, obj.key, destinations, diagnostics);
+    }
     let access = Access {
         rate_limit: a.limited().then(|| rate_limit(a, obj, diagnostics)),
         basic_auth: a
@@ -335,6 +342,58 @@ pub(crate) fn resolve(
         external_auth: a.auth_url.as_ref().map(|url| external(a, url)),
     };
     (access != Access::default()).then(|| Arc::new(access))
+}
+
+/// The address an `auth-url` names literally (an IP address in an authority without variables)
+/// when `destinations` refuse it: its auth requests are refused at connect time.
+pub fn refused_destination(url: &str, destinations: &AuthDestinations) -> Option<IpAddr> {
+    let head = ext_auth::authority(url);
+    if head.contains('$') {
+        return None;
+    }
+    let ip: IpAddr = ext_auth::parse_url(head)?.host.parse().ok()?;
+    (!destinations.allows(ip)).then_some(ip)
+}
+
+/// Why `destinations` refuse an address, for users.
+fn refusal(ip: IpAddr, destinations: &AuthDestinations) -> String {
+    match destinations {
+        AuthDestinations::Default => format!("{ip} is a loopback, link-local or unspecified address, which duet's auth requests may not reach unless --auth-allowed-destinations lists it"),
+        AuthDestinations::Only(_) => format!("{ip} is outside --auth-allowed-destinations"),
+    }
+}
+
+/// A diagnostic for an `auth-url` whose literal address the destinations refuse.
+fn check_destination(
+    url: &str,
+    key: &ObjectKey,
+    destinations: &AuthDestinations,
+    diagnostics: &mut Vec<Diagnostic>,
+) {
+    if let Some(ip) = refused_destination(url, destinations) {
+        let why = refusal(ip, destinations);
+        diagnostics.push(Diagnostic::new(
+            key.clone(),
+            Reason::InvalidAnnotation,
+            format!("{PREFIX}auth-url: {why}: the Ingress's routes answer 500, as when the auth service is unreachable"),
+        ));
+    }
+}
+
+/// `duet migrate check`: marks an `auth-url` whose literal address duet refuses by default.
+pub fn settle_destination(read: &mut Read) {
+    let Some(Ok(url)) = &read.settings.access.auth_url else {
+        return;
+    };
+    let Some(ip) = refused_destination(url, &AuthDestinations::Default) else {
+        return;
+    };
+    let own = format!("{PREFIX}auth-url");
+    for f in read.findings.iter_mut().filter(|f| f.key == own) {
+        f.status = Status::IgnoredUnsupported;
+        let why = refusal(ip, &AuthDestinations::Default);
+        f.detail = format!("{why}: the Ingress's routes answer 500");
+    }
 }
 
 fn rate_limit(
@@ -557,6 +616,7 @@ mod tests {
             &read.settings,
             &Annotated::new(&key, &meta),
             &by_name(secrets),
+            &AuthDestinations::Default,
             &mut diagnostics,
             &mut references,
         );
@@ -697,6 +757,53 @@ mod tests {
     }
 
     #[test]
+    fn auth_urls_naming_refused_addresses_get_a_diagnostic() {
+        let loopback = AuthDestinations::from_list(vec!["127.0.0.0/8".parse().unwrap()]);
+        for (url, by_default, by_loopback) in [
+            ("http://127.0.0.1:9000/auth", true, false),
+            ("http://[::1]:9000/auth", true, true),
+            ("http://169.254.169.254/latest", true, true),
+            ("https://[fe80::1]/auth", true, true),
+            ("http://0.0.0.0/auth", true, true),
+            ("http://[::ffff:127.0.0.1]/auth?u=$host", true, false),
+            ("http://10.0.0.1/auth", false, true),
+            ("http://[fd00::1]/auth", false, true),
+            ("http://oauth2-proxy.auth.svc/oauth2/auth", false, false),
+            ("http://$host/auth", false, false),
+        ] {
+            for (destinations, want) in [
+                (AuthDestinations::Default, by_default),
+                (loopback.clone(), by_loopback),
+            ] {
+                let r = read(&[("auth-url", url)]);
+                let key = ObjectKey::new(Kind::Ingress, "ns", "ing");
+                let meta = ObjectMeta::default();
+                let mut diagnostics = Vec::new();
+                resolve(
+                    &r.settings,
+                    &Annotated::new(&key, &meta),
+                    &BTreeMap::new(),
+                    &destinations,
+                    &mut diagnostics,
+                    &mut References::default(),
+                );
+                assert_eq!(
+                    diagnostics.len(),
+                    usize::from(want),
+                    "{url} {destinations:?}"
+                );
+                if want {
+                    let message = &diagnostics[0].message;
+                    assert!(
+                        message.contains("auth-url") && message.contains("500"),
+                        "{message}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn limits_parse_and_fail_closed() {
         let r = read(&[
             ("limit-rps", "5"),
@@ -759,6 +866,7 @@ mod tests {
                 &read(&[("limit-rpm", "60")]).settings,
                 &Annotated::new(&key, &meta),
                 &BTreeMap::new(),
+                &AuthDestinations::Default,
                 &mut diagnostics,
                 &mut References::default(),
             )
