@@ -352,25 +352,38 @@ fn dotted(oid: &[u8]) -> String {
         .join(".")
 }
 
-/// A string value with RFC 2253's escapes; other types as `#` and the hex of their content.
+/// A string value as OpenSSL's RFC 2253 output (nginx's) writes it: `,+"\<>;` escaped with a
+/// backslash, as are `#` first and a space first or last; control bytes and each byte of a
+/// non-ASCII character as `\XX`, so that the value is always a valid header value. T61String is
+/// read as Latin-1, as OpenSSL reads it. Other types as `#` and the hex of their content.
 fn attribute_value(tag: u8, value: &[u8]) -> String {
-    match tag {
-        0x0c | 0x13 | 0x14 | 0x16 => {
-            let text = String::from_utf8_lossy(value);
-            let mut out = String::with_capacity(text.len());
-            for c in text.chars() {
-                if matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';' | '=') {
-                    out.push('\\');
-                }
-                out.push(c);
-            }
-            out
+    let latin1: String;
+    let text = match tag {
+        0x0c | 0x13 | 0x16 => value,
+        0x14 => {
+            latin1 = value.iter().copied().map(char::from).collect();
+            latin1.as_bytes()
         }
-        _ => value.iter().fold(String::from("#"), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        }),
+        _ => {
+            return value.iter().fold(String::from("#"), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            })
+        }
+    };
+    let mut out = String::with_capacity(text.len());
+    for (i, &b) in text.iter().enumerate() {
+        let edge = (i == 0 && matches!(b, b'#' | b' ')) || (i + 1 == text.len() && b == b' ');
+        if !(0x20..0x7f).contains(&b) {
+            let _ = write!(out, "\\{b:02X}");
+            continue;
+        }
+        if edge || b",+\"\\<>;".contains(&b) {
+            out.push('\\');
+        }
+        out.push(char::from(b));
     }
+    out
 }
 
 /// The certificate as PEM (64-character lines, as OpenSSL writes it), URL-encoded as nginx's
@@ -543,19 +556,34 @@ mod tests {
     }
 
     #[test]
-    fn distinguished_names_are_rfc2253_most_specific_first() {
+    fn distinguished_names_are_rfc2253_most_specific_first_escaped_as_openssl() {
         let (_, issuer) = ca("Duet CA", None);
-        let leaf = client(
-            &[
-                (DnType::CountryName, "DE"),
-                (DnType::OrganizationName, "Duet, Inc."),
-                (DnType::CommonName, "alice+bob"),
-            ],
-            &issuer,
-        );
-        let (subject, issuer_dn) = distinguished_names(&leaf).unwrap();
-        assert_eq!(subject, "CN=alice\\+bob,O=Duet\\, Inc.,C=DE");
-        assert_eq!(issuer_dn, "CN=Duet CA");
+        // Control and non-ASCII bytes as `\XX`: `openssl x509 -nameopt RFC2253` prints the same,
+        // and the value is always a valid header value.
+        let odd = "\u{e9} a=b\tc\u{7f}\r\n";
+        for (dn, want) in [
+            (
+                &[
+                    (DnType::CountryName, "DE"),
+                    (DnType::OrganizationName, "Duet, Inc."),
+                    (DnType::CommonName, "alice+bob"),
+                ][..],
+                "CN=alice\\+bob,O=Duet\\, Inc.,C=DE",
+            ),
+            (
+                &[
+                    (DnType::OrganizationName, " x; y "),
+                    (DnType::OrganizationalUnitName, "#x"),
+                    (DnType::CommonName, odd),
+                ][..],
+                r"CN=\C3\A9 a=b\09c\7F\0D\0A,OU=\#x,O=\ x\; y\ ",
+            ),
+        ] {
+            let (subject, issuer_dn) = distinguished_names(&client(dn, &issuer)).unwrap();
+            assert_eq!(subject, want);
+            assert!(http::HeaderValue::from_str(&subject).is_ok());
+            assert_eq!(issuer_dn, "CN=Duet CA");
+        }
         assert_eq!(
             distinguished_names(&CertificateDer::from(vec![0x30, 0x00])),
             None

@@ -130,7 +130,7 @@ impl Handshakes {
     /// handshake with the configuration for its SNI.
     pub async fn accept(&self, mut stream: TcpStream) -> std::io::Result<Handshake> {
         let keep = !self.runtime.load().snapshot.routes.passthrough.is_empty();
-        let hello = crate::passthrough::read_client_hello(&mut stream, keep).await?;
+        let hello = crate::client_hello::read_client_hello(&mut stream, keep).await?;
         let sni = hello
             .accepted
             .client_hello()

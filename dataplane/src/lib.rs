@@ -8,6 +8,7 @@ pub mod admin;
 pub mod balance;
 pub mod cidr;
 pub mod client_auth;
+pub mod client_hello;
 pub mod clock;
 pub mod conn;
 pub mod error;

@@ -1,5 +1,5 @@
-//! ingress-nginx's `ssl-passthrough` on the HTTPS listeners: the ClientHello is read with
-//! rustls' [`Acceptor`] while a copy of every byte is kept; when its server name (SNI) is a
+//! ingress-nginx's `ssl-passthrough` on the HTTPS listeners: the ClientHello is read by
+//! [`crate::client_hello`] while a copy of every byte is kept; when its server name (SNI) is a
 //! passthrough host of the live table, a target of the host's backend is picked by the balancer
 //! (the client's family first, the other as the family policy allows, as for HTTP), the bytes
 //! read so far are replayed to it, and bytes are copied both ways until both sides have closed,
@@ -7,7 +7,6 @@
 //! other has sent nothing for [`FIN_TIMEOUT`]. TLS is never terminated: the client sees the
 //! upstream's certificate.
 
-use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +14,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rustls::server::{Accepted, Acceptor};
+use std::io;
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -25,63 +25,6 @@ use crate::runtime::Runtime;
 use crate::table::passthrough::Passthrough;
 use crate::table::Family;
 
-/// The most ClientHello bytes read before giving up (rustls refuses larger handshake messages
-/// itself; this bounds the copy kept for a replay).
-const MAX_HELLO: usize = 64 * 1024;
-
-/// A ClientHello read from a connection: what rustls made of it, and the bytes read (`None`
-/// when no copy was kept because the table has no passthrough host).
-pub struct Hello {
-    /// The parsed ClientHello, to continue the handshake with.
-    pub accepted: Accepted,
-    /// Every byte read from the connection so far.
-    pub bytes: Option<Vec<u8>>,
-}
-
-/// Reads a ClientHello from `stream`, keeping a copy of the bytes when `keep` (a connection
-/// that may be passed through). A malformed one is answered with rustls' alert and an error.
-pub async fn read_client_hello(stream: &mut TcpStream, keep: bool) -> io::Result<Hello> {
-    let mut acceptor = Acceptor::default();
-    let mut bytes = keep.then(Vec::new);
-    let mut buf = [0u8; 4096];
-    let mut total = 0;
-    loop {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        total += n;
-        if total > MAX_HELLO {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "ClientHello too large",
-            ));
-        }
-        if let Some(bytes) = bytes.as_mut() {
-            bytes.extend_from_slice(&buf[..n]);
-        }
-        let mut chunk = &buf[..n];
-        while !chunk.is_empty() {
-            if acceptor.read_tls(&mut chunk)? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "ClientHello too large",
-                ));
-            }
-        }
-        match acceptor.accept() {
-            Ok(None) => continue,
-            Ok(Some(accepted)) => return Ok(Hello { accepted, bytes }),
-            Err((error, mut alert)) => {
-                let mut out = Vec::new();
-                let _ = alert.write_all(&mut out);
-                let _ = stream.write_all(&out).await;
-                return Err(io::Error::new(io::ErrorKind::InvalidData, error));
-            }
-        }
-    }
-}
-
 /// A connection to relay unterminated: the client, the bytes it sent so far, and where to.
 pub struct Relay {
     stream: TcpStream,
@@ -90,14 +33,6 @@ pub struct Relay {
     runtime: Arc<Runtime>,
     /// Its place under `--max-passthrough-connections`, held until it ends.
     _place: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl std::fmt::Debug for Hello {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hello")
-            .field("bytes", &self.bytes.as_ref().map(Vec::len))
-            .finish_non_exhaustive()
-    }
 }
 
 impl std::fmt::Debug for Relay {
