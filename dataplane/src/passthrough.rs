@@ -7,6 +7,7 @@
 //! other has sent nothing for [`FIN_TIMEOUT`]. TLS is never terminated: the client sees the
 //! upstream's certificate.
 
+use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,9 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use std::io;
-
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -236,6 +235,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for Stamped<'_, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
     /// Two connected sockets on `ip`'s loopback: (the outside end, the relay's end).
