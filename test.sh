@@ -84,7 +84,8 @@ for target in $(cargo fuzz list); do
     tail -n 60 "$fuzz_log"
     exit 1
   fi
-  echo "$target: $(grep -E '^Done [0-9]+ runs' "$fuzz_log")"
+  done_line=$(grep -E '^Done [0-9]+ runs' "$fuzz_log")
+  echo "$target: $done_line"
 done
 rm -f "$fuzz_log"
 
