@@ -8,6 +8,10 @@
 #
 # The Helm chart (charts/duet) runs this image with a read-only root filesystem, every capability
 # dropped and ports 8080/8443/10254, so nothing here needs root.
+#
+# images/build.sh duet builds the same image layout without a daemon or a registry (binary path,
+# user, entrypoint, command, ports, working directory, CA bundle variable);
+# conformance/tests/image.rs checks this file's final stage against the image that script builds.
 
 ARG RUST_VERSION=1.95
 
@@ -25,6 +29,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM gcr.io/distroless/cc-debian13:nonroot
 COPY --from=build /out/duet /usr/local/bin/duet
+# distroless's nonroot images start in /home/nonroot; duet's image starts in /.
+WORKDIR /
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 # 65532 is distroless's "nonroot" user; numeric so runAsNonRoot can verify it.
 USER 65532:65532
 EXPOSE 8080 8443 10254

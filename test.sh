@@ -46,6 +46,13 @@ if ! command -v nft >/dev/null 2>&1; then
   apt_install nftables
 fi
 
+# objcopy (binutils) strips the binaries and Debian's CA bundle (ca-certificates) goes into the
+# container images images/build.sh makes (conformance/tests/image.rs).
+if ! command -v objcopy >/dev/null 2>&1 || [[ ! -f /etc/ssl/certs/ca-certificates.crt ]]; then
+  echo "== apt-get install binutils ca-certificates"
+  apt_install binutils ca-certificates
+fi
+
 # Go also builds h2spec for the HTTP/2 conformance test (controller/tests/e2e_h2spec.rs calls
 # conformance/tools/h2spec/build.sh itself).
 # The real control plane (kube-apiserver, kube-controller-manager v1.37.2, etcd v3.7.0) built
