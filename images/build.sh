@@ -2,7 +2,7 @@
 # Builds a container image of one of duet's binaries as an OCI image archive, with no container
 # daemon and no registry, so it can be built here and by users the same way:
 #
-#   images/build.sh duet|echo|echo-basic [--binary PATH] [--tag REF]... [--out FILE]
+#   images/build.sh duet|echo|echo-basic|pause [--binary PATH] [--tag REF]... [--out FILE]
 #
 #   duet        target/release/duet (built with cargo if missing), ref duet.local/duet:dev,
 #               entrypoint /usr/local/bin/duet, cmd serve, ports 8080 8443 10254; the same
@@ -12,6 +12,8 @@
 #   echo-basic  conformance/gateway/bin/echo-basic (conformance/gateway/build.sh builds it), named
 #               registry.k8s.io/gateway-api/echo-basic with every tag the pinned Gateway API
 #               suite's manifests use (one index entry each), ports 3000 3001 8443
+#   pause       conformance/node/bin/pause (conformance/node/build.sh builds it), ref
+#               duet.local/pause:3.10: the test node's sandbox image
 #
 # --tag REF (repeatable) replaces the default ref(s); --out defaults to target/images/NAME.oci.tar.
 # An existing default binary is packed as it is: rebuild it first when the sources changed.
@@ -37,7 +39,7 @@ die() {
 }
 
 usage() {
-  sed -n '5,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '5,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit "${1:-2}"
 }
 
@@ -68,6 +70,14 @@ select_image() {
     ports=(3000/tcp 3001/tcp 8443/tcp)
     source_label="org.opencontainers.image.source=https://github.com/kubernetes-sigs/gateway-api"
     version=$(suite_version)
+    ;;
+  pause)
+    name=pause
+    default_binary=$root/conformance/node/bin/pause
+    default_refs=(duet.local/pause:3.10)
+    ports=()
+    source_label="org.opencontainers.image.source=https://github.com/kubernetes/kubernetes"
+    version=3.10
     ;;
   *) usage ;;
   esac
@@ -122,6 +132,7 @@ ensure_binary() {
   duet) (cd "$root" && cargo build --release --locked -p controller --bin duet) ;;
   echo) (cd "$root" && cargo build --locked -p conformance --bin duet-echo) ;;
   echo-basic) "$root/conformance/gateway/build.sh" >/dev/null ;;
+  pause) "$root/conformance/node/build.sh" >/dev/null ;;
   esac
   [[ -f $binary ]] || die "$binary was not built"
 }

@@ -45,6 +45,15 @@ enum Cmd {
         /// Where etcd, kube-apiserver and kube-controller-manager are (default: build.sh's).
         #[arg(long)]
         bin_dir: Option<PathBuf>,
+        /// Run a real node (kubelet, containerd, CNI, kube-proxy; conformance/node/build.sh)
+        /// instead of the stand-in kubelet. Writes the namespace outside the node, where
+        /// clients of LoadBalancer Services stand, to DIR/outside-netns.
+        #[arg(long)]
+        real_node: bool,
+        /// An OCI image archive (images/build.sh) to load into the real node's containerd.
+        /// Repeatable.
+        #[arg(long, requires = "real_node")]
+        image: Vec<PathBuf>,
     },
     /// Stops the cluster started with the same `--dir` and waits until it is gone.
     Down {
@@ -72,13 +81,22 @@ fn main() {
             ipv6_primary,
             gateway_api,
             bin_dir,
+            real_node,
+            image,
         } => {
             let dual = if ipv6_primary {
                 Stack::DualIpv6
             } else {
                 Stack::Dual
             };
-            up(dir, single_stack.unwrap_or(dual), gateway_api, bin_dir)
+            let options = Options {
+                stack: single_stack.unwrap_or(dual),
+                bin_dir,
+                gateway_api,
+                real_node,
+                ..Options::default()
+            };
+            up(dir, options, &image)
         }
         Cmd::Down { dir } => down(&dir),
         Cmd::Exec { dir, command } => exec(&dir, &command),
@@ -89,12 +107,7 @@ fn main() {
     }
 }
 
-fn up(
-    dir: PathBuf,
-    stack: Stack,
-    gateway_api: bool,
-    bin_dir: Option<PathBuf>,
-) -> anyhow::Result<()> {
+fn up(dir: PathBuf, options: Options, images: &[PathBuf]) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = dir.canonicalize()?;
     if let Ok(pid) = std::fs::read_to_string(dir.join("pid")) {
@@ -106,7 +119,7 @@ fn up(
             );
         }
     }
-    for stale in ["ready", "netns"] {
+    for stale in ["ready", "netns", "outside-netns"] {
         let _ = std::fs::remove_file(dir.join(stale));
     }
     std::fs::write(dir.join("pid"), std::process::id().to_string())?;
@@ -117,13 +130,20 @@ fn up(
         .build()?;
     runtime.block_on(async {
         let options = Options {
-            stack,
-            bin_dir,
             dir: Some(dir.clone()),
-            gateway_api,
-            ..Options::default()
+            ..options
         };
         let cluster = Cluster::start(options).await?;
+        for image in images {
+            cluster.import_image(image)?;
+        }
+        if let Some(node) = cluster.node() {
+            std::fs::write(
+                dir.join("outside-netns"),
+                node.outside().display().to_string(),
+            )?;
+            println!("node: {}", node.versions());
+        }
         std::fs::write(
             dir.join("netns"),
             cluster.netns_path().display().to_string(),
@@ -145,7 +165,7 @@ fn up(
         drop(cluster);
         anyhow::Ok(())
     })?;
-    for file in ["ready", "netns", "pid"] {
+    for file in ["ready", "netns", "outside-netns", "pid"] {
         let _ = std::fs::remove_file(dir.join(file));
     }
     Ok(())

@@ -20,6 +20,7 @@ pub mod faults;
 pub mod kubelet;
 pub mod loadbalancer;
 pub mod netns;
+pub mod node;
 mod pki;
 pub mod podnet;
 pub mod shared;
@@ -136,6 +137,10 @@ pub struct Options {
     /// Gateway API suite's echo image ([`echo_basic::ECHO_BASIC_IMAGE`]) as that real program,
     /// each in a network namespace of its own; every other pod stays an in-process echo server.
     pub echo_basic: Option<PathBuf>,
+    /// Run a real node ([`node`]: kubelet, containerd, CNI, kube-proxy, kube-scheduler) instead
+    /// of the stand-in kubelet: pods are containers of images imported with
+    /// [`Cluster::import_image`].
+    pub real_node: bool,
 }
 
 impl Default for Options {
@@ -147,6 +152,7 @@ impl Default for Options {
             apiserver_flags: Vec::new(),
             gateway_api: false,
             echo_basic: None,
+            real_node: false,
         }
     }
 }
@@ -158,6 +164,7 @@ pub struct Cluster {
     // first), then the namespace holder and the folder.
     loadbalancer: Option<loadbalancer::LoadBalancer>,
     kubelet: Option<kubelet::Kubelet>,
+    node: Option<node::Node>,
     processes: Vec<(&'static str, Child)>,
     netns: NetNs,
     stack: Stack,
@@ -176,6 +183,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         drop(self.loadbalancer.take());
         drop(self.kubelet.take());
+        drop(self.node.take());
         for (_, child) in self.processes.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
@@ -269,6 +277,7 @@ impl Cluster {
         let mut cluster = Cluster {
             loadbalancer: None,
             kubelet: None,
+            node: None,
             processes: Vec::new(),
             netns,
             stack: options.stack,
@@ -292,12 +301,55 @@ impl Cluster {
         if options.gateway_api {
             cluster.install_gateway_crds()?;
         }
-        let kcm_args = cluster.controller_manager_args();
+        let kcm_args = cluster.controller_manager_args(options.real_node.then_some(&pki));
         cluster.spawn(
             "kube-controller-manager",
             &bin.join("kube-controller-manager"),
             &kcm_args,
         )?;
+        if options.real_node {
+            cluster.start_node(&pki, &api).await?;
+            cluster.loadbalancer = Some(loadbalancer::LoadBalancer::start(
+                cluster.netns.path(),
+                &cluster.kubeconfig,
+            )?);
+        } else {
+            cluster.start_stand_ins(&options)?;
+        }
+        cluster.wait_controllers(&api).await?;
+        let kcm_version = version_of(&bin.join("kube-controller-manager"))?;
+        cluster.control_plane =
+            format!("kube-apiserver {apiserver_version}, kube-controller-manager {kcm_version}");
+        Ok(cluster)
+    }
+
+    /// The real node, its identities written beside the admin kubeconfig.
+    async fn start_node(&mut self, pki: &pki::Pki, api: &KubeApi) -> anyhow::Result<()> {
+        let bin = node::build()?;
+        let server = self.stack.server_url();
+        let write = |name: &str, user: &str, groups: &[&str]| -> anyhow::Result<PathBuf> {
+            let path = self.dir.join(format!("{name}.kubeconfig"));
+            std::fs::write(&path, pki.client_kubeconfig(server, user, groups))?;
+            Ok(path)
+        };
+        let credentials = node::Credentials {
+            kubelet: write(
+                "kubelet",
+                &format!("system:node:{NODE_NAME}"),
+                &["system:nodes"],
+            )?,
+            proxy: write("kube-proxy", "system:kube-proxy", &[])?,
+            scheduler: write("kube-scheduler", "system:kube-scheduler", &[])?,
+            ca: pki.ca.clone(),
+        };
+        let node = node::Node::start(&self.dir, &bin, self.stack, &credentials, api).await?;
+        self.node = Some(node);
+        Ok(())
+    }
+
+    /// The stand-in kubelet and load balancer.
+    fn start_stand_ins(&mut self, options: &Options) -> anyhow::Result<()> {
+        let cluster = self;
         let echo_basic = options
             .echo_basic
             .clone()
@@ -315,11 +367,20 @@ impl Cluster {
             cluster.netns.path(),
             &cluster.kubeconfig,
         )?);
-        cluster.wait_controllers(&api).await?;
-        let kcm_version = version_of(&bin.join("kube-controller-manager"))?;
-        cluster.control_plane =
-            format!("kube-apiserver {apiserver_version}, kube-controller-manager {kcm_version}");
-        Ok(cluster)
+        Ok(())
+    }
+
+    /// The real node, when the cluster runs one.
+    pub fn node(&self) -> Option<&node::Node> {
+        self.node.as_ref()
+    }
+
+    /// Loads an OCI image archive into the real node's containerd.
+    pub fn import_image(&self, archive: &Path) -> anyhow::Result<()> {
+        self.node
+            .as_ref()
+            .context("the cluster runs no real node")?
+            .import_image(archive)
     }
 
     /// The admin kubeconfig.
@@ -359,6 +420,9 @@ impl Cluster {
 
     /// Fails when a control-plane process has exited, with the end of its log.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(node) = &mut self.node {
+            node.check_running()?;
+        }
         for (name, child) in &mut self.processes {
             if let Some(status) = child.try_wait()? {
                 let log = tail(&self.dir.join("logs").join(format!("{name}.log")));
@@ -470,8 +534,10 @@ impl Cluster {
         ]
     }
 
-    fn controller_manager_args(&self) -> Vec<String> {
-        vec![
+    /// With a real node (`pki` given), also DaemonSets, the `kube-root-ca.crt` ConfigMap every
+    /// projected service-account volume needs, and the garbage collection of pods.
+    fn controller_manager_args(&self, pki: Option<&pki::Pki>) -> Vec<String> {
+        let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
             // Deployments become ReplicaSets become Pods; Services get EndpointSlices; deleted
             // namespaces and owners take their objects along; namespaces get a `default`
@@ -482,7 +548,15 @@ impl Cluster {
             "--leader-elect=false".into(),
             "--secure-port=0".into(),
             "--profiling=false".into(),
-        ]
+        ];
+        if let Some(pki) = pki {
+            args[1].push_str(
+                ",daemonset-controller,root-ca-certificate-publisher-controller,node-lifecycle-controller,\
+                 pod-garbage-collector-controller",
+            );
+            args.push(format!("--root-ca-file={}", pki.ca.display()));
+        }
+        args
     }
 
     /// Waits for `/readyz` and returns the API server's `gitVersion`.
@@ -578,7 +652,7 @@ fn setup_network(stack: Stack) -> anyhow::Result<()> {
 }
 
 /// `v1.37.2` from `PROGRAM --version` (`Kubernetes v1.37.2`).
-fn version_of(program: &Path) -> anyhow::Result<String> {
+pub(crate) fn version_of(program: &Path) -> anyhow::Result<String> {
     let out = Command::new(program)
         .arg("--version")
         .output()
@@ -592,7 +666,7 @@ fn version_of(program: &Path) -> anyhow::Result<String> {
 }
 
 /// The last 40 lines of a log.
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")

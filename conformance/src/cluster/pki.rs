@@ -21,6 +21,7 @@ pub struct Pki {
     pub sa_pub: PathBuf,
     ca_pem: String,
     admin: TestCert,
+    issuer: TestCa,
 }
 
 /// Every name and address the API server is reached at: loopback of both families, the node
@@ -58,8 +59,9 @@ impl Pki {
             sa_pub: dir.join("sa.pub"),
             ca_pem: ca.cert_pem.clone(),
             admin,
+            issuer: ca,
         };
-        write(&pki.ca, &ca.cert_pem)?;
+        write(&pki.ca, &pki.ca_pem)?;
         write(&pki.serving.0, &serving.cert_pem)?;
         write(&pki.serving.1, &serving.key_pem)?;
         write(&pki.sa_key, &sa.serialize_pem())?;
@@ -70,19 +72,30 @@ impl Pki {
     /// A kubeconfig for the admin user against `server` (e.g. `https://127.0.0.1:6443`), with
     /// the certificates inline.
     pub fn kubeconfig(&self, server: &str) -> String {
+        self.kubeconfig_of(server, "duet-admin", &self.admin)
+    }
+
+    /// A kubeconfig against `server` for a client certificate of this CA naming the user
+    /// `user` in `groups` (e.g. `system:node:duet-node` in `system:nodes`).
+    pub fn client_kubeconfig(&self, server: &str, user: &str, groups: &[&str]) -> String {
+        let cert = self.issuer.issue_client(user, groups);
+        self.kubeconfig_of(server, user, &cert)
+    }
+
+    fn kubeconfig_of(&self, server: &str, user: &str, cert: &TestCert) -> String {
         format!(
             "apiVersion: v1\n\
              kind: Config\n\
              clusters:\n\
              - name: duet\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
              users:\n\
-             - name: duet-admin\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\n\
+             - name: {user}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\n\
              contexts:\n\
-             - name: duet\n  context:\n    cluster: duet\n    user: duet-admin\n\
+             - name: duet\n  context:\n    cluster: duet\n    user: {user}\n\
              current-context: duet\n",
             ca = base64(self.ca_pem.as_bytes()),
-            crt = base64(self.admin.cert_pem.as_bytes()),
-            key = base64(self.admin.key_pem.as_bytes()),
+            crt = base64(cert.cert_pem.as_bytes()),
+            key = base64(cert.key_pem.as_bytes()),
         )
     }
 }
