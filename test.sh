@@ -65,6 +65,17 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 conformance/cluster/build.sh
 
+# The real node (kubelet, kube-proxy, kube-scheduler, containerd, runc, the CNI plugins, pause)
+# from the Go modules of conformance/cluster/go.mod and conformance/node/go.mod, or reused when its
+# inputs did not change (README: Real node). runc links libseccomp (cgo); pause is a static C
+# program (gcc, libc6-dev's libc.a); crictl and ctr look at the node.
+if ! dpkg -s libseccomp-dev pkg-config libc6-dev >/dev/null 2>&1; then
+  echo "== apt-get install libseccomp-dev pkg-config libc6-dev"
+  apt_install libseccomp-dev pkg-config libc6-dev
+fi
+echo "== real node (conformance/node/build.sh)"
+conformance/node/build.sh
+
 # The Gateway API suite's test binary, its CRD installer and the real echo-basic (README: Gateway
 # API conformance), from the modules of conformance/gateway/go.mod through the Go module proxy,
 # or reused when their inputs did not change. conformance/tests/echo_basic_pods.rs needs them.
