@@ -115,6 +115,16 @@ echo "== Ingress conformance with ingress-nginx's class settings (--ingress-clas
 target/debug/duet-conformance ../shared/conformance/upstream-ingress/features conformance/features --family both \
   --ingress-class nginx --controller-name k8s.io/ingress-nginx
 
+# duet as users run it, on a real node: its image and the echo image built by images/build.sh,
+# `helm install` with Helm's own CLI (conformance/helm/build.sh), then under continuous load from
+# clients of both families through the LoadBalancer: helm upgrade, a backend roll, the leader's
+# pod deleted, kill -9 of a duet container (failures counted, not failing), kube-apiserver,
+# containerd and kubelet restarted. One line per scenario, then `N passed, N failed` (README:
+# Real node).
+echo "== node scenarios on a real node, clients of both families (README: Real node)"
+conformance/helm/build.sh >/dev/null
+target/debug/duet-conformance node-scenarios --family both
+
 # The upstream Gateway API conformance suite v1.6.3, unmodified, GATEWAY-HTTP and GATEWAY-GRPC
 # core, on a dual-stack cluster with IPv4 primary and on one with IPv6 primary. It prints per run
 # `GATEWAY-HTTP core: N passed, N failed, N skipped` (and extended, and GATEWAY-GRPC); the reports

@@ -46,7 +46,7 @@ async fn start(stack: Stack) -> anyhow::Result<(Cluster, KubeApi)> {
     );
     let image = cluster.dir().join("echo.tar");
     let echo = env!("CARGO_BIN_EXE_duet-echo");
-    node::build_image("echo", echo.as_ref(), ECHO_IMAGE, &image)?;
+    node::build_image("echo", echo.as_ref(), &[ECHO_IMAGE], &image)?;
     cluster.import_image(&image)?;
     let api = cluster.api().await?;
     api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))

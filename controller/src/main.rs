@@ -237,6 +237,11 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         signal = signals.next() => tracing::info!(signal, delay = ?config.shutdown_delay, "Not ready; closing the listeners after the shutdown delay"),
     }
     runtime.start_draining();
+    if let Some(cluster) = cluster {
+        // Hand leadership over now rather than after the Lease expires, and before the
+        // shutdown delay: writing status does not wait for the listeners to drain.
+        cluster.shutdown().await;
+    }
     // Load balancers and endpoints controllers see /readyz fail and stop sending new
     // connections while the listeners still serve.
     tokio::select! {
@@ -248,10 +253,6 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     }
     tracing::info!(timeout = ?config.proxy.drain_timeout, "Draining");
     let _ = proxy_stop.send(true);
-    if let Some(cluster) = cluster {
-        // Hand leadership over now rather than after the Lease expires.
-        cluster.shutdown().await;
-    }
     // WebSocket tunnels get the same drain as requests, then are closed.
     let drained = async {
         let (_, closed) = tokio::join!(&mut listeners, tunnels.drain(config.proxy.drain_timeout));

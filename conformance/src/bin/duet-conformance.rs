@@ -1,9 +1,11 @@
-//! `duet-conformance`: the Ingress conformance runner (see `conformance::runner`), and
+//! `duet-conformance`: the Ingress conformance runner (see `conformance::runner`),
 //! `duet-conformance gateway`, the Gateway API conformance runner
-//! (`conformance::runner::gateway`).
+//! (`conformance::runner::gateway`), and `duet-conformance node-scenarios`, duet on a real node
+//! under load while it rolls and fails (`conformance::runner::node_scenarios`).
 
 use clap::Parser;
 use conformance::runner::gateway::GatewayCli;
+use conformance::runner::node_scenarios::NodeScenariosCli;
 use conformance::runner::Cli;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -11,6 +13,7 @@ use tokio::signal::unix::{signal, SignalKind};
 enum Command {
     Ingress(Cli),
     Gateway(GatewayCli),
+    NodeScenarios(NodeScenariosCli),
 }
 
 /// Parses the command line; a bad one exits 64 with its first line, `--help` exits 0.
@@ -19,6 +22,9 @@ fn parse() -> Command {
     let parsed = if args.get(1).is_some_and(|a| a == "gateway") {
         args.remove(1);
         GatewayCli::try_parse_from(args).map(Command::Gateway)
+    } else if args.get(1).is_some_and(|a| a == "node-scenarios") {
+        args.remove(1);
+        NodeScenariosCli::try_parse_from(args).map(Command::NodeScenarios)
     } else {
         Cli::try_parse_from(args).map(Command::Ingress)
     };
@@ -74,6 +80,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
     match command {
         Command::Ingress(cli) => conformance::runner::main(cli).await,
         Command::Gateway(cli) => conformance::runner::gateway::main(cli).await,
+        Command::NodeScenarios(cli) => conformance::runner::node_scenarios::main(cli).await,
     }
 }
 

@@ -375,6 +375,11 @@ impl Cluster {
         self.node.as_ref()
     }
 
+    /// The real node, to restart its processes.
+    pub fn node_mut(&mut self) -> Option<&mut node::Node> {
+        self.node.as_mut()
+    }
+
     /// Loads an OCI image archive into the real node's containerd.
     pub fn import_image(&self, archive: &Path) -> anyhow::Result<()> {
         self.node

@@ -83,7 +83,7 @@ pub struct Credentials {
 #[derive(Debug)]
 pub struct Node {
     // Drop order: the processes (newest first), the containers, the mount namespace.
-    processes: Vec<(&'static str, Child)>,
+    processes: Vec<Process>,
     outside: Option<NetNs>,
     mounts: Child,
     reaper: Child,
@@ -96,9 +96,9 @@ pub struct Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        for (_, child) in self.processes.iter_mut().rev() {
-            let _ = child.kill();
-            let _ = child.wait();
+        for process in self.processes.iter_mut().rev() {
+            let _ = process.child.kill();
+            let _ = process.child.wait();
         }
         kill_cgroup(&self.cgroup);
         let _ = self.mounts.kill();
@@ -187,13 +187,29 @@ impl Node {
 
     /// Fails when a node process has exited, with the end of its log.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
-        for (name, child) in &mut self.processes {
+        for Process { name, child, .. } in &mut self.processes {
             if let Some(status) = child.try_wait()? {
                 let log = super::tail(&self.dir.join("logs").join(format!("{name}.log")));
                 bail!("{name} exited ({status}):\n{log}");
             }
         }
         Ok(())
+    }
+
+    /// Kills `name` (`kubelet`, `containerd`, `kube-proxy`, `kube-scheduler`) with SIGKILL,
+    /// waits `down_for` and starts it again with the same arguments. Containers keep running
+    /// meanwhile (their shims are not containerd's children).
+    pub fn restart(&mut self, name: &str, down_for: Duration) -> anyhow::Result<()> {
+        let i = self
+            .processes
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no {name} runs on the node"))?;
+        let mut process = self.processes.remove(i);
+        process.child.kill()?;
+        process.child.wait()?;
+        std::thread::sleep(down_for);
+        self.spawn_program(process.name, &process.program, &process.args)
     }
 
     /// A command run inside the node's mount namespace (and the caller's network namespace).
@@ -335,7 +351,12 @@ impl Node {
             .stderr(log)
             .spawn()
             .with_context(|| format!("cannot start {name}"))?;
-        self.processes.push((name, child));
+        self.processes.push(Process {
+            name,
+            program: program.to_owned(),
+            args: args.to_vec(),
+            child,
+        });
         Ok(())
     }
 
@@ -459,6 +480,15 @@ fn uplink(stack: Stack) -> anyhow::Result<NetNs> {
         }
     }
     Ok(outside)
+}
+
+/// A node process and how it was started.
+#[derive(Debug)]
+struct Process {
+    name: &'static str,
+    program: PathBuf,
+    args: Vec<String>,
+    child: Child,
 }
 
 fn node_ip(family: Family) -> &'static str {
@@ -627,20 +657,27 @@ fn restore_sysctls(saved: &[(&'static str, String)]) {
 /// The sandbox image: the pause binary in an OCI archive (`images/build.sh pause`).
 fn pause_image(bin: &Path, root: &Path) -> anyhow::Result<PathBuf> {
     let out = root.join("pause.tar");
-    build_image("pause", &bin.join("pause"), PAUSE_IMAGE, &out)?;
+    build_image("pause", &bin.join("pause"), &[PAUSE_IMAGE], &out)?;
     Ok(out)
 }
 
-/// `images/build.sh KIND --binary BINARY --tag REFERENCE --out ARCHIVE`: an OCI image archive
-/// of one of the repository's images, built from `binary` with no daemon and no registry.
-pub fn build_image(kind: &str, binary: &Path, reference: &str, out: &Path) -> anyhow::Result<()> {
+/// `images/build.sh KIND --binary BINARY --tag REFERENCE... --out ARCHIVE`: an OCI image
+/// archive of one of the repository's images, built from `binary` with no daemon and no
+/// registry, under every reference given.
+pub fn build_image(
+    kind: &str,
+    binary: &Path,
+    references: &[&str],
+    out: &Path,
+) -> anyhow::Result<()> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/build.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .arg(kind)
-        .arg("--binary")
-        .arg(binary)
-        .args(["--tag", reference, "--out"])
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script).arg(kind).arg("--binary").arg(binary);
+    for reference in references {
+        cmd.args(["--tag", reference]);
+    }
+    let output = cmd
+        .arg("--out")
         .arg(out)
         .stdin(Stdio::null())
         .output()

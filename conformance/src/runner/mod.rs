@@ -7,6 +7,8 @@ pub mod expect;
 pub mod gateway;
 pub mod gateway_report;
 pub mod kube_api;
+pub mod node_load;
+pub mod node_scenarios;
 pub mod parse;
 pub mod pod_shape;
 pub mod steps;
