@@ -107,9 +107,14 @@ for target in $(cargo fuzz list); do
 done
 rm -f "$fuzz_log"
 
-echo "== Ingress conformance on the real control plane, IPv4 and IPv6 (README: Conformance suite)"
-cargo build --locked -q -p controller --bin duet -p conformance --bin duet-conformance
-target/debug/duet-conformance ../shared/conformance/upstream-ingress/features conformance/features --family both
+echo "== Ingress conformance on the real control plane and a real node, IPv4 and IPv6 (README: Conformance suite)"
+cargo build --locked -q -p controller --bin duet -p conformance --bin duet-conformance --bin duet-echo
+target/debug/duet-conformance ../shared/conformance/upstream-ingress/features --family both --real-node
+
+# duet's own features name each pod's families (an IPv6-only pod beside a dual-stack one): the
+# stand-in kubelet gives a pod the families it asks for, a CNI bridge gives every pod both.
+echo "== duet's family features on the real control plane with the stand-in kubelet, IPv4 and IPv6"
+target/debug/duet-conformance conformance/features --family both
 
 echo "== Ingress conformance with ingress-nginx's class settings (--ingress-class nginx --controller-name k8s.io/ingress-nginx)"
 target/debug/duet-conformance ../shared/conformance/upstream-ingress/features conformance/features --family both \

@@ -39,6 +39,9 @@ pub const ECHO_IMAGE: &str = "k8s.gcr.io/ingressconformance/echoserver:v0.0.1@sh
 pub const SERVICE_PORT: (&str, u16) = ("http", 8080);
 /// The echo container's port.
 pub const ECHO_PORT: u16 = 3000;
+/// The echo image on a real node: `duet-echo` packed by `images/build.sh echo`, imported into
+/// the node's containerd (the upstream image's digest names an image this machine cannot pull).
+pub const NODE_ECHO_IMAGE: &str = "duet.local/duet-echo:dev";
 
 /// What the runner needs to reach a cluster.
 #[derive(Clone, Debug)]
@@ -53,6 +56,8 @@ pub struct Options {
     pub controller_name: String,
     /// The echo image of real Deployments.
     pub echo_image: String,
+    /// Start a real node ([`crate::cluster::node`]) rather than the stand-in kubelet.
+    pub real_node: bool,
     /// The port of the status addresses for `http` (real cluster).
     pub http_port: u16,
     /// The port of the status addresses for `https` (real cluster).
@@ -129,9 +134,19 @@ impl Cluster {
                 (kube, mode)
             }
             None => {
-                let cluster =
-                    crate::cluster::Cluster::start(crate::cluster::Options::default()).await?;
+                let cluster = crate::cluster::Cluster::start(crate::cluster::Options {
+                    real_node: opts.real_node,
+                    ..crate::cluster::Options::default()
+                })
+                .await?;
                 println!("control plane: {}", cluster.control_plane());
+                if let Some(node) = cluster.node() {
+                    println!("node: {}, load balancer: stand-in", node.versions());
+                    let image = cluster.dir().join("echo.tar");
+                    let echo = opts.duet.with_file_name("duet-echo");
+                    crate::cluster::node::build_image("echo", &echo, &[NODE_ECHO_IMAGE], &image)?;
+                    cluster.import_image(&image)?;
+                }
                 let kube = cluster.api().await?;
                 create_publish_service(&kube).await?;
                 let duet = start_duet(opts, &kube, cluster.kubeconfig(), &[]).await?;
@@ -150,10 +165,15 @@ impl Cluster {
                 (kube, mode)
             }
         };
+        let echo_image = if opts.real_node {
+            NODE_ECHO_IMAGE.to_owned()
+        } else {
+            opts.echo_image.clone()
+        };
         let cluster = Cluster {
             kube,
             ingress_class: opts.ingress_class.clone(),
-            echo_image: opts.echo_image.clone(),
+            echo_image,
             ready_timeout: opts.ready_timeout,
             mode,
         };
@@ -414,6 +434,7 @@ impl Cluster {
                     "spec": {"containers": [{
                         "name": "ingress-conformance-echo",
                         "image": self.echo_image,
+                        "imagePullPolicy": "IfNotPresent",
                         "env": [
                             {"name": "POD_NAME", "valueFrom": field("metadata.name")},
                             {"name": "NAMESPACE", "valueFrom": field("metadata.namespace")},

@@ -71,6 +71,12 @@ pub struct Cli {
     /// features with the settings of an ingress-nginx takeover.
     #[arg(long, value_name = "NAME", default_value = cluster::CONTROLLER)]
     pub controller_name: String,
+    /// Run the backends as containers on a real node (kubelet, containerd, CNI, kube-proxy:
+    /// conformance/node/build.sh) instead of the stand-in kubelet's in-process echo servers;
+    /// the echo image is built from `duet-echo` beside `--duet`. Pods of one family (duet's
+    /// own features that name a pod's families) need the stand-in kubelet.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    pub real_node: bool,
     /// The echo backend image of the Deployments (with --kubeconfig).
     #[arg(long, value_name = "IMAGE", default_value = cluster::ECHO_IMAGE)]
     pub echo_image: String,
@@ -142,6 +148,7 @@ pub async fn main(cli: Cli) -> anyhow::Result<i32> {
         ingress_class: cli.ingress_class.clone(),
         controller_name: cli.controller_name.clone(),
         echo_image: cli.echo_image.clone(),
+        real_node: cli.real_node,
         http_port: cli.http_port,
         https_port: cli.https_port,
         ready_timeout: Duration::from_secs(cli.ready_timeout),
