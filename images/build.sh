@@ -2,7 +2,8 @@
 # Builds a container image of one of duet's binaries as an OCI image archive, with no container
 # daemon and no registry, so it can be built here and by users the same way:
 #
-#   images/build.sh duet|echo|echo-basic|pause [--binary PATH] [--tag REF]... [--out FILE]
+#   images/build.sh duet|echo|echo-basic|pause|metallb-controller|metallb-speaker
+#                   [--binary PATH] [--tag REF]... [--out FILE]
 #
 #   duet        target/release/duet (built with cargo if missing), ref duet.local/duet:dev,
 #               entrypoint /usr/local/bin/duet, cmd serve, ports 8080 8443 10254; the same
@@ -14,6 +15,11 @@
 #               suite's manifests use (one index entry each), ports 3000 3001 8443
 #   pause       conformance/node/bin/pause (conformance/node/build.sh builds it), ref
 #               duet.local/pause:3.10: the test node's sandbox image
+#   metallb-controller, metallb-speaker
+#               conformance/node/bin/metallb-{controller,speaker} (conformance/node/build.sh
+#               builds them from go.universe.tf/metallb), ref duet.local/metallb-NAME:VERSION
+#               (the version conformance/node/metallb/go.mod pins); they run as root (uid 0) like
+#               upstream's images (distroless/static): the speaker needs NET_RAW for ARP and NDP
 #
 # --tag REF (repeatable) replaces the default ref(s); --out defaults to target/images/NAME.oci.tar.
 # An existing default binary is packed as it is: rebuild it first when the sources changed.
@@ -27,8 +33,8 @@
 # /etc/ssl/certs/ca-certificates.crt (Debian's ca-certificates), the copyright file of each of
 # these packages under /usr/share/doc, /etc/passwd and /etc/group with root and nonroot (65532,
 # home /home/nonroot owned by it), /etc/nsswitch.conf, and /tmp (1777).
-# It runs as 65532:65532. images/oci.py packs it deterministically: the same binary and libraries
-# give the same digest.
+# It runs as 65532:65532 (MetalLB's as 0:0). images/oci.py packs it deterministically: the same
+# binary and libraries give the same digest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly root
@@ -39,7 +45,7 @@ die() {
 }
 
 usage() {
-  sed -n '5,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '5,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit "${1:-2}"
 }
 
@@ -49,6 +55,7 @@ select_image() {
   version=$(package_field version)
   source_label="org.opencontainers.image.source=$(package_field repository)"
   cmd=()
+  user=65532:65532
   case $kind in
   duet)
     name=duet
@@ -79,6 +86,15 @@ select_image() {
     source_label="org.opencontainers.image.source=https://github.com/kubernetes/kubernetes"
     version=3.10
     ;;
+  metallb-controller | metallb-speaker)
+    name=$kind
+    default_binary=$root/conformance/node/bin/$kind
+    version=$(metallb_version)
+    default_refs=("duet.local/$kind:$version")
+    ports=()
+    source_label="org.opencontainers.image.source=https://github.com/metallb/metallb"
+    user=0:0
+    ;;
   *) usage ;;
   esac
   version_label="org.opencontainers.image.version=$version"
@@ -95,6 +111,11 @@ if isinstance(value, dict):
     value = tomllib.load(open(f"{root}/Cargo.toml", "rb"))["workspace"]["package"][field]
 print(value)
 EOF
+}
+
+# The go.universe.tf/metallb version conformance/node/metallb/go.mod pins (v0.16.2).
+metallb_version() {
+  awk '$1 == "go.universe.tf/metallb" { print $2 }' "$root/conformance/node/metallb/go.mod"
 }
 
 # The folder of the pinned sigs.k8s.io/gateway-api/conformance module (conformance/gateway/go.mod).
@@ -132,7 +153,7 @@ ensure_binary() {
   duet) (cd "$root" && cargo build --release --locked -p controller --bin duet) ;;
   echo) (cd "$root" && cargo build --locked -p conformance --bin duet-echo) ;;
   echo-basic) "$root/conformance/gateway/build.sh" >/dev/null ;;
-  pause) "$root/conformance/node/build.sh" >/dev/null ;;
+  pause | metallb-controller | metallb-speaker) "$root/conformance/node/build.sh" >/dev/null ;;
   esac
   [[ -f $binary ]] || die "$binary was not built"
 }
@@ -217,7 +238,7 @@ stage_files() {
 
 pack() {
   local rootfs=$1 ref port c
-  local args=(--out "$out" --owner home/nonroot=65532:65532 --user 65532:65532
+  local args=(--out "$out" --owner home/nonroot=65532:65532 --user "$user"
     "--entrypoint=/usr/local/bin/$name" --workdir / --created-by "images/build.sh $kind"
     --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt

@@ -7,6 +7,10 @@
 #   portmap) and crictl                  from the modules pinned in go.mod/go.sum beside this script
 #   pause                                the sandbox process, compiled with `gcc -static` from the
 #                                        kubernetes module's build/pause/linux/pause.c
+#   metallb-controller, metallb-speaker  MetalLB's controller and speaker from go.universe.tf/metallb,
+#                                        pinned in metallb/go.mod (a module of its own: it needs
+#                                        newer k8s.io, cel-go and zap than containerd and cri-tools
+#                                        are built with here)
 # runc needs cgo and libseccomp (Debian: libseccomp-dev, pkg-config; test.sh installs them).
 # Prints the bin directory on its last line. DUET_NODE_BIN overrides the output directory.
 set -euo pipefail
@@ -21,10 +25,14 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 
 node_tools=(kubelet kube-proxy kube-scheduler containerd containerd-shim-runc-v2 ctr runc
-  bridge host-local loopback portmap crictl pause)
+  bridge host-local loopback portmap crictl pause metallb-controller metallb-speaker)
 
 stamp_of_inputs() {
-  { cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$cluster/go.mod" "$cluster/go.sum"; go version; gcc --version | head -1; } |
+  { cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$cluster/go.mod" "$cluster/go.sum" \
+    "$here/metallb/go.mod" "$here/metallb/go.sum" "$here/metallb/frr-k8s-v0.0.27.go.in"
+    go version
+    gcc --version | head -1
+  } |
     sha256sum | cut -d' ' -f1
 }
 all_built() {
@@ -33,6 +41,35 @@ all_built() {
     [[ -x "$bin/$tool" ]] || return 1
   done
 }
+# metallb v0.16.2 requires github.com/metallb/frr-k8s v0.0.27, whose zip the module proxy refuses
+# (403 "This module version is not available"); MetalLB imports only its api/v1beta1 package.
+# metallb/go.mod replaces the module with metallb/frr-k8s (ignored), made here: v0.0.26's go.mod
+# and api/v1beta1 (from the proxy) plus what v0.0.27 added that MetalLB names, the type
+# AsPathPrependPrefixes (metallb/frr-k8s-v0.0.27.go.in) and the field
+# Advertise.PrefixesWithAsPathPrepend. Only MetalLB's frr-k8s BGP mode uses them.
+frr_k8s_api() {
+  local out="$here/metallb/frr-k8s" src api
+  src="$(cd / && GOFLAGS= go mod download -json github.com/metallb/frr-k8s@v0.0.26 |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+  [[ -d $src/api/v1beta1 ]] || { echo "node build.sh: frr-k8s v0.0.26 not downloaded" >&2; exit 1; }
+  rm -rf "$out"
+  api="$out/api/v1beta1"
+  mkdir -p "$api"
+  cp "$src/go.mod" "$src/LICENSE" "$out/"
+  cp "$src"/api/v1beta1/*.go "$api/"
+  chmod -R u+w "$out"
+  cp "$here/metallb/frr-k8s-v0.0.27.go.in" "$api/zz_duet_v0_0_27.go"
+  sed -i '/^type Advertise struct {$/,/^}$/ s/^}$/\tPrefixesWithAsPathPrepend []AsPathPrependPrefixes `json:"withAsPathPrepend,omitempty"`\n}/' \
+    "$api/frrconfiguration_types.go"
+  sed -i '/^func (in \*Advertise) DeepCopyInto/,/^}$/ s/^\tin.Allowed.DeepCopyInto(&out.Allowed)$/&\n\tout.PrefixesWithAsPathPrepend = copyAsPathPrepend(in.PrefixesWithAsPathPrepend)/' \
+    "$api/zz_generated.deepcopy.go"
+  gofmt -w "$api"
+  grep -q PrefixesWithAsPathPrepend "$api/frrconfiguration_types.go" &&
+    grep -q copyAsPathPrepend "$api/zz_generated.deepcopy.go" ||
+    { echo "node build.sh: cannot add v0.0.27's AsPathPrepend to frr-k8s v0.0.26" >&2; exit 1; }
+}
+frr_k8s_api
+
 want="$(stamp_of_inputs)"
 if [[ -f "$bin/stamp" && "$(cat "$bin/stamp")" == "$want" ]] && all_built; then
   echo "node: reusing $bin (inputs unchanged)" >&2
@@ -48,6 +85,7 @@ containerd_version="$(version_of "$here" github.com/containerd/containerd/v2)"
 runc_version="$(version_of "$here" github.com/opencontainers/runc)"
 cni_version="$(version_of "$here" github.com/containernetworking/plugins)"
 crictl_version="$(version_of "$here" sigs.k8s.io/cri-tools)"
+metallb_version="$(version_of "$here/metallb" go.universe.tf/metallb)"
 major="${kube_version#v}"
 major="${major%%.*}"
 minor="${kube_version#v*.}"
@@ -64,7 +102,7 @@ containerd_ldflags+=" -X github.com/containerd/containerd/v2/version.Revision=mo
 export GOFLAGS="${GOFLAGS:--p=2} -mod=readonly"
 start=$(date +%s)
 echo "node: building kubelet, kube-proxy, kube-scheduler $kube_version, containerd $containerd_version," \
-  "runc $runc_version, CNI plugins $cni_version, crictl $crictl_version into $bin" >&2
+  "runc $runc_version, CNI plugins $cni_version, crictl $crictl_version, MetalLB $metallb_version into $bin" >&2
 
 build() { # build DIR LDFLAGS OUT PACKAGE [TAGS]
   (cd "$1" && go build -trimpath -tags "${5:-}" -ldflags "-s -w $2" -o "$bin/$3" "$4")
@@ -83,6 +121,10 @@ for plugin in main/bridge ipam/host-local main/loopback meta/portmap; do
 done
 build "$here" "-X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl_version" crictl \
   sigs.k8s.io/cri-tools/cmd/crictl
+# MetalLB's version is in its source (internal/version); its release sets only commit and branch.
+for cmd in controller speaker; do
+  build "$here/metallb" "" "metallb-$cmd" "go.universe.tf/metallb/$cmd"
+done
 CGO_ENABLED=1 build "$here" "-X main.version=${runc_version#v}" runc github.com/opencontainers/runc \
   "seccomp urfave_cli_no_docs"
 

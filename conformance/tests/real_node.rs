@@ -4,7 +4,10 @@
 //! address of each family of the cluster; a Service's ClusterIPs of each family reach them through
 //! kube-proxy's nftables rules, and every answer comes from a pod over the client's family; a
 //! LoadBalancer Service's addresses of each family reach them from the namespace outside the node.
-//! Dual-stack (IPv4 or IPv6 primary), IPv4-only and IPv6-only clusters.
+//! Dual-stack (IPv4 or IPv6 primary), IPv4-only and IPv6-only clusters. With MetalLB
+//! (`LoadBalancerKind::MetalLb`) instead of the stand-in load balancer, a LoadBalancer Service
+//! gets an address per family from MetalLB's pool in the uplink subnets, announced by ARP/NDP on
+//! the node's eth0 only, and the outside namespace reaches the pods through each.
 //!
 //! Needs root (namespaces, cgroups, mounts), Go and gcc (the first run builds the node: see
 //! `conformance/node/build.sh`), libseccomp, nftables, iproute2 and util-linux. Nothing is
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use conformance::client::Conn;
-use conformance::cluster::{node, Cluster, Options, Stack};
+use conformance::cluster::{metallb, node, Cluster, LoadBalancerKind, Options, Stack};
 use conformance::runner::kube_api::KubeApi;
 use conformance::Family;
 use serde_json::{json, Value};
@@ -28,10 +31,14 @@ const NS: &str = "demo";
 const ECHO_IMAGE: &str = "duet.local/duet-echo:test";
 const WAIT: Duration = Duration::from_secs(90);
 
-async fn start(stack: Stack) -> anyhow::Result<(Cluster, KubeApi)> {
+async fn start(
+    stack: Stack,
+    load_balancer: LoadBalancerKind,
+) -> anyhow::Result<(Cluster, KubeApi)> {
     let cluster = Cluster::start(Options {
         stack,
         real_node: true,
+        load_balancer,
         ..Options::default()
     })
     .await?;
@@ -221,7 +228,7 @@ async fn answers(to: SocketAddr, pods: &[String]) -> anyhow::Result<String> {
 
 async fn containers_serve_through_kube_proxy(stack: Stack) -> anyhow::Result<()> {
     let _one = ONE_AT_A_TIME.lock().await;
-    let (mut cluster, api) = start(stack).await?;
+    let (mut cluster, api) = start(stack, LoadBalancerKind::StandIn).await?;
     let families = stack.families();
     api.create(deployment("echo", 2)).await?;
     let svc = api.create(service("echo")).await?;
@@ -295,4 +302,143 @@ async fn ipv6_only_containers_serve_ipv6_through_kube_proxy() {
     containers_serve_through_kube_proxy(Stack::Ipv6)
         .await
         .unwrap();
+}
+
+/// The echo Deployment's pods' names once `n` run Ready.
+async fn pod_names(api: &KubeApi, families: &[Family]) -> anyhow::Result<Vec<String>> {
+    let pods = running_pods(api, "echo", 2, families).await?;
+    Ok(pods
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// Inside MetalLB's pool: 10.255.0.100-199 or fd00:10:255::100-1ff.
+fn in_metallb_pool(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            (a, b, c) == (10, 255, 0) && (100..=199).contains(&d)
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            s[..7] == [0xfd00, 0x10, 0x255, 0, 0, 0, 0] && (0x100..=0x1ff).contains(&s[7])
+        }
+    }
+}
+
+/// `answers_from_outside`, retried while the first ARP/NDP exchange and kube-proxy's rules for
+/// the new address settle.
+fn answers_from_outside_soon(
+    outside: &std::path::Path,
+    to: SocketAddr,
+    pods: &[String],
+) -> anyhow::Result<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match answers_from_outside(outside, to, pods) {
+            Ok(pod) => return Ok(pod),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// The link-layer address the outside namespace holds for `ip` (`ip neigh`).
+fn outside_neighbour(outside: &std::path::Path, ip: &IpAddr) -> anyhow::Result<String> {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", outside.display()))
+        .args(["ip", "neigh", "show", &ip.to_string()])
+        .output()
+        .context("cannot run nsenter ip neigh")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mac = words.windows(2).find(|w| w[0] == "lladdr").map(|w| w[1]);
+    mac.map(str::to_owned)
+        .with_context(|| format!("the outside namespace has no neighbour entry for {ip}: {text:?}"))
+}
+
+/// The MAC of the node's eth0, from `ip link` run from this thread, which is in the node's (the
+/// cluster's) network namespace (`/sys/class/net` shows the machine's: sysfs keeps the namespace
+/// it was mounted in).
+fn node_eth0_mac() -> anyhow::Result<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "link", "show", "eth0"])
+        .output()
+        .context("cannot run ip link")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mac = words
+        .windows(2)
+        .find(|w| w[0] == "link/ether")
+        .map(|w| w[1]);
+    mac.map(str::to_owned)
+        .with_context(|| format!("no MAC for the node's eth0: {text:?}"))
+}
+
+/// MetalLB's ServiceL2Status names eth0 as the one interface it announces the Service on, and
+/// the outside namespace resolved every address to the node's eth0 MAC.
+async fn announced_on_eth0_only(
+    api: &KubeApi,
+    outside: &std::path::Path,
+    addresses: &[IpAddr],
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT;
+    let interfaces = loop {
+        let got = metallb::announcing_interfaces(api, "echo-lb").await?;
+        if !got.is_empty() || Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    ensure!(
+        interfaces == [metallb::INTERFACE],
+        "MetalLB announces echo-lb on {interfaces:?}"
+    );
+    let mac = node_eth0_mac()?;
+    for ip in addresses {
+        let neighbour = outside_neighbour(outside, ip)?;
+        ensure!(
+            neighbour == mac,
+            "{ip} resolves to {neighbour} outside, not to the node's eth0 {mac}"
+        );
+        println!("{ip}: announced on eth0 ({neighbour})");
+    }
+    Ok(())
+}
+
+async fn metallb_serves_from_outside(stack: Stack) -> anyhow::Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let (mut cluster, api) = start(stack, LoadBalancerKind::MetalLb).await?;
+    println!("cluster with MetalLB up in {:?}", started.elapsed());
+    let families = stack.families();
+    api.create(deployment("echo", 2)).await?;
+    let names = pod_names(&api, families).await?;
+    api.create(load_balancer("echo")).await?;
+    let outside = cluster.node().context("no node")?.outside().to_owned();
+    let addresses = lb_addresses(&api, "echo-lb", families).await?;
+    for ip in &addresses {
+        ensure!(in_metallb_pool(ip), "{ip} is not from MetalLB's pool");
+        let to = SocketAddr::new(*ip, 80);
+        let pod = answers_from_outside_soon(&outside, to, &names)?;
+        println!("{to} (MetalLB) from outside the node: answered by {pod}");
+    }
+    announced_on_eth0_only(&api, &outside, &addresses).await?;
+    cluster.check_running()
+}
+
+#[tokio::test]
+async fn dual_stack_metallb_serves_both_families_from_outside() {
+    metallb_serves_from_outside(Stack::Dual).await.unwrap();
+}
+
+#[tokio::test]
+async fn ipv4_only_metallb_serves_ipv4_from_outside() {
+    metallb_serves_from_outside(Stack::Ipv4).await.unwrap();
+}
+
+#[tokio::test]
+async fn ipv6_only_metallb_serves_ipv6_from_outside() {
+    metallb_serves_from_outside(Stack::Ipv6).await.unwrap();
 }

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! duet-cluster up --dir /tmp/c [--single-stack[=ipv4|ipv6]]   # foreground; Ctrl-C stops it
+//! duet-cluster up --dir /tmp/c --real-node [--metallb]      # a real node [and MetalLB]
 //! duet-cluster exec --dir /tmp/c -- curl -sk https://127.0.0.1:6443/version
 //! duet-cluster down --dir /tmp/c
 //! ```
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use conformance::cluster::{Cluster, Options, Stack};
+use conformance::cluster::{Cluster, LoadBalancerKind, Options, Stack};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,6 +55,11 @@ enum Cmd {
         /// Repeatable.
         #[arg(long, requires = "real_node")]
         image: Vec<PathBuf>,
+        /// MetalLB in L2 mode (built by conformance/node/build.sh) instead of the stand-in load
+        /// balancer: LoadBalancer addresses from the uplink subnets (10.255.0.100-199,
+        /// fd00:10:255::100-1ff), announced on the node's eth0.
+        #[arg(long, requires = "real_node")]
+        metallb: bool,
     },
     /// Stops the cluster started with the same `--dir` and waits until it is gone.
     Down {
@@ -83,6 +89,7 @@ fn main() {
             bin_dir,
             real_node,
             image,
+            metallb,
         } => {
             let dual = if ipv6_primary {
                 Stack::DualIpv6
@@ -94,6 +101,11 @@ fn main() {
                 bin_dir,
                 gateway_api,
                 real_node,
+                load_balancer: if metallb {
+                    LoadBalancerKind::MetalLb
+                } else {
+                    LoadBalancerKind::StandIn
+                },
                 ..Options::default()
             };
             up(dir, options, &image)

@@ -3,7 +3,8 @@
 //! network namespace of their own with a stand-in kubelet ([`kubelet`]) that runs pods as echo
 //! servers on real pod addresses of both families, and a stand-in load-balancer controller
 //! ([`loadbalancer`]) that gives LoadBalancer Services addresses of both families and forwards
-//! their traffic with nftables.
+//! their traffic with nftables. With a real node ([`node`], `Options::real_node`) MetalLB in L2
+//! mode ([`metallb`], `LoadBalancerKind::MetalLb`) can take the stand-in's place.
 //!
 //! Reachability: [`Cluster::start`] moves the calling thread into the namespace, so the API
 //! server (`https://127.0.0.1:6443`, or `[::1]` on an IPv6-only cluster), every pod address and
@@ -19,6 +20,7 @@ pub mod echo_basic;
 pub mod faults;
 pub mod kubelet;
 pub mod loadbalancer;
+pub mod metallb;
 pub mod netns;
 pub mod node;
 mod pki;
@@ -115,6 +117,18 @@ impl Stack {
     }
 }
 
+/// What gives LoadBalancer Services their addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadBalancerKind {
+    /// The stand-in controller ([`loadbalancer`]): addresses of its own pools, forwarded by its
+    /// own nftables rules.
+    #[default]
+    StandIn,
+    /// MetalLB in L2 mode ([`metallb`]) on the real node: addresses of the node's uplink subnets,
+    /// announced by ARP and NDP on the uplink, forwarded by kube-proxy. Needs `real_node`.
+    MetalLb,
+}
+
 /// How to start a cluster.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -141,6 +155,8 @@ pub struct Options {
     /// of the stand-in kubelet: pods are containers of images imported with
     /// [`Cluster::import_image`].
     pub real_node: bool,
+    /// The load balancer (MetalLB only with `real_node`).
+    pub load_balancer: LoadBalancerKind,
 }
 
 impl Default for Options {
@@ -153,6 +169,7 @@ impl Default for Options {
             gateway_api: false,
             echo_basic: None,
             real_node: false,
+            load_balancer: LoadBalancerKind::StandIn,
         }
     }
 }
@@ -307,12 +324,14 @@ impl Cluster {
             &bin.join("kube-controller-manager"),
             &kcm_args,
         )?;
+        if options.load_balancer == LoadBalancerKind::MetalLb && !options.real_node {
+            bail!("MetalLB runs on the real node only (Options::real_node)");
+        }
         if options.real_node {
-            cluster.start_node(&pki, &api).await?;
-            cluster.loadbalancer = Some(loadbalancer::LoadBalancer::start(
-                cluster.netns.path(),
-                &cluster.kubeconfig,
-            )?);
+            let bin = cluster.start_node(&pki, &api).await?;
+            cluster
+                .start_load_balancer(options.load_balancer, &bin, &api)
+                .await?;
         } else {
             cluster.start_stand_ins(&options)?;
         }
@@ -323,8 +342,31 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// The real node, its identities written beside the admin kubeconfig.
-    async fn start_node(&mut self, pki: &pki::Pki, api: &KubeApi) -> anyhow::Result<()> {
+    /// The real node's load balancer: the stand-in, or MetalLB deployed on the node.
+    async fn start_load_balancer(
+        &mut self,
+        kind: LoadBalancerKind,
+        bin: &Path,
+        api: &KubeApi,
+    ) -> anyhow::Result<()> {
+        match kind {
+            LoadBalancerKind::StandIn => {
+                self.loadbalancer = Some(loadbalancer::LoadBalancer::start(
+                    self.netns.path(),
+                    &self.kubeconfig,
+                )?);
+                Ok(())
+            }
+            LoadBalancerKind::MetalLb => {
+                let node = self.node.as_ref().context("no real node")?;
+                metallb::deploy(api, node, bin, &self.dir, self.stack).await
+            }
+        }
+    }
+
+    /// The real node, its identities written beside the admin kubeconfig; returns the folder of
+    /// its binaries.
+    async fn start_node(&mut self, pki: &pki::Pki, api: &KubeApi) -> anyhow::Result<PathBuf> {
         let bin = node::build()?;
         let server = self.stack.server_url();
         let write = |name: &str, user: &str, groups: &[&str]| -> anyhow::Result<PathBuf> {
@@ -344,7 +386,7 @@ impl Cluster {
         };
         let node = node::Node::start(&self.dir, &bin, self.stack, &credentials, api).await?;
         self.node = Some(node);
-        Ok(())
+        Ok(bin)
     }
 
     /// The stand-in kubelet and load balancer.
