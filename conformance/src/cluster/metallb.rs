@@ -64,7 +64,7 @@ pub async fn deploy(
         node::build_image(
             &format!("metallb-{part}"),
             &binary,
-            &module.image(part),
+            &[&module.image(part)],
             &archive,
         )?;
         node.import_image(&archive)?;

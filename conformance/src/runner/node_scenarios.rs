@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use super::kube_api::KubeApi;
 use super::node_load::{Load, Stats};
 use super::Profile;
-use crate::cluster::{node, Cluster, Options, Stack};
+use crate::cluster::{node, Cluster, LoadBalancerKind, Options, Stack};
 
 const RELEASE: &str = "duet";
 const DUET_NS: &str = "duet";
@@ -113,12 +113,13 @@ pub async fn main(cli: NodeScenariosCli) -> anyhow::Result<i32> {
     let mut cluster = Cluster::start(Options {
         stack,
         real_node: true,
+        load_balancer: LoadBalancerKind::MetalLb,
         ..Options::default()
     })
     .await?;
     let node = cluster.node().context("no real node")?;
     println!("control plane: {}", cluster.control_plane());
-    println!("node: {}, load balancer: stand-in", node.versions());
+    println!("node: {}, load balancer: MetalLB L2", node.versions());
     let helm = Helm::build(cluster.dir(), cluster.kubeconfig())?;
     import_images(&cluster, &duet)?;
     let api = cluster.api().await?;
