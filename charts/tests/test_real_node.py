@@ -185,8 +185,10 @@ def create_all(cluster: RealCluster, objects: list[dict]):
 
 def check_security_context(cluster: RealNode, pod_names: list[str]):
     """The duet containers as they run: crictl gives their host pids; the kernel's view of them."""
+    # (Containers of an earlier install may still be terminating.)
     containers = [c for c in cluster.crictl("ps", "--name", "^duet$")["containers"]
-                  if c["labels"].get("io.kubernetes.pod.namespace") == NAMESPACE]
+                  if c["labels"].get("io.kubernetes.pod.namespace") == NAMESPACE
+                  and c["labels"].get("io.kubernetes.pod.name") in pod_names]
     assert sorted(c["labels"]["io.kubernetes.pod.name"] for c in containers) == sorted(pod_names), containers
     for container in containers:
         pid = cluster.crictl("inspect", container["id"])["info"]["pid"]
@@ -264,6 +266,59 @@ def test_default_install_on_a_real_node(node, tmp_path, capsys):
         except BaseException:
             for name in get(cluster, f"/api/v1{NS}/pods")["items"]:
                 print(name["metadata"]["name"], json.dumps(name["status"])[:2000])
+            raise
+        finally:
+            cfg.uninstall(RELEASE)
+    with capsys.disabled():
+        print(f"\n{cluster.stack}: " + ", ".join(
+            f"{k} {v:.1f} s" if isinstance(v, float) else f"{k} {v}" for k, v in cluster.times.items()))
+
+
+def test_daemonset_with_host_network_serves_the_node_addresses(node, tmp_path, capsys):
+    """controller.kind=DaemonSet, controller.hostNetwork=true: one duet pod in the node's own
+    network namespace, Ready through the kubelet's probes of the node's address, listening on
+    the node's address of each family of the cluster (10.244.0.1, fd00:10:244::1)."""
+    cluster = node
+    ns = "echo-hostnet"
+    daemonset = f"/apis/apps/v1{NS}/daemonsets/{FULLNAME}"
+    with helm_config(cluster, tmp_path) as cfg:
+        started = time.monotonic()
+        install(cfg, {**IMAGE_VALUES, "controller": {"kind": "DaemonSet", "hostNetwork": True}})
+        try:
+            assert cluster.request("GET", f"/apis/apps/v1{NS}/deployments/{FULLNAME}")[0] == 404
+            selector, check = ready_pods(cluster, daemonset, 1, cluster.families)
+            until(READY_WITHIN, "1 Ready duet pod on the host network", check)
+            cluster.times = {"DaemonSet install to Ready": time.monotonic() - started}
+            (pod,) = pods(cluster, selector)
+            assert pod["spec"]["hostNetwork"] is True
+            host_ips = [ip["ip"] for ip in pod["status"]["hostIPs"]]
+            assert host_ips == [NODE_IPS[f] for f in cluster.families], host_ips
+            # On the host network the pod's addresses are the node's.
+            assert [ip["ip"] for ip in pod["status"]["podIPs"]] == host_ips
+            check_security_context(cluster, [pod["metadata"]["name"]])
+
+            create_all(cluster, echo_objects(ns))
+            until(READY_WITHIN, "2 Ready echo pods", ready_pods(
+                cluster, f"/apis/apps/v1/namespaces/{ns}/deployments/{APP}", 2, cluster.families)[1])
+            echo = [p["metadata"]["name"] for p in get(cluster, f"/api/v1/namespaces/{ns}/pods")["items"]]
+            host = f"{APP}.{ns}.test"
+            for ip in host_ips:
+                port = 8080  # controller.containerPorts.http: on the node itself
+
+                def served():
+                    status, body = cluster.get_inside(url(ip, port), host)
+                    return True if status == 200 else (status, body)
+
+                until(60, f"{host} at {ip}:{port} inside the node", served)
+                status, body = cluster.get_inside(url(ip, port), host)
+                answer = json.loads(body)
+                assert answer["pod"] in echo and answer["family"] == family(ip).lower(), (ip, answer)
+                status, body = cluster.get_inside(url(ip, 10254) + "readyz", host)
+                assert status == 200, (ip, status, body)
+                cluster.times[f"served at {ip}"] = answer["pod"]
+        except BaseException:
+            for p in get(cluster, f"/api/v1{NS}/pods")["items"]:
+                print(p["metadata"]["name"], json.dumps(p["status"])[:2000])
             raise
         finally:
             cfg.uninstall(RELEASE)
