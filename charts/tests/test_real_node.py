@@ -16,7 +16,8 @@ Helm's install (helm-python-sdk, as test_install.py) with the DEFAULT values but
 4. from the namespace OUTSIDE the node, a client of each family of the cluster reaches the echo
    pods behind that Ingress through the chart's LoadBalancer Service and duet, and the echo pod
    was reached over the client's family;
-5. the chart's DaemonSet with hostNetwork listens on the node's addresses of each family (from
+5. duet's own log in the pods (crictl logs) holds no warning or error;
+6. the chart's DaemonSet with hostNetwork listens on the node's addresses of each family (from
    inside the node's network namespace: 10.244.0.1 and fd00:10:244::1).
 
 The images hold the DEBUG binaries (target/debug/duet, target/debug/duet-echo): a release build
@@ -96,6 +97,14 @@ class RealNode(RealCluster):
                              capture_output=True, text=True, timeout=30)
         assert run.returncode == 0, (command, args, run.stderr)
         return json.loads(run.stdout)
+
+    def logs(self, container: str) -> str:
+        """What the container wrote to stdout and stderr."""
+        socket = self.dir / "node" / "containerd" / "containerd.sock"
+        run = subprocess.run([CRICTL, "--runtime-endpoint", f"unix://{socket}", "logs", container],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, (container, run.stderr)
+        return run.stdout + "".join(line + "\n" for line in run.stderr.splitlines() if "crictl.yaml" not in line)
 
     def stop(self):
         self.outside.shutdown(wait=False)
@@ -185,12 +194,7 @@ def create_all(cluster: RealCluster, objects: list[dict]):
 
 def check_security_context(cluster: RealNode, pod_names: list[str]):
     """The duet containers as they run: crictl gives their host pids; the kernel's view of them."""
-    # (Containers of an earlier install may still be terminating.)
-    containers = [c for c in cluster.crictl("ps", "--name", "^duet$")["containers"]
-                  if c["labels"].get("io.kubernetes.pod.namespace") == NAMESPACE
-                  and c["labels"].get("io.kubernetes.pod.name") in pod_names]
-    assert sorted(c["labels"]["io.kubernetes.pod.name"] for c in containers) == sorted(pod_names), containers
-    for container in containers:
+    for container in duet_containers(cluster, pod_names):
         pid = cluster.crictl("inspect", container["id"])["info"]["pid"]
         status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
         status = {k: v.split() for k, v in status.items()}
@@ -204,6 +208,26 @@ def check_security_context(cluster: RealNode, pod_names: list[str]):
         (root,) = [line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
                    if line.split()[4] == "/"]
         assert "ro" in root[5].split(","), f"root mount of {container['id']}: {root}"
+
+
+def duet_containers(cluster: RealNode, pod_names: list[str]) -> list[dict]:
+    """The running duet containers of these pods (containers of an earlier install may still be
+    terminating)."""
+    containers = [c for c in cluster.crictl("ps", "--name", "^duet$")["containers"]
+                  if c["labels"].get("io.kubernetes.pod.namespace") == NAMESPACE
+                  and c["labels"].get("io.kubernetes.pod.name") in pod_names]
+    assert sorted(c["labels"]["io.kubernetes.pod.name"] for c in containers) == sorted(pod_names), containers
+    return containers
+
+
+def check_logs_clean(cluster: RealNode, pod_names: list[str]):
+    """duet warned of nothing and hit no error in the pods (e.g. a refused API request of its
+    service account, a write to the read-only root)."""
+    for container in duet_containers(cluster, pod_names):
+        log = cluster.logs(container["id"])
+        assert " INFO " in log, log[-2000:]
+        bad = [line for line in log.splitlines() if " WARN " in line or " ERROR " in line]
+        assert not bad, "\n".join(bad)
 
 
 def test_default_install_on_a_real_node(node, tmp_path, capsys):
@@ -263,6 +287,7 @@ def test_default_install_on_a_real_node(node, tmp_path, capsys):
                     assert answer["family"] == family(ip).lower(), (ip, answer)
                     seen.add(answer["pod"])
                 cluster.times[f"served {family(ip)} by"] = sorted(seen)
+            check_logs_clean(cluster, names)
         except BaseException:
             for name in get(cluster, f"/api/v1{NS}/pods")["items"]:
                 print(name["metadata"]["name"], json.dumps(name["status"])[:2000])
@@ -316,6 +341,7 @@ def test_daemonset_with_host_network_serves_the_node_addresses(node, tmp_path, c
                 status, body = cluster.get_inside(url(ip, 10254) + "readyz", host)
                 assert status == 200, (ip, status, body)
                 cluster.times[f"served at {ip}"] = answer["pod"]
+            check_logs_clean(cluster, [pod["metadata"]["name"]])
         except BaseException:
             for p in get(cluster, f"/api/v1{NS}/pods")["items"]:
                 print(p["metadata"]["name"], json.dumps(p["status"])[:2000])
