@@ -113,7 +113,7 @@ print(value)
 EOF
 }
 
-# The go.universe.tf/metallb version conformance/node/metallb/go.mod pins (v0.16.2).
+# The go.universe.tf/metallb version conformance/node/metallb/go.mod pins (v0.15.2).
 metallb_version() {
   awk '$1 == "go.universe.tf/metallb" { print $2 }' "$root/conformance/node/metallb/go.mod"
 }

@@ -29,7 +29,7 @@ node_tools=(kubelet kube-proxy kube-scheduler containerd containerd-shim-runc-v2
 
 stamp_of_inputs() {
   { cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$cluster/go.mod" "$cluster/go.sum" \
-    "$here/metallb/go.mod" "$here/metallb/go.sum" "$here/metallb/frr-k8s-v0.0.27.go.in"
+    "$here/metallb/go.mod" "$here/metallb/go.sum"
     go version
     gcc --version | head -1
   } |
@@ -41,35 +41,6 @@ all_built() {
     [[ -x "$bin/$tool" ]] || return 1
   done
 }
-# metallb v0.16.2 requires github.com/metallb/frr-k8s v0.0.27, whose zip the module proxy refuses
-# (403 "This module version is not available"); MetalLB imports only its api/v1beta1 package.
-# metallb/go.mod replaces the module with metallb/frr-k8s (ignored), made here: v0.0.26's go.mod
-# and api/v1beta1 (from the proxy) plus what v0.0.27 added that MetalLB names, the type
-# AsPathPrependPrefixes (metallb/frr-k8s-v0.0.27.go.in) and the field
-# Advertise.PrefixesWithAsPathPrepend. Only MetalLB's frr-k8s BGP mode uses them.
-frr_k8s_api() {
-  local out="$here/metallb/frr-k8s" src api
-  src="$(cd / && GOFLAGS= go mod download -json github.com/metallb/frr-k8s@v0.0.26 |
-    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
-  [[ -d $src/api/v1beta1 ]] || { echo "node build.sh: frr-k8s v0.0.26 not downloaded" >&2; exit 1; }
-  rm -rf "$out"
-  api="$out/api/v1beta1"
-  mkdir -p "$api"
-  cp "$src/go.mod" "$src/LICENSE" "$out/"
-  cp "$src"/api/v1beta1/*.go "$api/"
-  chmod -R u+w "$out"
-  cp "$here/metallb/frr-k8s-v0.0.27.go.in" "$api/zz_duet_v0_0_27.go"
-  sed -i '/^type Advertise struct {$/,/^}$/ s/^}$/\tPrefixesWithAsPathPrepend []AsPathPrependPrefixes `json:"withAsPathPrepend,omitempty"`\n}/' \
-    "$api/frrconfiguration_types.go"
-  sed -i '/^func (in \*Advertise) DeepCopyInto/,/^}$/ s/^\tin.Allowed.DeepCopyInto(&out.Allowed)$/&\n\tout.PrefixesWithAsPathPrepend = copyAsPathPrepend(in.PrefixesWithAsPathPrepend)/' \
-    "$api/zz_generated.deepcopy.go"
-  gofmt -w "$api"
-  grep -q PrefixesWithAsPathPrepend "$api/frrconfiguration_types.go" &&
-    grep -q copyAsPathPrepend "$api/zz_generated.deepcopy.go" ||
-    { echo "node build.sh: cannot add v0.0.27's AsPathPrepend to frr-k8s v0.0.26" >&2; exit 1; }
-}
-frr_k8s_api
-
 want="$(stamp_of_inputs)"
 if [[ -f "$bin/stamp" && "$(cat "$bin/stamp")" == "$want" ]] && all_built; then
   echo "node: reusing $bin (inputs unchanged)" >&2

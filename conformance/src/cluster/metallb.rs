@@ -289,17 +289,17 @@ mod tests {
     fn the_speaker_loses_memberlist_and_images_are_local() {
         let module = Module {
             dir: PathBuf::new(),
-            version: "v0.16.2".into(),
+            version: "v0.15.2".into(),
         };
         let speaker = json!({"kind": "DaemonSet", "metadata": {"name": "speaker"}, "spec": {"template": {"spec": {
-            "containers": [{"image": "quay.io/metallb/speaker:v0.16.2",
+            "containers": [{"image": "quay.io/metallb/speaker:v0.15.2",
                 "env": [{"name": "METALLB_NODE_NAME"}, {"name": "METALLB_ML_BIND_ADDR"}],
                 "volumeMounts": [{"name": "memberlist"}, {"name": "metallb-excludel2"}]}],
             "volumes": [{"name": "memberlist"}, {"name": "metallb-excludel2"}]}}}});
         let got = module.localize(speaker);
         let spec = &got["spec"]["template"]["spec"];
         let container = &spec["containers"][0];
-        assert_eq!(container["image"], "duet.local/metallb-speaker:v0.16.2");
+        assert_eq!(container["image"], "duet.local/metallb-speaker:v0.15.2");
         assert_eq!(container["imagePullPolicy"], "Never");
         assert_eq!(container["env"], json!([{"name": "METALLB_NODE_NAME"}]));
         assert_eq!(
