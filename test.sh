@@ -69,6 +69,7 @@ if ! command -v python3 >/dev/null 2>&1; then
   apt_install python3
 fi
 echo "== the book: mdbook build docs, docs/check-links.py"
+python3 docs/test_check_links.py
 "$mdbook" build docs
 python3 docs/check-links.py docs/book README.md
 
