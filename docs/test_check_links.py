@@ -4,7 +4,9 @@
     python3 docs/test_check_links.py
 """
 
+import contextlib
 import importlib.util
+import io
 import os
 import tempfile
 import unittest
@@ -68,10 +70,14 @@ class CheckLinks(unittest.TestCase):
         self.assertEqual(len(errors), 3, errors)
 
     def test_main_exits_1_on_a_broken_link(self):
+        argv = ["check-links.py", self.book, self.readme]
         write(self.readme, "# duet\n[a](#nowhere)\n")
-        self.assertEqual(check_links.main(["check-links.py", self.book, self.readme]), 1)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(check_links.main(argv), 1)
+        self.assertIn("#nowhere: no anchor", out.getvalue())
         write(self.readme, "# duet\n[a](#duet)\n")
-        self.assertEqual(check_links.main(["check-links.py", self.book, self.readme]), 0)
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.assertEqual(check_links.main(argv), 0)
 
     def test_github_slugs(self):
         slugs = check_links.github_slugs("# Install with Helm\n## `--lb` and p2c!\n## Install with Helm\n")
