@@ -56,7 +56,7 @@ impl DuetBuilder {
     }
 
     /// `duet serve --kubeconfig PATH`: Kubernetes mode against the API server of that
-    /// kubeconfig (e.g. a test API server's).
+    /// kubeconfig (e.g. the real control plane's, [`crate::cluster`]).
     pub fn kube(bin: impl AsRef<Path>, kubeconfig: impl AsRef<Path>) -> DuetBuilder {
         DuetBuilder {
             bin: bin.as_ref().to_owned(),

@@ -1,7 +1,7 @@
 //! duet's test harness: the echo backend (the upstream conformance JSON contract plus the family
 //! and addresses a request arrived on), in-process echo pods on ephemeral loopback ports, manifest
-//! builders, a runner for the real `duet` binary, a family-aware HTTP client and a test Kubernetes
-//! API server ([`apiserver`]).
+//! builders, a runner for the real `duet` binary, a family-aware HTTP client and a real
+//! Kubernetes control plane ([`cluster`]).
 //!
 //! A typical end-to-end test:
 //!
@@ -19,7 +19,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod apiserver;
 pub mod client;
 pub mod cluster;
 pub mod duet;

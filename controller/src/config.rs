@@ -940,6 +940,18 @@ mod tests {
     }
 
     #[test]
+    fn loopback_endpoints_are_allowed_with_manifests_or_the_test_only_flag() {
+        assert!(serve(&[]).unwrap().translate.allow_loopback_endpoints);
+        let kube = |extra: &[&str]| {
+            let mut args = vec!["duet", "serve", "--kubeconfig", "/tmp/kc"];
+            args.extend_from_slice(extra);
+            parse(args).unwrap().translate.allow_loopback_endpoints
+        };
+        assert!(!kube(&[]), "Kubernetes mode refuses loopback endpoints");
+        assert!(kube(&["--allow-loopback-endpoints"]));
+    }
+
+    #[test]
     fn missing_manifest_folder_is_a_usage_error() {
         let err = parse(["duet", "serve", "--manifests", "/nonexistent/duet-test"]).unwrap_err();
         assert_eq!(err.exit_code(), EXIT_USAGE);

@@ -6,10 +6,9 @@
 //! EndpointSlice; on an IPv4-only and on an IPv6-only cluster the Service gets the cluster's one
 //! family, its one slice, and clients of both families reach the pods over that family.
 //! The real API server refuses slices with loopback, link-local, link-local multicast and
-//! unspecified addresses (422, asserted); duet refuses them too, tested on the stand-in API server
-//! (`conformance::apiserver`), which stores them: loopback pods unless
-//! `--allow-loopback-endpoints` (the test-only flag), the others always. API server reached over
-//! 127.0.0.1 and [::1].
+//! unspecified addresses (422, asserted), so they never reach duet here; duet's own refusal of
+//! them is tested in `--manifests` mode (`e2e_endpoints.rs`), which reads the same slices from
+//! files. API server reached over 127.0.0.1 and [::1].
 
 mod kube_support;
 
@@ -17,12 +16,10 @@ use std::collections::BTreeSet;
 
 use anyhow::Context;
 
-use conformance::apiserver::ApiServer;
 use conformance::client;
 use conformance::cluster::Stack;
 use conformance::manifests::{endpoint_slice, service as selectorless, Endpoint};
-use conformance::manifests::{ingress_class, CONTROLLER};
-use conformance::{Duet, DuetBuilder, Family, Fleet, Ingress, PodSpec};
+use conformance::{Duet, Family, Ingress};
 use kube_support::*;
 use serde_json::Value;
 
@@ -38,37 +35,23 @@ fn endpoint(pod: &str, ip: &str) -> Endpoint {
     }
 }
 
-/// A Service `meta` whose slices list only addresses duet always refuses.
-fn refused_everywhere(ns: &str) -> Vec<Value> {
-    vec![
-        selectorless(ns, "meta", &[("http", 8080)]),
-        endpoint_slice(
-            ns,
-            "meta",
-            "meta-ipv4",
-            Family::V4,
-            "http",
-            80,
-            &[
-                endpoint("metadata", "169.254.169.254"),
-                endpoint("zero", "0.0.0.0"),
-                endpoint("mcast4", "224.0.0.1"),
-            ],
-        ),
-        endpoint_slice(
-            ns,
-            "meta",
-            "meta-ipv6",
-            Family::V6,
-            "http",
-            80,
-            &[
-                endpoint("linklocal", "fe80::1"),
-                endpoint("zero6", "::"),
-                endpoint("mcast6", "ff02::1"),
-            ],
-        ),
-    ]
+/// An EndpointSlice of a Service `meta` for each address the real API server refuses
+/// (`ValidateEndpointIP`): loopback, link-local, unspecified and link-local multicast, both
+/// families.
+fn invalid_slices(ns: &str) -> Vec<Value> {
+    let v4 = ["127.0.0.1", "169.254.169.254", "0.0.0.0", "224.0.0.1"];
+    let v6 = ["::1", "fe80::1", "::", "ff02::1"];
+    let slices = v4
+        .iter()
+        .map(|ip| (Family::V4, ip))
+        .chain(v6.iter().map(|ip| (Family::V6, ip)));
+    slices
+        .enumerate()
+        .map(|(n, (family, ip))| {
+            let name = format!("meta-{n}");
+            endpoint_slice(ns, "meta", &name, family, "http", 80, &[endpoint("p", ip)])
+        })
+        .collect()
 }
 
 /// The `ForbiddenEndpointAddress` diagnostics on `/debug/routes`, as `slice address`.
@@ -93,23 +76,6 @@ async fn refused(duet: &Duet) -> anyhow::Result<BTreeSet<String>> {
         .collect())
 }
 
-/// Every endpoint address of the EndpointSlices among `manifests`, as `slice address`.
-fn slice_endpoints(manifests: &[Value]) -> Vec<String> {
-    manifests
-        .iter()
-        .filter(|m| m["kind"] == "EndpointSlice")
-        .flat_map(|slice| {
-            let name = slice["metadata"]["name"].as_str().unwrap_or_default();
-            slice["endpoints"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|e| e["addresses"].as_array().into_iter().flatten())
-                .map(move |a| format!("{name} {}", a.as_str().unwrap_or_default()))
-        })
-        .collect()
-}
-
 async fn until_refused(duet: &Duet, want: &[&str]) -> anyhow::Result<()> {
     let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
     client::eventually("the refused endpoints are listed", LIVE, || async {
@@ -119,15 +85,6 @@ async fn until_refused(duet: &Duet, want: &[&str]) -> anyhow::Result<()> {
     })
     .await
 }
-
-const ALWAYS: [&str; 6] = [
-    "meta-ipv4 0.0.0.0",
-    "meta-ipv4 169.254.169.254",
-    "meta-ipv4 224.0.0.1",
-    "meta-ipv6 ::",
-    "meta-ipv6 fe80::1",
-    "meta-ipv6 ff02::1",
-];
 
 /// Global multicast endpoints (the real API server refuses only link-local multicast).
 fn multicast(ns: &str) -> Vec<Value> {
@@ -159,12 +116,12 @@ async fn forbidden_addresses_are_not_proxied_to(api_family: Family) -> anyhow::R
     let ns = env.ns.clone();
     env.web(&ns, "web", 1).await?;
     let web = env.ready_pods(&ns, "web", 1).await?;
-    // What the real API server itself refuses never reaches duet: every slice of
-    // `refused_everywhere` is invalid (422).
-    for slice in refused_everywhere(&ns).into_iter().skip(1) {
+    // What the real API server itself refuses never reaches duet: each slice of
+    // `invalid_slices` is invalid (422).
+    for slice in invalid_slices(&ns) {
         let refused = env.api.apply(slice.clone()).await;
         let message = format!("{:#}", refused.as_ref().err().context("accepted")?);
-        anyhow::ensure!(message.contains("Invalid value"), "{message}");
+        anyhow::ensure!(message.contains("Invalid value"), "{slice}: {message}");
     }
     env.apply(&multicast(&ns)).await?;
     env.apply(&[Ingress::new(&ns, "web")
@@ -207,94 +164,6 @@ async fn forbidden_endpoint_addresses_are_dropped_api_on_ipv4() -> anyhow::Resul
 #[tokio::test]
 async fn forbidden_endpoint_addresses_are_dropped_api_on_ipv6() -> anyhow::Result<()> {
     forbidden_addresses_are_not_proxied_to(Family::V6).await
-}
-
-/// The stand-in API server (`conformance::apiserver`) on `family`'s loopback, with our
-/// IngressClass: it serves EndpointSlices the real one refuses (422, `ValidateEndpointIP`).
-fn standin(family: Family) -> anyhow::Result<ApiServer> {
-    let api = ApiServer::start(family.loopback())?;
-    api.apply(ingress_class("duet", CONTROLLER))?;
-    Ok(api)
-}
-
-fn apply(api: &ApiServer, objects: &[Value]) -> anyhow::Result<()> {
-    for object in objects {
-        api.apply(object.clone())
-            .map_err(|e| anyhow::anyhow!("apply failed: {e:?}"))?;
-    }
-    Ok(())
-}
-
-/// Loopback, link-local, unspecified and link-local multicast endpoints: the real API server
-/// refuses such slices (asserted in the real-cluster test), so a cluster holds them only when
-/// something else wrote them; duet still refuses them (here on the stand-in, which stores them).
-async fn standin_forbidden_addresses(api_family: Family) -> anyhow::Result<()> {
-    let api = standin(api_family)?;
-    let pods = Fleet::start("kube", "web", &[PodSpec::dual("only")])?;
-    apply(&api, &pods.manifests())?;
-    apply(&api, &refused_everywhere("kube"))?;
-    apply(
-        &api,
-        &[Ingress::new("kube", "web")
-            .host("web.test", "web")
-            .host("meta.test", "meta")
-            .build()],
-    )?;
-
-    // Kubernetes mode without the test-only flag: the loopback pod is refused too.
-    let strict = DuetBuilder::kube(DUET, api.kubeconfig())
-        .args(["--election-namespace", "default"])
-        .start()
-        .await?;
-    // Every endpoint of the fleet's slices (its loopback pod, both families) is refused too.
-    let loopback = slice_endpoints(&pods.manifests());
-    assert_eq!(
-        loopback.len(),
-        2,
-        "one loopback pod of each family: {loopback:?}"
-    );
-    let mut want: Vec<&str> = ALWAYS.to_vec();
-    want.extend(loopback.iter().map(String::as_str));
-    until_refused(&strict, &want).await?;
-    until_status(&strict, "web.test", 503).await?;
-    until_status(&strict, "meta.test", 503).await?;
-    // The leader writes one Warning Event per refused endpoint, regarding its EndpointSlice.
-    client::eventually("Events regard the EndpointSlices", LIVE, || async {
-        let mut regarding: BTreeSet<String> = BTreeSet::new();
-        for event in api.list("events.k8s.io/v1", "Event") {
-            if event["reason"] == REASON && event["regarding"]["kind"] == "EndpointSlice" {
-                let name = event["regarding"]["name"].as_str().unwrap_or_default();
-                let note = event["note"].as_str().unwrap_or_default();
-                let address = note.split(' ').nth(1).unwrap_or_default();
-                regarding.insert(format!("{name} {address}"));
-            }
-        }
-        let want: BTreeSet<String> = want.iter().map(|s| (*s).to_owned()).collect();
-        anyhow::ensure!(regarding == want, "Events for {regarding:?}");
-        Ok(())
-    })
-    .await?;
-    drop(strict);
-
-    // With the flag, loopback pods are served over both families; the rest is still refused.
-    let lenient = DuetBuilder::kube(DUET, api.kubeconfig())
-        .args([LOOPBACK_PODS, "--election-namespace", "default"])
-        .start()
-        .await?;
-    until_refused(&lenient, &ALWAYS).await?;
-    until_status(&lenient, "web.test", 200).await?;
-    until_status(&lenient, "meta.test", 503).await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standin_forbidden_endpoint_addresses_are_dropped_api_on_ipv4() -> anyhow::Result<()> {
-    standin_forbidden_addresses(Family::V4).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standin_forbidden_endpoint_addresses_are_dropped_api_on_ipv6() -> anyhow::Result<()> {
-    standin_forbidden_addresses(Family::V6).await
 }
 
 /// On a single-stack cluster a `PreferDualStack` Service gets the cluster's family only, the
