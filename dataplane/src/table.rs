@@ -355,7 +355,7 @@ struct BackendName {
     namespace: Arc<str>,
     service: Arc<str>,
     /// The digest of `id` ([`backend_map::digest_of`]), computed once here: every map hashes
-    /// it (and [`BackendMap`] picks a shard by it) without reading `id` again. At the issue-13
+    /// it (and [`BackendMap`] picks a shard by it) without reading `id` again. At the 10k-Ingress
     /// size a full publish hashes each id several times, each time a cache miss away.
     digest: u64,
 }

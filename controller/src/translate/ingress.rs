@@ -84,7 +84,7 @@ impl<'a> IngressProcessor<'a> {
     /// the plan, and in a cluster the oldest-first order of all Ingresses is the order they were
     /// created in, unrelated to their names. Run in that order, every map the route phase fills
     /// by name (the hosts, backends, references and footprints, whose keys mostly follow the
-    /// Ingress's namespace and name) was filled at random places: at the issue-13 size with
+    /// Ingress's namespace and name) was filled at random places: at the 10k-Ingress size with
     /// creation times the route phase took 40 % longer than without.
     pub(crate) fn run_in_parts<'a2>(
         self,
@@ -136,7 +136,7 @@ impl<'a> IngressProcessor<'a> {
                 .collect()
         });
         // Each Ingress's position, oldest first: made only when there are annotation reports to
-        // order (none at the issue-13 size, where this map cost 10,000 names).
+        // order (none at the 10k-Ingress size, where this map cost 10,000 names).
         let positions: std::cell::OnceCell<FastMap<(&str, &str), usize>> = Default::default();
         let age = |name: &NsName| {
             let positions = positions.get_or_init(|| {
