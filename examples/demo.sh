@@ -80,6 +80,7 @@ cat <<'MSG'
   curl -4 -s -H 'Host: demo.local' http://127.0.0.1:8080/       # IPv4 client
   curl -6 -s -H 'Host: demo.local' 'http://[::1]:8080/'          # IPv6 client
   curl -s http://127.0.0.1:10253/debug/routes                    # the live table
+  curl -s 'http://[::1]:10253/debug/routes?ingress=demo/demo'    # one Ingress's routes
   curl -6 -s -H 'Host: gw.demo.local' -H 'x-canary: 1' 'http://[::1]:8081/'   # Gateway API
 
 Each answer is the echo JSON: "pod" says which pod served it, "family" and "local" the address

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use dataplane::access_policy::Access;
 use dataplane::table::{Redirect, SourceRanges, UpstreamTimeouts};
-use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, PathRule, RouteAction};
+use dataplane::{BackendId, FamilyPolicy, Origin, OriginKind, PathMatch, PathRule, RouteAction};
 use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend, IngressRule};
 
 use super::annotation::{annotation, Annotated};
@@ -407,6 +407,7 @@ fn namespace_of(ingress: &Ingress) -> &str {
 /// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
 fn origin(ingress: &Ingress) -> Origin {
     Origin {
+        kind: OriginKind::Ingress,
         namespace: namespace_of(ingress).into(),
         name: ingress.metadata.name.as_deref().unwrap_or_default().into(),
         created: ingress
