@@ -2,30 +2,63 @@
 # duet demo: builds duet and the echo backend (release, once), starts three echo "pods" on
 # loopback (dual-stack 127.0.0.1:9001 + [::1]:9001, IPv4-only 127.0.0.1:9002, IPv6-only
 # [::1]:9003), prints the curl lines that show family-preferring selection, then runs
-# `duet serve --manifests examples/demo` in the foreground on its default listeners (HTTP on
-# 0.0.0.0:8080 and [::]:8080, admin on 127.0.0.1:10254 and [::1]:10254). Ctrl-C stops both.
+# `duet serve --manifests examples/demo` on its default listeners (HTTP on 0.0.0.0:8080 and
+# [::]:8080, the demo Gateway on port 8081, admin on 127.0.0.1:10254 and [::1]:10254,
+# /debug/routes on 127.0.0.1:10253 and [::1]:10253) until it is stopped.
+# Ctrl-C (SIGINT), SIGTERM (`kill PID`, `timeout`, a supervisor) or SIGHUP (a closed terminal)
+# sent to this script alone stops duet and the pods at once, and the script exits once they are
+# gone. Each is started in a process group of its own (setsid), so stopping one stops what it
+# started too (cargo's compilers).
 # Extra arguments go to `duet serve`, e.g. `examples/demo.sh --upstream-family RequireSameFamily`.
+# DUET_DEMO_BIN=DIR runs the duet and duet-echo binaries found in DIR instead of building them.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-cargo build --release -p controller -p conformance
-
-echo_pid=""
-cleanup() {
-    if [[ -n "$echo_pid" ]]; then
-        kill "$echo_pid" 2>/dev/null || true
-        wait "$echo_pid" 2>/dev/null || true
-    fi
+# The process groups this script started; stop_all ends each and waits for it.
+started=()
+stop_all() {
+    trap - EXIT INT TERM HUP
+    local pid
+    for pid in "${started[@]}"; do
+        kill -TERM -- "-$pid" 2>/dev/null || true
+    done
+    for pid in "${started[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
 }
-trap cleanup EXIT
+trap stop_all EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 129' HUP
 
-target/release/duet-echo --namespace demo --service echo --ingress demo \
+# Starts a command in a process group of its own, in the background: while the script waits for
+# it with `wait`, bash runs a trap as soon as the signal arrives (for a foreground command, only
+# after that command has exited).
+start() {
+    setsid "$@" &
+    started+=("$!")
+}
+
+if [[ -n ${DUET_DEMO_BIN:-} ]]; then
+    bin=$DUET_DEMO_BIN
+else
+    start cargo build --release -p controller -p conformance
+    wait "$!"
+    bin=target/release
+fi
+
+# A demo has no load balancer to take duet out of rotation first: stop without the shutdown
+# delay, unless the arguments set one.
+serve_args=(--manifests examples/demo)
+if [[ " $* " != *" --shutdown-delay"* ]]; then
+    serve_args+=(--shutdown-delay 0s)
+fi
+
+start "$bin/duet-echo" --namespace demo --service echo --ingress demo \
     --pod 'dual-stack=127.0.0.1:9001,[::1]:9001' \
     --pod 'ipv4-only=127.0.0.1:9002' \
-    --pod 'ipv6-only=[::1]:9003' &
+    --pod 'ipv6-only=[::1]:9003'
 echo_pid=$!
 
 # The echo pods bind at once; give them a moment and make sure they did.
@@ -47,6 +80,7 @@ cat <<'MSG'
   curl -4 -s -H 'Host: demo.local' http://127.0.0.1:8080/       # IPv4 client
   curl -6 -s -H 'Host: demo.local' 'http://[::1]:8080/'          # IPv6 client
   curl -s http://127.0.0.1:10253/debug/routes                    # the live table
+  curl -s 'http://[::1]:10253/debug/routes?ingress=demo/demo'    # one Ingress's routes
   curl -6 -s -H 'Host: gw.demo.local' -H 'x-canary: 1' 'http://[::1]:8081/'   # Gateway API
 
 Each answer is the echo JSON: "pod" says which pod served it, "family" and "local" the address
@@ -62,4 +96,5 @@ Edit a file under examples/demo/ and the change is live at once. Ctrl-C stops du
 
 MSG
 
-target/release/duet serve --manifests examples/demo "$@"
+start "$bin/duet" serve "${serve_args[@]}" "$@"
+wait "$!"

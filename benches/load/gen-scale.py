@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gen-scale.py: writes a `duet serve --manifests` folder at scale.
 
-    benches/load/gen-scale.py --out /tmp/scale                  # the issue-13 size
+    benches/load/gen-scale.py --out /tmp/scale                  # the default: the 10k-Ingress scale folder
     benches/load/gen-scale.py --out /tmp/s --ingresses 1000 --pods 4 --paths 3 --layout service
 
 Default size: 10,000 Ingresses (host `app-N.scale.example`, two paths each: `/api` Prefix and

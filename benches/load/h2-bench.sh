@@ -26,7 +26,7 @@
 # floor-relay`): one upstream connection per client connection and the bytes relayed as they come,
 # nothing parsed or added, one read and one write each way per request. No proxy can spend less
 # CPU per request on this kernel's socket API, so its ratio to nginx is the least any proxy can
-# reach in the same run (the floor of issue 13's 0.8x goal). HTTP/1.1 only.
+# reach in the same run. HTTP/1.1 only.
 # Fails (exit 1) when a server does not start or any request is not answered 2xx.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

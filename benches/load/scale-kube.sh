@@ -6,7 +6,7 @@
 #
 #   cargo build --release -p controller && cargo build -p conformance --bin duet-cluster
 #   conformance/cluster/build.sh                 # the control plane's binaries
-#   benches/load/scale-kube.sh                   # the issue-13 size
+#   benches/load/scale-kube.sh                   # the 10k-Ingress size
 #   GEN_ARGS="--ingresses 1000" benches/load/scale-kube.sh
 #   benches/load/scale-kube.sh /tmp/scale        # a folder made by gen-scale.py --addresses benchmark
 #   DUET_BINS="/tmp/before target/release/duet /tmp/before target/release/duet" \

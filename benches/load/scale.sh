@@ -4,7 +4,7 @@
 # ever routed to a pod (the pods' addresses are data: see gen-scale.py).
 #
 #   cargo build --release -p controller
-#   benches/load/scale.sh                      # generates the issue-13 size in a temp folder
+#   benches/load/scale.sh                      # generates the 10k-Ingress size in a temp folder
 #   benches/load/scale.sh /tmp/scale           # a folder made by gen-scale.py (one EndpointSlice
 #                                              # and one Ingress are changed, restored at exit)
 #   GEN_ARGS="--ingresses 1000 --layout service" benches/load/scale.sh
@@ -12,7 +12,7 @@
 # Reports (one "name: value" line each):
 #   ready_seconds            start of `duet serve --manifests DIR` to the first /readyz 200 (polled
 #                            every 10 ms by one python3 process; READY_POLL=curl: lib.sh's
-#                            wait_readyz, a curl per poll, as before session 9); folder_read_seconds: to its "Manifest folder read" log
+#                            wait_readyz, a curl per poll); folder_read_seconds: to its "Manifest folder read" log
 #                            line (every file read and parsed, before translation)
 #   cpu_ready_seconds        duet's user + system CPU time when ready (wall times follow the
 #                            machine's load; this mostly does not)
@@ -35,7 +35,7 @@
 #                            share (notify, the 20 ms settle, the reread)
 #     _rss_applied_mib       VmRSS once applied, before this change's /debug/routes polling
 #                            (the check before each change already asked once). Each answer
-#                            serializes the whole table (28 MB at the issue-13 size) and the heap
+#                            serializes the whole table (28 MB at the 10k-Ingress size) and the heap
 #                            keeps what that took, so rss_end_mib is mostly the bench's own asking
 #   ingress_*                the same for a path added to the first Ingress
 #   service_*                the same for that Ingress's Service, its port's appProtocol set to
@@ -78,8 +78,8 @@ DUET_LOG=info "$DUET" serve --manifests "$DIR" --access-log off \
 PID=$!
 STARTED_PIDS+=("$PID")
 
-# One python3 process polls /readyz (lib.sh's ready_time); READY_POLL=curl: a curl per poll, as
-# before session 9, to compare with older figures.
+# One python3 process polls /readyz (lib.sh's ready_time); READY_POLL=curl: a curl per poll
+# (lib.sh's wait_readyz), whose process starts add to the figure.
 if [[ ${READY_POLL:-} == curl ]]; then
   wait_readyz "$PID" "$ADMIN" "$start" "$READY_TIMEOUT" "$LOG.err"
   ready=$(now)

@@ -49,6 +49,7 @@ fn rule(matcher: PathMatch, backend: &str, created: i64) -> PathRule {
             backend: backend.parse::<BackendId>().unwrap(),
             policy: FamilyPolicy::PreferSameFamily,
             origin: Origin {
+                kind: Default::default(),
                 namespace: "ns".into(),
                 name: "ing".into(),
                 created,

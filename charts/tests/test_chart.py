@@ -51,7 +51,7 @@ VARIANTS = {
     "compat-ingress-nginx": {"compat": "ingress-nginx", "controller": {"strictAnnotations": True}},
 }
 
-# What duet calls on the API server (issue 3: watchers, status writer, events, leader Lease):
+# What duet calls on the API server (its watchers, status writer, events, leader Lease):
 # (apiGroup, resource, verb, resourceName or None), for the whole cluster...
 CLUSTER_RULES = {
     *{("networking.k8s.io", r, v, None) for r in ("ingresses", "ingressclasses") for v in ("get", "list", "watch")},
@@ -68,7 +68,7 @@ LEASE_RULES = {
     ("coordination.k8s.io", "leases", "update", LEASE),
 }
 
-# The metric families of issue 6 (what the dashboard may query).
+# The metric families duet exports that the dashboard may query.
 METRICS = {
     "duet_requests_total",
     "duet_request_duration_seconds",
@@ -610,7 +610,7 @@ def test_dashboard_configmap_and_queries():
     exprs = [t["expr"] for p in panels for t in p["targets"]]
     used = {re.sub(r"_(bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"\bduet_[a-z_]+", e)}
     assert used <= METRICS, used - METRICS
-    # The issue's asks: requests and errors by family, fallbacks, latency, targets by kind.
+    # What the dashboard shows: requests and errors by family, fallbacks, latency, targets by kind.
     joined = "\n".join(exprs)
     assert "by (client_family, upstream_family)" in joined
     assert re.search(r'code=~"\[45\]\.\."', joined) or 'code=~"5.."' in joined

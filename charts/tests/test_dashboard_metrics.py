@@ -82,7 +82,7 @@ def wait_ready(admin_port: int, duet: subprocess.Popen, deadline_s: float = 20) 
     pytest.fail(f"duet not ready after {deadline_s} s")
 
 
-# Needs a TLS Secret to appear; its name is checked against the list only.
+# Needs a TLS Secret to appear; only its name is checked (against METRICS).
 NEEDS_TLS = {"duet_tls_certificate_expiry_timestamp_seconds"}
 # Labels Prometheus adds at scrape time (the ServiceMonitor honours duet's own namespace/service).
 SCRAPE_LABELS = {"job", "instance", "pod", "le"}

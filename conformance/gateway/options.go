@@ -25,7 +25,7 @@ const (
 	Mode = flags.DefaultMode
 )
 
-// Profiles are the conformance profiles duet claims (issue 14): HTTP and gRPC on Gateways.
+// Profiles are the conformance profiles duet claims: HTTP and gRPC on Gateways.
 var Profiles = []suite.ConformanceProfileName{
 	suite.GatewayHTTPConformanceProfileName,
 	suite.GatewayGRPCConformanceProfileName,

@@ -308,7 +308,7 @@ impl App {
             .collect();
         let all = translate::merge_diagnostics(&plan.diagnostics, backend_diagnostics);
         if rebuild_routes {
-            // The plan's references are shared with the index (20,000 names at the issue-13
+            // The plan's references are shared with the index (20,000 names at the 10k-Ingress
             // size, not cloned); the live Ingresses are read from there.
             if let Some(plan) = self.plan.as_ref() {
                 self.index.set_references(plan.references.clone());
@@ -377,7 +377,7 @@ impl App {
             retire(old);
         }
         // The live Ingresses and the Gateway report change only with the routes: after an
-        // endpoint-only change, comparing the 10,000 names of the issue-13 size again cost as
+        // endpoint-only change, comparing the 10,000 names of the 10k-Ingress size again cost as
         // much as a third of the build.
         if rebuild_routes {
             self.announce_live();
@@ -648,7 +648,7 @@ struct BuildPhases {
 /// ([`dataplane::Runtime::prepare_routes`]): below it a thread costs more than it saves.
 const PREPARE_ROUTES_FROM: usize = 2048;
 
-/// Drops what a route rebuild replaced (the previous plan and snapshot: at the issue-13 size
+/// Drops what a route rebuild replaced (the previous plan and snapshot: at the 10k-Ingress size
 /// tens of thousands of allocations) beside the publish instead of before it returns.
 fn retire<T: Send + 'static>(value: Option<T>) {
     if let Some(value) = value {

@@ -62,7 +62,7 @@ pub struct EndpointView<'a> {
 }
 
 /// An endpoint's target as text ([`EndpointView::target`]); a uid a [`Slice`] keeps as 16 bytes
-/// is written out in place, not allocated (200,000 of them per full build at the issue-13 size).
+/// is written out in place, not allocated (200,000 of them per full build at the 10k-Ingress size).
 #[derive(Clone, Debug)]
 pub enum TargetName<'a> {
     /// A uid in the lowercase UUID form: 36 ASCII bytes.
@@ -421,8 +421,8 @@ fn zone_index(zones: &mut Vec<Box<str>>, zone: String) -> u32 {
 impl Address {
     /// An address of the slice's family is kept parsed however it is written (`fd00::0:1`):
     /// its text would only show in the diagnostic of an address of the wrong family. Parsing it
-    /// at every build cost about 800 instructions (issue-13 folder: 100,000 of them), and its
-    /// text 40 bytes more than its 16.
+    /// at every build cost about 800 instructions (10k-Ingress scale folder: 100,000 of them),
+    /// and its text 40 bytes more than its 16.
     fn of(written: String, address_type: &AddressType) -> Address {
         match (written.parse::<IpAddr>(), address_type) {
             (Ok(IpAddr::V4(ip)), AddressType::V4) => Address::V4(ip),
@@ -829,7 +829,7 @@ endpoints:
     #[test]
     fn a_stored_slice_and_its_metadata_are_small() {
         // 144 bytes and the `Arc`'s counts fill jemalloc's 160-byte class (20,000 slices at the
-        // issue-13 size); the API's `ObjectMeta` alone is 360.
+        // 10k-Ingress size); the API's `ObjectMeta` alone is 360.
         let size = std::mem::size_of::<Slice>();
         assert!(size <= 144, "{size} bytes");
         assert!(std::mem::size_of::<StoredMeta>() <= 48);

@@ -10,7 +10,7 @@ use crate::object::{slice_service, NsName};
 /// The stored EndpointSlices of each Service (by its `kubernetes.io/service-name` label), sorted
 /// by name: the store's own `Arc`s, so that a backend phase reads a Service's slices with one
 /// hash lookup (it made a key and searched the store for each slice: 9 ms of CPU for the 10,000
-/// Services of the issue-13 size). A Service has few slices (one per family and 100 endpoints):
+/// Services of the 10k-Ingress size). A Service has few slices (one per family and 100 endpoints):
 /// a sorted `Vec` of them costs 8 bytes a slice. Hashed with foldhash (seeded per process): the
 /// map is only looked up, never walked.
 #[derive(Debug, Default)]

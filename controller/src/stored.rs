@@ -117,7 +117,7 @@ impl PartialEq for StoredService {
     /// Equal in all translation reads: the resource version is not compared. Every write of a
     /// Service bumps it, a change of its labels, annotations or status too (none of which is
     /// kept), and each referenced Service that compared unequal ran the route phase again (at
-    /// the issue-13 size 80 to 150 ms of build to publish nothing new).
+    /// the 10k-Ingress size 80 to 150 ms of build to publish nothing new).
     fn eq(&self, other: &StoredService) -> bool {
         // Destructured: a field added to the struct must be added here too.
         let StoredService {

@@ -542,3 +542,119 @@ async fn modifiers_naming_framing_or_hop_by_hop_headers_are_not_served() -> anyh
     }
     Ok(())
 }
+
+/// `/debug/routes` on the debug listener of each family, filtered: `?ingress=`, `?httproute=`,
+/// `?gateway=` and `?host=` keep only that object's (or host's) routes and the backends they use,
+/// with its diagnostics; an object duet does not serve gives empty tables; a malformed filter is
+/// a 400 saying what is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_routes_filters_by_object_and_host_on_both_families() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let dir = ManifestDir::with_class()?;
+    let mut fleets = Vec::new();
+    for name in ["web", "api", "gw-one", "gw-two"] {
+        let fleet = Fleet::start(NS, name, &[PodSpec::dual(&format!("{name}-pod"))])?;
+        dir.write(&format!("svc-{name}.yaml"), &fleet.manifests())?;
+        fleets.push(fleet);
+    }
+    let (to_one, to_two) = ([svc("gw-one")], [svc("gw-two")]);
+    let one: Rule<'_> = ("PathPrefix", "/", &to_one);
+    let two: Rule<'_> = ("PathPrefix", "/", &to_two);
+    let docs = vec![
+        gateway_class(),
+        gateway(port, &[("any", None)]),
+        route("r-one", None, &["one.test"], &[one]),
+        route("r-two", None, &["two.test"], &[two]),
+        conformance::Ingress::new(NS, "web")
+            .host("web.test", "web")
+            .build(),
+        conformance::Ingress::new(NS, "api")
+            .host("api.test", "api")
+            .build(),
+        // Its Service does not exist: no route, one diagnostic.
+        conformance::Ingress::new(NS, "broken")
+            .host("broken.test", "ghost")
+            .build(),
+    ];
+    dir.write("objects.yaml", &docs)?;
+    let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    let hosts = ["web.test", "api.test", "one.test", "two.test"];
+    for family in Family::BOTH {
+        let whole = duet.debug_get(family, "/debug/routes").await?;
+        client::expect_status(&whole, 200)?;
+        let cases: [(&str, &[&str], &[&str]); 6] = [
+            ("ingress=e2e/web", &["web.test"], &["e2e/web:"]),
+            ("ingress=e2e%2Fapi", &["api.test"], &["e2e/api:"]),
+            ("httproute=e2e/r-one", &["one.test"], &["e2e/gw-one:"]),
+            (
+                "gateway=e2e/gw",
+                &["one.test", "two.test"],
+                &["e2e/gw-one:", "e2e/gw-two:"],
+            ),
+            ("host=WEB.test", &["web.test"], &["e2e/web:"]),
+            ("ingress=e2e/nothing-here", &[], &[]),
+        ];
+        for (query, shown, backends) in cases {
+            let what = format!("{family} ?{query}");
+            let reply = duet
+                .debug_get(family, &format!("/debug/routes?{query}"))
+                .await?;
+            client::expect_status(&reply, 200).map_err(|e| e.context(what.clone()))?;
+            assert!(reply.body.len() < whole.body.len(), "{what}");
+            let doc: Value = serde_json::from_slice(&reply.body)?;
+            let snapshot = doc["snapshot"].to_string();
+            for host in hosts {
+                let want = shown.contains(&host);
+                assert_eq!(
+                    snapshot.contains(host),
+                    want,
+                    "{what}: {host} in {snapshot}"
+                );
+            }
+            let mut ids: Vec<&str> = doc["snapshot"]["backends"]
+                .as_object()
+                .map(|m| m.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            ids.sort();
+            assert_eq!(ids.len(), backends.len(), "{what}: {ids:?}");
+            for (id, prefix) in ids.iter().zip(backends) {
+                assert!(id.starts_with(prefix), "{what}: {ids:?}");
+            }
+            assert_eq!(
+                doc["filter"].as_object().map(|f| f.len()),
+                Some(1),
+                "{what}"
+            );
+            assert_eq!(doc["diagnostics"], json!([]), "{what}");
+        }
+        let reply = duet
+            .debug_get(family, "/debug/routes?ingress=e2e/broken")
+            .await?;
+        let doc: Value = serde_json::from_slice(&reply.body)?;
+        let diagnostics = doc["diagnostics"].as_array().cloned().unwrap_or_default();
+        assert!(!diagnostics.is_empty(), "{family}: {doc}");
+        assert!(
+            diagnostics.iter().all(|d| d["object"]["name"] == "broken"),
+            "{family}: {doc}"
+        );
+        let long = format!("/debug/routes?host={}", "a".repeat(2000));
+        let refused: [(&str, &str); 5] = [
+            ("/debug/routes?ingress=web", "NAMESPACE/NAME"),
+            ("/debug/routes?ingress=E2E/web", "NAMESPACE/NAME"),
+            ("/debug/routes?pod=e2e/web", "unknown filter"),
+            (
+                "/debug/routes?ingress=e2e/web&host=web.test",
+                "one filter at a time",
+            ),
+            (&long, "longer than 1024 bytes"),
+        ];
+        for (path, says) in refused {
+            let reply = duet.debug_get(family, path).await?;
+            let what = format!("{family} {}", &path[..path.len().min(60)]);
+            assert_eq!(reply.status, 400, "{what}: {}", reply.text());
+            assert!(reply.text().contains(says), "{what}: {}", reply.text());
+        }
+    }
+    drop(fleets);
+    Ok(())
+}

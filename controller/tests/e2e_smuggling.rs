@@ -2,7 +2,7 @@
 //! real `duet`. A raw upstream records exactly the bytes duet sent; every hostile request is
 //! either refused (4xx, a reset stream, a closed connection) or reaches the upstream as exactly
 //! one well-framed HTTP/1.1 request. Also: the validated host (Host vs absolute-form and
-//! `:authority`, the h2c path-injection of issue 11), path normalisation, WebSocket-only upgrades
+//! `:authority`, no path injected through `Host` to h2c), path normalisation, WebSocket-only upgrades
 //! with their idle timeout and drain, and upstream responses framed by both Transfer-Encoding and
 //! Content-Length (relayed whole, and the pod's connection not used again, for HTTP/1.1 and
 //! HTTP/2 clients alike).
@@ -408,8 +408,8 @@ async fn h2_downgrade(family: Family) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Issue 11's reproduction: an absolute-form request with `Host: x/admin?` to an h2c upstream
-/// reached the pod with `:path /admin?/public`.
+/// A path injected through `Host`: an absolute-form request with `Host: x/admin?` to an h2c
+/// upstream must not reach the pod with `:path /admin?/public`.
 async fn host_cannot_inject_a_path(family: Family) -> anyhow::Result<()> {
     let s = setup().await?;
     let to = s.duet.http(family);

@@ -101,6 +101,7 @@ fn path_rules(route: &Route, routing: RuleRouting, backends: &[(String, u32)]) -
                 backend: backend_id(backend),
                 policy: FamilyPolicy::default(),
                 origin: Origin {
+                    kind: dataplane::table::OriginKind::HttpRoute,
                     namespace: "gw".into(),
                     name: route.name.into(),
                     created: route.created,

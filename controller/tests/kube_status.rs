@@ -482,15 +482,15 @@ async fn wakeups_during(pid: u32, window: Duration) -> anyhow::Result<u64> {
 }
 
 /// An idle leader with `--publish-status-address` does not spin, with the API server up and
-/// after it is gone for good. (The status writer used to select on the fixed addresses' closed
-/// channel, which is always ready: 50 passes a second, ~300 wakeups in 5 s, forever, even after
-/// its API server had gone.) A busy-loop detector, not a speed goal: an idle duet measured 36
+/// after it is gone for good. (A status writer selecting on the fixed addresses' closed channel,
+/// which is always ready, spins: 50 passes a second, ~300 wakeups in 5 s, forever, even after its
+/// API server has gone.) A busy-loop detector, not a speed goal: an idle duet measured 36
 /// wakeups in 5 s with the API up and 22 with it gone (2-core machine); the bound is 4 times
-/// that, half of what the spinning writer did.
+/// that, half of what a spinning writer does.
 #[tokio::test]
 async fn an_idle_leader_sleeps_with_its_api_up_and_gone() -> anyhow::Result<()> {
     const WINDOW: Duration = Duration::from_secs(5);
-    const MAX: u64 = 150; // 30 a second: 4 times the ~7 measured, half the old spin
+    const MAX: u64 = 150; // 30 a second: 4 times the ~7 measured, half a spinning writer's
     let env = with_web(Stack::Dual, "idle").await?;
     env.apply(&[Ingress::new("idle", "web").host("a.test", "web").build()])
         .await?;

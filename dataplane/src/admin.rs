@@ -1,6 +1,9 @@
 //! Admin endpoints: `/healthz`, `/readyz` and `/metrics` (Prometheus) on the admin listener, where
 //! the kubelet and Prometheus reach them; `/debug/routes` (the live table as JSON: pod addresses,
-//! Secret names) only on the debug listener, loopback by default.
+//! Secret names) only on the debug listener, loopback by default, whole or filtered to one
+//! object's routes ([`filter`]).
+
+pub mod filter;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -46,27 +49,74 @@ pub async fn debug(
         return Ok(refused);
     }
     Ok(match req.uri().path() {
-        "/debug/routes" => {
-            let live = runtime.load_full();
-            let mut doc = serde_json::json!({
-                "ready": runtime.is_ready(),
-                "snapshot": &*live.snapshot,
-            });
-            if let (Some(extra), Some(map)) = (extra, doc.as_object_mut()) {
-                if let serde_json::Value::Object(more) = extra() {
-                    map.extend(more);
-                }
+        "/debug/routes" => match filter::parse(req.uri().query()) {
+            Ok(None) => routes(&runtime, extra),
+            Ok(Some(f)) => filtered_routes(&runtime, extra, &f),
+            Err(refused) => {
+                let mut res = text(StatusCode::BAD_REQUEST, "");
+                *res.body_mut() = Full::new(Bytes::from(format!("{refused}\n")));
+                res
             }
-            let body = serde_json::to_vec_pretty(&doc).unwrap_or_default();
-            Response::builder()
-                .status(StatusCode::OK)
-                .header(header::CONTENT_TYPE, "application/json")
-                .header(header::SERVER, "duet")
-                .body(Full::new(Bytes::from(body)))
-                .unwrap_or_default()
-        }
+        },
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     })
+}
+
+/// The whole live table, with the controller's extra (diagnostics, annotations, status).
+fn routes(runtime: &Runtime, extra: Option<DebugExtra>) -> Response<Full<Bytes>> {
+    let live = runtime.load_full();
+    let mut doc = serde_json::json!({
+        "ready": runtime.is_ready(),
+        "snapshot": &*live.snapshot,
+    });
+    if let (Some(extra), Some(map)) = (extra, doc.as_object_mut()) {
+        if let serde_json::Value::Object(more) = extra() {
+            map.extend(more);
+        }
+    }
+    json(&doc)
+}
+
+/// The routes one filter keeps, and the diagnostics of the filtered object.
+fn filtered_routes(
+    runtime: &Runtime,
+    extra: Option<DebugExtra>,
+    f: &filter::RouteFilter,
+) -> Response<Full<Bytes>> {
+    let live = runtime.load_full();
+    let (key, value) = f.describe();
+    let diagnostics: Vec<serde_json::Value> = match extra.map(|extra| extra()) {
+        Some(serde_json::Value::Object(mut more)) => match more.remove("diagnostics") {
+            Some(serde_json::Value::Array(all)) => {
+                all.into_iter().filter(|d| names(f, d)).collect()
+            }
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    json(&serde_json::json!({
+        "ready": runtime.is_ready(),
+        "filter": { key: value },
+        "snapshot": f.apply(&live.snapshot),
+        "diagnostics": diagnostics,
+    }))
+}
+
+/// Whether a diagnostic (`{"object": {"kind", "namespace", "name"}, ...}`) is of the filtered
+/// object.
+fn names(f: &filter::RouteFilter, diagnostic: &serde_json::Value) -> bool {
+    let field = |k: &str| diagnostic["object"][k].as_str().unwrap_or_default();
+    f.names(field("kind"), field("namespace"), field("name"))
+}
+
+fn json(doc: &serde_json::Value) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec_pretty(doc).unwrap_or_default();
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::SERVER, "duet")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_default()
 }
 
 /// The 405 of a method other than GET and HEAD (both listeners answer only those).

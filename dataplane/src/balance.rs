@@ -228,7 +228,7 @@ impl Drop for InFlight {
 }
 
 /// A backend with the live state of its targets: what the request path balances over. 80
-/// bytes (one per backend, 10,000 at the issue-13 size).
+/// bytes (one per backend, 10,000 at the 10k-Ingress size).
 #[derive(Debug)]
 pub struct LiveBackend {
     /// The backend as the snapshot describes it.
@@ -471,13 +471,13 @@ mod tests {
 
     #[test]
     fn per_target_state_is_small() {
-        // One per pod and Service port: 100,000 at the issue-13 scale.
+        // One per pod and Service port: 100,000 at the 10k-Ingress scale.
         assert!(std::mem::size_of::<TargetState>() <= 32);
     }
 
     #[test]
     fn a_live_backend_is_small() {
-        // One per backend (10,000 at the issue-13 scale): 80 bytes and the `Arc`'s counts fill
+        // One per backend (10,000 at the 10k-Ingress scale): 80 bytes and the `Arc`'s counts fill
         // jemalloc's 96-byte class.
         let size = std::mem::size_of::<LiveBackend>();
         assert!(size <= 80, "{size} bytes");

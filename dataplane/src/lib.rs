@@ -45,6 +45,6 @@ pub mod x509;
 
 pub use runtime::{Live, PreparedRoutes, ProxyConfig, Runtime};
 pub use table::{
-    Backend, BackendId, BackendMap, Family, FamilyPolicy, LbPolicy, Origin, PathMatch, PathRule,
-    RouteAction, RouteTable, Snapshot, Target, TargetId, TargetKey, TargetV6,
+    Backend, BackendId, BackendMap, Family, FamilyPolicy, LbPolicy, Origin, OriginKind, PathMatch,
+    PathRule, RouteAction, RouteTable, Snapshot, Target, TargetId, TargetKey, TargetV6,
 };

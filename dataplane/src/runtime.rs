@@ -120,7 +120,7 @@ pub struct PreparedRoutes {
 }
 
 /// Drops the replaced live state on a thread of its own when it is large (10,000 live backends
-/// at the issue-13 size): [`Runtime::apply`] returns without freeing it. Inline when small.
+/// at the 10k-Ingress size): [`Runtime::apply`] returns without freeing it. Inline when small.
 fn retire(old: Arc<Live>) {
     if old.backends.len() >= PARALLEL_APPLY_BACKENDS {
         drop_beside(old);

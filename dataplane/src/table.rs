@@ -355,7 +355,7 @@ struct BackendName {
     namespace: Arc<str>,
     service: Arc<str>,
     /// The digest of `id` ([`backend_map::digest_of`]), computed once here: every map hashes
-    /// it (and [`BackendMap`] picks a shard by it) without reading `id` again. At the issue-13
+    /// it (and [`BackendMap`] picks a shard by it) without reading `id` again. At the 10k-Ingress
     /// size a full publish hashes each id several times, each time a cache miss away.
     digest: u64,
 }
@@ -827,15 +827,31 @@ fn millis<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> 
     }
 }
 
-/// The Ingress a rule came from; its age decides conflicts.
+/// The Ingress or Gateway API route a rule came from; its age decides conflicts.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Origin {
-    /// Namespace of the Ingress.
+    /// The kind of object.
+    pub kind: OriginKind,
+    /// Namespace of the object.
     pub namespace: Arc<str>,
-    /// Name of the Ingress.
+    /// Name of the object.
     pub name: Arc<str>,
     /// `metadata.creationTimestamp` in Unix seconds (0 when unset, e.g. in a manifest file).
     pub created: i64,
+}
+
+/// The kinds of object that declare routes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub enum OriginKind {
+    /// `networking.k8s.io/v1` Ingress.
+    #[default]
+    Ingress,
+    /// `gateway.networking.k8s.io/v1` HTTPRoute.
+    #[serde(rename = "HTTPRoute")]
+    HttpRoute,
+    /// `gateway.networking.k8s.io/v1` GRPCRoute.
+    #[serde(rename = "GRPCRoute")]
+    GrpcRoute,
 }
 
 impl Origin {
@@ -1390,6 +1406,7 @@ impl RouteAction {
             backend: backend.parse().unwrap_or_else(|never| match never {}),
             policy: FamilyPolicy::default(),
             origin: Origin {
+                kind: OriginKind::Ingress,
                 namespace: "ns".into(),
                 name: "ing".into(),
                 created: 0,
@@ -1417,6 +1434,7 @@ mod tests {
 
     fn origin(name: &str, created: i64) -> Origin {
         Origin {
+            kind: OriginKind::Ingress,
             namespace: "default".into(),
             name: name.into(),
             created,

@@ -1,9 +1,9 @@
 //! [`Store`]: the index's objects of one kind, in a `Vec` sorted by namespace and name and
 //! searched by binary search, each key read from the object it belongs to. A
-//! `BTreeMap<NsName, Entry>` kept a copy of every key (two `String`s) in nodes about half full
-//! (a B-tree filled in key order splits its nodes near the middle: 6,661 nodes of 820 bytes for
-//! the 40,001 objects of the issue-13 size), about 170 bytes an object, where an entry here is 24. The sources deliver in
-//! key order (the manifest source's changes and the watchers' relists are sorted), so filling a
+//! `BTreeMap<NsName, Entry>` would keep a copy of every key (two `String`s) in nodes about half
+//! full (a B-tree filled in key order splits its nodes near the middle: 6,661 nodes of 820 bytes
+//! for the 40,001 objects of the 10k-Ingress size), about 170 bytes an object, where an entry
+//! here is 24. The sources deliver in key order (the manifest source's changes and the watchers' relists are sorted), so filling a
 //! store appends; a later change moves at most the entries after it.
 
 use std::cmp::Ordering;

@@ -26,7 +26,7 @@ impl<V> PathMap<V> {
     fn find(&self, path: &Path) -> Result<usize, usize> {
         // A full scan looks each file up and inserts it in path order: past the last path, one
         // comparison instead of a binary search's 16 (at 40,001 files; `Path`s compare by
-        // component, 2 % of the start's CPU on the thread that records the reads, s12-start).
+        // component: 2 % of the start's CPU on the thread that records the reads).
         match self.0.last() {
             None => Err(0),
             Some((last, _)) if **last < *path => Err(self.0.len()),

@@ -179,7 +179,7 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
         .map(str::to_owned);
     let kind_name = doc.get("kind").and_then(Value::as_str).map(str::to_owned);
     // `get` twice, not `pointer`: it unescapes each segment into two new strings (320,000 of
-    // them for the issue-13 folder).
+    // them for the 10k-Ingress scale folder).
     let metadata = |field: &str| doc.get("metadata")?.get(field)?.as_str();
     let name = metadata("name").map(str::to_owned);
     let namespace = metadata("namespace").unwrap_or("default").to_owned();
@@ -366,8 +366,8 @@ impl FileSource {
         });
         let removed = self.files.len() != before;
         // Each file's `stat` (is it as at the last read?) is made by the thread that reads it:
-        // on the first scan of a large folder, 40,001 of them no longer wait in one thread
-        // before the reads start.
+        // on the first scan of a large folder, 40,001 of them do not wait in one thread before
+        // the reads start.
         let (files, hasher) = (&self.files, &self.hasher);
         let reads = in_parallel(present.len(), |n| {
             read_if_stale(&present[n], files.get(&present[n]), hasher, started)
@@ -524,7 +524,7 @@ impl FileSource {
             let entry = entry.map_err(read_dir)?;
             let path = entry.path();
             // Follows symlinks (ConfigMap volumes are symlinks to a hidden folder); a regular
-            // file is known from the listing itself, without a `stat` (40,001 at the issue-13
+            // file is known from the listing itself, without a `stat` (40,001 at the 10k-Ingress
             // size, before the reads start).
             let is_file = match entry.file_type() {
                 Ok(kind) if kind.is_file() => true,
@@ -783,9 +783,9 @@ fn log_problems(path: &Path, problems: &[Problem]) {
 }
 
 /// What the folder's watch asks for: only the events a change makes. Opening, reading and
-/// closing a file unwritten are left out (notify 8, used before, watched `IN_OPEN` too, so each of
-/// duet's own 40,001 opens at the issue-13 size woke its thread with an event to drop: about 10 %
-/// of the start's CPU, s12-start).
+/// closing a file unwritten are left out: with `IN_OPEN` watched too, each of duet's own 40,001
+/// opens at the 10k-Ingress size would wake its thread with an event to drop, about 10 % of the
+/// start's CPU.
 const WATCH_MASK: WatchMask = WatchMask::ATTRIB
     .union(WatchMask::CREATE)
     .union(WatchMask::DELETE)

@@ -3,8 +3,8 @@
 //!
 //! serde-saphyr reads a manifest in two layers: granit-parser turns the text into events, and its
 //! serde deserializer turns the events into a `Value` (recording each mapping's keys for the
-//! duplicate check, keeping budgets, comments and spans on the way). On the issue-13 folder the
-//! second layer cost more CPU than the parse itself. [`documents`] runs the same parser with the
+//! duplicate check, keeping budgets, comments and spans on the way). On the 10k-Ingress scale
+//! folder the second layer costs more CPU than the parse itself. [`documents`] runs the same parser with the
 //! same options and builds the `Value`s itself, but only for a subset where its result is by
 //! construction the one serde-saphyr gives: mappings with string keys, sequences, quoted and
 //! block scalars, and plain scalars whose type is certain (null and YAML 1.1 boolean spellings,

@@ -5,8 +5,8 @@
 //! `None` for anything else, which `files::parse` then reads with the YAML parser: it never
 //! guesses.
 //!
-//! On the issue-13 folder the YAML parser's tokens and events (a queue of tokens moved in memory
-//! for every one) were most of the start's CPU; this reader makes no token and no event, only
+//! On the 10k-Ingress scale folder the YAML parser's tokens and events (a queue of tokens moved
+//! in memory for every one) are most of the start's CPU; this reader makes no token and no event, only
 //! the `Value`s. What it accepts is deliberately narrow; it answers `None` on:
 //! - any byte outside printable ASCII and `\n` (tabs, `\r`, a byte order mark, any non-ASCII text),
 //! - `%` directives, `...` document ends, a `---` with anything else on its line, more than
@@ -593,7 +593,7 @@ mod tests {
         }
     }
 
-    /// The four files of `benches/load/gen-scale.py`'s issue-13 folder, as it writes them.
+    /// The four files of `benches/load/gen-scale.py`'s 10k-Ingress scale folder, as it writes them.
     const SCALE: &[&str] = &[
         "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: duet}\nspec: {controller: duet.dev/ingress-controller}\n",
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: app-0-ipv4\n  namespace: ns-0\n  labels: {kubernetes.io/service-name: app-0}\naddressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\nendpoints:\n  - addresses: [\"127.1.0.0\"]\n    conditions: {ready: true}\n    targetRef: {kind: Pod, namespace: ns-0, name: app-0-0, uid: 00000000-0000-4000-8000-000000000000}\n  - addresses: [\"127.1.0.1\"]\n    conditions: {ready: true}\n    targetRef: {kind: Pod, namespace: ns-0, name: app-0-1, uid: 00000000-0000-4000-8000-000000000001}\n",
@@ -725,8 +725,8 @@ mod tests {
     }
 
     /// Texts one to three edits away (a byte removed, doubled, or replaced or followed by one of
-    /// YAML's structural bytes) from the layouts above and the issue-13 files: whatever this
-    /// reader takes, serde-saphyr reads the same way.
+    /// YAML's structural bytes) from the layouts above and the 10k-Ingress scale files: whatever
+    /// this reader takes, serde-saphyr reads the same way.
     #[test]
     fn edits_read_as_serde_saphyr_reads_them_or_go_to_the_parser() {
         const BYTES: &[u8] = b" \n-:#,[]{}\"'a1.~?&!|>";

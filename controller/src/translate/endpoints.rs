@@ -290,7 +290,7 @@ pub fn update_backends_after_routes<'a, S: SliceView + ?Sized + 'a>(
 ) -> BackendMap<Arc<Backend>> {
     let mut again: BTreeSet<&NsName> = endpoints.iter().collect();
     // Both plans' backends are sorted by id: walked together (two lookups of each of the
-    // 10,000 ids at the issue-13 size were a third of this phase after an Ingress change).
+    // 10,000 ids at the 10k-Ingress size were a third of this phase after an Ingress change).
     let mut olds = old.backends.iter().peekable();
     for (id, spec) in &plan.backends {
         while let Some((_, gone)) = olds.next_if(|(old_id, _)| *old_id < id) {
@@ -423,7 +423,7 @@ pub fn join_targets<S: SliceView + ?Sized>(
 }
 
 /// The zone names targets share: a cluster has a few zones and every pod names one (100,000
-/// targets at the issue-13 size, each a 32-byte allocation of its own before). Up to
+/// targets at the 10k-Ingress size, each a 32-byte allocation of its own before). Up to
 /// [`Zones::MAX`] distinct names are shared; more (never seen in a real cluster, possible in
 /// a hostile slice) get an allocation each rather than a longer search.
 #[derive(Debug, Default)]

@@ -441,7 +441,7 @@ fn merge_backends(
     }
     // Every backend the table and the Gateway API tables use, its spec from the partial run or
     // else the previous plan. Both plans' backends are sorted by id: walked together (the
-    // partial's spec first), kept when used (hashed: sorting the 20,000 ids of the issue-13 size
+    // partial's spec first), kept when used (hashed: sorting the 20,000 ids of the 10k-Ingress size
     // took a third of the merge), collected in order (a B-tree built from sorted input).
     let gateway_ids = previous
         .gateways
@@ -457,7 +457,7 @@ fn merge_backends(
 
 /// The references of the merged plan: the previous plan's (shared) when the `members` reference
 /// what they referenced before (the common edit: a path, a port, an annotation), else those of
-/// the merged `footprints` (20,000 names collected and sorted at the issue-13 size).
+/// the merged `footprints` (20,000 names collected and sorted at the 10k-Ingress size).
 fn merge_references(
     previous: &RoutePlan,
     partial: &RoutePlan,

@@ -195,7 +195,7 @@ pub struct RoutePlan {
     /// Hosts and paths, shared by every snapshot until routes change.
     pub table: Arc<RouteTable>,
     /// Every backend the table uses, with its Service port (shared: a plan made by host from
-    /// the previous one copies 20,000 pointers, not 20,000 specs, at the issue-13 size).
+    /// the previous one copies 20,000 pointers, not 20,000 specs, at the 10k-Ingress size).
     pub backends: BTreeMap<BackendId, Arc<BackendSpec>>,
     /// What our Ingresses reference (for the index's relevance decisions).
     pub references: Arc<References>,

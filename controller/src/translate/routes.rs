@@ -209,7 +209,7 @@ impl RouteModel {
             ..RouteTable::default()
         };
         let passthrough = self.passthrough;
-        // Sized once: 10,000 hosts at the issue-13 size grew the map by rehashing 14 times.
+        // Sized once: 10,000 hosts at the 10k-Ingress size grew the map by rehashing 14 times.
         let exact = self.hosts.keys().filter(|h| matches!(h, HostKey::Exact(_)));
         table.exact.reserve(exact.count());
         for (host, rules) in self.hosts {

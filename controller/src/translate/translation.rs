@@ -358,7 +358,7 @@ impl<'a> Translation<'a> {
         };
         let routes = std::mem::take(&mut self.routes);
         let (diagnostics, annotations) = (&mut self.diagnostics, &mut self.annotations);
-        // At scale the footprints and their references (20,000 names at the issue-13 size) are
+        // At scale the footprints and their references (20,000 names at the 10k-Ingress size) are
         // made on a second core while the table is built; they do not depend on each other.
         let ((footprints, references), table) = if self.backends.len() >= PARALLEL_FINISH {
             std::thread::scope(|scope| {
@@ -396,7 +396,7 @@ impl<'a> Translation<'a> {
 /// Removes from `backends` those no id of `used` names. The routes hold clones of the ids
 /// resolved into `backends` (one allocation per id), so an id is matched by its
 /// [`identity`](BackendId::identity): no id's text is read or hashed (20,000 route ids, each
-/// a cache miss away, took a third of what the route table's build took at the issue-13 size).
+/// a cache miss away, took a third of what the route table's build took at the 10k-Ingress size).
 /// A route's id that is no key's clone (a Service resolved by both parts of a split route
 /// phase) is matched by value.
 fn retain_used<'b>(
@@ -445,7 +445,7 @@ pub(super) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::Random
 enum Services<'a> {
     /// The inputs' Services, in strictly increasing name order (as the index lists them: one
     /// per name, [`Inputs::sorted`]), looked up by binary search: a run by host over a few
-    /// Ingresses makes no map of every Service (10,000 inserts at the issue-13 size).
+    /// Ingresses makes no map of every Service (10,000 inserts at the 10k-Ingress size).
     Sorted(Vec<&'a dyn ServiceView>),
     /// Otherwise (the tests' and benches' API objects, in any order), hashed.
     Hashed(FastMap<(&'a str, &'a str), &'a dyn ServiceView>),

@@ -1,7 +1,7 @@
 //! Ready targets of each Service in the live snapshot, by kind (dual, IPv4 only, IPv6 only),
 //! labelled by the backend's typed namespace and Service, encoded as a `Family` of gauges would
 //! be. Counted when scraped, from the snapshot the series holds: a publish only swaps a pointer.
-//! Counting at publish walked every target of every backend (100,000 at the issue-13 size, long
+//! Counting at publish walked every target of every backend (100,000 at the 10k-Ingress size, long
 //! out of cache by then) on the apply's critical path, for a figure read once per scrape.
 
 use std::collections::HashMap;

@@ -185,6 +185,7 @@ mod tests {
     fn action(ns: &str, ingress: &str, backend: &str) -> RouteAction {
         RouteAction {
             origin: Origin {
+                kind: Default::default(),
                 namespace: ns.into(),
                 name: ingress.into(),
                 created: 0,

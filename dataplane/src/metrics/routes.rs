@@ -374,7 +374,7 @@ impl LiveMetrics {
         let mut host_labels: FastMap<&str, Arc<str>> = FastMap::default();
         // Gateway API routes are labelled like Ingress ones: `ingress` is the route's name.
         let actions = || routes.actions().chain(snapshot.gateways.host_actions());
-        // One handle per route (20,000 at the issue-13 size), sized once: no growth rehashing
+        // One handle per route (20,000 at the 10k-Ingress size), sized once: no growth rehashing
         // every address. Not `by_key`: routes share keys (an Ingress's paths to one Service:
         // 10,000 there), and sized for every route it took 1.2 MB more.
         index.by_action.reserve(actions().count());

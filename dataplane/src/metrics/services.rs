@@ -37,7 +37,7 @@ struct FallbackLabels {
 
 /// Counters of one Service, indexed by family slot: six atomics in the one allocation of the
 /// Service's entry (a `prometheus-client` `Counter` is an `Arc` of its own: six more
-/// allocations per Service, 60,000 at the issue-13 size).
+/// allocations per Service, 60,000 at the 10k-Ingress size).
 #[derive(Debug, Default)]
 pub(super) struct ServiceCounters {
     pub(super) connect_failures: [Count; 2],

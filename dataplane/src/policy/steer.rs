@@ -246,6 +246,7 @@ mod tests {
             backend: "ns/svc:80".parse::<BackendId>().unwrap(),
             policy: FamilyPolicy::default(),
             origin: Origin {
+                kind: Default::default(),
                 namespace: "ns".into(),
                 name: "i".into(),
                 created: 0,

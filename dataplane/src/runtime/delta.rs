@@ -183,6 +183,7 @@ mod tests {
     /// A table whose one route (the default backend) goes to `backend` for Ingress `ingress`.
     fn table_to(ingress: &str, backend: &str) -> Arc<RouteTable> {
         let origin = crate::table::Origin {
+            kind: Default::default(),
             namespace: "shop".into(),
             name: ingress.into(),
             created: 0,

@@ -44,6 +44,7 @@ mod tests {
             backend: BackendId::new("ns", "svc", "443"),
             policy: FamilyPolicy::default(),
             origin: Origin {
+                kind: Default::default(),
                 namespace: "ns".into(),
                 name: "ing".into(),
                 created: 0,

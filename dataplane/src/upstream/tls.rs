@@ -243,6 +243,7 @@ mod tests {
                 when: None,
                 action: RouteAction {
                     origin: Origin {
+                        kind: Default::default(),
                         namespace: "ns".into(),
                         name: format!("ing{i}").into(),
                         created: 0,

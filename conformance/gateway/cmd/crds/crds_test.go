@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The kinds duet serves (issue 14) and the version each is read at.
+// The kinds duet serves and the version each is read at.
 var duetKinds = map[string]string{
 	"gatewayclasses.gateway.networking.k8s.io":  "v1",
 	"gateways.gateway.networking.k8s.io":        "v1",

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use dataplane::table::gateway::{
     GatewayListener, GatewayPort, GatewayRule, GatewayTable, ListenerRoutes,
 };
-use dataplane::{FamilyPolicy, Origin};
+use dataplane::{FamilyPolicy, Origin, OriginKind};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 
 use self::attach::{Attached, GatewayModel, ListenerModel};
@@ -39,7 +39,7 @@ use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, Reference
 use crate::gateway::conditions::Cond;
 use crate::gateway::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway::{class, listeners, refs, service};
-use crate::object::{NsName, ObjectKey};
+use crate::object::{Kind, NsName, ObjectKey};
 
 pub use attach::intersect;
 
@@ -253,6 +253,10 @@ impl<'a> GatewayProcessor<'a> {
         let key = ObjectKey::new(view.kind, &*view.key.namespace, &*view.key.name);
         let policy = family_policy(t, &key, view);
         let origin = Origin {
+            kind: match view.kind {
+                Kind::GrpcRoute => OriginKind::GrpcRoute,
+                _ => OriginKind::HttpRoute,
+            },
             namespace: view.key.namespace.as_str().into(),
             name: view.key.name.as_str().into(),
             created: view.created,
