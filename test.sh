@@ -77,7 +77,7 @@ python3 docs/check-links.py docs/book README.md
 # conformance/tools/h2spec/build.sh itself).
 # The real control plane (kube-apiserver, kube-controller-manager v1.37.2, etcd v3.7.0) built
 # from the Go modules of conformance/cluster/go.mod, or reused when its inputs did not change
-# (README: Real control plane). Go itself comes with these machines; without it this fails.
+# (docs/src/contributing/control-plane.md). Go itself comes with these machines; without it this fails.
 echo "== control plane (conformance/cluster/build.sh)"
 if ! command -v go >/dev/null 2>&1; then
   echo "go is missing: the real control plane is built from Go modules (Go >= 1.26)" >&2
@@ -87,7 +87,7 @@ conformance/cluster/build.sh
 
 # The real node (kubelet, kube-proxy, kube-scheduler, containerd, runc, the CNI plugins, pause)
 # from the Go modules of conformance/cluster/go.mod and conformance/node/go.mod, or reused when its
-# inputs did not change (README: Real node). runc links libseccomp (cgo); pause is a static C
+# inputs did not change (docs/src/contributing/control-plane.md). runc links libseccomp (cgo); pause is a static C
 # program (gcc, libc6-dev's libc.a); crictl and ctr look at the node.
 if ! dpkg -s libseccomp-dev pkg-config libc6-dev >/dev/null 2>&1; then
   echo "== apt-get install libseccomp-dev pkg-config libc6-dev"
@@ -96,8 +96,8 @@ fi
 echo "== real node (conformance/node/build.sh)"
 conformance/node/build.sh
 
-# The Gateway API suite's test binary, its CRD installer and the real echo-basic (README: Gateway
-# API conformance), from the modules of conformance/gateway/go.mod through the Go module proxy,
+# The Gateway API suite's test binary, its CRD installer and the real echo-basic
+# (docs/src/contributing/conformance.md), from the modules of conformance/gateway/go.mod through the Go module proxy,
 # or reused when their inputs did not change. conformance/tests/echo_basic_pods.rs needs them.
 echo "== Gateway API suite and echo-basic (conformance/gateway/build.sh)"
 conformance/gateway/build.sh
@@ -105,7 +105,7 @@ conformance/gateway/build.sh
 echo "== workspace tests (cargo test --workspace --locked)"
 cargo test --workspace --locked
 
-echo "== fuzzing every target in fuzz/, 4 s each (README: Quick start, fuzzing)"
+echo "== fuzzing every target in fuzz/, 4 s each (docs/src/contributing/fuzzing.md)"
 # cargo-fuzz passes nightly flags to rustc; RUSTC_BOOTSTRAP=1 lets the stable toolchain take them.
 # About 1.5 min to install cargo-fuzz on a fresh machine, 3 CPU-minutes to build the targets (9
 # min on 2 cores shared with other builds), 4 s to run each.
@@ -127,7 +127,7 @@ for target in $(cargo fuzz list); do
 done
 rm -f "$fuzz_log"
 
-echo "== Ingress conformance on the real control plane and a real node, IPv4 and IPv6 (README: Conformance suite)"
+echo "== Ingress conformance on the real control plane and a real node, IPv4 and IPv6 (docs/src/contributing/conformance.md)"
 cargo build --locked -q -p controller --bin duet -p conformance --bin duet-conformance --bin duet-echo
 target/debug/duet-conformance ../shared/conformance/upstream-ingress/features --family both --real-node
 
@@ -144,9 +144,9 @@ target/debug/duet-conformance ../shared/conformance/upstream-ingress/features co
 # `helm install` with Helm's own CLI (conformance/helm/build.sh), then under continuous load from
 # clients of both families through the LoadBalancer: helm upgrade, a backend roll, the leader's
 # pod deleted, kill -9 of a duet container (failures counted, not failing), kube-apiserver,
-# containerd and kubelet restarted. One line per scenario, then `N passed, N failed` (README:
-# Real node).
-echo "== node scenarios on a real node, clients of both families (README: Real node)"
+# containerd and kubelet restarted. One line per scenario, then `N passed, N failed`
+# (docs/src/contributing/control-plane.md).
+echo "== node scenarios on a real node, clients of both families (docs/src/contributing/control-plane.md)"
 conformance/helm/build.sh >/dev/null
 target/debug/duet-conformance node-scenarios --family both
 
@@ -157,7 +157,7 @@ target/debug/duet-conformance node-scenarios --family both
 # build, and so does any failed core test (duet passes both core profiles on both families);
 # GATEWAY_CORE_MUST_PASS=0 would only print the numbers.
 GATEWAY_CORE_MUST_PASS=1
-echo "== Gateway API conformance, core, IPv4 and IPv6 primary (README: Gateway API conformance)"
+echo "== Gateway API conformance, core, IPv4 and IPv6 primary (docs/src/contributing/conformance.md)"
 gateway_flags=()
 if [[ $GATEWAY_CORE_MUST_PASS != 1 ]]; then
   gateway_flags+=(--allow-core-failures)
