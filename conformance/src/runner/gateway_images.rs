@@ -36,22 +36,18 @@ pub struct SuiteImages {
 }
 
 impl SuiteImages {
-    /// Reads every YAML file of the suite module's manifest folders.
+    /// Reads every YAML file under the suite module's manifest folders.
     pub fn read(module: &Path) -> anyhow::Result<SuiteImages> {
         let mut images = SuiteImages::default();
+        let mut files = Vec::new();
         for folder in MANIFEST_FOLDERS {
-            let dir = module.join(folder);
-            let entries = std::fs::read_dir(&dir)
-                .with_context(|| format!("cannot read the suite's {}", dir.display()))?;
-            for entry in entries {
-                let path = entry?.path();
-                if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-                    let text = std::fs::read_to_string(&path)?;
-                    let name = path.display().to_string();
-                    for image in images_of(&text).with_context(|| format!("in {name}"))? {
-                        images.add(image);
-                    }
-                }
+            yaml_files(&module.join(folder), &mut files)?;
+        }
+        for path in files {
+            let text = std::fs::read_to_string(&path)?;
+            let name = path.display().to_string();
+            for image in images_of(&text).with_context(|| format!("in {name}"))? {
+                images.add(image);
             }
         }
         anyhow::ensure!(
@@ -115,6 +111,21 @@ impl SuiteImages {
         }
         lines
     }
+}
+
+/// The `.yaml` and `.yml` files under `dir`, at any depth.
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    for entry in entries {
+        let path = entry?.path();
+        if path.is_dir() {
+            yaml_files(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// Whether `image` is the suite's echo server, any tag or digest.
