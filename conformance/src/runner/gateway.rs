@@ -454,6 +454,12 @@ mod tests {
             ]
         );
         assert_eq!(cli.runs().len(), 2);
+        assert!(!cli.real_node, "the stand-in kubelet unless --real-node");
+        let real = GatewayCli::try_parse_from(["x", "--real-node", "--report-dir", "r"]).unwrap();
+        assert!(
+            real.real_node && real.flags().is_empty(),
+            "not a suite flag"
+        );
         assert!(
             GatewayCli::try_parse_from(["x", "--family", "ipv5", "--report-dir", "r"]).is_err()
         );
