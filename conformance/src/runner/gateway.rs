@@ -4,14 +4,20 @@
 //! so that the suite's "first Gateway address" is each family in turn.
 //!
 //! Per run, on a thread of its own (every process it starts dies with that thread):
-//! 1. a dual-stack cluster ([`crate::cluster`]) with the Gateway API CRDs, its stand-in kubelet
-//!    running the suite's echo pods as the real `echo-basic` in pod network namespaces;
+//! 1. a dual-stack cluster ([`crate::cluster`]) with the Gateway API CRDs, and either its
+//!    stand-in kubelet running the suite's echo pods as the real `echo-basic` in pod network
+//!    namespaces, or (`--real-node`) a real node running every pod of the suite as containers of
+//!    the images its manifests name ([`super::gateway_images`], imported without a registry);
+//!    the `node:` line names the node's kubelet, containerd and kube-proxy;
 //! 2. a Pod `duet-0` in namespace [`DUET_NAMESPACE`], labelled with the `--gateway-pod-selector`
-//!    duet is given: the kubelet gives it an address of each family on the cluster namespace's
-//!    loopback and runs nothing on them, and duet runs in the cluster namespace, so the
-//!    connections the load balancer DNATs to `duet-0`'s addresses at the pod ports duet assigned
-//!    reach duet's own sockets there (bound to those ports on a wildcard address or on the
-//!    addresses of `POD_IPS`, which duet gets in its environment as the downward API gives it);
+//!    duet is given, and duet as a process of the cluster namespace (the node's own network
+//!    namespace on a real node). The stand-in kubelet gives `duet-0` an address of each family on
+//!    the namespace's loopback and runs nothing on them; on a real node `duet-0` is a
+//!    `hostNetwork` pod of the pause image, so its addresses are the node's. Either way the
+//!    connections the load balancer (and kube-proxy) DNAT to `duet-0`'s addresses at the pod
+//!    ports duet assigned reach duet's own sockets there (bound to those ports on a wildcard
+//!    address or on the addresses of `POD_IPS`, which duet gets in its environment as the
+//!    downward API gives it);
 //! 3. duet in Kubernetes mode (`--election-namespace` and `POD_NAMESPACE` [`DUET_NAMESPACE`]);
 //! 4. `run.sh KUBECONFIG REPORT_DIR ipv4|ipv6 -- FLAGS` inside the cluster namespace (where the
 //!    Gateways' load-balancer addresses are), its output in `REPORT_DIR/NAME.log`, duet's in
@@ -29,6 +35,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use serde_json::json;
 
+use super::gateway_images::{self, SuiteImages};
 use super::gateway_report::Report;
 use crate::cluster::{self, echo_basic, Cluster, Stack};
 use crate::duet::DuetBuilder;
@@ -85,6 +92,11 @@ pub struct GatewayCli {
     /// Exit 0 even when core tests fail (still 1 when a run cannot happen or writes no report).
     #[arg(long)]
     pub allow_core_failures: bool,
+    /// Run the suite's pods as containers on a real node (kubelet, containerd, CNI, kube-proxy:
+    /// conformance/node/build.sh), from the images its manifests name, built by images/build.sh
+    /// and imported without a registry, instead of the stand-in kubelet's host processes.
+    #[arg(long)]
+    pub real_node: bool,
     /// More upstream suite flags, after `--` (e.g. -- -debug -timeout-config-overrides=...).
     #[arg(last = true, value_name = "SUITE_FLAGS")]
     pub suite_flags: Vec<String>,
@@ -127,6 +139,8 @@ struct Run {
     bin: PathBuf,
     report_dir: PathBuf,
     flags: Vec<String>,
+    /// With a real node: the image archives to import, and what they hold (printed).
+    images: Option<(Vec<PathBuf>, Vec<String>)>,
 }
 
 /// Runs the suite per family; returns the exit code.
@@ -148,6 +162,14 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
     let report_dir = cli.report_dir.canonicalize()?;
     cluster::build_control_plane()?;
     let bin = echo_basic::build()?;
+    let images_dir = tempfile::Builder::new()
+        .prefix("duet-gateway-images-")
+        .tempdir()?;
+    let images = if cli.real_node {
+        Some(node_images(&bin, images_dir.path())?)
+    } else {
+        None
+    };
     let mut failed_core = Vec::new();
     let mut broken = Vec::new();
     for (name, stack) in cli.runs() {
@@ -158,6 +180,7 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
             bin: bin.clone(),
             report_dir: report_dir.clone(),
             flags: cli.flags(),
+            images: images.clone(),
         };
         let t = Instant::now();
         println!("== Gateway API conformance, {name}: dual-stack cluster, {name} primary");
@@ -188,6 +211,13 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+/// The suite's images for a real node, built into `out`: the archives and what they hold.
+fn node_images(bin: &Path, out: &Path) -> anyhow::Result<(Vec<PathBuf>, Vec<String>)> {
+    let images = SuiteImages::read(&gateway_images::module_dir()?)?;
+    let archives = images.build(bin, &cluster::node::build()?, out)?;
+    Ok((archives, images.describe()))
 }
 
 /// Prints a run's counts (and why its setup failed, if it did); returns its failed core tests
@@ -232,13 +262,21 @@ async fn one_run(run: &Run) -> anyhow::Result<Report> {
     let cluster = Cluster::start(cluster::Options {
         stack: run.stack,
         gateway_api: true,
-        echo_basic: Some(run.bin.join("echo-basic")),
+        echo_basic: run.images.is_none().then(|| run.bin.join("echo-basic")),
+        real_node: run.images.is_some(),
         ..cluster::Options::default()
     })
     .await?;
     println!("control plane: {}", cluster.control_plane());
+    if let (Some(node), Some((archives, what))) = (cluster.node(), &run.images) {
+        println!("node: {}, load balancer: stand-in", node.versions());
+        for archive in archives {
+            cluster.import_image(archive)?;
+        }
+        what.iter().for_each(|line| println!("{line}"));
+    }
     let api = cluster.api().await?;
-    let pod_ips = duet_pod(&api).await?;
+    let pod_ips = duet_pod(&api, cluster.node().is_some()).await?;
     let mut duet = DuetBuilder::kube(&run.duet, cluster.kubeconfig())
         .args([
             "--election-namespace",
@@ -295,16 +333,30 @@ fn setup_failure(log: &str) -> String {
 }
 
 /// Creates duet's namespace and pod and returns the pod's addresses, primary family first.
-async fn duet_pod(api: &crate::runner::kube_api::KubeApi) -> anyhow::Result<Vec<String>> {
+///
+/// Stand-in kubelet: the pod gets an address of each family on the cluster namespace's loopback
+/// and nothing runs in it. Real node: the pod is `hostNetwork` (its addresses are the node's,
+/// where duet, a process of the node's network namespace, listens), its one container the
+/// node's pause image.
+async fn duet_pod(
+    api: &crate::runner::kube_api::KubeApi,
+    real_node: bool,
+) -> anyhow::Result<Vec<String>> {
     api.create(json!({"apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": DUET_NAMESPACE}}))
         .await?;
     // No container ports: the kubelet listens on nothing of this pod (duet does).
+    let spec = if real_node {
+        json!({"hostNetwork": true, "containers": [{"name": "duet",
+            "image": cluster::node::PAUSE_IMAGE, "imagePullPolicy": "Never"}]})
+    } else {
+        json!({"containers": [{"name": "duet", "image": "duet.dev/duet"}]})
+    };
     api.create(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"namespace": DUET_NAMESPACE, "name": DUET_POD,
                      "labels": {POD_LABEL.0: POD_LABEL.1}},
-        "spec": {"containers": [{"name": "duet", "image": "duet.dev/duet"}]},
+        "spec": spec,
     }))
     .await?;
     crate::client::eventually("duet's pod runs", Duration::from_secs(60), || async {
@@ -402,6 +454,12 @@ mod tests {
             ]
         );
         assert_eq!(cli.runs().len(), 2);
+        assert!(!cli.real_node, "the stand-in kubelet unless --real-node");
+        let real = GatewayCli::try_parse_from(["x", "--real-node", "--report-dir", "r"]).unwrap();
+        assert!(
+            real.real_node && real.flags().is_empty(),
+            "not a suite flag"
+        );
         assert!(
             GatewayCli::try_parse_from(["x", "--family", "ipv5", "--report-dir", "r"]).is_err()
         );

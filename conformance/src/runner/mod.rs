@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod expect;
 pub mod gateway;
+pub mod gateway_images;
 pub mod gateway_report;
 pub mod kube_api;
 pub mod node_load;
