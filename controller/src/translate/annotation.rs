@@ -173,7 +173,7 @@ mod tests {
     use super::*;
     use crate::object::Kind;
 
-    /// The `"duet.dev/NAME"` string literals of the controller's sources.
+    /// The string literals of the controller's sources that name a `duet.dev/` key.
     fn literal_keys() -> Vec<(String, String)> {
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = vec![src];
