@@ -940,7 +940,8 @@ mod tests {
             .map(|name| text.find(&format!("\"{name}\":")).unwrap())
             .collect();
         assert!(at.is_sorted(), "FIELDS is not in the line's order: {text}");
-        (keys.sort(), table.sort());
+        keys.sort();
+        table.sort();
         assert_eq!(
             keys, table,
             "FIELDS (access_log.rs) differs from the line: {text}"

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use dataplane::access_log::{Entry, TlsInfo, FIELDS};
+use dataplane::access_log::{Entry, TlsInfo, FIELDS, QUEUE_BYTES};
 use dataplane::table::UpstreamProtocol;
 use http::{HeaderValue, Method, Version};
 
@@ -13,11 +13,14 @@ use super::{code, head, table};
 pub(super) fn page() -> String {
     let mut out = head(
         "Access log",
-        "With `--access-log json` (the default) duet writes one JSON object per request to \
-         standard output, from a queue bounded at 8 MiB: when the writer cannot keep up, lines \
-         are dropped and counted in `duet_access_log_dropped_total`. `--access-log off` turns it \
-         off. Addresses are written in one form whatever the family: IPv4-mapped IPv6 addresses \
-         as IPv4, IPv6 in RFC 5952 form and bracketed before a port.",
+        &format!(
+            "With `--access-log json` (the default) duet writes one JSON object per request to \
+             standard output, from a queue bounded at {} MiB: when the writer cannot keep up, \
+             lines are dropped and counted in `duet_access_log_dropped_total`. `--access-log off` \
+             turns it off. Addresses are written in one form whatever the family: IPv4-mapped \
+             IPv6 addresses as IPv4, IPv6 in RFC 5952 form and bracketed before a port.",
+            QUEUE_BYTES >> 20
+        ),
     );
     let rows = FIELDS
         .iter()

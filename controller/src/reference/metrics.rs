@@ -74,7 +74,8 @@ pub(super) fn page() -> String {
     let mut out = head(
         "Metrics",
         "duet serves its metrics in the Prometheus text format on `/metrics` of the admin \
-         listener (`--admin-listen`, port 10254). Label values are bounded: hosts as written in \
+         listener (`--admin-listen`: port 10254, on loopback by default; the chart opens it on \
+         the pod's addresses). Label values are bounded: hosts as written in \
          the routing table (never the Host header), nine methods plus `other`, families `ipv4` \
          and `ipv6` (`none`: answered without an upstream). A route's series leave the \
          exposition when the route leaves the table.",
