@@ -3,7 +3,7 @@
 
 use prometheus_client::registry::Registry;
 
-use super::{code, head, table};
+use super::{code, head, table, REGENERATE};
 use crate::metrics::{ControllerMetrics, BUILD_BUCKETS, LABELS as CONTROLLER_LABELS};
 use dataplane::metrics::{Metrics, LABELS, LATENCY_BUCKETS};
 
@@ -60,7 +60,9 @@ fn labels(name: &str) -> String {
         .chain(CONTROLLER_LABELS.iter())
         .find(|(family, _)| *family == name)
         .map(|(_, labels)| *labels)
-        .unwrap_or_else(|| panic!("{name}: not in a LABELS table of the metrics modules"));
+        .unwrap_or_else(|| {
+            panic!("{name}: not in a LABELS table of the metrics modules: add it, then run {REGENERATE}")
+        });
     let labels: Vec<String> = labels.iter().map(|l| code(l)).collect();
     labels.join(", ")
 }
