@@ -24,6 +24,18 @@ use crate::units::{parse_body_size, parse_duration, parse_duration_or_zero, Size
 /// Exit code for a bad command line (`EX_USAGE`).
 pub const EXIT_USAGE: u8 = 64;
 
+/// The environment variables `duet` reads, with what each does (a test finds every variable the
+/// code reads in this table; the command-line reference is rendered from it).
+pub const ENVIRONMENT: [(&str, &str); 7] = [
+    ("DUET_LOG", "Log filter in `RUST_LOG` syntax (`info`, `duet=debug,kube=warn`); default `info`. An invalid filter exits with code 64."),
+    ("TOKIO_WORKER_THREADS", "Worker threads of the async runtime; default one per core. `1` runs a single-threaded runtime (a one-core pod)."),
+    ("POD_NAME", "The leader-election identity's base (then a random suffix); default the host name."),
+    ("POD_NAMESPACE", "duet's namespace: the leader-election Lease's (unless `--election-namespace`) and the Gateway pods' (`--gateway-pod-selector`); default the kubeconfig's or service account's namespace."),
+    ("KUBECONFIG", "The kubeconfig file when `--kubeconfig` is not given; then `~/.kube/config`, then the in-cluster service account."),
+    ("HOME", "Where `~/.kube/config` is looked for."),
+    ("KUBERNETES_SERVICE_HOST", "Set by Kubernetes in every pod: without a kubeconfig, duet uses the in-cluster service account."),
+];
+
 /// duet: a dual-stack (IPv4/IPv6) Kubernetes Ingress controller.
 #[derive(Debug, Parser)]
 #[command(
@@ -693,6 +705,33 @@ fn is_address(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_variable_read_is_in_the_environment_table() {
+        let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+        let mut read = Vec::new();
+        while let Some(path) = dirs.pop() {
+            if path.is_dir() {
+                dirs.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for call in ["env::var(\"", "env::var_os(\""] {
+                for (i, _) in text.match_indices(call) {
+                    let rest = &text[i + call.len()..];
+                    let name = &rest[..rest.find('"').unwrap()];
+                    read.push((name.to_owned(), path.display().to_string()));
+                }
+            }
+        }
+        assert!(read.iter().any(|(n, _)| n == "DUET_LOG"), "{read:?}");
+        for (name, file) in read {
+            assert!(
+                ENVIRONMENT.iter().any(|(n, _)| *n == name),
+                "{file} reads {name}: add it to config::ENVIRONMENT and run docs/generate-reference.sh"
+            );
+        }
+    }
 
     fn serve(extra: &[&str]) -> Result<Config, ConfigError> {
         let dir = std::env::temp_dir();

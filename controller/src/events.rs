@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::object::Kind;
 use crate::source::kube::Stores;
-use crate::translate::Diagnostic;
+use crate::translate::{Diagnostic, DiagnosticEventType};
 use crate::units::Doubling;
 
 /// The action named in every Event.
@@ -33,6 +33,14 @@ pub const ACTION: &str = "Route";
 
 /// The longest one Event write may take before it counts as failed.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The Kubernetes client's Event type for a diagnostic's.
+fn event_type(kind: DiagnosticEventType) -> EventType {
+    match kind {
+        DiagnosticEventType::Normal => EventType::Normal,
+        DiagnosticEventType::Warning => EventType::Warning,
+    }
+}
 
 /// The current diagnostics, latest set only (the sender side lives in the control loop).
 pub type DiagnosticSets = watch::Receiver<Arc<Vec<Diagnostic>>>;
@@ -154,7 +162,7 @@ impl Writer {
                 continue; // not cached yet: tried again with the next set
             };
             let event = Event {
-                type_: EventType::Warning,
+                type_: event_type(diagnostic.reason.event_type()),
                 reason: diagnostic.reason.as_str().to_owned(),
                 note: Some(truncate(&diagnostic.message, 1024)),
                 action: ACTION.to_owned(),

@@ -1,7 +1,8 @@
 //! duet's control loop: sources of Kubernetes objects (a manifest folder or the Kubernetes API),
 //! the object index, which Ingresses are ours, the pure translation to a dataplane snapshot, the
 //! debounced loop that publishes it, and in Kubernetes mode leader election, Ingress status and
-//! Events; plus the command line of the `duet` binary.
+//! Events; plus the command line of the `duet` binary, and the reference pages rendered from the
+//! code.
 
 pub mod app;
 pub mod class;
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod namespaces;
 pub mod object;
+pub mod reference;
 pub mod resolve;
 pub mod slices;
 pub mod source;

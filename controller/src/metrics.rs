@@ -17,6 +17,18 @@ pub const BUILD_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// The gauge of current diagnostics by reason.
+pub const DIAGNOSTICS_METRIC: &str = "duet_config_diagnostics";
+
+/// The labels of every family [`ControllerMetrics::register`] registers, by the family's name as
+/// exposed (a test holds it to what the families write; the metrics reference is rendered from
+/// the registry and this table).
+pub const LABELS: [(&str, &[&str]); 3] = [
+    ("duet_snapshot_build_seconds", &[]),
+    ("duet_config_diagnostics", &["reason"]),
+    ("duet_ingress_annotations", &["status"]),
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -50,7 +62,7 @@ impl ControllerMetrics {
             m.build.clone(),
         );
         registry.register(
-            "duet_config_diagnostics",
+            DIAGNOSTICS_METRIC,
             "Configuration problems in the live snapshot (objects or parts of objects skipped), by reason",
             m.diagnostics.clone(),
         );
@@ -98,6 +110,38 @@ impl ControllerMetrics {
 mod tests {
     use super::*;
     use crate::object::{Kind, ObjectKey};
+
+    #[test]
+    fn labels_table_matches_the_families_written() {
+        let mut registry = Registry::default();
+        let m = ControllerMetrics::register(&mut registry);
+        m.observe_build(Duration::from_millis(3));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let table: Vec<&str> = LABELS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(families, table, "LABELS (metrics.rs) lists other families");
+        for (family, labels) in LABELS {
+            let sample = text
+                .lines()
+                .find(|l| l.starts_with(family) && !l.contains("le=\""))
+                .unwrap_or_else(|| panic!("{family}: no series: {text}"));
+            let written: Vec<&str> = sample
+                .split_once('{')
+                .map(|(_, l)| l.split(',').filter_map(|p| p.split_once('=')).map(|p| p.0))
+                .into_iter()
+                .flatten()
+                .collect();
+            assert_eq!(
+                written, labels,
+                "{family}: LABELS (metrics.rs) differs: {sample}"
+            );
+        }
+    }
 
     #[test]
     fn diagnostics_by_reason_and_build_time() {

@@ -26,6 +26,127 @@ pub const QUEUE_BYTES: usize = 8 << 20;
 /// batch rather than once per request.
 const BATCH_DELAY: Duration = Duration::from_millis(10);
 
+/// One field of an access-log line: its JSON key, how its value is written and what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    /// The JSON key.
+    pub name: &'static str,
+    /// How the value is written.
+    pub format: &'static str,
+    /// What it holds.
+    pub meaning: &'static str,
+}
+
+/// Every field of a JSON access-log line, in the order [`Entry::write_json`] writes them (a test
+/// holds the two together; the reference page is rendered from this table).
+pub const FIELDS: [Field; 21] = [
+    Field {
+        name: "time",
+        format: "string, RFC 3339 UTC with milliseconds: `2026-11-29T20:34:47.123Z`",
+        meaning: "When the request arrived.",
+    },
+    Field {
+        name: "client_addr",
+        format: "string: dotted IPv4 or RFC 5952 IPv6, without brackets",
+        meaning: "The client's address (after PROXY protocol); an IPv4-mapped IPv6 peer is written as IPv4.",
+    },
+    Field {
+        name: "client_port",
+        format: "number",
+        meaning: "The client's port.",
+    },
+    Field {
+        name: "client_family",
+        format: "`\"ipv4\"` or `\"ipv6\"`",
+        meaning: "The client's address family.",
+    },
+    Field {
+        name: "listener",
+        format: "string: `ADDR:PORT`, IPv6 bracketed (`[::]:8443`)",
+        meaning: "The local address the request was accepted on.",
+    },
+    Field {
+        name: "host",
+        format: "string or `null`",
+        meaning: "The Host header (or HTTP/2 `:authority`) as received.",
+    },
+    Field {
+        name: "method",
+        format: "string",
+        meaning: "The request method.",
+    },
+    Field {
+        name: "path",
+        format: "string",
+        meaning: "The request path as received, without the query.",
+    },
+    Field {
+        name: "protocol",
+        format: "`\"HTTP/1.0\"`, `\"HTTP/1.1\"` or `\"HTTP/2.0\"`",
+        meaning: "The client's HTTP version.",
+    },
+    Field {
+        name: "status",
+        format: "number",
+        meaning: "The status code sent; 499 when the client went away before a response.",
+    },
+    Field {
+        name: "bytes",
+        format: "number",
+        meaning: "Response body bytes sent.",
+    },
+    Field {
+        name: "duration_seconds",
+        format: "number (seconds, shortest decimal form)",
+        meaning: "From the request's arrival to the last response byte.",
+    },
+    Field {
+        name: "upstream_addr",
+        format: "string `ADDR:PORT` (IPv6 bracketed) or `null`",
+        meaning: "The pod address that answered, or failed after the request was sent; `null` when duet answered itself.",
+    },
+    Field {
+        name: "upstream_family",
+        format: "`\"ipv4\"`, `\"ipv6\"` or `null`",
+        meaning: "The family of `upstream_addr`.",
+    },
+    Field {
+        name: "upstream_protocol",
+        format: "`\"http1\"`, `\"h2c\"`, `\"https\"`, `\"h2\"` or `null`",
+        meaning: "The protocol spoken to the upstream (from the Service port's `appProtocol`).",
+    },
+    Field {
+        name: "upstream_response_seconds",
+        format: "number (seconds) or `null`",
+        meaning: "From sending the request upstream to the upstream's response head.",
+    },
+    Field {
+        name: "namespace",
+        format: "string or `null`",
+        meaning: "The namespace of the matched route's Ingress (or HTTPRoute).",
+    },
+    Field {
+        name: "ingress",
+        format: "string or `null`",
+        meaning: "The name of the matched route's Ingress (or HTTPRoute).",
+    },
+    Field {
+        name: "service",
+        format: "string or `null`",
+        meaning: "The Service of the matched route's backend.",
+    },
+    Field {
+        name: "tls_version",
+        format: "string, only over TLS: `\"TLSv1.2\"` or `\"TLSv1.3\"`",
+        meaning: "The negotiated TLS version; absent on plain HTTP.",
+    },
+    Field {
+        name: "sni",
+        format: "string, only over TLS when the client sent one",
+        meaning: "The TLS server name the client asked for.",
+    },
+];
+
 /// `--access-log`: the format of the access log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AccessLogFormat {
@@ -798,6 +919,33 @@ mod tests {
         let mut out = serde_json::to_vec(&line).unwrap();
         out.push(b'\n');
         out
+    }
+
+    #[test]
+    fn fields_table_names_every_key_in_order() {
+        let mut e = entry("[2001:db8::1]:4711", Some("[2001:db8::2]:80"));
+        e.tls = Some(TlsInfo {
+            version: "TLSv1.3",
+            sni: Some("a.test".into()),
+        });
+        let mut out = Vec::new();
+        e.write_json(&mut out).unwrap();
+        let line: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&out).unwrap();
+        let mut keys: Vec<&str> = line.keys().map(String::as_str).collect();
+        let mut table: Vec<&str> = FIELDS.iter().map(|f| f.name).collect();
+        let text = String::from_utf8(out).unwrap();
+        let at: Vec<usize> = table
+            .iter()
+            .map(|name| text.find(&format!("\"{name}\":")).unwrap())
+            .collect();
+        assert!(at.is_sorted(), "FIELDS is not in the line's order: {text}");
+        keys.sort();
+        table.sort();
+        assert_eq!(
+            keys, table,
+            "FIELDS (access_log.rs) differs from the line: {text}"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::{Diagnostic, Reason, References};
 use crate::object::{by_name, Kind, NsName, ObjectKey};
 
 /// The per-Ingress annotation that turns the HTTPS redirect off (`"false"`).
-pub const SSL_REDIRECT_ANNOTATION: &str = "duet.dev/ssl-redirect";
+pub const SSL_REDIRECT_ANNOTATION: &str = super::annotation::SSL_REDIRECT.name;
 
 /// The Secret type of TLS certificates.
 const TLS_SECRET_TYPE: &str = "kubernetes.io/tls";

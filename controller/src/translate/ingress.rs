@@ -43,10 +43,10 @@ use crate::object::{Kind, NsName, ObjectKey};
 use crate::units::{parse_body_size, MAX_BODY_SIZE};
 
 /// The per-Ingress annotation overriding `--upstream-family`.
-pub const UPSTREAM_FAMILY_ANNOTATION: &str = "duet.dev/upstream-family";
+pub const UPSTREAM_FAMILY_ANNOTATION: &str = super::annotation::UPSTREAM_FAMILY.name;
 
 /// The per-Ingress annotation overriding `--max-body-size` (`512`, `8k`, `10m`, `0` = unlimited).
-pub const BODY_SIZE_ANNOTATION: &str = "duet.dev/proxy-body-size";
+pub const BODY_SIZE_ANNOTATION: &str = super::annotation::PROXY_BODY_SIZE.name;
 
 /// Feeds our Ingresses into a translation.
 pub(crate) struct IngressProcessor<'a> {

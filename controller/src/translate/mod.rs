@@ -38,8 +38,9 @@ use crate::stored::{ServiceView, StoredService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 
+pub use annotation::{DuetAnnotation, DUET_ANNOTATIONS};
 pub use certs::SSL_REDIRECT_ANNOTATION;
-pub use diagnostic::{Diagnostic, Reason};
+pub use diagnostic::{Diagnostic, EventType as DiagnosticEventType, Reason};
 pub use endpoints::{
     backends_of, build_backends, build_backends_by_service, build_backends_with, forbidden,
     join_targets, update_backends, update_backends_after_routes, ServiceDiagnostics,

@@ -10,11 +10,11 @@ use super::diagnostic::Diagnostic;
 use crate::units::parse_duration;
 
 /// The per-Ingress annotation overriding `--connect-timeout`.
-pub const CONNECT_TIMEOUT_ANNOTATION: &str = "duet.dev/proxy-connect-timeout";
+pub const CONNECT_TIMEOUT_ANNOTATION: &str = super::annotation::PROXY_CONNECT_TIMEOUT.name;
 
 /// The per-Ingress annotation overriding `--upstream-timeout` (response head and between body
 /// reads).
-pub const READ_TIMEOUT_ANNOTATION: &str = "duet.dev/proxy-read-timeout";
+pub const READ_TIMEOUT_ANNOTATION: &str = super::annotation::PROXY_READ_TIMEOUT.name;
 
 /// The upstream timeouts an object sets; invalid values are reported and left to the globals.
 pub(crate) fn upstream_timeouts(

@@ -27,11 +27,13 @@ use super::{Diagnostic, Reason, References};
 use crate::object::{by_name, NsName, ObjectKey};
 
 /// The per-Ingress annotation naming the Secret (key `ca.crt`) that verifies TLS upstreams.
-pub const BACKEND_CA_SECRET_ANNOTATION: &str = "duet.dev/backend-ca-secret";
+pub const BACKEND_CA_SECRET_ANNOTATION: &str = super::annotation::BACKEND_CA_SECRET.name;
 /// The per-Ingress annotation that turns upstream certificate verification off (`"true"`).
-pub const BACKEND_TLS_SKIP_VERIFY_ANNOTATION: &str = "duet.dev/backend-tls-skip-verify";
+pub const BACKEND_TLS_SKIP_VERIFY_ANNOTATION: &str =
+    super::annotation::BACKEND_TLS_SKIP_VERIFY.name;
 /// The per-Ingress annotation setting the TLS server name (SNI, and the name verified).
-pub const BACKEND_TLS_SERVER_NAME_ANNOTATION: &str = "duet.dev/backend-tls-server-name";
+pub const BACKEND_TLS_SERVER_NAME_ANNOTATION: &str =
+    super::annotation::BACKEND_TLS_SERVER_NAME.name;
 
 /// The key of the CA bundle in the CA Secret.
 const CA_KEY: &str = "ca.crt";

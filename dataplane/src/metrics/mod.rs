@@ -26,6 +26,7 @@ mod rate_limit;
 mod routes;
 mod services;
 mod snapshot;
+mod specimen;
 mod tunnels;
 
 use std::sync::Arc;
@@ -97,6 +98,56 @@ type HistogramSeries<L> = Series<L, Histogram, fn() -> Histogram>;
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
+
+/// The labels of every family [`Metrics::register`] registers, by the family's name as exposed
+/// (with its unit; without `_total`). A test holds it to the label sets the families write; the
+/// metrics reference is rendered from the registry and this table.
+pub const LABELS: [(&str, &[&str]); 20] = [
+    ("duet_requests", &ROUTE_LABELS_WITH_CODE),
+    ("duet_request_duration_seconds", &ROUTE_LABELS),
+    ("duet_upstream_response_seconds", &ROUTE_LABELS),
+    ("duet_upstream_connect_failures", &["service", "family"]),
+    ("duet_family_fallbacks", &["service", "from", "to"]),
+    ("duet_target_family_ejections", &["service", "family"]),
+    ("duet_backend_targets", &["namespace", "service", "kind"]),
+    ("duet_connections_active", &["listener", "family"]),
+    ("duet_connections_parked", &["listener", "family"]),
+    ("duet_connections", &["listener", "family"]),
+    ("duet_connections_refused", &["listener", "family"]),
+    ("duet_snapshot_version", &[]),
+    ("duet_snapshot_applied_timestamp_seconds", &[]),
+    ("duet_tls_certificate_expiry_timestamp_seconds", &["secret"]),
+    ("duet_access_log_dropped", &[]),
+    ("duet_tunnels_active", &["client_family"]),
+    ("duet_tunnels", &["client_family"]),
+    ("duet_tunnels_closed", &["reason"]),
+    (
+        "duet_passthrough_connections",
+        &["client_family", "upstream_family"],
+    ),
+    ("duet_rate_limit_evictions", &["client_family", "bound"]),
+];
+
+const ROUTE_LABELS: [&str; 7] = [
+    "namespace",
+    "ingress",
+    "service",
+    "host",
+    "method",
+    "client_family",
+    "upstream_family",
+];
+
+const ROUTE_LABELS_WITH_CODE: [&str; 8] = [
+    "namespace",
+    "ingress",
+    "service",
+    "host",
+    "method",
+    "code",
+    "client_family",
+    "upstream_family",
+];
 
 /// The dataplane's metric families, registered once at start.
 #[derive(Clone, Debug)]
@@ -519,6 +570,71 @@ mod tests {
             text.contains(r#"duet_connections_total{listener="[::1]:8080",family="ipv6"} 2"#),
             "{text}"
         );
+    }
+
+    /// Every series of `text` as (family, label names), the family being the `# TYPE` name the
+    /// series belongs to; histogram buckets' `le` left out.
+    fn series_labels(text: &str) -> Vec<(String, Vec<String>)> {
+        let mut family = String::new();
+        let mut out = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap().to_owned();
+            } else if let Some((_, labels)) = line.split_once('{') {
+                let labels = labels.rsplit_once('}').unwrap().0;
+                let names = labels
+                    .split(',')
+                    .filter_map(|l| l.split_once('=').map(|(n, _)| n.to_owned()))
+                    .filter(|n| n != "le")
+                    .collect();
+                out.push((family.clone(), names));
+            } else if !line.starts_with('#') && !line.is_empty() {
+                out.push((family.clone(), Vec::new()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn labels_table_matches_every_family_registered_and_written() {
+        let mut registry = Registry::default();
+        let _metrics = Metrics::specimen(&mut registry);
+        // OpenMetrics: family names without `_total`, as LABELS has them.
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let written = series_labels(&text);
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let table: Vec<&str> = LABELS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            families, table,
+            "LABELS (metrics/mod.rs) or Metrics::specimen lacks a family"
+        );
+        // Every family registered, with or without a series (the registry's descriptors).
+        let registered = format!("{registry:?}");
+        let names: Vec<&str> = registered
+            .split("Descriptor { name: \"")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('"').unwrap()])
+            .collect();
+        assert_eq!(names.len(), LABELS.len(), "{registered}");
+        for name in names {
+            let known = table
+                .iter()
+                .any(|t| *t == name || *t == format!("{name}_seconds"));
+            assert!(
+                known,
+                "{name}: not in LABELS (metrics/mod.rs) and Metrics::specimen"
+            );
+        }
+        for (family, labels) in LABELS {
+            for (_, names) in written.iter().filter(|(f, _)| f == family) {
+                assert_eq!(names, labels, "{family}: LABELS (metrics/mod.rs) differs");
+            }
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::object::{NsName, ObjectKey};
 
 /// The duet annotation setting the prefix length IPv6 clients are rate limited by (`1`..`128`;
 /// 128 unless set, ingress-nginx's per-address keying; `64` keys an IPv6 host by the /64 it owns).
-pub const LIMIT_IPV6_PREFIX_ANNOTATION: &str = "duet.dev/limit-ipv6-prefix";
+pub const LIMIT_IPV6_PREFIX_ANNOTATION: &str = super::super::annotation::LIMIT_IPV6_PREFIX.name;
 
 /// ingress-nginx's basic-auth Secret annotation (`name` or `namespace/name`, the Ingress's own
 /// namespace only): the source watches the Secret it names.

@@ -51,6 +51,9 @@ const NO_EQUIVALENT: &str = "no duet equivalent";
 const PASSTHROUGH: &str = "needs --enable-ssl-passthrough, as ingress-nginx; connections whose TLS server name is an exact host of the Ingress go unterminated to a pod of the backend of the host's / rule (as ingress-nginx), picked by the balancer with the client's family first under the family policy; without a / rule the host's connections are terminated by duet (ingress-nginx relays them to its default backend); the Ingress's other annotations do not apply to the relayed connections, only to plain HTTP";
 const LOGS: &str = "not implemented yet: the access log is global (--access-log)";
 
+/// What duet does with a snippet key.
+pub const SNIPPET_NOTE: &str = "raw nginx configuration is never interpreted: the Ingress is served without it (refused whole under --strict-annotations)";
+
 /// Every key of ingress-nginx's final release, in its table's order (by group).
 pub const KEYS: [Key; 137] = [
     key("server-alias", Unsupported(NOT_YET)),

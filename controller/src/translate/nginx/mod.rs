@@ -27,7 +27,7 @@ use dataplane::forwarded::Cidr;
 use dataplane::table::{Redirect, Rewrite, SourceRanges, UpstreamProtocol};
 use serde::Serialize;
 
-pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED};
+pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED, SNIPPET_NOTE};
 
 use super::diagnostic::{Diagnostic, Reason};
 use crate::object::ObjectKey;
@@ -369,7 +369,7 @@ fn classify(
         Support::Unsupported(note) => (Status::IgnoredUnsupported, note.to_owned()),
         Support::Snippet => (
             Status::IgnoredUnsupported,
-            "raw nginx configuration is never interpreted: the Ingress is served without it (refused whole under --strict-annotations)".to_owned(),
+            catalogue::SNIPPET_NOTE.to_owned(),
         ),
         Support::Honoured | Support::Different(_) => {
             if let Some(duet) = duet_override(name).filter(|d| all.contains_key(*d)) {
