@@ -10,8 +10,8 @@ use prometheus_client::registry::Registry;
 
 use super::{LiveMetrics, Metrics, Observation, TunnelEnd};
 use crate::table::{
-    Backend, Family, FamilyPolicy, HostRules, Origin, PathMatch, PathRule, RouteAction, RouteTable,
-    RouteTimeouts, Snapshot, Target, TargetId,
+    Backend, Family, FamilyPolicy, HostRules, Origin, OriginKind, PathMatch, PathRule, RouteAction,
+    RouteTable, RouteTimeouts, Snapshot, Target, TargetId,
 };
 
 /// A snapshot with one route (`shop.example.com/` of Ingress shop/web) to one dual-stack pod.
@@ -20,6 +20,7 @@ fn snapshot() -> Arc<Snapshot> {
         backend: "shop/api:80".parse().unwrap_or_else(|never| match never {}),
         policy: FamilyPolicy::default(),
         origin: Origin {
+            kind: OriginKind::Ingress,
             namespace: "shop".into(),
             name: "web".into(),
             created: 0,
