@@ -32,6 +32,9 @@ pub enum Port {
     /// An address whose port refuses connections (bound, never listening), listed in the
     /// EndpointSlice as if it served.
     Closed,
+    /// An address that accepts connections, reads a request head and closes the connection
+    /// without an answer (a pod whose server exits as it terminates), listed as if it served.
+    Hangup,
 }
 
 /// A pod to start.
@@ -141,7 +144,8 @@ pub struct Fleet {
     _closed: Vec<Socket>,
 }
 
-/// One pod's socket on one family: listening, or bound and refusing connections.
+/// One pod's socket on one family: listening, or bound and refusing connections (or hanging
+/// up on each request: answered by a thread of its own).
 enum Side {
     Listening(std::net::TcpListener),
     Closed(Socket),
@@ -153,6 +157,7 @@ impl Side {
             Port::Absent => None,
             Port::Listen => Some(Side::Listening(echo::bind(addr)?)),
             Port::Closed => Some(Side::Closed(closed_socket(addr)?)),
+            Port::Hangup => Some(Side::Closed(hangup_socket(addr)?)),
         })
     }
 
@@ -215,6 +220,28 @@ fn duplicates(pods: &[PodListeners]) -> std::io::Result<Vec<PodListeners>> {
             })
         })
         .collect()
+}
+
+/// A socket listening at `addr` whose every connection is accepted, read up to the end of a
+/// request head (or 5 s) and closed unanswered, by a thread that lives as long as the process.
+fn hangup_socket(addr: SocketAddr) -> std::io::Result<Socket> {
+    let socket = closed_socket(addr)?;
+    socket.listen(128)?;
+    let listener: std::net::TcpListener = socket.try_clone()?.into();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match std::io::Read::read(&mut stream, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+        }
+    });
+    Ok(socket)
 }
 
 /// A bound, never listening socket at `addr`: connections to it are refused.

@@ -400,3 +400,49 @@ async fn a_second_burst_reuses_every_upstream_connection_of_the_first() -> anyho
     }
     Ok(())
 }
+
+/// A pod whose server reads each request and closes the connection unanswered on both families
+/// (one exiting as it terminates while duet still lists it), beside two that serve.
+async fn hangup_setup() -> anyhow::Result<Setup> {
+    setup(
+        &[
+            PodSpec::dual("hangup")
+                .with(Family::V4, Port::Hangup)
+                .with(Family::V6, Port::Hangup),
+            PodSpec::dual("a"),
+            PodSpec::dual("b"),
+        ],
+        &[Ingress::new("e2e", "echo").host("hangup.test", "echo")],
+        &[],
+    )
+    .await
+}
+
+/// Every bodyless GET of clients of both families to the pods of [`hangup_setup`] is answered
+/// 200 by the others (duet's own HTTP/1.1 client), as nginx's default `proxy_next_upstream
+/// error` does: the GETs that pick the hanging-up pod go on to the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_closing_unanswered_loses_no_get() -> anyhow::Result<()> {
+    let s = hangup_setup().await?;
+    for family in [Family::V4, Family::V6] {
+        let got = echoes(&client::load(s.duet.http(family), "hangup.test", "/", 60, 2).await?)?;
+        check_families(&s.fleet, family, &got, same_family_if_possible(family));
+    }
+    Ok(())
+}
+
+/// The same for bodyless DELETEs (idempotent; sent by hyper's client, not duet's own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_closing_unanswered_loses_no_delete() -> anyhow::Result<()> {
+    let s = hangup_setup().await?;
+    for family in [Family::V4, Family::V6] {
+        let mut conn = Conn::http1(s.duet.http(family)).await?;
+        for _ in 0..12 {
+            let delete = client::request(Method::DELETE, "hangup.test", "/item")
+                .body(Full::new(Bytes::new()))?;
+            let echo = echoes(&[conn.send(delete).await?])?.remove(0);
+            assert_eq!((echo.method.as_str(), echo.family), ("DELETE", family));
+        }
+    }
+    Ok(())
+}

@@ -26,7 +26,8 @@ pub fn port_of(word: &str) -> anyhow::Result<Port> {
         "listen" => Port::Listen,
         "closed" => Port::Closed,
         "absent" => Port::Absent,
-        other => bail!("{other:?} is not listen, closed or absent"),
+        "hangup" => Port::Hangup,
+        other => bail!("{other:?} is not listen, closed, hangup or absent"),
     })
 }
 
@@ -35,6 +36,7 @@ fn word_of(port: Port) -> &'static str {
         Port::Listen => "listen",
         Port::Closed => "closed",
         Port::Absent => "absent",
+        Port::Hangup => "hangup",
     }
 }
 

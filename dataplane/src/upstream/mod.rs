@@ -261,6 +261,12 @@ impl Replay {
     }
 }
 
+/// Whether a failed send got nothing back: the connection closed or broke before a response
+/// (not a malformed response, a timeout or duet's own error).
+fn unanswered(error: &hyper::Error) -> bool {
+    !(error.is_parse() || error.is_parse_status() || error.is_timeout() || error.is_user())
+}
+
 /// What the retry policy makes of a failed send.
 #[derive(Debug)]
 enum Retry {
@@ -276,7 +282,9 @@ enum Retry {
 /// before the request was written is replaced by a fresh one to the same address. So is one that
 /// fails before any response byte when the request is idempotent and bodyless (the upstream
 /// closed an idle connection as we reused it, or refused the stream on GOAWAY): that request is
-/// replayed once, as nginx and Go's client do. A fresh connection gets no second chance.
+/// replayed once, as nginx and Go's client do. When a fresh connection fails that way too (a pod
+/// whose server exits as it terminates), the address failed: such a request goes on to the next
+/// address or target, as nginx's default `proxy_next_upstream error` does; any other is answered.
 fn after_failure(
     mut error: TrySendError<Request<UpstreamBody>>,
     fresh: bool,
@@ -293,6 +301,10 @@ fn after_failure(
                 tracing::trace!(error = %error.error(), "Replaying on a fresh connection");
                 Retry::Again(again.into_request())
             }
+            Some(again) if unanswered(error.error()) => Retry::Unsent(
+                again.into_request(),
+                io::Error::new(io::ErrorKind::ConnectionAborted, error.into_error()),
+            ),
             _ => Retry::Failed(error.into_error()),
         },
     }
@@ -395,9 +407,7 @@ impl Upstream {
                 true,
             ),
         };
-        let mut replay = (!fresh)
-            .then(|| slot.as_ref().and_then(Replay::of))
-            .flatten();
+        let mut replay = slot.as_ref().and_then(Replay::of);
         loop {
             let request = slot.take().ok_or_else(no_request)?;
             // Each protocol's future awaited in place: no wrapper moves the request or response
@@ -427,7 +437,12 @@ impl Upstream {
                 self.h2.forget(peer.key(), failed);
             }
             match retry {
-                Retry::Again(again) => *slot = Some(again),
+                Retry::Again(again) => {
+                    // Kept for the fresh connection too: if it fails unanswered, the request
+                    // goes on to the next address.
+                    replay = Replay::of(&again);
+                    *slot = Some(again);
+                }
                 Retry::Unsent(unsent, e) => {
                     *slot = Some(unsent);
                     return Err(SendError::Unsent(e));
@@ -446,7 +461,8 @@ impl Upstream {
     /// [`Upstream::send`] by duet's own client, for a bodyless GET or HEAD to a plain HTTP/1.1
     /// peer: the request stays in `slot` (its head is encoded again for a retry, nothing is
     /// cloned for a replay). A reused connection that fails (closed as it was reused, or before
-    /// the response) is replaced by a fresh one once; a fresh one's failure is the answer.
+    /// the response) is replaced by a fresh one once; a fresh one that gets nothing back sends
+    /// the request on to the next address, any other failure is the answer.
     async fn send_by_client(
         &self,
         peer: &Peer<'_>,
@@ -485,7 +501,12 @@ impl Upstream {
                 return Err(SendError::Failed(ProxyError::UnaskedUpgrade));
             }
             if fresh {
-                return Err(SendError::Failed(ProxyError::Client(error)));
+                return Err(match error {
+                    // Nothing came back to this bodyless GET or HEAD: the address failed, and
+                    // the request goes on to the next one (see `after_failure`).
+                    ClientError::Write(e) | ClientError::Read(e) => SendError::Unsent(e),
+                    other => SendError::Failed(ProxyError::Client(other)),
+                });
             }
             tracing::trace!(%error, "Replaying on a fresh connection");
             conn = Box::pin(client::connect(peer.addr, peer.connect_timeout))
