@@ -1397,10 +1397,9 @@ impl RouteAction {
     }
 }
 
-#[cfg(test)]
 impl RouteAction {
     /// A plain route to `backend` (an id as written) declared by the Ingress `ns/ing`, for the
-    /// tests of every module.
+    /// tests of every module and the metrics specimen.
     pub(crate) fn to(backend: &str) -> RouteAction {
         RouteAction {
             backend: backend.parse().unwrap_or_else(|never| match never {}),

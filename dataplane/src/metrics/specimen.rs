@@ -10,35 +10,13 @@ use prometheus_client::registry::Registry;
 
 use super::{LiveMetrics, Metrics, Observation, TunnelEnd};
 use crate::table::{
-    Backend, Family, FamilyPolicy, HostRules, Origin, OriginKind, PathMatch, PathRule, RouteAction,
-    RouteTable, RouteTimeouts, Snapshot, Target, TargetId,
+    Backend, Family, HostRules, PathMatch, PathRule, RouteAction, RouteTable, Snapshot, Target,
+    TargetId,
 };
 
-/// A snapshot with one route (`shop.example.com/` of Ingress shop/web) to one dual-stack pod.
+/// A snapshot with one route (`shop.example.com/` of Ingress ns/ing) to one dual-stack pod.
 fn snapshot() -> Arc<Snapshot> {
-    let action = RouteAction {
-        backend: "shop/api:80".parse().unwrap_or_else(|never| match never {}),
-        policy: FamilyPolicy::default(),
-        origin: Origin {
-            kind: OriginKind::Ingress,
-            namespace: "shop".into(),
-            name: "web".into(),
-            created: 0,
-        }
-        .into(),
-        redirect_https: false,
-        max_body_bytes: 0,
-        upstream_tls: None,
-        timeouts: RouteTimeouts::default(),
-        protocol: None,
-        redirect: None,
-        source_ranges: None,
-        rewrite: None,
-        access: None,
-        choice: None,
-        filters: None,
-        client_auth: None,
-    };
+    let action = RouteAction::to("shop/api:80");
     let host = "shop.example.com";
     let rules = vec![PathRule::new(PathMatch::prefix("/"), action)];
     let mut routes = RouteTable::default();
