@@ -30,6 +30,7 @@ conformance/node/build.sh, nftables, iproute2, util-linux)."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import subprocess
 import tempfile
@@ -230,6 +231,23 @@ def check_logs_clean(cluster: RealNode, pod_names: list[str]):
         assert not bad, "\n".join(bad)
 
 
+@contextlib.contextmanager
+def reported(cluster: RealNode, cfg, capsys):
+    """Around a test's checks of its release: on a failure the pods' status is printed; the
+    release is uninstalled in any case; after a pass the times the checks noted are printed."""
+    try:
+        yield
+    except BaseException:
+        for p in get(cluster, f"/api/v1{NS}/pods")["items"]:
+            print(p["metadata"]["name"], json.dumps(p["status"])[:2000])
+        raise
+    finally:
+        cfg.uninstall(RELEASE)
+    with capsys.disabled():
+        print(f"\n{cluster.stack}: " + ", ".join(
+            f"{k} {v:.1f} s" if isinstance(v, float) else f"{k} {v}" for k, v in cluster.times.items()))
+
+
 def test_default_install_on_a_real_node(node, tmp_path, capsys):
     cluster = node
     ns = "echo"
@@ -240,7 +258,7 @@ def test_default_install_on_a_real_node(node, tmp_path, capsys):
         _, check = ready_pods(cluster, deployment, 2, cluster.families)
         until(READY_WITHIN, "2 Ready duet pods", check)
         cluster.times["install to 2 Ready"] = time.monotonic() - started
-        try:
+        with reported(cluster, cfg, capsys):
             selector = get(cluster, deployment)["spec"]["selector"]["matchLabels"]
             names = [p["metadata"]["name"] for p in pods(cluster, selector)]
 
@@ -288,15 +306,6 @@ def test_default_install_on_a_real_node(node, tmp_path, capsys):
                     seen.add(answer["pod"])
                 cluster.times[f"served {family(ip)} by"] = sorted(seen)
             check_logs_clean(cluster, names)
-        except BaseException:
-            for name in get(cluster, f"/api/v1{NS}/pods")["items"]:
-                print(name["metadata"]["name"], json.dumps(name["status"])[:2000])
-            raise
-        finally:
-            cfg.uninstall(RELEASE)
-    with capsys.disabled():
-        print(f"\n{cluster.stack}: " + ", ".join(
-            f"{k} {v:.1f} s" if isinstance(v, float) else f"{k} {v}" for k, v in cluster.times.items()))
 
 
 def test_daemonset_with_host_network_serves_the_node_addresses(node, tmp_path, capsys):
@@ -309,7 +318,7 @@ def test_daemonset_with_host_network_serves_the_node_addresses(node, tmp_path, c
     with helm_config(cluster, tmp_path) as cfg:
         started = time.monotonic()
         install(cfg, {**IMAGE_VALUES, "controller": {"kind": "DaemonSet", "hostNetwork": True}})
-        try:
+        with reported(cluster, cfg, capsys):
             assert cluster.request("GET", f"/apis/apps/v1{NS}/deployments/{FULLNAME}")[0] == 404
             selector, check = ready_pods(cluster, daemonset, 1, cluster.families)
             until(READY_WITHIN, "1 Ready duet pod on the host network", check)
@@ -342,12 +351,3 @@ def test_daemonset_with_host_network_serves_the_node_addresses(node, tmp_path, c
                 assert status == 200, (ip, status, body)
                 cluster.times[f"served at {ip}"] = answer["pod"]
             check_logs_clean(cluster, [pod["metadata"]["name"]])
-        except BaseException:
-            for p in get(cluster, f"/api/v1{NS}/pods")["items"]:
-                print(p["metadata"]["name"], json.dumps(p["status"])[:2000])
-            raise
-        finally:
-            cfg.uninstall(RELEASE)
-    with capsys.disabled():
-        print(f"\n{cluster.stack}: " + ", ".join(
-            f"{k} {v:.1f} s" if isinstance(v, float) else f"{k} {v}" for k, v in cluster.times.items()))
