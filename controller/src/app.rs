@@ -118,7 +118,7 @@ pub struct App {
 struct Observers {
     live: Option<watch::Sender<Arc<BTreeSet<NsName>>>>,
     diagnostics: Option<watch::Sender<Arc<Vec<Diagnostic>>>>,
-    gateways: Option<watch::Sender<Arc<crate::gateway::report::GatewayReport>>>,
+    gateways: Option<watch::Sender<Arc<crate::gateway_api::report::GatewayReport>>>,
 }
 
 impl App {
@@ -160,7 +160,7 @@ impl App {
     /// parents, attached routes) to `gateways`, when it changed.
     pub fn observe_gateways(
         &mut self,
-        gateways: watch::Sender<Arc<crate::gateway::report::GatewayReport>>,
+        gateways: watch::Sender<Arc<crate::gateway_api::report::GatewayReport>>,
     ) {
         self.observers.gateways = Some(gateways);
     }

@@ -11,6 +11,7 @@ pub mod compact;
 pub mod config;
 pub mod events;
 pub mod gateway;
+pub mod gateway_api;
 pub mod index;
 pub mod leader;
 pub mod metrics;

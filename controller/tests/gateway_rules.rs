@@ -14,8 +14,8 @@ use conformance::client::{self, Conn};
 use conformance::http::{Method, StatusCode};
 use conformance::http_body_util::Full;
 use conformance::{EchoServer, Family, Identity, Reply};
-use controller::gateway::api::grpcroutes::GrpcRouteRules;
-use controller::gateway::api::httproutes::HttpRouteRules;
+use controller::gateway_api::grpcroutes::GrpcRouteRules;
+use controller::gateway_api::httproutes::HttpRouteRules;
 use controller::translate::gateway_rule::{
     grpc_rule, http_backend_filters, http_rule, RuleRouting,
 };

@@ -1,4 +1,4 @@
-//! The generated Gateway API types (controller/src/gateway/api) against upstream manifests: every
+//! The generated Gateway API types (controller/src/gateway_api) against upstream manifests: every
 //! GatewayClass, Gateway, HTTPRoute, GRPCRoute and ReferenceGrant document in
 //! tests/fixtures/gateway (the upstream examples/standard of sigs.k8s.io/gateway-api v1.6.3 and
 //! some of its conformance manifests, copied unmodified) decodes, and encodes back to exactly the
@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use controller::gateway::api::{
-    self, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, BUNDLE_VERSION,
+use controller::gateway_api::{
+    self as api, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, BUNDLE_VERSION,
 };
 use kube::Resource;
 use serde::de::DeserializeOwned;

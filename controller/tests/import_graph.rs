@@ -292,3 +292,20 @@ fn a_cycle_is_found_and_a_chain_is_not() {
     g.entry("c".into()).or_default().insert("a".into());
     assert_eq!(cycles(&g), vec![vec!["a", "b", "c"]]);
 }
+
+/// Translation is pure: it reads the Gateway API types and the status report from
+/// `gateway_api` (plain data) and never names `gateway`, the controller that does the I/O.
+#[test]
+fn translation_reads_the_gateway_api_types_and_never_the_gateway_controller() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = &graphs(&src)[""];
+    let from_translate = &graph["translate"];
+    assert!(
+        from_translate.contains("gateway_api"),
+        "translate names gateway_api: {from_translate:?}"
+    );
+    assert!(
+        !from_translate.contains("gateway"),
+        "translate names the gateway controller: {from_translate:?}"
+    );
+}

@@ -7,10 +7,11 @@
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::api::gatewayclasses::{
+use crate::gateway_api::conditions::{dated, Cond};
+use crate::gateway_api::gatewayclasses::{
     GatewayClass, GatewayClassStatus, GatewayClassStatusSupportedFeatures,
 };
-use super::conditions::{dated, Cond};
+pub use crate::gateway_api::is_ours;
 
 /// The conformance features duet passes (see the module documentation).
 pub const SUPPORTED_FEATURES: &[&str] = &[
@@ -35,11 +36,6 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
 ];
-
-/// Whether the class is ours.
-pub fn is_ours(class: &GatewayClass, controller_name: &str) -> bool {
-    class.spec.controller_name == controller_name
-}
 
 /// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
 fn accepted(class: &GatewayClass) -> Cond {

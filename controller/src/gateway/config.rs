@@ -6,7 +6,7 @@ use clap::Args;
 
 /// The `spec.controllerName` of duet's GatewayClasses unless `--gateway-controller-name` says
 /// otherwise.
-pub const DEFAULT_CONTROLLER_NAME: &str = "duet.dev/gateway-controller";
+pub use crate::gateway_api::DEFAULT_CONTROLLER_NAME;
 
 /// The labels of duet's own pods unless `--gateway-pod-selector` says otherwise (the chart's
 /// selector labels without the release name).

@@ -1,7 +1,7 @@
 //! The Gateway API controllers (kube-runtime), run on every replica; only the leader writes.
 //!
 //! - GatewayClasses ([`super::class`]): ours get `Accepted` and `supportedFeatures`.
-//! - Gateways of our classes: the listeners are judged ([`super::listeners`]), pod ports are
+//! - Gateways of our classes: the listeners are judged ([`crate::translate::gateway::listeners`]), pod ports are
 //!   assigned over all our Gateways at once ([`super::ports`], concurrency 1 so two reconciles
 //!   never assign at the same time), the Gateway's Service and its EndpointSlices are applied
 //!   (server-side apply, field manager `duet-gateway`; [`super::service`]) and the status is
@@ -36,19 +36,20 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::api::gateways::{
+use super::ports::{self, Allocation, Claim, GatewayKey};
+use super::scope::Stores;
+use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
+use super::{class, GatewayConfig};
+use crate::gateway_api::conditions::{dated, Cond};
+use crate::gateway_api::gateways::{
     GatewayStatus, GatewayStatusAddresses, GatewayStatusListeners,
     GatewayStatusListenersSupportedKinds,
 };
-use super::api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
-use super::conditions::{dated, Cond};
-use super::listeners::{self, Verdict};
-use super::ports::{self, Allocation, Claim, GatewayKey};
-use super::report::GatewayReport;
-use super::scope::Stores;
-use super::service::{self, Address, Owner, MANAGED_BY, MANAGED_BY_LABEL};
-use super::{class, refs, GatewayConfig};
+use crate::gateway_api::report::GatewayReport;
+use crate::gateway_api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
 use crate::namespaces;
+use crate::translate::gateway::listeners::{self, Verdict};
+use crate::translate::gateway::refs;
 
 /// The field manager of duet's server-side applies.
 pub const FIELD_MANAGER: &str = "duet-gateway";
@@ -509,7 +510,7 @@ async fn reconcile_gateway(
 /// How often a Gateway whose certificates do not resolve is looked at again.
 const SECRET_RECHECK: Duration = Duration::from_secs(10);
 
-/// Checks the Secrets of HTTPS listeners ([`super::refs`]), marking those that do not resolve;
+/// Checks the Secrets of HTTPS listeners ([`crate::translate::gateway::refs`]), marking those that do not resolve;
 /// returns whether one did not.
 async fn resolve_certificates(
     ctx: &Ctx,

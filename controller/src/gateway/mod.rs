@@ -3,15 +3,10 @@
 //! LoadBalancer Service duet manages, with the Gateway's status, and the status of the routes
 //! attached to them (served through `translate::gateway`; README, "Gateway API").
 
-pub mod api;
 pub mod class;
-pub mod conditions;
 pub mod config;
 pub mod controller;
-pub mod listeners;
 pub mod ports;
-pub mod refs;
-pub mod report;
 pub mod route_status;
 pub mod scope;
 pub mod service;

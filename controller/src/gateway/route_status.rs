@@ -17,10 +17,10 @@ use kube::Client;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use super::api::httproutes::HttpRouteStatusParentsParentRef;
-use super::api::{GrpcRoute, HttpRoute};
-use super::conditions::dated;
-use crate::gateway::report::{GatewayReport, ParentReport, RouteReport};
+use crate::gateway_api::conditions::dated;
+use crate::gateway_api::httproutes::HttpRouteStatusParentsParentRef;
+use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
+use crate::gateway_api::{GrpcRoute, HttpRoute};
 use crate::object::{Kind, NsName};
 
 /// How long a failed write waits before the next try.

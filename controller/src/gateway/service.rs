@@ -16,7 +16,8 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::api::GROUP;
+pub use crate::gateway_api::names::{port_name, ports_held, service_name};
+use crate::gateway_api::GROUP;
 
 /// The label on every object duet manages for a Gateway.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -36,32 +37,6 @@ pub struct Owner {
     pub name: String,
     /// uid.
     pub uid: String,
-}
-
-/// The Service's name: `duet-NAME` when that is a DNS label, else a cut name with a hash of the
-/// whole name (Gateway names may be 253 characters and hold dots; Service names may not).
-pub fn service_name(gateway: &str) -> String {
-    let plain = format!("duet-{gateway}");
-    if super::config::is_dns_label(&plain) {
-        return plain;
-    }
-    let cut: String = gateway
-        .chars()
-        .map(|c| if c == '.' { '-' } else { c })
-        .take(40)
-        .collect();
-    format!("duet-{}-{:08x}", cut.trim_end_matches('-'), fnv(gateway))
-}
-
-fn fnv(s: &str) -> u32 {
-    s.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
-}
-
-/// The name of a Service port for a listener port.
-pub fn port_name(listener_port: u16) -> String {
-    format!("port-{listener_port}")
 }
 
 fn owner_reference(owner: &Owner) -> OwnerReference {
@@ -120,23 +95,6 @@ pub fn desired_service(owner: &Owner, ports: &BTreeMap<u16, u16>) -> Service {
 pub fn held_ports(service: &Service) -> BTreeMap<u16, u16> {
     let ports = service.spec.as_ref().and_then(|s| s.ports.as_deref());
     ports_held(ports.unwrap_or_default())
-}
-
-/// [`held_ports`] of a Service's ports.
-pub fn ports_held(ports: &[ServicePort]) -> BTreeMap<u16, u16> {
-    ports
-        .iter()
-        .filter_map(|p| {
-            let listener = u16::try_from(p.port).ok()?;
-            if p.name.as_deref() != Some(&*port_name(listener)) {
-                return None;
-            }
-            match p.target_port {
-                Some(IntOrString::Int(pod)) => Some((listener, u16::try_from(pod).ok()?)),
-                _ => None,
-            }
-        })
-        .collect()
 }
 
 /// The Service's families in its order (`IPv4`, `IPv6`).

@@ -40,7 +40,7 @@ pub use super::watch::{fit, trim, Stores, WatchBackoff, LAST_APPLIED_ANNOTATION}
 use super::watch::{Listed, Seen, SharedIngresses, SyncCountdown, Task};
 use super::SourceEvent;
 use crate::compact::Slice;
-use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::index::Change;
 use crate::index::{Object, Stored};
 use crate::namespaces;

@@ -1,6 +1,6 @@
 //! The internals of HTTPRoute and GRPCRoute rules, translated to the dataplane's route model:
 //! pure functions (no I/O, no client) from the generated Gateway API types
-//! ([`crate::gateway::api`], v1.6.3) to path matches, request conditions, filters and timeouts.
+//! ([`crate::gateway_api`], v1.6.3) to path matches, request conditions, filters and timeouts.
 //! Attachment (parents, hostnames, listeners), backendRefs and their weights, and route status
 //! are the caller's; what a rule cannot be served with comes back as a [`RuleRefusal`] whose
 //! reason and message belong in the route's `Accepted=False` condition. Nothing here panics on
@@ -37,11 +37,11 @@ use dataplane::request_match::{
 };
 use dataplane::table::{BackendId, PathMatch, UpstreamProtocol};
 
-use crate::gateway::api::grpcroutes::{
+use crate::gateway_api::grpcroutes::{
     GrpcRouteRules, GrpcRouteRulesFilters, GrpcRouteRulesFiltersType, GrpcRouteRulesMatches,
     GrpcRouteRulesMatchesHeadersType, GrpcRouteRulesMatchesMethodType,
 };
-use crate::gateway::api::httproutes::{
+use crate::gateway_api::httproutes::{
     HttpRouteRules, HttpRouteRulesBackendRefsFilters, HttpRouteRulesBackendRefsFiltersType,
     HttpRouteRulesFilters, HttpRouteRulesFiltersRequestRedirect,
     HttpRouteRulesFiltersRequestRedirectPathType, HttpRouteRulesFiltersRequestRedirectScheme,

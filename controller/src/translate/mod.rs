@@ -102,7 +102,7 @@ pub struct GatewaySettings {
 impl Default for GatewaySettings {
     fn default() -> GatewaySettings {
         GatewaySettings {
-            controller_name: crate::gateway::DEFAULT_CONTROLLER_NAME.to_owned(),
+            controller_name: crate::gateway_api::DEFAULT_CONTROLLER_NAME.to_owned(),
             ports_from_services: false,
         }
     }
@@ -209,7 +209,7 @@ pub struct RoutePlan {
     /// Gateway API listeners by pod port.
     pub gateways: Arc<dataplane::table::gateway::GatewayTable>,
     /// What the Gateway API objects' status says (route parents, attached routes).
-    pub gateway_report: Arc<crate::gateway::report::GatewayReport>,
+    pub gateway_report: Arc<crate::gateway_api::report::GatewayReport>,
     /// What each Ingress contributed, for [`incremental::plan_ingress_change`].
     pub footprints: Arc<incremental::Footprints>,
 }

@@ -512,7 +512,7 @@ pub struct GatewayOutput {
     /// Listeners by pod port.
     pub table: dataplane::table::gateway::GatewayTable,
     /// Status.
-    pub report: crate::gateway::report::GatewayReport,
+    pub report: crate::gateway_api::report::GatewayReport,
 }
 
 #[cfg(test)]

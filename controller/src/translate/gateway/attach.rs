@@ -17,11 +17,11 @@ use dataplane::table::gateway::host_matches;
 use dataplane::table::TlsCert;
 
 use super::routes::{ParentRef, RouteView};
-use crate::gateway::api::gateways::{
+use crate::gateway_api::conditions::Cond;
+use crate::gateway_api::gateways::{
     GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersAllowedRoutesNamespacesSelector,
 };
-use crate::gateway::api::GROUP;
-use crate::gateway::conditions::Cond;
+use crate::gateway_api::GROUP;
 use crate::object::NsName;
 
 /// Which namespaces' routes a listener admits.

@@ -14,8 +14,8 @@ use dataplane::table::UpstreamProtocol;
 use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, RouteAction};
 
 use super::routes::{BackendRef, RouteView};
-use crate::gateway::api::{ReferenceGrant, GROUP};
-use crate::gateway::conditions::Cond;
+use crate::gateway_api::conditions::Cond;
+use crate::gateway_api::{ReferenceGrant, GROUP};
 use crate::object::{Kind, NsName, ObjectKey};
 use crate::translate::gateway_rule::{RuleMatch, RuleRefusal};
 use crate::translate::translation::{PortRef, Translation};

@@ -19,6 +19,8 @@
 
 mod attach;
 mod backends;
+pub mod listeners;
+pub mod refs;
 mod routes;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,11 +36,11 @@ use self::attach::{Attached, GatewayModel, ListenerModel};
 use self::routes::RouteView;
 use super::translation::{GatewayOutput, Translation};
 use super::{Config, Inputs, Reason, UPSTREAM_FAMILY_ANNOTATION};
-use crate::gateway::api::gateways::GatewayListeners;
-use crate::gateway::api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
-use crate::gateway::conditions::Cond;
-use crate::gateway::report::{GatewayReport, ParentReport, RouteReport};
-use crate::gateway::{class, listeners, refs, service};
+use crate::gateway_api::conditions::Cond;
+use crate::gateway_api::gateways::GatewayListeners;
+use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
+use crate::gateway_api::{is_ours, names};
+use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
 use crate::object::{Kind, NsName, ObjectKey};
 
 pub use attach::intersect;
@@ -128,7 +130,7 @@ impl<'a> GatewayProcessor<'a> {
             .inputs
             .classes
             .iter()
-            .filter(|c| class::is_ours(c, name))
+            .filter(|c| is_ours(c, name))
             .filter_map(|c| c.metadata.name.as_deref())
             .collect();
         let grants: Vec<ReferenceGrant> = self.inputs.grants.iter().map(|g| (*g).clone()).collect();
@@ -210,7 +212,7 @@ impl<'a> GatewayProcessor<'a> {
                 .map(|p| (p, p))
                 .collect();
         }
-        let name = NsName::new(key.namespace.clone(), service::service_name(&key.name));
+        let name = NsName::new(key.namespace.clone(), names::service_name(&key.name));
         t.references.services.insert(name.clone());
         let uid = gateway.metadata.uid.as_deref();
         let owned = |s: &&dyn crate::stored::ServiceView| {
@@ -220,7 +222,7 @@ impl<'a> GatewayProcessor<'a> {
         };
         t.service(&name)
             .filter(owned)
-            .map(|s| service::ports_held(s.ports()))
+            .map(|s| names::ports_held(s.ports()))
             .unwrap_or_default()
     }
 

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use dataplane::filters::BackendFilters;
 
-use crate::gateway::api::grpcroutes::GrpcRouteRules;
-use crate::gateway::api::httproutes::HttpRouteRules;
-use crate::gateway::api::{GrpcRoute, HttpRoute};
-use crate::gateway::report::WrittenRef;
+use crate::gateway_api::grpcroutes::GrpcRouteRules;
+use crate::gateway_api::httproutes::HttpRouteRules;
+use crate::gateway_api::report::WrittenRef;
+use crate::gateway_api::{GrpcRoute, HttpRoute};
 use crate::object::{Kind, NsName};
 use crate::translate::gateway_rule::{self, RuleRefusal, RuleRouting};
 
@@ -99,7 +99,7 @@ fn parent(
     ParentRef {
         group: group
             .clone()
-            .unwrap_or_else(|| crate::gateway::api::GROUP.to_owned()),
+            .unwrap_or_else(|| crate::gateway_api::GROUP.to_owned()),
         kind: kind.clone().unwrap_or_else(|| "Gateway".to_owned()),
         namespace: namespace.clone().unwrap_or_else(|| route_ns.to_owned()),
         name: name.to_owned(),

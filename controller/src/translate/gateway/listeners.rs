@@ -12,9 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use super::api::gateways::{GatewayListeners, GatewayListenersTlsMode, GatewaySpec};
-use super::api::GROUP;
-use super::conditions::Cond;
+use crate::gateway_api::conditions::Cond;
+use crate::gateway_api::gateways::{GatewayListeners, GatewayListenersTlsMode, GatewaySpec};
+use crate::gateway_api::GROUP;
 
 /// The route kinds duet's HTTP and HTTPS listeners accept, in the order they are listed.
 pub const ROUTE_KINDS: [&str; 2] = ["HTTPRoute", "GRPCRoute"];

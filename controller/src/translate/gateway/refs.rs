@@ -9,15 +9,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 
-use super::api::gateways::GatewayListeners;
-use super::api::{ReferenceGrant, GROUP};
-use super::conditions::Cond;
+use crate::gateway_api::conditions::Cond;
+use crate::gateway_api::gateways::GatewayListeners;
+use crate::gateway_api::{ReferenceGrant, GROUP};
 
 /// `namespace/name` of a Secret.
 pub type SecretKey = (String, String);
 
 /// The Secrets a listener names (kind and group already checked by
-/// [`super::listeners::check`]), with the Gateway's namespace as default.
+/// [`crate::translate::gateway::listeners::check`]), with the Gateway's namespace as default.
 pub fn certificate_refs(listener: &GatewayListeners, gateway_ns: &str) -> Vec<SecretKey> {
     let refs = listener
         .tls
