@@ -6,7 +6,8 @@
 #
 # 0. builds the suite's test binary, the CRD installer and echo-basic into bin/ (build.sh: reused
 #    while their inputs are unchanged; DUET_GATEWAY_BIN=DIR names a folder built before);
-# 1. installs the standard-channel CRDs of that version (bin/crds apply) and creates
+# 1. installs the CRDs of that version (bin/crds apply; DUET_GATEWAY_CHANNEL=experimental for the
+#    experimental channel's, standard by default) and creates
 #    the GatewayClass duet (controller duet.dev/gateway-controller) unless it exists;
 # 2. runs TestConformance (conformance_test.go; bin/conformance.test -test.v) with duet's
 #    defaults (options.go: GatewayClass duet, profiles GATEWAY-HTTP and GATEWAY-GRPC, their
@@ -48,7 +49,7 @@ if [[ -z $bin ]]; then
   bin=$("$here/build.sh" | tail -n1)
 fi
 cd "$here"
-"$bin/crds" apply -kubeconfig "$kubeconfig"
+"$bin/crds" apply -kubeconfig "$kubeconfig" -channel "${DUET_GATEWAY_CHANNEL:-standard}"
 "$bin/crds" gatewayclass -kubeconfig "$kubeconfig"
 echo "report: $report"
 # exec: a parent-death signal given to this script (duet-conformance gateway gives one) holds

@@ -129,6 +129,27 @@ pub enum LoadBalancerKind {
     MetalLb,
 }
 
+/// The release channel of the Gateway API CRDs a cluster gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GatewayChannel {
+    /// The standard channel: the stable kinds and fields.
+    #[default]
+    Standard,
+    /// The experimental channel: the same kinds with their experimental fields (HTTPRoute
+    /// retries among them), and the experimental kinds.
+    Experimental,
+}
+
+impl GatewayChannel {
+    /// The channel's name, as `cmd/crds -channel` and the CRDs' annotation spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GatewayChannel::Standard => "standard",
+            GatewayChannel::Experimental => "experimental",
+        }
+    }
+}
+
 /// How to start a cluster.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -143,10 +164,12 @@ pub struct Options {
     /// Flags added to kube-apiserver's own (e.g. `--watch-cache=false` and a short
     /// `--etcd-compaction-interval`, to make `410 Gone` happen).
     pub apiserver_flags: Vec<String>,
-    /// Install the Gateway API standard CRDs ([`Cluster::install_gateway_crds`]) before
+    /// Install the Gateway API CRDs ([`Cluster::install_gateway_crds`]) before
     /// kube-controller-manager starts, so its garbage collector watches Gateways from the start
     /// (CRDs added later are picked up at its next discovery resync, up to 30 s on).
     pub gateway_api: bool,
+    /// The release channel of those CRDs.
+    pub gateway_channel: GatewayChannel,
     /// The `echo-basic` program ([`echo_basic::build`]): when set, the kubelet runs pods of the
     /// Gateway API suite's echo image ([`echo_basic::ECHO_BASIC_IMAGE`]) as that real program,
     /// each in a network namespace of its own; every other pod stays an in-process echo server.
@@ -167,6 +190,7 @@ impl Default for Options {
             dir: None,
             apiserver_flags: Vec::new(),
             gateway_api: false,
+            gateway_channel: GatewayChannel::Standard,
             echo_basic: None,
             real_node: false,
             load_balancer: LoadBalancerKind::StandIn,
@@ -316,7 +340,7 @@ impl Cluster {
         let api = KubeApi::from_kubeconfig(&cluster.kubeconfig).await?;
         let apiserver_version = cluster.wait_ready(&api).await?;
         if options.gateway_api {
-            cluster.install_gateway_crds()?;
+            cluster.install_gateway_crds(options.gateway_channel)?;
         }
         let kcm_args = cluster.controller_manager_args(options.real_node.then_some(&pki));
         cluster.spawn(
@@ -499,15 +523,16 @@ impl Cluster {
         Ok(())
     }
 
-    /// Creates (or updates) the standard-channel Gateway API CRDs of the version
+    /// Creates (or updates) the Gateway API CRDs of a channel of the version
     /// `conformance/gateway/go.mod` pins and waits until they are Established:
     /// `go run ./cmd/crds apply` in `conformance/gateway/` (the Go module cache must hold the
     /// module: the namespace has no network).
-    pub fn install_gateway_crds(&self) -> anyhow::Result<()> {
+    pub fn install_gateway_crds(&self, channel: GatewayChannel) -> anyhow::Result<()> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway");
         let out = Command::new("go")
             .args(["run", "-mod=readonly", "./cmd/crds", "apply", "-kubeconfig"])
             .arg(&self.kubeconfig)
+            .args(["-channel", channel.name()])
             .current_dir(&dir)
             .env("GOPROXY", "off")
             .stdin(Stdio::null())

@@ -37,7 +37,7 @@ use serde_json::json;
 
 use super::gateway_images::{self, SuiteImages};
 use super::gateway_report::Report;
-use crate::cluster::{self, echo_basic, Cluster, Stack};
+use crate::cluster::{self, echo_basic, Cluster, GatewayChannel, Stack};
 use crate::duet::DuetBuilder;
 
 /// duet's namespace: its Lease and its pod.
@@ -59,6 +59,18 @@ pub enum Primary {
     Both,
 }
 
+/// Which runs: the release channel of the Gateway API CRDs installed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Channels {
+    /// The standard channel's CRDs (reports ipv4.yaml, ipv6.yaml).
+    Standard,
+    /// The experimental channel's CRDs, which bring the experimental features' tests (reports
+    /// ipv4-experimental.yaml, ipv6-experimental.yaml).
+    Experimental,
+    /// Both, standard first.
+    Both,
+}
+
 /// `duet-conformance gateway`.
 #[derive(Debug, Parser)]
 #[command(
@@ -71,6 +83,9 @@ pub struct GatewayCli {
     /// The primary family of the dual-stack cluster of each run.
     #[arg(long, value_enum, default_value = "both")]
     pub family: Primary,
+    /// The release channel of the Gateway API CRDs of each run.
+    #[arg(long, value_enum, default_value = "both")]
+    pub channel: Channels,
     /// Where the reports (ipv4.yaml, ipv6.yaml) and the logs go.
     #[arg(long, value_name = "DIR")]
     pub report_dir: PathBuf,
@@ -120,13 +135,32 @@ impl GatewayCli {
         flags
     }
 
-    /// The runs: (name, stack), in order.
-    fn runs(&self) -> Vec<(&'static str, Stack)> {
-        match self.family {
-            Primary::Ipv4 => vec![("ipv4", Stack::Dual)],
-            Primary::Ipv6 => vec![("ipv6", Stack::DualIpv6)],
-            Primary::Both => vec![("ipv4", Stack::Dual), ("ipv6", Stack::DualIpv6)],
-        }
+    /// The runs: (name, stack, channel), in order: per channel, each family.
+    fn runs(&self) -> Vec<(&'static str, Stack, GatewayChannel)> {
+        let families: &[(&str, Stack)] = match self.family {
+            Primary::Ipv4 => &[("ipv4", Stack::Dual)],
+            Primary::Ipv6 => &[("ipv6", Stack::DualIpv6)],
+            Primary::Both => &[("ipv4", Stack::Dual), ("ipv6", Stack::DualIpv6)],
+        };
+        let channels: &[GatewayChannel] = match self.channel {
+            Channels::Standard => &[GatewayChannel::Standard],
+            Channels::Experimental => &[GatewayChannel::Experimental],
+            Channels::Both => &[GatewayChannel::Standard, GatewayChannel::Experimental],
+        };
+        let name = |family: &str, channel: GatewayChannel| match (family, channel) {
+            ("ipv4", GatewayChannel::Standard) => "ipv4",
+            ("ipv6", GatewayChannel::Standard) => "ipv6",
+            ("ipv4", _) => "ipv4-experimental",
+            _ => "ipv6-experimental",
+        };
+        channels
+            .iter()
+            .flat_map(|&c| {
+                families
+                    .iter()
+                    .map(move |&(f, stack)| (name(f, c), stack, c))
+            })
+            .collect()
     }
 }
 
@@ -135,6 +169,7 @@ impl GatewayCli {
 struct Run {
     name: &'static str,
     stack: Stack,
+    channel: GatewayChannel,
     duet: PathBuf,
     bin: PathBuf,
     report_dir: PathBuf,
@@ -172,10 +207,11 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
     };
     let mut failed_core = Vec::new();
     let mut broken = Vec::new();
-    for (name, stack) in cli.runs() {
+    for (name, stack, channel) in cli.runs() {
         let run = Run {
             name,
             stack,
+            channel,
             duet: duet.clone(),
             bin: bin.clone(),
             report_dir: report_dir.clone(),
@@ -183,7 +219,12 @@ pub async fn main(cli: GatewayCli) -> anyhow::Result<i32> {
             images: images.clone(),
         };
         let t = Instant::now();
-        println!("== Gateway API conformance, {name}: dual-stack cluster, {name} primary");
+        let family = &name[..4];
+        let channel = channel.name();
+        println!(
+            "== Gateway API conformance, {name}: dual-stack cluster, {family} primary, \
+             {channel} channel"
+        );
         match on_own_thread(run).await {
             Ok(report) => {
                 let failed = print_counts(name, &report, &report_dir);
@@ -262,6 +303,7 @@ async fn one_run(run: &Run) -> anyhow::Result<Report> {
     let cluster = Cluster::start(cluster::Options {
         stack: run.stack,
         gateway_api: true,
+        gateway_channel: run.channel,
         echo_basic: run.images.is_none().then(|| run.bin.join("echo-basic")),
         real_node: run.images.is_some(),
         ..cluster::Options::default()
@@ -394,6 +436,7 @@ async fn run_suite(run: &Run, kubeconfig: &Path) -> anyhow::Result<()> {
     let t = Instant::now();
     let mut child = cluster::command("bash", &args)?
         .env("DUET_GATEWAY_BIN", &run.bin)
+        .env("DUET_GATEWAY_CHANNEL", run.channel.name())
         // The namespace has no network: the CRD installer finds the module in the cache.
         .env("GOPROXY", "off")
         .stdin(Stdio::null())
@@ -453,7 +496,29 @@ mod tests {
                 "-debug"
             ]
         );
-        assert_eq!(cli.runs().len(), 2);
+        let runs: Vec<_> = cli.runs().iter().map(|r| (r.0, r.2)).collect();
+        assert_eq!(
+            runs,
+            [
+                ("ipv4", GatewayChannel::Standard),
+                ("ipv6", GatewayChannel::Standard),
+                ("ipv4-experimental", GatewayChannel::Experimental),
+                ("ipv6-experimental", GatewayChannel::Experimental),
+            ],
+            "both channels, each on both family orders, by default"
+        );
+        let one = GatewayCli::try_parse_from([
+            "x",
+            "--report-dir",
+            "r",
+            "--family",
+            "ipv6",
+            "--channel",
+            "experimental",
+        ])
+        .unwrap();
+        let runs: Vec<_> = one.runs().iter().map(|r| r.0).collect();
+        assert_eq!(runs, ["ipv6-experimental"]);
         assert!(!cli.real_node, "the stand-in kubelet unless --real-node");
         let real = GatewayCli::try_parse_from(["x", "--real-node", "--report-dir", "r"]).unwrap();
         assert!(

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"time"
 
@@ -57,8 +58,12 @@ func moduleDir(version string) (string, error) {
 	return mod.Dir, nil
 }
 
-// loadPinned loads the standard CRDs from dir, or from the pinned module when dir is empty.
-func loadPinned(dir string) ([]CRD, error) {
+// Channels are the release channels of the Gateway API CRDs: standard, and experimental (the
+// standard kinds with their experimental fields, and the experimental kinds).
+var Channels = []string{"standard", "experimental"}
+
+// loadPinned loads the CRDs of a channel from dir, or from the pinned module when dir is empty.
+func loadPinned(dir, channel string) ([]CRD, error) {
 	if dir == "" {
 		version, err := pinnedVersion()
 		if err != nil {
@@ -68,13 +73,21 @@ func loadPinned(dir string) ([]CRD, error) {
 			return nil, err
 		}
 	}
-	return loadStandard(dir, consts.BundleVersion)
+	return loadChannel(dir, channel, consts.BundleVersion)
 }
 
-// loadStandard reads every CustomResourceDefinition under dir/config/crd/standard, sorted by
-// name, and checks each is of the standard channel and of bundleVersion.
+// loadStandard is loadChannel of the standard channel.
 func loadStandard(dir, bundleVersion string) ([]CRD, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "config", "crd", "standard", "*.yaml"))
+	return loadChannel(dir, "standard", bundleVersion)
+}
+
+// loadChannel reads every CustomResourceDefinition under dir/config/crd/CHANNEL, sorted by
+// name, and checks each is of that channel and of bundleVersion.
+func loadChannel(dir, channel, bundleVersion string) ([]CRD, error) {
+	if !slices.Contains(Channels, channel) {
+		return nil, fmt.Errorf("unknown channel %q (want standard or experimental)", channel)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "config", "crd", channel, "*.yaml"))
 	if err != nil {
 		return nil, err
 	}
@@ -87,10 +100,10 @@ func loadStandard(dir, bundleVersion string) ([]CRD, error) {
 		crds = append(crds, found...)
 	}
 	if len(crds) == 0 {
-		return nil, fmt.Errorf("no CustomResourceDefinition under %s/config/crd/standard", dir)
+		return nil, fmt.Errorf("no CustomResourceDefinition under %s/config/crd/%s", dir, channel)
 	}
 	for _, crd := range crds {
-		if err := checkBundle(crd.Object, bundleVersion); err != nil {
+		if err := checkBundle(crd.Object, channel, bundleVersion); err != nil {
 			return nil, err
 		}
 	}
@@ -130,12 +143,12 @@ func readCRDs(file string) ([]CRD, error) {
 	}
 }
 
-func checkBundle(crd apiextensionsv1.CustomResourceDefinition, bundleVersion string) error {
+func checkBundle(crd apiextensionsv1.CustomResourceDefinition, channel, bundleVersion string) error {
 	if got := crd.Annotations[consts.BundleVersionAnnotation]; got != bundleVersion {
 		return fmt.Errorf("%s has bundle version %q, want %q", crd.Name, got, bundleVersion)
 	}
-	if got := crd.Annotations[consts.ChannelAnnotation]; got != "standard" {
-		return fmt.Errorf("%s is of channel %q, want standard", crd.Name, got)
+	if got := crd.Annotations[consts.ChannelAnnotation]; got != channel {
+		return fmt.Errorf("%s is of channel %q, want %s", crd.Name, got, channel)
 	}
 	return nil
 }

@@ -18,16 +18,19 @@ import (
 
 // The kinds duet serves and the version each is read at.
 var duetKinds = map[string]string{
-	"gatewayclasses.gateway.networking.k8s.io":  "v1",
-	"gateways.gateway.networking.k8s.io":        "v1",
-	"httproutes.gateway.networking.k8s.io":      "v1",
-	"grpcroutes.gateway.networking.k8s.io":      "v1",
-	"referencegrants.gateway.networking.k8s.io": "v1",
+	"gatewayclasses.gateway.networking.k8s.io":     "v1",
+	"gateways.gateway.networking.k8s.io":           "v1",
+	"httproutes.gateway.networking.k8s.io":         "v1",
+	"grpcroutes.gateway.networking.k8s.io":         "v1",
+	"referencegrants.gateway.networking.k8s.io":    "v1",
+	"tlsroutes.gateway.networking.k8s.io":          "v1",
+	"backendtlspolicies.gateway.networking.k8s.io": "v1",
+	"listenersets.gateway.networking.k8s.io":       "v1",
 }
 
 func pinned(t *testing.T) []CRD {
 	t.Helper()
-	crds, err := loadPinned("")
+	crds, err := loadPinned("", "standard")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +58,47 @@ func TestPinnedCRDsAreTheSuitesBundleServingDuetsKinds(t *testing.T) {
 	if _, ok := byName["tcproutes.gateway.networking.k8s.io"]; !ok {
 		t.Error("the other standard CRDs are missing: the suite expects the whole standard install")
 	}
+}
+
+// The experimental channel carries the same kinds with their experimental fields (HTTPRoute's
+// retry among them) and the experimental kinds; an unknown channel is refused.
+func TestExperimentalChannelAddsTheExperimentalFields(t *testing.T) {
+	crds, err := loadPinned("", "experimental")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var httproute []byte
+	names := map[string]bool{}
+	for _, crd := range crds {
+		names[crd.Object.Name] = true
+		if crd.Object.Name == "httproutes.gateway.networking.k8s.io" {
+			httproute = crd.YAML
+		}
+	}
+	for name := range duetKinds {
+		if !names[name] {
+			t.Errorf("%s is not among the experimental CRDs", name)
+		}
+	}
+	if !bytes.Contains(httproute, []byte("retry:")) {
+		t.Error("the experimental HTTPRoute CRD has no retry field")
+	}
+	if bytes.Contains(pinnedYAML(t, "httproutes.gateway.networking.k8s.io"), []byte("retry:")) {
+		t.Error("the standard HTTPRoute CRD has a retry field")
+	}
+	if _, err := loadPinned("", "beta"); err == nil {
+		t.Error("an unknown channel is accepted")
+	}
+}
+
+func pinnedYAML(t *testing.T, name string) []byte {
+	for _, crd := range pinned(t) {
+		if crd.Object.Name == name {
+			return crd.YAML
+		}
+	}
+	t.Fatalf("no standard CRD %s", name)
+	return nil
 }
 
 func served(crd apiextensionsv1.CustomResourceDefinition, version string) bool {

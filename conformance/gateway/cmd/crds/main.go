@@ -1,4 +1,5 @@
-// Command crds prints or installs the standard-channel Gateway API CRDs of the
+// Command crds prints or installs the Gateway API CRDs of a release channel (-channel standard,
+// the default, or experimental) of the
 // sigs.k8s.io/gateway-api version this module pins (go.mod), so a test cluster carries exactly
 // the bundle version the conformance suite checks for.
 //
@@ -35,7 +36,7 @@ func main() {
 }
 
 func usage() error {
-	fmt.Fprintln(os.Stderr, "usage: crds print [-dir DIR] | crds apply -kubeconfig PATH [-dir DIR] [-timeout 60s]"+
+	fmt.Fprintln(os.Stderr, "usage: crds print [-dir DIR] [-channel standard|experimental] | crds apply -kubeconfig PATH [-dir DIR] [-channel C] [-timeout 60s]"+
 		" | crds gatewayclass -kubeconfig PATH [-name duet] [-controller-name duet.dev/gateway-controller]")
 	os.Exit(64)
 	return nil
@@ -48,6 +49,7 @@ func run(args []string) error {
 	fl := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	dir := fl.String("dir", "", "the sigs.k8s.io/gateway-api module directory (default: from go mod download)")
 	kubeconfig := fl.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (apply)")
+	channel := fl.String("channel", "standard", "the CRDs' release channel: standard or experimental")
 	timeout := fl.Duration("timeout", 60*time.Second, "how long apply waits for the CRDs to be Established")
 	name := fl.String("name", gateway.GatewayClassName, "gatewayclass: the GatewayClass name")
 	controller := fl.String("controller-name", gateway.ControllerName, "gatewayclass: its spec.controllerName")
@@ -57,7 +59,7 @@ func run(args []string) error {
 	if args[0] == "gatewayclass" {
 		return gatewayClassOnCluster(*kubeconfig, *name, *controller, *timeout)
 	}
-	crds, err := loadPinned(*dir)
+	crds, err := loadPinned(*dir, *channel)
 	if err != nil {
 		return err
 	}
