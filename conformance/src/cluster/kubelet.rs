@@ -24,6 +24,8 @@
 //! once its port (the first container port, else 3000) accepts connections; a program that exits
 //! before is a refusal as above, with the end of its log as message.
 //!
+//! With `echo-basic` it also serves those pods' logs ([`super::pod_logs`], `kubectl logs`).
+//!
 //! It runs on a thread of its own inside the cluster's network namespace, polling the Pod list
 //! (a few Pods on one node: a list every 200 ms costs nothing and never misses a change).
 
@@ -100,6 +102,14 @@ fn run_thread(
 ) {
     let run = async {
         enter_path(netns)?;
+        if let Some(echo) = &echo_basic {
+            let dir = echo.dir.clone();
+            tokio::spawn(async move {
+                if let Err(e) = super::pod_logs::serve(dir).await {
+                    tracing::warn!(error = %format!("{e:#}"), "The kubelet serves no pod logs");
+                }
+            });
+        }
         let api = KubeApi::from_kubeconfig(kubeconfig).await?;
         let mut kubelet = State::new(api, stack);
         kubelet.echo_basic = echo_basic;
@@ -296,6 +306,7 @@ impl State {
         let t = now();
         let status = json!({"status": {
             "addresses": addresses,
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": super::pod_logs::KUBELET_PORT}},
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                 "message": "duet stand-in kubelet", "lastHeartbeatTime": t, "lastTransitionTime": t}],
         }});

@@ -24,6 +24,7 @@ pub mod metallb;
 pub mod netns;
 pub mod node;
 mod pki;
+mod pod_logs;
 pub mod podnet;
 pub mod shared;
 
@@ -603,6 +604,8 @@ impl Cluster {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--cert-dir={}", p(&self.dir.join("pki"))),
             "--profiling=false".into(),
+            // The stand-in kubelet's Node names no resolvable host name: logs by its address.
+            "--kubelet-preferred-address-types=InternalIP".into(),
         ]
     }
 
