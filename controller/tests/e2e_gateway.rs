@@ -431,9 +431,9 @@ async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> any
                                  "requestRedirect": {"hostname": "new.test", "statusCode": 301}}]}]),
         ),
         raw_route(
-            "mirror",
-            json!([{"filters": [{"type": "RequestMirror",
-                                 "requestMirror": {"backendRef": {"name": "gw-plain", "port": 8080}}}],
+            "extension",
+            json!([{"filters": [{"type": "ExtensionRef",
+                                 "extensionRef": {"group": "example.com", "kind": "Filter", "name": "f"}}],
                     "backendRefs": to("gw-plain")}]),
         ),
     ];
@@ -468,8 +468,11 @@ async fn gateway_rules_match_headers_query_and_method_and_apply_filters() -> any
         let moved = conn.get("moved.test", "/x?y=1").await?;
         assert_eq!(moved.status, 301, "{family}: {}", moved.text());
         assert_eq!(moved.header("location"), Some("http://new.test/x?y=1"));
-        let mirror = conn.get("mirror.test", "/").await?;
-        assert_eq!(mirror.status, 404, "{family}: a refused rule is not served");
+        let refused = conn.get("extension.test", "/").await?;
+        assert_eq!(
+            refused.status, 404,
+            "{family}: a refused rule is not served"
+        );
     }
     // Per-route metrics name the route (its namespace and name, the Service, the route host).
     let metrics = duet.admin_get(Family::V4, "/metrics").await?.text();

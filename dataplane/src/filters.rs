@@ -42,6 +42,34 @@ pub struct Filters {
     /// backendRef filters: applied after the rule's when that backend serves the request.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub per_backend: Vec<(Arc<str>, BackendFilters)>,
+    /// `retry`: requests answered with one of its codes (or not answered) are sent again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+}
+
+/// A rule's `retry` (GEP-1731): a request without a body whose answer has one of `codes`, or
+/// that got no answer (a refused or broken connection, `timeouts.backendRequest` passed), is
+/// sent again, up to `attempts` more times, `backoff` apart, to another pod when there is one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RetryPolicy {
+    /// The response status codes retried (400 to 599).
+    pub codes: Vec<u16>,
+    /// Retries after the first attempt, at most.
+    pub attempts: u32,
+    /// The wait before each retry.
+    #[serde(
+        rename = "backoff_ms",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "millis"
+    )]
+    pub backoff: Option<Duration>,
+}
+
+impl RetryPolicy {
+    /// Whether a response with `status` is retried.
+    pub fn retries(&self, status: u16) -> bool {
+        self.codes.contains(&status)
+    }
 }
 
 /// The header modifiers of one backendRef (`HTTPRouteBackendRequestHeaderModification`).

@@ -31,6 +31,29 @@ pub struct Choice<B> {
     /// CORS: preflights answered by duet, headers added to responses (`enable-cors`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cors: Option<Arc<Cors>>,
+    /// Request mirrors (Gateway API `RequestMirror`): a copy of a request goes to each of these
+    /// its sampling picks, the answer discarded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mirrors: Vec<Mirror<B>>,
+}
+
+/// One `RequestMirror` filter: the backend a copy of the request goes to, and how often.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Mirror<B> {
+    /// The mirror backend.
+    pub backend: B,
+    /// The share of requests mirrored, in millionths ([`EVERY_REQUEST`]: every request).
+    pub per_million: u32,
+}
+
+/// [`Mirror::per_million`] of a mirror of every request.
+pub const EVERY_REQUEST: u32 = 1_000_000;
+
+impl<B> Mirror<B> {
+    /// Whether this request is mirrored: drawn at random with the mirror's share.
+    pub fn sampled(&self) -> bool {
+        self.per_million >= EVERY_REQUEST || fastrand::u32(0..EVERY_REQUEST) < self.per_million
+    }
 }
 
 impl<B> Default for Choice<B> {
@@ -42,6 +65,7 @@ impl<B> Default for Choice<B> {
             weight_total: 100,
             upstream_host: None,
             cors: None,
+            mirrors: Vec::new(),
         }
     }
 }

@@ -1390,10 +1390,13 @@ impl Snapshot {
 }
 
 impl RouteAction {
-    /// The route's backend and those of its per-request choice's alternatives.
+    /// The route's backend and those of its per-request choice's alternatives and mirrors.
     pub fn backend_ids(&self) -> impl Iterator<Item = &BackendId> {
         let alternatives = self.choice.iter().flat_map(|c| &c.alternatives);
-        std::iter::once(&self.backend).chain(alternatives.map(|alt| &alt.backend))
+        let mirrors = self.choice.iter().flat_map(|c| &c.mirrors);
+        std::iter::once(&self.backend)
+            .chain(alternatives.map(|alt| &alt.backend))
+            .chain(mirrors.map(|m| &m.backend))
     }
 }
 

@@ -31,6 +31,9 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRoutePathRewrite",
     "HTTPRoutePortRedirect",
     "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestMirror",
+    "HTTPRouteRequestMultipleMirrors",
+    "HTTPRouteRequestPercentageMirror",
     "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
@@ -103,8 +106,12 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 20, "{names:?}");
+        assert!(
+            names.is_sorted() && names.len() == SUPPORTED_FEATURES.len(),
+            "{names:?}"
+        );
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
+        assert!(names.iter().any(|n| n == "HTTPRouteRequestMirror"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(

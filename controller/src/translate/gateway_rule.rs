@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dataplane::filters::{
-    BackendFilters, Filters, HeaderModifier, PathModifier, RedirectFilter, UrlRewrite,
+    BackendFilters, Filters, HeaderModifier, PathModifier, RedirectFilter, RetryPolicy, UrlRewrite,
 };
 use dataplane::request_match::{
     escape, FullRegex, HeaderCondition, HeaderName, HeaderValue, Method, QueryCondition,
@@ -43,12 +43,14 @@ use crate::gateway_api::grpcroutes::{
 };
 use crate::gateway_api::httproutes::{
     HttpRouteRules, HttpRouteRulesBackendRefsFilters, HttpRouteRulesBackendRefsFiltersType,
-    HttpRouteRulesFilters, HttpRouteRulesFiltersRequestRedirect,
+    HttpRouteRulesFilters, HttpRouteRulesFiltersRequestMirror,
+    HttpRouteRulesFiltersRequestMirrorBackendRef, HttpRouteRulesFiltersRequestRedirect,
     HttpRouteRulesFiltersRequestRedirectPathType, HttpRouteRulesFiltersRequestRedirectScheme,
     HttpRouteRulesFiltersType, HttpRouteRulesFiltersUrlRewrite,
     HttpRouteRulesFiltersUrlRewritePathType, HttpRouteRulesMatches,
     HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesMethod, HttpRouteRulesMatchesPath,
-    HttpRouteRulesMatchesPathType, HttpRouteRulesMatchesQueryParamsType, HttpRouteRulesTimeouts,
+    HttpRouteRulesMatchesPathType, HttpRouteRulesMatchesQueryParamsType, HttpRouteRulesRetry,
+    HttpRouteRulesTimeouts,
 };
 
 /// `Accepted=False` reason for a value duet does not support (an unknown filter, a bad regex).
@@ -118,6 +120,9 @@ pub fn http_rule(rule: &HttpRouteRules) -> Result<RuleRouting, RuleRefusal> {
     let mut filters = http_filters(rule.filters.as_deref().unwrap_or_default(), &matches)?;
     if let Some(t) = &rule.timeouts {
         set_timeouts(&mut filters, t)?;
+    }
+    if let Some(r) = &rule.retry {
+        filters.retry = Some(retry(r)?);
     }
     Ok(RuleRouting {
         matches,
@@ -282,6 +287,10 @@ fn http_filters(
                 let r = f.url_rewrite.as_ref().map(|r| rewrite(r, matches));
                 once(&mut out.rewrite, r.transpose()?, "URLRewrite")?;
             }
+            // Resolved with the rule's backendRefs by the caller (`http_mirrors`).
+            HttpRouteRulesFiltersType::RequestMirror => {
+                mirror(f.request_mirror.as_ref())?;
+            }
             ref other => {
                 return Err(unsupported(format!(
                     "filter type {other:?} is not supported"
@@ -293,6 +302,65 @@ fn http_filters(
         return Err(incompatible("RequestRedirect and URLRewrite on one rule"));
     }
     Ok(out)
+}
+
+/// One `RequestMirror` filter of an HTTPRoute rule: its backendRef as written and the share of
+/// requests mirrored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MirrorRef<'a> {
+    /// The filter's `backendRef`.
+    pub backend: &'a HttpRouteRulesFiltersRequestMirrorBackendRef,
+    /// The share mirrored, in millionths (`percent`, else `fraction`, else every request).
+    pub per_million: u32,
+}
+
+/// The `RequestMirror` filters of an HTTPRoute rule, in order (the rule's other filters are
+/// [`http_rule`]'s; it refuses the rule when one of these is invalid).
+pub fn http_mirrors(list: &[HttpRouteRulesFilters]) -> Vec<MirrorRef<'_>> {
+    list.iter()
+        .filter(|f| f.r#type == HttpRouteRulesFiltersType::RequestMirror)
+        .filter_map(|f| {
+            let m = f.request_mirror.as_ref()?;
+            let per_million = mirror(Some(m)).ok()?;
+            Some(MirrorRef {
+                backend: &m.backend_ref,
+                per_million,
+            })
+        })
+        .collect()
+}
+
+/// A `RequestMirror` filter's share of requests, in millionths: `percent` (0 to 100) or
+/// `fraction` (`numerator` over `denominator`, default 100; at most 1), not both; neither is
+/// every request.
+fn mirror(m: Option<&HttpRouteRulesFiltersRequestMirror>) -> Result<u32, RuleRefusal> {
+    let Some(m) = m else {
+        return Err(unsupported(
+            "RequestMirror filter without its requestMirror field",
+        ));
+    };
+    const EVERY: i64 = dataplane::route_policy::EVERY_REQUEST as i64;
+    let share = match (m.percent, &m.fraction) {
+        (Some(_), Some(_)) => {
+            return Err(unsupported("RequestMirror sets both percent and fraction"))
+        }
+        (Some(p @ 0..=100), None) => i64::from(p) * (EVERY / 100),
+        (Some(p), None) => return Err(unsupported(format!("RequestMirror percent {p}"))),
+        (None, Some(f)) => {
+            let (n, d) = (
+                i64::from(f.numerator),
+                i64::from(f.denominator.unwrap_or(100)),
+            );
+            if n < 0 || d <= 0 || n > d {
+                return Err(unsupported(format!(
+                    "RequestMirror fraction {n}/{d} is not between 0 and 1"
+                )));
+            }
+            n * EVERY / d
+        }
+        (None, None) => EVERY,
+    };
+    Ok(u32::try_from(share).unwrap_or(u32::MAX))
 }
 
 /// Sets a filter that must appear at most once per rule; a filter of its type without its field
@@ -486,6 +554,46 @@ fn set_timeouts(filters: &mut Filters, t: &HttpRouteRulesTimeouts) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// Most retries a rule may ask for: more would turn one request into a burst on the backend.
+pub const MAX_RETRY_ATTEMPTS: i64 = 10;
+
+/// A rule's `retry`: `codes` 400 to 599, `attempts` 0 to [`MAX_RETRY_ATTEMPTS`] (default 1),
+/// `backoff` a duration.
+fn retry(r: &HttpRouteRulesRetry) -> Result<RetryPolicy, RuleRefusal> {
+    let mut codes = Vec::new();
+    for &code in r.codes.iter().flatten() {
+        let code = u16::try_from(code)
+            .ok()
+            .filter(|c| (400..=599).contains(c))
+            .ok_or_else(|| unsupported(format!("retry code {code} is not between 400 and 599")))?;
+        if !codes.contains(&code) {
+            codes.push(code);
+        }
+    }
+    let attempts = match r.attempts {
+        None => 1,
+        Some(n @ 0..=MAX_RETRY_ATTEMPTS) => n as u32,
+        Some(n) => {
+            return Err(unsupported(format!(
+                "retry attempts {n} is not between 0 and {MAX_RETRY_ATTEMPTS}"
+            )))
+        }
+    };
+    let backoff = match r.backoff.as_deref() {
+        None => None,
+        Some(text) => Some(
+            gateway_duration(text)
+                .ok_or_else(|| unsupported(format!("retry backoff {text:?} is not a duration")))?,
+        )
+        .filter(|d| !d.is_zero()),
+    };
+    Ok(RetryPolicy {
+        codes,
+        attempts,
+        backoff,
+    })
 }
 
 /// A Gateway API duration (GEP-2257): 1 to 4 parts of 1 to 5 digits with a unit `h`, `m`, `s`
@@ -726,6 +834,39 @@ matches:
     }
 
     #[test]
+    fn mirrors_keep_their_backend_ref_and_share() {
+        let r = rule(
+            r#"
+filters:
+- {type: RequestMirror, requestMirror: {backendRef: {name: all, port: 80}}}
+- {type: RequestMirror, requestMirror: {backendRef: {name: p, namespace: other, port: 81}, percent: 20}}
+- {type: RequestMirror, requestMirror: {backendRef: {name: f, port: 82}, fraction: {numerator: 25, denominator: 50}}}
+- {type: RequestMirror, requestMirror: {backendRef: {name: d, port: 83}, fraction: {numerator: 1}}}
+- {type: RequestMirror, requestMirror: {backendRef: {name: z, port: 84}, percent: 0}}
+"#,
+        );
+        assert!(http_rule(&r).is_ok());
+        let mirrors = http_mirrors(r.filters.as_deref().unwrap());
+        let got: Vec<(&str, Option<&str>, Option<i32>, u32)> = mirrors
+            .iter()
+            .map(|m| {
+                let b = m.backend;
+                (&*b.name, b.namespace.as_deref(), b.port, m.per_million)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("all", None, Some(80), 1_000_000),
+                ("p", Some("other"), Some(81), 200_000),
+                ("f", None, Some(82), 500_000),
+                ("d", None, Some(83), 10_000),
+                ("z", None, Some(84), 0),
+            ]
+        );
+    }
+
+    #[test]
     fn filters_and_timeouts_translate() {
         let routing = http_rule(&rule(
             r#"
@@ -801,7 +942,17 @@ timeouts: {request: 1m30s, backendRequest: 500ms}
             ("filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplaceFullPath}}}]", UNSUPPORTED_VALUE, "without its replacement"),
             ("filters: [{type: URLRewrite}]", UNSUPPORTED_VALUE, "without its URLRewrite"),
             ("matches: [{path: {type: Exact, value: /a}}]\nfilters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /b}}}]", UNSUPPORTED_VALUE, "PathPrefix matches only"),
-            ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}]", UNSUPPORTED_VALUE, "RequestMirror"),
+            ("filters: [{type: RequestMirror}]", UNSUPPORTED_VALUE, "without its requestMirror"),
+            ("retry: {codes: [200]}", UNSUPPORTED_VALUE, "retry code 200"),
+            ("retry: {codes: [70000]}", UNSUPPORTED_VALUE, "retry code 70000"),
+            ("retry: {attempts: 11}", UNSUPPORTED_VALUE, "retry attempts 11"),
+            ("retry: {attempts: -1}", UNSUPPORTED_VALUE, "retry attempts -1"),
+            ("retry: {backoff: soon}", UNSUPPORTED_VALUE, "retry backoff"),
+            ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 101}}]", UNSUPPORTED_VALUE, "percent 101"),
+            ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: -1}}]", UNSUPPORTED_VALUE, "percent -1"),
+            ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, fraction: {numerator: 3, denominator: 2}}}]", UNSUPPORTED_VALUE, "fraction 3/2"),
+            ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, fraction: {numerator: 1, denominator: 0}}}]", UNSUPPORTED_VALUE, "fraction 1/0"),
+            ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 5, fraction: {numerator: 1}}}]", UNSUPPORTED_VALUE, "both percent and fraction"),
             ("filters: [{type: ExtensionRef, extensionRef: {group: g, kind: K, name: n}}]", UNSUPPORTED_VALUE, "ExtensionRef"),
             ("filters: [{type: CORS, cors: {}}]", UNSUPPORTED_VALUE, "Cors"),
             ("filters: [{type: URLRewrite, urlRewrite: {hostname: a.test}}, {type: RequestRedirect, requestRedirect: {}}]", INCOMPATIBLE_FILTERS, "RequestRedirect and URLRewrite"),

@@ -21,6 +21,7 @@
 
 mod backends;
 mod connections;
+mod mirrors;
 mod passthrough;
 mod rate_limit;
 mod routes;
@@ -38,6 +39,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 pub use connections::{ConnectionMetrics, OpenConnection};
+pub use mirrors::MirrorOutcome;
 pub use rate_limit::EvictionBound;
 pub use routes::{LiveMetrics, Observation, RouteMetrics};
 pub use tunnels::TunnelEnd;
@@ -102,7 +104,7 @@ fn latency_histogram() -> Histogram {
 /// The labels of every family [`Metrics::register`] registers, by the family's name as exposed
 /// (with its unit; without `_total`). A test holds it to the label sets the families write; the
 /// metrics reference is rendered from the registry and this table.
-pub const LABELS: [(&str, &[&str]); 20] = [
+pub const LABELS: [(&str, &[&str]); 21] = [
     ("duet_requests", &ROUTE_LABELS_WITH_CODE),
     ("duet_request_duration_seconds", &ROUTE_LABELS),
     ("duet_upstream_response_seconds", &ROUTE_LABELS),
@@ -126,6 +128,7 @@ pub const LABELS: [(&str, &[&str]); 20] = [
         &["client_family", "upstream_family"],
     ),
     ("duet_rate_limit_evictions", &["client_family", "bound"]),
+    ("duet_request_mirrors", &["outcome"]),
 ];
 
 const ROUTE_LABELS: [&str; 7] = [
@@ -160,6 +163,7 @@ pub struct Metrics {
     tunnels: tunnels::TunnelFamilies,
     passthrough: passthrough::PassthroughFamilies,
     rate_limit: rate_limit::RateLimitFamilies,
+    mirrors: mirrors::MirrorFamilies,
 }
 
 impl Metrics {
@@ -179,6 +183,7 @@ impl Metrics {
         let tunnels = tunnels::TunnelFamilies::register(registry);
         let passthrough = passthrough::PassthroughFamilies::register(registry);
         let rate_limit = rate_limit::RateLimitFamilies::register(registry);
+        let mirrors = mirrors::MirrorFamilies::register(registry);
         Arc::new(Metrics {
             routes,
             backends,
@@ -188,6 +193,7 @@ impl Metrics {
             tunnels,
             passthrough,
             rate_limit,
+            mirrors,
         })
     }
 

@@ -19,6 +19,7 @@ mod admit;
 mod body;
 mod headers;
 mod linger;
+mod mirror;
 
 use std::convert::Infallible;
 use std::io;
@@ -55,6 +56,8 @@ pub struct Proxy {
     tunnels: Arc<Tunnels>,
     /// The access policies' runtime state (rate-limit zones) and auth client.
     gate: Gate,
+    /// Where request mirrors go (`RequestMirror`).
+    mirrors: mirror::Mirrors,
 }
 
 /// A request matched to a route: what the phases after [`route`] work on.
@@ -131,11 +134,13 @@ impl Proxy {
             (config.connect_timeout, config.response_timeout),
             metrics.clone(),
         );
+        let mirrors = mirror::Mirrors::new(upstream.clone(), metrics.clone());
         Arc::new(Proxy {
             runtime,
             upstream,
             tunnels,
             gate,
+            mirrors,
         })
     }
 
@@ -212,17 +217,80 @@ impl Proxy {
         let forwarding = deferred
             .then(|| crate::forwarded::Forwarding::untrusted(&routed.host, conn))
             .flatten();
+        let filters = routed.matched.action.filters.as_deref();
+        if let Some(choice) = routed.matched.action.choice.as_deref() {
+            if !choice.mirrors.is_empty() {
+                let client = mirror::Client::of(conn, &plan, client_upgrade.is_some());
+                self.mirrors
+                    .start(&live, &choice.mirrors, &request, client, config);
+            }
+        }
+        let retry = filters.and_then(|f| f.retry.as_ref());
+        let replay = retry.and_then(|_| mirror::copy(&request));
         let mut slot = Some(request);
-        let (sent, in_flight, served) = self
-            .send_with_fallback(&plan, &mut slot, forwarding, conn, exchange)
-            .await?;
+        let mut tried = Tried::default();
+        let mut outcome = self
+            .send_with_fallback(&plan, &mut slot, forwarding, conn, exchange, &mut tried)
+            .await;
+        if let (Some(policy), Some(replay)) = (retry, replay) {
+            // Boxed: the retry loop's state is not part of every request's future.
+            let retrying = RetryState {
+                policy,
+                replay,
+                tried,
+            };
+            outcome = Box::pin(self.retried(&plan, retrying, outcome, conn, exchange)).await;
+        }
+        let (sent, in_flight, served) = outcome?;
         let cookie = plan.steered.set_cookie(plan.backend, served, plan.https);
         let mut res = self.respond(sent, in_flight, client_upgrade, &plan, conn)?;
         crate::policy::respond(res.headers_mut(), cookie, routed.cors.as_deref());
-        if let Some(filters) = routed.matched.action.filters.as_deref() {
+        if let Some(filters) = filters {
             filters.respond(plan.steered.backend.as_str(), res.headers_mut());
         }
         Ok(res)
+    }
+
+    /// The rule's `retry`: while the outcome is a response with a retried code or a failure
+    /// that got no answer (not the request's own deadline), and attempts are left, the response
+    /// is read and dropped, `backoff` waited, and a copy of the request sent again through
+    /// [`Proxy::send_with_fallback`] (the address of the client's family first), to a target
+    /// not tried yet while there is one, else to any.
+    async fn retried(
+        &self,
+        plan: &Plan<'_>,
+        mut state: RetryState<'_>,
+        mut outcome: Result<(Sent, InFlight, usize), ProxyError>,
+        conn: &ConnInfo,
+        exchange: &mut Exchange,
+    ) -> Result<(Sent, InFlight, usize), ProxyError> {
+        let policy = state.policy;
+        for _ in 0..policy.attempts {
+            let again = match &outcome {
+                Ok((sent, _, _)) => policy.retries(sent.response.status().as_u16()),
+                Err(error) => unanswered(error, plan),
+            };
+            if !again {
+                break;
+            }
+            if let Ok((sent, in_flight, _)) = outcome {
+                mirror::discard(sent, plan.read_timeout).await;
+                drop(in_flight);
+            }
+            if let Some(backoff) = policy.backoff {
+                let until = tokio::time::Instant::now() + backoff;
+                let until = plan.deadline.map_or(until, |d| d.min(until));
+                tokio::time::sleep_until(until).await;
+            }
+            if state.tried.as_slice().len() >= plan.backend.backend.targets.len() {
+                state.tried = Tried::default();
+            }
+            let mut slot = mirror::copy(&state.replay);
+            outcome = self
+                .send_with_fallback(plan, &mut slot, None, conn, exchange, &mut state.tried)
+                .await;
+        }
+        outcome
     }
 
     /// Phase 4: picks a target (pinned by the route's choices, else by client family; skipping
@@ -236,9 +304,9 @@ impl Proxy {
         forwarding: Option<crate::forwarded::Forwarding<'_>>,
         conn: &ConnInfo,
         exchange: &mut Exchange,
+        tried: &mut Tried,
     ) -> Result<(Sent, InFlight, usize), ProxyError> {
         let backend = plan.backend;
-        let mut tried = Tried::default();
         let mut last_error: Option<io::Error> = None;
         for _ in 0..self.runtime.config.max_target_attempts {
             let Some(pick) = plan
@@ -487,6 +555,26 @@ fn upstream_request(
     let req = req
         .map(|body| Either::Left(Limited::new(body, action.max_body_bytes).watched(send_timeout)));
     (req, client_upgrade)
+}
+
+/// What the retry loop carries: the rule's policy, the head to send again, the targets tried.
+struct RetryState<'a> {
+    policy: &'a crate::filters::RetryPolicy,
+    replay: Request<UpstreamBody>,
+    tried: Tried,
+}
+
+/// Whether a failed attempt got no answer from the backend (retried as a connection error):
+/// refused or broken connections and a passed `timeouts.backendRequest`, not the request's
+/// own deadline (`timeouts.request`) nor duet's refusals.
+fn unanswered(error: &ProxyError, plan: &Plan<'_>) -> bool {
+    match error {
+        ProxyError::Connect { .. } | ProxyError::Upstream(_) | ProxyError::Client(_) => true,
+        ProxyError::Timeout => plan
+            .deadline
+            .is_none_or(|d| tokio::time::Instant::now() < d),
+        _ => false,
+    }
 }
 
 /// The targets a request has tried: inline for the first few (no allocation per request; more
@@ -841,7 +929,14 @@ mod tests {
                     .body(Either::Right(http_body_util::Empty::new()))
                     .unwrap();
                 let sent = proxy
-                    .send_with_fallback(&plan, &mut Some(request), None, &client, &mut exchange)
+                    .send_with_fallback(
+                        &plan,
+                        &mut Some(request),
+                        None,
+                        &client,
+                        &mut exchange,
+                        &mut Tried::default(),
+                    )
                     .await;
                 let (sent, _in_flight, _served) = sent.unwrap_or_else(|e| panic!("{closed}: {e}"));
                 assert_eq!(sent.response.status(), StatusCode::OK, "{closed}");

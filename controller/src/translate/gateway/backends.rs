@@ -3,12 +3,14 @@
 //! that a ReferenceGrant opens to the route's kind (else `RefNotPermitted`), that exists with the
 //! port named (else `BackendNotFound`). Weighted refs become a weighted
 //! [`Choice`](dataplane::route_policy::Choice); a ref that does not resolve keeps its weight and
-//! answers 500, as does a rule with no backendRef or only zero weights. One target per pod:
+//! answers 500, as does a rule with no backendRef or only zero weights. A `RequestMirror`
+//! filter's backendRef resolves the same way; one that does not is left out (the rule still
+//! serves, `ResolvedRefs` says why). One target per pod:
 //! backends are the Services' pods joined across families, as for Ingress.
 
 use std::sync::Arc;
 
-use dataplane::route_policy::{Alternative, Choice, Pinning};
+use dataplane::route_policy::{Alternative, Choice, Mirror, Pinning};
 use dataplane::table::gateway::GatewayRule;
 use dataplane::table::UpstreamProtocol;
 use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, RouteAction};
@@ -69,8 +71,25 @@ pub fn rules(
                 arms.push((id, weight));
             }
         }
+        let mut mirrors = Vec::new();
+        for (b, per_million) in &rule.mirrors {
+            match resolve(t, key, view, b, grants) {
+                Ok(backend) => mirrors.push(Mirror {
+                    backend,
+                    per_million: *per_million,
+                }),
+                Err(cond) => {
+                    problem.get_or_insert(cond);
+                }
+            }
+        }
         let mut action = action(arms, policy, origin, t.config.max_body_bytes);
         action.filters = routing.filters.clone();
+        if !mirrors.is_empty() {
+            let mut choice = action.choice.as_deref().cloned().unwrap_or_default();
+            choice.mirrors = mirrors;
+            action.choice = Some(Arc::new(choice));
+        }
         if view.kind == Kind::GrpcRoute {
             // gRPC is HTTP/2: cleartext unless the Service's appProtocol says TLS.
             action.protocol = Some(UpstreamProtocol::H2c);

@@ -57,6 +57,8 @@ pub struct RuleView {
     pub routing: Result<RuleRouting, RuleRefusal>,
     /// Its backendRefs.
     pub backends: Vec<BackendRef>,
+    /// Its `RequestMirror` filters: each one's backendRef and share of requests, in millionths.
+    pub mirrors: Vec<(BackendRef, u32)>,
 }
 
 /// An HTTPRoute or a GRPCRoute.
@@ -221,7 +223,20 @@ fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
         }
         backends.push(view);
     }
-    RuleView { routing, backends }
+    let filters = rule.filters.as_deref().unwrap_or_default();
+    let mirrors = gateway_rule::http_mirrors(filters)
+        .into_iter()
+        .map(|m| {
+            let b = m.backend;
+            let backend = backend(ns, &b.group, &b.kind, &b.namespace, &b.name, b.port, None);
+            (backend, m.per_million)
+        })
+        .collect();
+    RuleView {
+        routing,
+        backends,
+        mirrors,
+    }
 }
 
 /// A GRPCRoute's view: a method match is a path match on `/SERVICE/METHOD`.
@@ -247,6 +262,7 @@ fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
     RuleView {
         routing: gateway_rule::grpc_rule(rule),
         backends: backends.map(|b| backend_of!(ns, b)).collect(),
+        mirrors: Vec::new(),
     }
 }
 
