@@ -435,6 +435,7 @@ fn redirect(
             .map(|h| hostname(h, "redirect"))
             .transpose()?,
         port,
+        listener_port: None,
         path,
         status,
     })
