@@ -34,11 +34,15 @@ func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 	if !slices.Equal(opts.ConformanceProfiles, wantProfiles) {
 		t.Errorf("profiles %v, want %v", opts.ConformanceProfiles, wantProfiles)
 	}
-	wantFeatures := []features.FeatureName{"Gateway", "ReferenceGrant", "HTTPRoute", "GRPCRoute",
-		"GatewayPort8080", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-		"HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteHostRewrite",
-		"HTTPRouteMethodMatching", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
-		"HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect"}
+	wantFeatures := []features.FeatureName{"Gateway", "ReferenceGrant", "HTTPRoute", "GRPCRoute", "GRPCRouteNamedRouteRule",
+		"GatewayHTTPListenerIsolation", "GatewayHTTPSListenerDetectMisdirectedRequests", "GatewayPort8080",
+		"HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+		"HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket",
+		"HTTPRouteBackendRequestHeaderModification", "HTTPRouteBackendTimeout", "HTTPRouteCORS",
+		"HTTPRouteDestinationPortMatching", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
+		"HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite",
+		"HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout",
+		"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect"}
 	if !slices.Equal(opts.SupportedFeatures, wantFeatures) {
 		t.Errorf("features %v, want %v", opts.SupportedFeatures, wantFeatures)
 	}

@@ -16,7 +16,10 @@ pub use crate::gateway_api::is_ours;
 /// The conformance features duet passes (see the module documentation).
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRoute",
+    "GRPCRouteNamedRouteRule",
     "Gateway",
+    "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayPort8080",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
@@ -24,9 +27,14 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRoute308RedirectStatusCode",
     "HTTPRouteBackendProtocolH2C",
     "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendRequestHeaderModification",
     "HTTPRouteBackendTimeout",
+    "HTTPRouteCORS",
+    "HTTPRouteDestinationPortMatching",
     "HTTPRouteHostRewrite",
     "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
     "HTTPRoutePathRedirect",
     "HTTPRoutePathRewrite",
     "HTTPRoutePortRedirect",
@@ -103,8 +111,9 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 20, "{names:?}");
+        assert!(names.is_sorted() && names.len() == 28, "{names:?}");
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
+        assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(
