@@ -221,6 +221,9 @@ pub struct GatewayRule {
     /// Method, header, query and whole-path regex conditions ([`crate::request_match`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub when: Option<Arc<RequestMatch>>,
+    /// The rule's `name`, if it has one (shown in `/debug/routes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<Arc<str>>,
     /// The destination (weighted backendRefs are the action's choice) and the rule's filters.
     #[serde(flatten)]
     pub action: RouteAction,
@@ -241,6 +244,7 @@ mod tests {
         GatewayRule {
             path,
             when: None,
+            name: None,
             action: RouteAction::to(backend),
         }
     }

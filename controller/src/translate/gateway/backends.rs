@@ -88,6 +88,7 @@ pub fn rules(
                 GatewayRule {
                     path: m.path.clone(),
                     when: m.when.clone(),
+                    name: rule.name.clone(),
                     action: action.clone(),
                 },
             ));

@@ -540,14 +540,18 @@ mod tests {
                 &[],
                 web.clone(),
             ),
-            // The port alone selects listener `all` (81).
-            route(
-                "gw",
-                "by-port",
-                json!({"name": "g", "port": 81}),
-                &[],
-                web.clone(),
-            ),
+            // The port alone selects listener `all` (81); its rule has a name.
+            {
+                let mut r = route(
+                    "gw",
+                    "by-port",
+                    json!({"name": "g", "port": 81}),
+                    &[],
+                    web.clone(),
+                );
+                r.spec.rules.as_mut().unwrap()[0].name = Some("named".into());
+                r
+            },
             route(
                 "other",
                 "same-only",
@@ -660,6 +664,10 @@ mod tests {
             .contains_key(&(Kind::HttpRoute, NsName::new("gw", "theirs"))));
         let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
         assert_eq!((attached("a"), attached("all"), attached("sel")), (1, 4, 1));
+        // A rule's name comes along to /debug/routes.
+        let on_81 = &plan.gateways.ports[&81].listeners[0].routes;
+        let names: Vec<Option<&str>> = on_81.rules().map(|r| r.name.as_deref()).collect();
+        assert!(names.contains(&Some("named")), "{names:?}");
         // Served on the listener ports themselves (manifests mode), each port its listener.
         assert_eq!(
             plan.gateways.ports.keys().copied().collect::<Vec<_>>(),
