@@ -418,6 +418,20 @@ async fn duet_pod(
     .await
 }
 
+/// The addresses GatewayStaticAddresses asks a Gateway for, of the run's primary family: one in
+/// the test cluster's load-balancer pool, which it gives, and one outside it, which it cannot.
+/// (Flags given after `--` come later and win.)
+fn static_addresses(stack: Stack) -> [String; 2] {
+    let (usable, unusable) = match stack {
+        Stack::DualIpv6 | Stack::Ipv6 => ("fd00:10:250::200", "fd00:10:251::200"),
+        _ => ("10.250.0.200", "10.251.0.200"),
+    };
+    [
+        format!("-usable-address={usable}"),
+        format!("-unusable-address={unusable}"),
+    ]
+}
+
 /// `run.sh` inside the cluster namespace (this thread's); fails if it cannot run at all (its
 /// exit status is the suite's and says nothing the report does not).
 async fn run_suite(run: &Run, kubeconfig: &Path) -> anyhow::Result<()> {
@@ -431,6 +445,7 @@ async fn run_suite(run: &Run, kubeconfig: &Path) -> anyhow::Result<()> {
         run.name.to_owned(),
         "--".to_owned(),
     ];
+    args.extend(static_addresses(run.stack));
     args.extend(run.flags.iter().cloned());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let t = Instant::now();
