@@ -444,7 +444,9 @@ impl State {
         let families = families(service);
         let before = self.assigned.get(&uid).cloned().unwrap_or_default();
         if let Some(requested) = service["metadata"]["annotations"][REQUESTED_IPS].as_str() {
-            let wanted = self.requested(&uid, requested, &families).unwrap_or_default();
+            let wanted = self
+                .requested(&uid, requested, &families)
+                .unwrap_or_default();
             self.replace(&uid, &before, &wanted)?;
             return Ok(wanted);
         }
