@@ -45,9 +45,23 @@ func gatewayClassFeatures(t *testing.T) []features.FeatureName {
 	return out
 }
 
+// Experimental-channel features are claimed on the experimental channel's CRDs only.
+func TestExperimentalFeaturesAreClaimedOnTheExperimentalChannelOnly(t *testing.T) {
+	all := []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteRetry", "HTTPRouteQueryParamMatching"}
+	if got := ForChannel(all, "standard"); !slices.Equal(got, []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteQueryParamMatching"}) {
+		t.Errorf("standard: %v", got)
+	}
+	if got := ForChannel(all, ""); slices.Contains(got, "HTTPRouteRetry") {
+		t.Errorf("no channel named: %v", got)
+	}
+	if got := ForChannel(all, "experimental"); !slices.Equal(got, all) {
+		t.Errorf("experimental: %v", got)
+	}
+}
+
 func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 	opts := upstreamDefaults()
-	ApplyDefaults(&opts, map[string]bool{}, env(map[string]string{"DUET_VERSION": "0.1.0"}))
+	ApplyDefaults(&opts, map[string]bool{}, env(map[string]string{"DUET_VERSION": "0.1.0", "DUET_GATEWAY_CHANNEL": "experimental"}))
 	if opts.GatewayClassName != "duet" {
 		t.Errorf("gateway class %q, want duet", opts.GatewayClassName)
 	}
