@@ -2,8 +2,9 @@
 //! behaviours the dataplane carries out itself. The `CORS` filter (preflights answered by duet,
 //! Gateway API's wildcards); a `RequestRedirect` without port and scheme, which goes to the
 //! listener's port whatever port the client's `Host` names (an IPv6 literal keeps its
-//! brackets); and HTTPS listeners sharing a port, where a `Host` of another listener than the
-//! TLS server name chose is answered 421.
+//! brackets); HTTPS listeners sharing a port, where a `Host` of another listener than the TLS
+//! server name chose is answered 421; and a parentRef's `port`, which attaches a route to the
+//! listeners of that port only.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -58,17 +59,22 @@ fn route(name: &str, section: Option<&str>, hostnames: &[&str], rules: Value) ->
     })
 }
 
-/// Starts one dual-stack pod behind Service `service`, writes it and `docs`, starts duet.
+/// Starts one dual-stack pod behind each Service of `services`, writes them and `docs`, starts
+/// duet.
 async fn setup(
-    service: &str,
+    services: &[&str],
     docs: Vec<Value>,
-) -> anyhow::Result<(Fleet, ManifestDir, conformance::Duet)> {
+) -> anyhow::Result<(Vec<Fleet>, ManifestDir, conformance::Duet)> {
     let dir = ManifestDir::new()?;
-    let fleet = Fleet::start(NS, service, &[PodSpec::dual(&format!("{service}-pod"))])?;
-    dir.write("svc.yaml", &fleet.manifests())?;
+    let mut fleets = Vec::new();
+    for service in services {
+        let fleet = Fleet::start(NS, service, &[PodSpec::dual(&format!("{service}-pod"))])?;
+        dir.write(&format!("svc-{service}.yaml"), &fleet.manifests())?;
+        fleets.push(fleet);
+    }
     dir.write("gateway.yaml", &docs)?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
-    Ok((fleet, dir, duet))
+    Ok((fleets, dir, duet))
 }
 
 fn at(family: Family, port: u16) -> SocketAddr {
@@ -139,7 +145,7 @@ async fn the_cors_filter_answers_preflights_and_marks_responses() -> anyhow::Res
         ]),
         route("r-cors", None, &[], rules),
     ];
-    let (_fleet, _dir, _duet) = setup("cors", docs).await?;
+    let (_fleet, _dir, _duet) = setup(&["cors"], docs).await?;
     for family in Family::BOTH {
         let mut conn = connect(family, port).await?;
         let preflight = |origin| {
@@ -250,7 +256,7 @@ async fn a_redirect_without_port_goes_to_the_listeners_port_not_the_hosts() -> a
         ]),
         route("r-redirect", None, &[], rules),
     ];
-    let (_fleet, _dir, _duet) = setup("redirect", docs).await?;
+    let (_fleet, _dir, _duet) = setup(&["redirect"], docs).await?;
     for family in Family::BOTH {
         let mut conn = connect(family, port).await?;
         // The client names another port than the listener's (a proxy in front, say).
@@ -309,7 +315,7 @@ async fn a_host_of_another_https_listener_than_the_sni_is_misdirected() -> anyho
         route("r-second", Some("second"), &[], any.clone()),
         route("r-wild", Some("wild"), &[], any),
     ];
-    let (_fleet, _dir, _duet) = setup("tls", docs).await?;
+    let (_fleet, _dir, _duet) = setup(&["tls"], docs).await?;
     for family in Family::BOTH {
         for (sni, host, status) in [
             ("second.test", "second.test", 200),
@@ -336,6 +342,57 @@ async fn a_host_of_another_https_listener_than_the_sni_is_misdirected() -> anyho
             if status == 200 {
                 proxied(&reply, &conn, host)?;
             }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_ref_port_attaches_to_that_ports_listeners_only() -> anyhow::Result<()> {
+    let (first, second) = (free_port()?, free_port()?);
+    let http = |name: &str, port: u16| json!({"name": name, "port": port, "protocol": "HTTP"});
+    let on = |name: &str, parent: Value, path: &str, service: &str| {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"parentRefs": [parent], "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": path}}],
+                "backendRefs": [{"name": service, "port": 8080}]}]}
+        })
+    };
+    let docs = vec![
+        gateway_class(),
+        gateway(vec![http("one", first), http("two", second)]),
+        on(
+            "r-one",
+            json!({"name": "gw", "port": first}),
+            "/",
+            "port-one",
+        ),
+        on(
+            "r-two",
+            json!({"name": "gw", "port": second}),
+            "/",
+            "port-two",
+        ),
+        // Listener `one` is not on the second port: this route attaches nowhere.
+        on(
+            "r-none",
+            json!({"name": "gw", "sectionName": "one", "port": second}),
+            "/none",
+            "port-none",
+        ),
+    ];
+    let (_fleets, _dir, _duet) = setup(&["port-one", "port-two", "port-none"], docs).await?;
+    for family in Family::BOTH {
+        for (port, service) in [(first, "port-one"), (second, "port-two")] {
+            let mut conn = connect(family, port).await?;
+            let reply = conn.get("ports.test", "/x").await?;
+            proxied(&reply, &conn, service)?;
+            assert_eq!(reply.echo()?.service, service, "{family} port {port}");
+            // `/none` falls to the port's own route, not to the unattached one.
+            let none = conn.get("ports.test", "/none").await?;
+            assert_eq!(none.echo()?.service, service, "{family} port {port} /none");
         }
     }
     Ok(())
