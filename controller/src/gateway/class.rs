@@ -16,17 +16,28 @@ pub use crate::gateway_api::is_ours;
 /// The conformance features duet passes (see the module documentation).
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRoute",
+    "GRPCRouteNamedRouteRule",
     "Gateway",
+    "GatewayAddressEmpty",
+    "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
+    "GatewayInfrastructure",
     "GatewayPort8080",
+    "GatewayStaticAddresses",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
     "HTTPRoute308RedirectStatusCode",
     "HTTPRouteBackendProtocolH2C",
     "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendRequestHeaderModification",
     "HTTPRouteBackendTimeout",
+    "HTTPRouteCORS",
+    "HTTPRouteDestinationPortMatching",
     "HTTPRouteHostRewrite",
     "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
     "HTTPRoutePathRedirect",
     "HTTPRoutePathRewrite",
     "HTTPRoutePortRedirect",
@@ -36,6 +47,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteRequestPercentageMirror",
     "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
+    "HTTPRouteRetry",
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
 ];
@@ -106,11 +118,10 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(
-            names.is_sorted() && names.len() == SUPPORTED_FEATURES.len(),
-            "{names:?}"
-        );
+        assert!(names.is_sorted(), "{names:?}");
+        assert_eq!(names.len(), SUPPORTED_FEATURES.len(), "{names:?}");
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
+        assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         assert!(names.iter().any(|n| n == "HTTPRouteRequestMirror"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];

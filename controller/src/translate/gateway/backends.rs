@@ -71,25 +71,15 @@ pub fn rules(
                 arms.push((id, weight));
             }
         }
-        let mut mirrors = Vec::new();
-        for (b, per_million) in &rule.mirrors {
-            match resolve(t, key, view, b, grants) {
-                Ok(backend) => mirrors.push(Mirror {
-                    backend,
-                    per_million: *per_million,
-                }),
-                Err(cond) => {
-                    problem.get_or_insert(cond);
-                }
-            }
-        }
+        let mirrors = mirrors(t, key, view, &rule.mirrors, grants, &mut problem);
         let mut action = action(arms, policy, origin, t.config.max_body_bytes);
         action.filters = routing.filters.clone();
-        if !mirrors.is_empty() {
+        if let Some(cors) = &routing.cors {
             let mut choice = action.choice.as_deref().cloned().unwrap_or_default();
-            choice.mirrors = mirrors;
+            choice.cors = Some(cors.clone());
             action.choice = Some(Arc::new(choice));
         }
+        add_mirrors(&mut action, mirrors);
         if view.kind == Kind::GrpcRoute {
             // gRPC is HTTP/2: cleartext unless the Service's appProtocol says TLS.
             action.protocol = Some(UpstreamProtocol::H2c);
@@ -102,6 +92,7 @@ pub fn rules(
                 GatewayRule {
                     path: m.path.clone(),
                     when: m.when.clone(),
+                    name: rule.name.clone(),
                     action: action.clone(),
                 },
             ));
@@ -109,6 +100,42 @@ pub fn rules(
     }
     let resolved = problem.unwrap_or_else(|| Cond::yes("ResolvedRefs", "ResolvedRefs", ""));
     (out, resolved, refused)
+}
+
+/// The mirror backends of a rule's `RequestMirror` filters that resolve; the first that does not
+/// sets `problem` (the rule is served without it).
+fn mirrors(
+    t: &mut Translation<'_>,
+    key: &ObjectKey,
+    view: &RouteView,
+    written: &[(BackendRef, u32)],
+    grants: &[&ReferenceGrant],
+    problem: &mut Option<Cond>,
+) -> Vec<Mirror<BackendId>> {
+    let mut out = Vec::new();
+    for (b, per_million) in written {
+        match resolve(t, key, view, b, grants) {
+            Ok(backend) => out.push(Mirror {
+                backend,
+                per_million: *per_million,
+            }),
+            Err(cond) => {
+                problem.get_or_insert(cond);
+            }
+        }
+    }
+    out
+}
+
+/// Puts a rule's mirrors in its action's per-request choice (which keeps their backends in the
+/// snapshot).
+fn add_mirrors(action: &mut RouteAction, mirrors: Vec<Mirror<BackendId>>) {
+    if mirrors.is_empty() {
+        return;
+    }
+    let mut choice = action.choice.as_deref().cloned().unwrap_or_default();
+    choice.mirrors = mirrors;
+    action.choice = Some(Arc::new(choice));
 }
 
 /// A match's [`Rank`].

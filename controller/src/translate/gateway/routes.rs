@@ -2,6 +2,7 @@
 //! and the route table need of either kind.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use dataplane::filters::BackendFilters;
 
@@ -59,6 +60,8 @@ pub struct RuleView {
     pub backends: Vec<BackendRef>,
     /// Its `RequestMirror` filters: each one's backendRef and share of requests, in millionths.
     pub mirrors: Vec<(BackendRef, u32)>,
+    /// Its `name`, if any.
+    pub name: Option<Arc<str>>,
 }
 
 /// An HTTPRoute or a GRPCRoute.
@@ -236,6 +239,7 @@ fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
         routing,
         backends,
         mirrors,
+        name: rule.name.as_deref().map(Arc::from),
     }
 }
 
@@ -263,6 +267,7 @@ fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
         routing: gateway_rule::grpc_rule(rule),
         backends: backends.map(|b| backend_of!(ns, b)).collect(),
         mirrors: Vec::new(),
+        name: rule.name.as_deref().map(Arc::from),
     }
 }
 
