@@ -201,3 +201,31 @@ async fn listed_codes_are_retried_on_the_other_pod_over_the_clients_family() -> 
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_past_its_backend_timeout_is_retried_on_the_other_pod() -> anyhow::Result<()> {
+    let port = free_port()?;
+    let (tx, mut seen) = mpsc::unbounded_channel();
+    let good = pod("good", 200, tx).await?;
+    // A pod whose connections are accepted by the kernel and never answered.
+    let (silent_v4, _s4) = conformance::fleet::silent_port(Family::V4)?;
+    let (silent_v6, _s6) = conformance::fleet::silent_port(Family::V6)?;
+    let silent = vec![(Family::V4, silent_v4), (Family::V6, silent_v6)];
+    let dir = ManifestDir::new()?;
+    dir.write("flaky.yaml", &flaky(&[("silent", silent), ("good", good)]))?;
+    let mut timed = rule("/timed", json!({"attempts": 1}));
+    timed["timeouts"] = json!({"backendRequest": "200ms"});
+    dir.write("gateway.yaml", &gateway_docs(port, vec![timed]))?;
+    let _duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let mut conn = connect(family, port).await?;
+        for i in 0..6 {
+            let reply = conn.get("retry.test", &format!("/timed/{i}")).await?;
+            assert_eq!(reply.status, 200, "{family} request {i}: {}", reply.text());
+        }
+        let got = drain(&mut seen);
+        assert_eq!(got.len(), 6, "{family}: {got:?}");
+        assert!(got.iter().all(|(_, f)| *f == family), "{family}: {got:?}");
+    }
+    Ok(())
+}
