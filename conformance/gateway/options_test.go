@@ -30,11 +30,11 @@ func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 	if opts.GatewayClassName != "duet" {
 		t.Errorf("gateway class %q, want duet", opts.GatewayClassName)
 	}
-	wantProfiles := []suite.ConformanceProfileName{"GATEWAY-HTTP", "GATEWAY-GRPC"}
+	wantProfiles := []suite.ConformanceProfileName{"GATEWAY-HTTP", "GATEWAY-GRPC", "GATEWAY-TLS"}
 	if !slices.Equal(opts.ConformanceProfiles, wantProfiles) {
 		t.Errorf("profiles %v, want %v", opts.ConformanceProfiles, wantProfiles)
 	}
-	wantFeatures := []features.FeatureName{"Gateway", "ReferenceGrant", "HTTPRoute", "GRPCRoute",
+	wantFeatures := []features.FeatureName{"Gateway", "ReferenceGrant", "HTTPRoute", "GRPCRoute", "TLSRoute",
 		"GatewayPort8080", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
 		"HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteHostRewrite",
 		"HTTPRouteMethodMatching", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",

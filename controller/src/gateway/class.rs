@@ -2,8 +2,8 @@
 //! `Accepted` and `supportedFeatures`; others are never touched.
 //!
 //! `supportedFeatures` lists the conformance features duet passes on both family runs of the
-//! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP
-//! and GATEWAY-GRPC and the extended ones of `conformance/gateway/options.go`.
+//! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP,
+//! GATEWAY-GRPC and GATEWAY-TLS and the extended ones of `conformance/gateway/options.go`.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -35,6 +35,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
+    "TLSRoute",
 ];
 
 /// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
@@ -103,7 +104,8 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 20, "{names:?}");
+        assert!(names.is_sorted() && names.len() == 21, "{names:?}");
+        assert!(names.iter().any(|n| n == "TLSRoute"));
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];

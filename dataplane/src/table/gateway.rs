@@ -63,6 +63,10 @@ impl GatewayTable {
 pub struct GatewayPort {
     /// TLS is terminated on this port (HTTPS listeners).
     pub tls: bool,
+    /// TLS is relayed unterminated on this port, by SNI (TLS listeners in mode Passthrough,
+    /// whose TLSRoutes are rules matching every path).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough: bool,
     /// The listeners, most specific hostname first (see the module documentation).
     pub listeners: Vec<GatewayListener>,
 }
@@ -86,6 +90,12 @@ impl GatewayPort {
     pub fn sort(&mut self) {
         self.listeners
             .sort_by_key(|l| specificity(l.hostname.as_deref()));
+    }
+
+    /// The action of a TLS connection naming `sni` on a passthrough port: the TLSRoute rule of
+    /// the listener the SNI selects, by the route hostnames that listener serves.
+    pub fn passthrough_action(&self, sni: &str) -> Option<&RouteAction> {
+        self.find(sni, "/").map(|m| m.action)
     }
 
     /// Finds the route of a request on this port by path alone (`host` as received, `path`
@@ -259,6 +269,7 @@ mod tests {
     fn the_most_specific_listener_takes_the_request_and_only_its_routes_apply() {
         let mut port = GatewayPort {
             tls: false,
+            passthrough: false,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("*.example.com"), any("wild")),

@@ -48,6 +48,8 @@ pub struct ListenerModel {
     pub hostname: Option<String>,
     /// HTTPS.
     pub tls: bool,
+    /// TLS, relayed unterminated by SNI (TLSRoutes).
+    pub passthrough: bool,
     /// The route kinds it admits.
     pub kinds: Vec<&'static str>,
     /// The namespaces whose routes it admits.

@@ -1,11 +1,14 @@
 //! What duet makes of a Gateway's listeners and of the Gateway as a whole: pure functions over
 //! the spec, so the status a user sees is decided in one place and tested without a cluster.
 //!
-//! Supported protocols: `HTTP` and `HTTPS` (TLS terminated by duet); anything else (`TLS`,
-//! `TCP`, `UDP`, or a name duet does not know) is `Accepted=False` with reason
-//! `UnsupportedProtocol` and no `supportedKinds`. Route kinds: `HTTPRoute` and `GRPCRoute` of
-//! `gateway.networking.k8s.io`; a listener naming another kind in `allowedRoutes.kinds` has
-//! `ResolvedRefs=False`, reason `InvalidRouteKinds`, and lists only the kinds it supports.
+//! Supported protocols: `HTTP` and `HTTPS` (TLS terminated by duet), and `TLS` with
+//! `tls.mode: Passthrough` (connections relayed by SNI, unterminated; `Terminate` is
+//! `Accepted=False` with reason `UnsupportedValue`); anything else (`TCP`, `UDP`, or a name duet
+//! does not know) is `Accepted=False` with reason `UnsupportedProtocol` and no `supportedKinds`.
+//! Route kinds of `gateway.networking.k8s.io`: `HTTPRoute` and `GRPCRoute` on HTTP and HTTPS
+//! listeners, `TLSRoute` on TLS listeners; a listener naming another kind in
+//! `allowedRoutes.kinds` has `ResolvedRefs=False`, reason `InvalidRouteKinds`, and lists only the
+//! kinds it supports.
 //! Listeners on one port with different protocols are `Conflicted=True` (`ProtocolConflict`);
 //! with the same protocol and hostname, `Conflicted=True` (`HostnameConflict`). An HTTPS listener
 //! must name certificates (`certificateRefs`) of kind `Secret` in the core group.
@@ -18,6 +21,25 @@ use crate::gateway_api::GROUP;
 
 /// The route kinds duet's HTTP and HTTPS listeners accept, in the order they are listed.
 pub const ROUTE_KINDS: [&str; 2] = ["HTTPRoute", "GRPCRoute"];
+
+/// The route kinds duet's TLS (passthrough) listeners accept.
+pub const TLS_ROUTE_KINDS: [&str; 1] = ["TLSRoute"];
+
+/// The route kinds a listener of `protocol` supports.
+fn kinds_of(protocol: &str) -> &'static [&'static str] {
+    if protocol == "TLS" {
+        &TLS_ROUTE_KINDS
+    } else {
+        &ROUTE_KINDS
+    }
+}
+
+/// Whether a listener relays TLS unterminated (protocol `TLS`, mode `Passthrough`).
+pub fn is_passthrough(listener: &GatewayListeners) -> bool {
+    listener.protocol == "TLS"
+        && listener.tls.as_ref().and_then(|t| t.mode.as_ref())
+            == Some(&GatewayListenersTlsMode::Passthrough)
+}
 
 /// duet's verdict on one listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,23 +66,24 @@ impl Verdict {
 }
 
 fn supported_protocol(protocol: &str) -> bool {
-    matches!(protocol, "HTTP" | "HTTPS")
+    matches!(protocol, "HTTP" | "HTTPS" | "TLS")
 }
 
 /// The kinds a listener supports, and whether it named one duet does not.
 fn route_kinds(listener: &GatewayListeners) -> (Vec<&'static str>, bool) {
+    let supported = kinds_of(&listener.protocol);
     let asked = listener
         .allowed_routes
         .as_ref()
         .and_then(|a| a.kinds.as_ref());
     let Some(asked) = asked else {
-        return (ROUTE_KINDS.to_vec(), false);
+        return (supported.to_vec(), false);
     };
     let mut kinds = Vec::new();
     let mut invalid = false;
     for k in asked {
         let group_ok = k.group.as_deref().is_none_or(|g| g == GROUP);
-        match ROUTE_KINDS.iter().find(|s| **s == k.kind) {
+        match supported.iter().find(|s| **s == k.kind) {
             Some(kind) if group_ok => {
                 if !kinds.contains(kind) {
                     kinds.push(*kind);
@@ -108,19 +131,26 @@ pub fn check(spec: &GatewaySpec) -> Vec<Verdict> {
 
 fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
     let supported = supported_protocol(&l.protocol);
-    let (kinds, invalid_kinds) = if supported {
+    let terminate = l.protocol == "TLS" && !is_passthrough(l);
+    let (kinds, invalid_kinds) = if supported && !terminate {
         route_kinds(l)
     } else {
         (Vec::new(), false)
     };
-    let accepted = if supported {
+    let accepted = if terminate {
+        Cond::no(
+            "Accepted",
+            "UnsupportedValue",
+            "a TLS listener must have tls.mode Passthrough: duet does not terminate TLSRoutes",
+        )
+    } else if supported {
         Cond::yes("Accepted", "Accepted", "")
     } else {
         Cond::no(
             "Accepted",
             "UnsupportedProtocol",
             format!(
-                "protocol {:?} is not supported; duet serves HTTP and HTTPS",
+                "protocol {:?} is not supported; duet serves HTTP, HTTPS and TLS",
                 l.protocol
             ),
         )
@@ -130,7 +160,10 @@ fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
         Cond::no(
             "ResolvedRefs",
             "InvalidRouteKinds",
-            format!("allowedRoutes.kinds names a kind other than {ROUTE_KINDS:?}"),
+            format!(
+                "allowedRoutes.kinds names a kind other than {:?}",
+                kinds_of(&l.protocol)
+            ),
         )
     } else if let Some(problem) = tls {
         Cond::no("ResolvedRefs", "InvalidCertificateRef", problem)
@@ -267,6 +300,41 @@ listeners:
             (accepted.status, accepted.reason),
             (false, "ListenersNotValid")
         );
+    }
+
+    #[test]
+    fn tls_listeners_take_tlsroutes_in_passthrough_mode_only() {
+        let s = spec(
+            r#"
+gatewayClassName: duet
+listeners:
+  - {name: pass, port: 443, protocol: TLS, tls: {mode: Passthrough}}
+  - {name: term, port: 8443, protocol: TLS, tls: {mode: Terminate, certificateRefs: [{name: c}]}}
+  - {name: default, port: 8444, protocol: TLS}
+  - {name: kinds, port: 8445, protocol: TLS, tls: {mode: Passthrough}, allowedRoutes: {kinds: [{kind: TCPRoute}, {kind: TLSRoute}]}}
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: TLSRoute}]}}
+  - {name: mixed, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: c}]}}
+"#,
+        );
+        let v = check(&s);
+        assert_eq!(v[0].kinds, TLS_ROUTE_KINDS);
+        assert!(v[0].accepted.status, "{:?}", v[0]);
+        for term in &v[1..3] {
+            assert_eq!(
+                (term.accepted.status, term.accepted.reason),
+                (false, "UnsupportedValue"),
+                "{term:?}"
+            );
+            assert!(term.kinds.is_empty(), "{term:?}");
+        }
+        assert_eq!(v[3].kinds, ["TLSRoute"]);
+        assert_eq!(v[3].resolved.reason, "InvalidRouteKinds");
+        // An HTTP listener does not take TLSRoutes.
+        assert!(v[4].kinds.is_empty());
+        assert_eq!(v[4].resolved.reason, "InvalidRouteKinds");
+        // TLS and HTTPS on one port conflict.
+        assert_eq!(v[0].conflicted.reason, "ProtocolConflict");
+        assert_eq!(v[5].conflicted.reason, "ProtocolConflict");
     }
 
     #[test]
