@@ -58,6 +58,8 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRequestTimeout,
 	features.SupportHTTPRouteResponseHeaderModification,
 	features.SupportHTTPRouteSchemeRedirect,
+	features.SupportTLSRouteModeMixed,
+	features.SupportTLSRouteModeTerminate,
 }
 
 // Env is how options read the environment (os.Getenv in the test, a map in unit tests).

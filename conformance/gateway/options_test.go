@@ -38,7 +38,8 @@ func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 		"GatewayPort8080", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
 		"HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteHostRewrite",
 		"HTTPRouteMethodMatching", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
-		"HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect"}
+		"HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect",
+		"TLSRouteModeMixed", "TLSRouteModeTerminate"}
 	if !slices.Equal(opts.SupportedFeatures, wantFeatures) {
 		t.Errorf("features %v, want %v", opts.SupportedFeatures, wantFeatures)
 	}

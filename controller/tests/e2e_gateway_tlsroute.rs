@@ -1,11 +1,12 @@
-//! End to end in `--manifests` mode, over real sockets on 127.0.0.1 and [::1]: a Gateway
-//! listener of protocol `TLS` in mode `Passthrough` and its TLSRoutes. A TLS connection is
+//! End to end in `--manifests` mode, over real sockets on 127.0.0.1 and [::1]: Gateway listeners
+//! of protocol `TLS` and their TLSRoutes. On a listener in mode `Passthrough` a TLS connection is
 //! relayed unterminated, by its server name (SNI), to the TLSRoute whose hostnames take it (an
 //! exact name, a wildcard): the client sees the upstream's certificate and completes a request
 //! with it, nothing added by duet; the pod is reached over the client's family (the other family
-//! when the pod has only that one); an unknown server name, a ClientHello without one and a
-//! listener whose routes do not intersect get no relay; a TLS listener in mode `Terminate`
-//! serves nothing.
+//! when the pod has only that one). On a listener in mode `Terminate` sharing the port, duet
+//! completes the handshake with the listener's certificate and relays the decrypted stream to a
+//! plain pod of the client's family. An unknown server name and a ClientHello without one get no
+//! relay; a Terminate listener without certificate serves nothing.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -32,19 +33,22 @@ fn free_port() -> anyhow::Result<u16> {
     anyhow::bail!("no port free on both families")
 }
 
-/// A TLS listener: `(name, port, mode, hostname)`.
-type Listener<'a> = (&'a str, u16, &'a str, Option<&'a str>);
+/// A TLS listener: `(name, port, mode, hostname, certificate Secret)`.
+type Listener<'a> = (&'a str, u16, &'a str, Option<&'a str>, Option<&'a str>);
 
 fn gateway(listeners: &[Listener<'_>]) -> Value {
     let listeners: Vec<Value> = listeners
         .iter()
-        .map(|(name, port, mode, host)| {
+        .map(|(name, port, mode, host, cert)| {
             let mut l = json!({
                 "name": name, "port": port, "protocol": "TLS", "tls": {"mode": mode},
                 "allowedRoutes": {"kinds": [{"kind": "TLSRoute"}]}
             });
             if let Some(h) = host {
                 l["hostname"] = json!(h);
+            }
+            if let Some(c) = cert {
+                l["tls"]["certificateRefs"] = json!([{"name": c}]);
             }
             l
         })
@@ -73,18 +77,20 @@ fn route(name: &str, section: &str, hostnames: &[&str], backends: &[(&str, u32)]
 struct Setup {
     duet: Duet,
     upstream: TestCert,
-    /// The passthrough listener's port, the terminate listener's.
+    duet_cert: TestCert,
+    /// The port of the passthrough and terminate listeners, the certificate-less listener's.
     ports: (u16, u16),
     _fleets: Vec<Fleet>,
     _dir: ManifestDir,
 }
 
 /// TLS pods: `vault` (dual stack), `v6` (IPv6 only), `other` (dual stack, weight 0 next to
-/// `vault`); TLSRoutes `vault.test` and `*.v6.test` on a passthrough listener without hostname,
-/// `x.elsewhere.test` on a passthrough listener of `*.other.test` (no intersection: refused),
-/// and a route on a listener in mode Terminate.
+/// `vault`), and a plain pod `web`; TLSRoutes `vault.test` and `*.v6.test` on a passthrough
+/// listener without hostname, `term.test` on a terminate listener of `term.test` on the same
+/// port (to `web`), and a route on a terminate listener without certificate.
 async fn setup() -> anyhow::Result<Setup> {
     let upstream = tls::cert(&["vault.test", "*.v6.test"]);
+    let duet_cert = tls::cert(&["term.test"]);
     let tls_pods = || EchoOptions {
         tls: Some(tls::server_config(&upstream, &["http/1.1"])),
         ..EchoOptions::default()
@@ -93,12 +99,14 @@ async fn setup() -> anyhow::Result<Setup> {
         Fleet::start_with(NS, "vault", &[PodSpec::dual("vault-0")], tls_pods())?,
         Fleet::start_with(NS, "v6", &[PodSpec::v6_only("v6-0")], tls_pods())?,
         Fleet::start_with(NS, "other", &[PodSpec::dual("other-0")], tls_pods())?,
+        Fleet::start(NS, "web", &[PodSpec::dual("web-0")])?,
     ];
     let dir = ManifestDir::new()?;
     for fleet in &fleets {
         dir.write(&format!("svc-{}.yaml", fleet.service()), &fleet.manifests())?;
     }
-    let (pass, term) = (free_port()?, free_port()?);
+    dir.write("secret.yaml", &[tls::secret(NS, "term-cert", &duet_cert)])?;
+    let (port, nocert) = (free_port()?, free_port()?);
     let docs = vec![
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
@@ -106,8 +114,15 @@ async fn setup() -> anyhow::Result<Setup> {
             "spec": {"controllerName": "duet.dev/gateway-controller"}
         }),
         gateway(&[
-            ("pass", pass, "Passthrough", None),
-            ("term", term, "Terminate", None),
+            ("pass", port, "Passthrough", None, None),
+            (
+                "term",
+                port,
+                "Terminate",
+                Some("term.test"),
+                Some("term-cert"),
+            ),
+            ("nocert", nocert, "Terminate", None, None),
         ]),
         route(
             "vault",
@@ -116,14 +131,16 @@ async fn setup() -> anyhow::Result<Setup> {
             &[("vault", 1), ("other", 0)],
         ),
         route("v6", "pass", &["*.v6.test"], &[("v6", 1)]),
-        route("term", "term", &["vault.test"], &[("vault", 1)]),
+        route("term", "term", &["term.test"], &[("web", 1)]),
+        route("nocert", "nocert", &["vault.test"], &[("vault", 1)]),
     ];
     dir.write("gateway.yaml", &docs)?;
     let duet = DuetBuilder::new(DUET, dir.path()).start().await?;
     Ok(Setup {
         duet,
         upstream,
-        ports: (pass, term),
+        duet_cert,
+        ports: (port, nocert),
         _fleets: fleets,
         _dir: dir,
     })
@@ -142,10 +159,10 @@ async fn get(to: SocketAddr, sni: Option<&str>, host: &str) -> anyhow::Result<(V
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tlsroutes_relay_by_sni_unterminated_to_the_pod_of_the_client_family() -> anyhow::Result<()>
-{
+async fn tlsroutes_relay_by_sni_passed_through_or_terminated_to_the_pod_of_the_client_family(
+) -> anyhow::Result<()> {
     let mut s = setup().await?;
-    let (pass, term) = s.ports;
+    let (pass, nocert) = s.ports;
     for family in Family::BOTH {
         let to = SocketAddr::new(family.loopback(), pass);
         let (cert, reply) = client::eventually(
@@ -184,9 +201,21 @@ async fn tlsroutes_relay_by_sni_unterminated_to_the_pod_of_the_client_family() -
             assert!(got.is_err(), "{family} {sni:?}: relayed or served: {got:?}");
         }
 
-        // The Terminate listener is refused (UnsupportedValue): nothing listens on its port.
+        // The Terminate listener of the same port: duet's certificate, the decrypted stream
+        // relayed as it is to the plain pod of the client's family.
+        let (cert, reply) = get(to, Some("term.test"), "term.test").await?;
+        assert_eq!(
+            cert, s.duet_cert.der,
+            "{family}: the listener's certificate"
+        );
+        client::expect_status(&reply, 200)?;
+        let echo = reply.echo()?;
+        assert_eq!((echo.pod.as_str(), echo.family), ("web-0", family));
+        assert_eq!(echo.headers.get("X-Forwarded-For"), None, "{family}");
+
+        // A Terminate listener without certificate is not served: nothing listens on its port.
         let refused = get(
-            SocketAddr::new(family.loopback(), term),
+            SocketAddr::new(family.loopback(), nocert),
             Some("vault.test"),
             "vault.test",
         )

@@ -2,10 +2,10 @@
 //! [`GatewayTable`](crate::table::gateway::GatewayTable) names, one IPv4 and one IPv6 listening
 //! socket (`0.0.0.0:PORT`, `[::]:PORT`, bound by [`crate::listen::bind`]), served by
 //! [`crate::listen::serve`] with the connection marked with its port so the proxy routes it by that
-//! port's listeners. A passthrough port (TLS listeners, TLSRoutes) reads each ClientHello and
-//! relays the connection unterminated to the TLSRoute its SNI selects
-//! ([`crate::handshake::Handshakes::on_gateway_port`], [`crate::passthrough`]), bounded with the
-//! other relays by `--max-passthrough-connections`. Ports are bound when a snapshot names them and
+//! port's listeners. A port of TLS listeners (TLSRoutes) reads each ClientHello and relays the
+//! connection, unterminated or decrypted as the listener's mode says, to the TLSRoute its SNI
+//! selects ([`crate::handshake::Handshakes::on_gateway_port`], [`crate::passthrough`]), bounded
+//! with the other relays by `--max-passthrough-connections`. Ports are bound when a snapshot names them and
 //! closed (gracefully: open connections drain) when one no longer does, or when the port switches
 //! between HTTP, HTTPS and passthrough.
 //! A port that cannot be bound (taken by an Ingress listener or another process) is logged and
@@ -49,13 +49,13 @@ pub struct GatewayServing {
 enum Mode {
     Http,
     Https,
-    Passthrough,
+    TlsRoutes,
 }
 
 impl Mode {
     fn of(port: &GatewayPort) -> Mode {
-        match (port.passthrough, port.tls) {
-            (true, _) => Mode::Passthrough,
+        match (port.tls_routes, port.tls) {
+            (true, _) => Mode::TlsRoutes,
             (false, true) => Mode::Https,
             (false, false) => Mode::Http,
         }
@@ -131,9 +131,9 @@ fn reconcile(
 /// Binds a port on both families and starts serving it; `None` when no family could be bound.
 fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Option<BoundPort> {
     let (stop, stopped) = watch::channel(false);
-    let tls = (mode != Mode::Http).then(|| server_config(serving, port));
+    let tls = (mode != Mode::Http).then(|| server_config(serving, port, mode == Mode::Https));
     let handshakes = match (&tls, mode) {
-        (Some(config), Mode::Passthrough) => {
+        (Some(config), Mode::TlsRoutes) => {
             let h = Handshakes::new(serving.runtime.clone(), config.clone())
                 .on_gateway_port(port)
                 .sharing_relays(serving.relays.clone());
@@ -177,9 +177,10 @@ fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Option<BoundPor
     Some(BoundPort { mode, stop, tasks })
 }
 
-/// The TLS configuration of an HTTPS Gateway port: the certificate of the listener the SNI
-/// selects, from the live snapshot.
-fn server_config(serving: &GatewayServing, port: u16) -> Arc<rustls::ServerConfig> {
+/// The TLS configuration of an HTTPS Gateway port (`http`: offering h2 and http/1.1 by ALPN) or
+/// of a TLS one (no ALPN: the stream is relayed as it is): the certificate of the listener the
+/// SNI selects, from the live snapshot.
+fn server_config(serving: &GatewayServing, port: u16, http: bool) -> Arc<rustls::ServerConfig> {
     let resolver = PortCerts {
         runtime: serving.runtime.clone(),
         port,
@@ -190,7 +191,9 @@ fn server_config(serving: &GatewayServing, port: u16) -> Arc<rustls::ServerConfi
         .expect("ring supports TLS 1.2 and 1.3")
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if http {
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    }
     Arc::new(config)
 }
 

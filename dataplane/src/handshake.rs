@@ -79,7 +79,8 @@ impl ClientCertVerifier for RequestCertificate {
 pub enum Handshake {
     /// TLS terminated by duet.
     Tls(Box<TlsStream<TcpStream>>),
-    /// A passthrough host's connection, to relay unterminated.
+    /// A passthrough host's connection, to relay unterminated (or, on a Gateway TLS listener in
+    /// mode Terminate, decrypted).
     Passthrough(Relay),
     /// A passthrough host's connection past `--max-passthrough-connections`: closed.
     Refused,
@@ -102,6 +103,23 @@ pub struct Handshakes {
     /// A Gateway passthrough port: every connection is relayed by its SNI to the TLSRoute of
     /// that port's listeners, or closed; TLS is never terminated.
     gateway_port: Option<u16>,
+}
+
+/// Where a TLSRoute rule sends one connection: its backend, or a weighted alternative's.
+fn tls_route_target(action: &crate::table::RouteAction) -> Passthrough {
+    let backend = action
+        .choice
+        .as_deref()
+        .and_then(|c| {
+            let arm = crate::policy::canary::arm(c, &http::HeaderMap::new());
+            c.alternatives.get(arm.checked_sub(1)?)
+        })
+        .map_or(&action.backend, |a| &a.backend);
+    Passthrough {
+        backend: backend.clone(),
+        policy: action.policy,
+        origin: action.origin.clone(),
+    }
 }
 
 impl std::fmt::Debug for Handshakes {
@@ -177,9 +195,10 @@ impl Handshakes {
         Ok(Handshake::Tls(Box::new(start.into_stream(config).await?)))
     }
 
-    /// On a Gateway passthrough port: reads the ClientHello and relays the connection to a
-    /// backend of the TLSRoute its SNI selects (weighted backendRefs drawn per connection), or
-    /// closes it when none does.
+    /// On a Gateway TLS port: reads the ClientHello and relays the connection to a backend of
+    /// the TLSRoute its SNI selects (weighted backendRefs drawn per connection): unterminated on
+    /// a listener in mode Passthrough, decrypted on one in mode Terminate (the handshake with
+    /// the listener's certificate, from `base`'s resolver); closes it when no route takes it.
     async fn accept_gateway(&self, mut stream: TcpStream, port: u16) -> std::io::Result<Handshake> {
         let hello = crate::client_hello::read_client_hello(&mut stream, true).await?;
         let sni = hello
@@ -190,34 +209,30 @@ impl Handshakes {
         let (Some(bytes), Some(sni)) = (hello.bytes, sni) else {
             return Ok(Handshake::Unrouted);
         };
-        let live = self.runtime.load();
-        let action = live
-            .snapshot
-            .gateways
-            .port(port)
-            .filter(|p| p.passthrough)
-            .and_then(|p| p.passthrough_action(&sni));
-        let Some(action) = action else {
-            return Ok(Handshake::Unrouted);
+        let (to, terminate) = {
+            let live = self.runtime.load();
+            let port = live.snapshot.gateways.port(port).filter(|p| p.tls_routes);
+            let Some((listener, action)) = port.and_then(|p| p.tls_route(&sni)) else {
+                return Ok(Handshake::Unrouted);
+            };
+            (tls_route_target(action), listener.cert.is_some())
         };
-        let backend = action
-            .choice
-            .as_deref()
-            .and_then(|c| {
-                let arm = crate::policy::canary::arm(c, &http::HeaderMap::new());
-                c.alternatives.get(arm.checked_sub(1)?)
-            })
-            .map_or(&action.backend, |a| &a.backend);
-        let to = Passthrough {
-            backend: backend.clone(),
-            policy: action.policy,
-            origin: action.origin.clone(),
-        };
-        Ok(self.relay(stream, bytes, to))
+        if !terminate {
+            return Ok(self.relay(stream, bytes, to));
+        }
+        let start = tokio_rustls::StartHandshake::from_parts(hello.accepted, stream);
+        let tls = start.into_stream(self.base.clone()).await?;
+        let relay = Relay::terminated(tls, to, self.runtime.clone());
+        Ok(self.place(relay))
     }
 
     /// A passthrough host's connection to relay, or refused when every relay place is taken.
     fn relay(&self, stream: TcpStream, hello: Vec<u8>, to: Passthrough) -> Handshake {
+        self.place(Relay::new(stream, hello, to, self.runtime.clone()))
+    }
+
+    /// A relay holding a place, or refused when every relay place is taken.
+    fn place(&self, relay: Relay) -> Handshake {
         let place = match &self.relays {
             None => None,
             Some(relays) => match relays.clone().try_acquire_owned() {
@@ -225,7 +240,6 @@ impl Handshakes {
                 Err(_) => return Handshake::Refused,
             },
         };
-        let relay = Relay::new(stream, hello, to, self.runtime.clone());
         Handshake::Passthrough(relay.holding(place))
     }
 

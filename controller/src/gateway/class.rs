@@ -36,6 +36,8 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
     "TLSRoute",
+    "TLSRouteModeMixed",
+    "TLSRouteModeTerminate",
 ];
 
 /// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
@@ -104,7 +106,7 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 21, "{names:?}");
+        assert!(names.is_sorted() && names.len() == 23, "{names:?}");
         assert!(names.iter().any(|n| n == "TLSRoute"));
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");

@@ -273,7 +273,7 @@ impl RouteFilter {
             (!listeners.is_empty()).then(|| {
                 let kept = GatewayPort {
                     tls: p.tls,
-                    passthrough: p.passthrough,
+                    tls_routes: p.tls_routes,
                     listeners,
                 };
                 (*port, Arc::new(kept))

@@ -1,9 +1,9 @@
 //! What duet makes of a Gateway's listeners and of the Gateway as a whole: pure functions over
 //! the spec, so the status a user sees is decided in one place and tested without a cluster.
 //!
-//! Supported protocols: `HTTP` and `HTTPS` (TLS terminated by duet), and `TLS` with
-//! `tls.mode: Passthrough` (connections relayed by SNI, unterminated; `Terminate` is
-//! `Accepted=False` with reason `UnsupportedValue`); anything else (`TCP`, `UDP`, or a name duet
+//! Supported protocols: `HTTP` and `HTTPS` (TLS terminated by duet), and `TLS` (TLSRoutes, by
+//! SNI: `tls.mode: Passthrough` relays connections unterminated, `Terminate`, the default,
+//! terminates TLS with the listener's certificates and relays the decrypted stream); anything else (`TCP`, `UDP`, or a name duet
 //! does not know) is `Accepted=False` with reason `UnsupportedProtocol` and no `supportedKinds`.
 //! Route kinds of `gateway.networking.k8s.io`: `HTTPRoute` and `GRPCRoute` on HTTP and HTTPS
 //! listeners, `TLSRoute` on TLS listeners; a listener naming another kind in
@@ -32,6 +32,12 @@ fn kinds_of(protocol: &str) -> &'static [&'static str] {
     } else {
         &ROUTE_KINDS
     }
+}
+
+/// Whether duet terminates TLS on a listener with its `certificateRefs`: `HTTPS`, and `TLS` in
+/// mode `Terminate` (the default).
+pub fn terminates(listener: &GatewayListeners) -> bool {
+    listener.protocol == "HTTPS" || (listener.protocol == "TLS" && !is_passthrough(listener))
 }
 
 /// Whether a listener relays TLS unterminated (protocol `TLS`, mode `Passthrough`).
@@ -95,17 +101,23 @@ fn route_kinds(listener: &GatewayListeners) -> (Vec<&'static str>, bool) {
     (kinds, invalid)
 }
 
-/// What is wrong with an HTTPS listener's TLS settings, if anything.
+/// What is wrong with the TLS settings of a listener terminating TLS, if anything.
 fn tls_problem(listener: &GatewayListeners) -> Option<String> {
     let Some(tls) = &listener.tls else {
-        return Some("an HTTPS listener needs tls.certificateRefs".to_owned());
+        return Some(format!(
+            "a {} listener needs tls.certificateRefs",
+            listener.protocol
+        ));
     };
-    if tls.mode == Some(GatewayListenersTlsMode::Passthrough) {
+    if listener.protocol == "HTTPS" && tls.mode == Some(GatewayListenersTlsMode::Passthrough) {
         return Some("tls.mode Passthrough is not supported on HTTPS listeners".to_owned());
     }
     let refs = tls.certificate_refs.as_deref().unwrap_or_default();
     if refs.is_empty() {
-        return Some("an HTTPS listener needs tls.certificateRefs".to_owned());
+        return Some(format!(
+            "a {} listener needs tls.certificateRefs",
+            listener.protocol
+        ));
     }
     refs.iter().find_map(|r| {
         let group = r.group.as_deref().unwrap_or("");
@@ -131,19 +143,12 @@ pub fn check(spec: &GatewaySpec) -> Vec<Verdict> {
 
 fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
     let supported = supported_protocol(&l.protocol);
-    let terminate = l.protocol == "TLS" && !is_passthrough(l);
-    let (kinds, invalid_kinds) = if supported && !terminate {
+    let (kinds, invalid_kinds) = if supported {
         route_kinds(l)
     } else {
         (Vec::new(), false)
     };
-    let accepted = if terminate {
-        Cond::no(
-            "Accepted",
-            "UnsupportedValue",
-            "a TLS listener must have tls.mode Passthrough: duet does not terminate TLSRoutes",
-        )
-    } else if supported {
+    let accepted = if supported {
         Cond::yes("Accepted", "Accepted", "")
     } else {
         Cond::no(
@@ -155,7 +160,7 @@ fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
             ),
         )
     };
-    let tls = (l.protocol == "HTTPS").then(|| tls_problem(l)).flatten();
+    let tls = terminates(l).then(|| tls_problem(l)).flatten();
     let resolved = if invalid_kinds {
         Cond::no(
             "ResolvedRefs",
@@ -303,7 +308,7 @@ listeners:
     }
 
     #[test]
-    fn tls_listeners_take_tlsroutes_in_passthrough_mode_only() {
+    fn tls_listeners_take_tlsroutes_and_terminating_ones_need_certificates() {
         let s = spec(
             r#"
 gatewayClassName: duet
@@ -319,14 +324,11 @@ listeners:
         let v = check(&s);
         assert_eq!(v[0].kinds, TLS_ROUTE_KINDS);
         assert!(v[0].accepted.status, "{:?}", v[0]);
-        for term in &v[1..3] {
-            assert_eq!(
-                (term.accepted.status, term.accepted.reason),
-                (false, "UnsupportedValue"),
-                "{term:?}"
-            );
-            assert!(term.kinds.is_empty(), "{term:?}");
-        }
+        // Terminate (named or by default) with certificates; without, InvalidCertificateRef.
+        assert!(v[1].valid(), "{:?}", v[1]);
+        assert_eq!(v[1].kinds, TLS_ROUTE_KINDS);
+        assert!(v[2].accepted.status);
+        assert_eq!(v[2].resolved.reason, "InvalidCertificateRef");
         assert_eq!(v[3].kinds, ["TLSRoute"]);
         assert_eq!(v[3].resolved.reason, "InvalidRouteKinds");
         // An HTTP listener does not take TLSRoutes.

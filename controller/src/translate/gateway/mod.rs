@@ -16,8 +16,9 @@
 //!   and timeouts are not applied here either.
 //! - backendRefs ([`backends`]): Services, weighted, cross-namespace with a ReferenceGrant;
 //!   one that does not resolve sends its share of requests to 500.
-//! - TLSRoutes: on TLS listeners in mode Passthrough (a passthrough [`GatewayPort`]), each rule
-//!   one `PathPrefix /` entry per intersected hostname, which the dataplane looks up by SNI.
+//! - TLSRoutes: on TLS listeners (a [`GatewayPort`] of `tls_routes`), each rule one
+//!   `PathPrefix /` entry per intersected hostname, which the dataplane looks up by SNI; a
+//!   listener in mode Terminate carries its certificate, one in mode Passthrough none.
 
 mod attach;
 mod backends;
@@ -170,7 +171,7 @@ impl<'a> GatewayProcessor<'a> {
             .iter()
             .zip(&verdicts)
             .map(|(l, v)| {
-                let cert = if l.protocol == "HTTPS" {
+                let cert = if listeners::terminates(l) {
                     certificate(t, l, &key.namespace, grants)
                 } else {
                     Ok(None)
@@ -186,7 +187,7 @@ impl<'a> GatewayProcessor<'a> {
                     pod_port,
                     hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
                     tls: l.protocol == "HTTPS",
-                    passthrough: listeners::is_passthrough(l),
+                    tls_routes: l.protocol == "TLS",
                     kinds: v.kinds.clone(),
                     from: attach::from_namespaces(
                         namespaces.and_then(|n| n.from.as_ref()),
@@ -385,7 +386,7 @@ fn table(
             let routes = listener_routes(entries.remove(&(gi, li)).unwrap_or_default());
             let port = ports.entry(pod_port).or_default();
             port.tls |= l.tls;
-            port.passthrough |= l.passthrough;
+            port.tls_routes |= l.tls_routes;
             port.listeners.push(GatewayListener {
                 name: format!("{}/{}", g.key, l.name).into(),
                 hostname: l.hostname.as_deref().map(Into::into),
@@ -703,8 +704,8 @@ mod tests {
         let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
         assert_eq!((attached("tls"), attached("http")), (3, 0));
         let port = plan.gateways.port(443).unwrap();
-        assert!(port.passthrough && !port.tls);
-        let backend = |sni: &str| port.passthrough_action(sni).map(|a| a.backend.to_string());
+        assert!(port.tls_routes && !port.tls);
+        let backend = |sni: &str| port.tls_route(sni).map(|(_, a)| a.backend.to_string());
         assert!(
             backend("ABC.example.com").is_some_and(|b| b.contains("gw/web")),
             "{:?}",
@@ -712,7 +713,7 @@ mod tests {
         );
         assert_eq!(backend("abc.example.org"), None);
         assert_eq!(backend("zzz.example.com"), None);
-        assert!(!plan.gateways.port(80).unwrap().passthrough);
+        assert!(!plan.gateways.port(80).unwrap().tls_routes);
     }
 
     #[test]
