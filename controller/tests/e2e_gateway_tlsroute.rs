@@ -3,7 +3,7 @@
 //! relayed unterminated, by its server name (SNI), to the TLSRoute whose hostnames take it (an
 //! exact name, a wildcard): the client sees the upstream's certificate and completes a request
 //! with it, nothing added by duet; the pod is reached over the client's family (the other family
-//! when the pod has only that one). On a listener in mode `Terminate` sharing the port, duet
+//! when the pod has only that one), or as the route's family policy annotation says. On a listener in mode `Terminate` sharing the port, duet
 //! completes the handshake with the listener's certificate and relays the decrypted stream to a
 //! plain pod of the client's family. An unknown server name and a ClientHello without one get no
 //! relay; a Terminate listener without certificate serves nothing.
@@ -74,6 +74,12 @@ fn route(name: &str, section: &str, hostnames: &[&str], backends: &[(&str, u32)]
     })
 }
 
+/// `route` with the family policy annotation.
+fn with_policy(mut route: Value, policy: &str) -> Value {
+    route["metadata"]["annotations"] = json!({"duet.dev/upstream-family": policy});
+    route
+}
+
 struct Setup {
     duet: Duet,
     upstream: TestCert,
@@ -131,6 +137,14 @@ async fn setup() -> anyhow::Result<Setup> {
             &[("vault", 1), ("other", 0)],
         ),
         route("v6", "pass", &["*.v6.test"], &[("v6", 1)]),
+        with_policy(
+            route("strict", "pass", &["only.v6.test"], &[("v6", 1)]),
+            "RequireSameFamily",
+        ),
+        with_policy(
+            route("pref6", "pass", &["pref.v6.test"], &[("vault", 1)]),
+            "PreferIPv6",
+        ),
         route("term", "term", &["term.test"], &[("web", 1)]),
         route("nocert", "nocert", &["vault.test"], &[("vault", 1)]),
     ];
@@ -194,6 +208,21 @@ async fn tlsroutes_relay_by_sni_passed_through_or_terminated_to_the_pod_of_the_c
         client::expect_status(&reply, 200)?;
         let echo = reply.echo()?;
         assert_eq!((echo.pod.as_str(), echo.family), ("v6-0", Family::V6));
+
+        // The route's family policy: RequireSameFamily leaves IPv4 clients of an IPv6-only pod
+        // without a target (closed); PreferIPv6 takes a dual-stack pod's IPv6 address for both.
+        let strict = get(to, Some("only.v6.test"), "only.v6.test").await;
+        match family {
+            Family::V4 => assert!(
+                strict.is_err(),
+                "v4 client relayed: {:?}",
+                strict.map(|r| r.1.body)
+            ),
+            Family::V6 => assert_eq!(strict?.1.echo()?.pod, "v6-0"),
+        }
+        let (_, reply) = get(to, Some("pref.v6.test"), "pref.v6.test").await?;
+        let echo = reply.echo()?;
+        assert_eq!((echo.pod.as_str(), echo.family), ("vault-0", Family::V6));
 
         // No route for the server name, or none sent: closed, never terminated by duet.
         for sni in [Some("unknown.test"), Some("v6.test"), None] {
