@@ -17,7 +17,10 @@ pub use crate::gateway_api::is_ours;
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRoute",
     "Gateway",
+    "GatewayAddressEmpty",
+    "GatewayInfrastructure",
     "GatewayPort8080",
+    "GatewayStaticAddresses",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
@@ -106,7 +109,8 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 23, "{names:?}");
+        assert!(names.is_sorted(), "{names:?}");
+        assert_eq!(names.len(), SUPPORTED_FEATURES.len(), "{names:?}");
         assert!(names.iter().any(|n| n == "TLSRoute"));
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
