@@ -61,7 +61,6 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRequestTimeout,
 	features.SupportHTTPRouteResponseHeaderModification,
 	features.SupportHTTPRouteSchemeRedirect,
-	features.SupportTLSRouteModeMixed,
 	features.SupportTLSRouteModeTerminate,
 }
 

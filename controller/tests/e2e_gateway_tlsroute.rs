@@ -3,9 +3,9 @@
 //! relayed unterminated, by its server name (SNI), to the TLSRoute whose hostnames take it (an
 //! exact name, a wildcard): the client sees the upstream's certificate and completes a request
 //! with it, nothing added by duet; the pod is reached over the client's family (the other family
-//! when the pod has only that one), or as the route's family policy annotation says. On a listener in mode `Terminate` sharing the port, duet
-//! completes the handshake with the listener's certificate and relays the decrypted stream to a
-//! plain pod of the client's family. An unknown server name and a ClientHello without one get no
+//! when the pod has only that one), or as the route's family policy annotation says. On a
+//! listener in mode `Terminate`, duet completes the handshake with the listener's certificate and
+//! relays the decrypted stream to a plain pod of the client's family. An unknown server name and a ClientHello without one get no
 //! relay; a Terminate listener without certificate serves nothing.
 
 use std::net::SocketAddr;
@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const NS: &str = "e2e";
 
-/// A port free on both 0.0.0.0 and [::] (the Gateway listener binds both).
+/// A port free on both 0.0.0.0 and [::] (a Gateway listener binds both).
 fn free_port() -> anyhow::Result<u16> {
     for _ in 0..20 {
         let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
@@ -31,6 +31,17 @@ fn free_port() -> anyhow::Result<u16> {
         }
     }
     anyhow::bail!("no port free on both families")
+}
+
+/// `N` distinct free ports (a port just released may be picked again).
+fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+    let mut ports = [0u16; N];
+    for i in 0..N {
+        ports[i] = (0..20)
+            .find_map(|_| free_port().ok().filter(|p| !ports[..i].contains(p)))
+            .ok_or_else(|| anyhow::anyhow!("no distinct free port"))?;
+    }
+    Ok(ports)
 }
 
 /// A TLS listener: `(name, port, mode, hostname, certificate Secret)`.
@@ -84,16 +95,15 @@ struct Setup {
     duet: Duet,
     upstream: TestCert,
     duet_cert: TestCert,
-    /// The port of the passthrough and terminate listeners, the certificate-less listener's.
-    ports: (u16, u16),
+    /// The ports of the passthrough listener, the terminate listener, the certificate-less one.
+    ports: (u16, u16, u16),
     _fleets: Vec<Fleet>,
     _dir: ManifestDir,
 }
 
 /// TLS pods: `vault` (dual stack), `v6` (IPv6 only), `other` (dual stack, weight 0 next to
 /// `vault`), and a plain pod `web`; TLSRoutes `vault.test` and `*.v6.test` on a passthrough
-/// listener without hostname, `term.test` on a terminate listener of `term.test` on the same
-/// port (to `web`), and a route on a terminate listener without certificate.
+/// listener without hostname, `term.test` on a terminate listener of `term.test` (to `web`), and a route on a terminate listener without certificate.
 async fn setup() -> anyhow::Result<Setup> {
     let upstream = tls::cert(&["vault.test", "*.v6.test"]);
     let duet_cert = tls::cert(&["term.test"]);
@@ -112,7 +122,7 @@ async fn setup() -> anyhow::Result<Setup> {
         dir.write(&format!("svc-{}.yaml", fleet.service()), &fleet.manifests())?;
     }
     dir.write("secret.yaml", &[tls::secret(NS, "term-cert", &duet_cert)])?;
-    let (port, nocert) = (free_port()?, free_port()?);
+    let [port, term, nocert] = free_ports::<3>()?;
     let docs = vec![
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
@@ -123,7 +133,7 @@ async fn setup() -> anyhow::Result<Setup> {
             ("pass", port, "Passthrough", None, None),
             (
                 "term",
-                port,
+                term,
                 "Terminate",
                 Some("term.test"),
                 Some("term-cert"),
@@ -154,7 +164,7 @@ async fn setup() -> anyhow::Result<Setup> {
         duet,
         upstream,
         duet_cert,
-        ports: (port, nocert),
+        ports: (port, term, nocert),
         _fleets: fleets,
         _dir: dir,
     })
@@ -176,7 +186,7 @@ async fn get(to: SocketAddr, sni: Option<&str>, host: &str) -> anyhow::Result<(V
 async fn tlsroutes_relay_by_sni_passed_through_or_terminated_to_the_pod_of_the_client_family(
 ) -> anyhow::Result<()> {
     let mut s = setup().await?;
-    let (pass, nocert) = s.ports;
+    let (pass, term, nocert) = s.ports;
     for family in Family::BOTH {
         let to = SocketAddr::new(family.loopback(), pass);
         let (cert, reply) = client::eventually(
@@ -230,9 +240,10 @@ async fn tlsroutes_relay_by_sni_passed_through_or_terminated_to_the_pod_of_the_c
             assert!(got.is_err(), "{family} {sni:?}: relayed or served: {got:?}");
         }
 
-        // The Terminate listener of the same port: duet's certificate, the decrypted stream
-        // relayed as it is to the plain pod of the client's family.
-        let (cert, reply) = get(to, Some("term.test"), "term.test").await?;
+        // The Terminate listener: duet's certificate, the decrypted stream relayed as it is to
+        // the plain pod of the client's family.
+        let at_term = SocketAddr::new(family.loopback(), term);
+        let (cert, reply) = get(at_term, Some("term.test"), "term.test").await?;
         assert_eq!(
             cert, s.duet_cert.der,
             "{family}: the listener's certificate"

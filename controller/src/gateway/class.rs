@@ -39,7 +39,6 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
     "TLSRoute",
-    "TLSRouteModeMixed",
     "TLSRouteModeTerminate",
 ];
 

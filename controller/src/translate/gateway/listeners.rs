@@ -10,6 +10,8 @@
 //! `allowedRoutes.kinds` has `ResolvedRefs=False`, reason `InvalidRouteKinds`, and lists only the
 //! kinds it supports.
 //! Listeners on one port with different protocols are `Conflicted=True` (`ProtocolConflict`);
+//! TLS listeners of both modes on one port are also `Accepted=False` (`ProtocolConflict`), with
+//! no `supportedKinds`;
 //! with the same protocol and hostname, `Conflicted=True` (`HostnameConflict`). An HTTPS listener
 //! must name certificates (`certificateRefs`) of kind `Secret` in the core group.
 
@@ -141,14 +143,26 @@ pub fn check(spec: &GatewaySpec) -> Vec<Verdict> {
         .collect()
 }
 
-fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
+/// A listener's conflict with others of its port.
+#[derive(Clone, Debug)]
+struct Conflict {
+    /// `Conflicted=True` with its reason.
+    cond: Cond,
+    /// The listener is refused outright (`Accepted=False`): TLS modes mixed on one port.
+    refuses: bool,
+}
+
+fn verdict(l: &GatewayListeners, conflict: Option<Conflict>) -> Verdict {
     let supported = supported_protocol(&l.protocol);
-    let (kinds, invalid_kinds) = if supported {
+    let refused = conflict.as_ref().filter(|c| c.refuses);
+    let (kinds, invalid_kinds) = if supported && refused.is_none() {
         route_kinds(l)
     } else {
         (Vec::new(), false)
     };
-    let accepted = if supported {
+    let accepted = if let Some(c) = refused {
+        Cond::no("Accepted", "ProtocolConflict", c.cond.message.clone())
+    } else if supported {
         Cond::yes("Accepted", "Accepted", "")
     } else {
         Cond::no(
@@ -180,14 +194,14 @@ fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
         port: l.port,
         kinds,
         accepted,
-        conflicted: conflict.unwrap_or_else(|| Cond::no("Conflicted", "NoConflicts", "")),
+        conflicted: conflict.map_or_else(|| Cond::no("Conflicted", "NoConflicts", ""), |c| c.cond),
         resolved,
     }
 }
 
-/// Per listener, its conflict if any: different protocols on one port, or the same protocol
-/// and hostname twice on one port.
-fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Cond>> {
+/// Per listener, its conflict if any: different protocols (or TLS modes) on one port, or the
+/// same protocol and hostname twice on one port.
+fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Conflict>> {
     let mut by_port: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, l) in listeners.iter().enumerate() {
         by_port.entry(l.port).or_default().push(i);
@@ -195,13 +209,23 @@ fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Cond>> {
     let mut out = vec![None; listeners.len()];
     for (port, members) in by_port {
         let first = &listeners[members[0]].protocol;
-        if members.iter().any(|&i| listeners[i].protocol != *first) {
+        let first_mode = is_passthrough(&listeners[members[0]]);
+        let conflict = if members.iter().any(|&i| listeners[i].protocol != *first) {
+            let message = format!("listeners on port {port} ask for different protocols");
+            Some((message, false))
+        } else if members
+            .iter()
+            .any(|&i| is_passthrough(&listeners[i]) != first_mode)
+        {
+            let message = format!("TLS listeners on port {port} mix tls.mode Terminate and Passthrough, which duet does not serve on one port");
+            Some((message, true))
+        } else {
+            None
+        };
+        if let Some((message, refuses)) = conflict {
             for &i in &members {
-                out[i] = Some(Cond::yes(
-                    "Conflicted",
-                    "ProtocolConflict",
-                    format!("listeners on port {port} ask for different protocols"),
-                ));
+                let cond = Cond::yes("Conflicted", "ProtocolConflict", message.clone());
+                out[i] = Some(Conflict { cond, refuses });
             }
             continue;
         }
@@ -213,11 +237,15 @@ fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Cond>> {
                 .count()
                 > 1;
             if twice {
-                out[i] = Some(Cond::yes(
+                let cond = Cond::yes(
                     "Conflicted",
                     "HostnameConflict",
                     format!("another listener on port {port} has hostname {host:?}"),
-                ));
+                );
+                out[i] = Some(Conflict {
+                    cond,
+                    refuses: false,
+                });
             }
         }
     }
@@ -359,6 +387,26 @@ listeners:
         // TLS and HTTPS on one port conflict.
         assert_eq!(v[0].conflicted.reason, "ProtocolConflict");
         assert_eq!(v[5].conflicted.reason, "ProtocolConflict");
+        // TLS listeners of both modes on one port are refused, without kinds.
+        let mixed = spec(
+            r#"
+gatewayClassName: duet
+listeners:
+  - {name: term, port: 8883, protocol: TLS, hostname: a.test, tls: {mode: Terminate, certificateRefs: [{name: c}]}}
+  - {name: pass, port: 8883, protocol: TLS, hostname: b.test, tls: {mode: Passthrough}}
+  - {name: other, port: 8884, protocol: TLS, tls: {mode: Passthrough}}
+"#,
+        );
+        let v = check(&mixed);
+        for l in &v[..2] {
+            assert_eq!(
+                (l.accepted.status, l.accepted.reason, l.conflicted.reason),
+                (false, "ProtocolConflict", "ProtocolConflict"),
+                "{l:?}"
+            );
+            assert!(l.kinds.is_empty(), "{l:?}");
+        }
+        assert!(v[2].valid(), "{:?}", v[2]);
     }
 
     #[test]
