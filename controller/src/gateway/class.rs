@@ -16,8 +16,11 @@ pub use crate::gateway_api::is_ours;
 /// The conformance features duet passes (see the module documentation).
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRoute",
+    "GRPCRouteNamedRouteRule",
     "Gateway",
     "GatewayAddressEmpty",
+    "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayInfrastructure",
     "GatewayPort8080",
     "GatewayStaticAddresses",
@@ -27,9 +30,14 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRoute308RedirectStatusCode",
     "HTTPRouteBackendProtocolH2C",
     "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendRequestHeaderModification",
     "HTTPRouteBackendTimeout",
+    "HTTPRouteCORS",
+    "HTTPRouteDestinationPortMatching",
     "HTTPRouteHostRewrite",
     "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
     "HTTPRoutePathRedirect",
     "HTTPRoutePathRewrite",
     "HTTPRoutePortRedirect",
@@ -112,6 +120,7 @@ mod tests {
         assert_eq!(names.len(), SUPPORTED_FEATURES.len(), "{names:?}");
         assert!(names.iter().any(|n| n == "TLSRoute"));
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
+        assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(

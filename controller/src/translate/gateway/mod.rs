@@ -287,13 +287,14 @@ impl<'a> GatewayProcessor<'a> {
                 let name = g.listeners[a.listener].name.clone();
                 *report.attached.entry((g.key.clone(), name)).or_default() += 1;
             }
+            let port = gateways[gi].listeners[a.listener].port;
             let by_host = entries.entry((gi, a.listener)).or_default();
             for host in &a.hostnames {
                 let list = by_host.entry(host.clone()).or_default();
                 list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
                     (
                         (*rank, view.created, view.key.clone(), *ri, *mi),
-                        rule.clone(),
+                        at_listener_port(rule, port),
                     )
                 }));
             }
@@ -308,12 +309,35 @@ impl<'a> GatewayProcessor<'a> {
             .collect();
         let route_report = RouteReport {
             generation: view.generation,
+            uid: view.uid.clone(),
             parents,
         };
         report
             .routes
             .insert((view.kind, view.key.clone()), route_report);
     }
+}
+
+/// A rule as served on a listener of port `port`: a `RequestRedirect` without port and scheme
+/// redirects to the listener's port (the spec's rule), not to the one in the client's `Host`.
+fn at_listener_port(rule: &GatewayRule, port: i32) -> GatewayRule {
+    let mut rule = rule.clone();
+    let filters = rule.action.filters.as_deref();
+    let Some(redirect) = filters.and_then(|f| f.redirect.as_ref()) else {
+        return rule;
+    };
+    let listener_port = u16::try_from(port).ok();
+    if redirect.port.is_none()
+        && redirect.scheme.is_none()
+        && redirect.listener_port != listener_port
+    {
+        let mut filters = filters.cloned().unwrap_or_default();
+        if let Some(r) = filters.redirect.as_mut() {
+            r.listener_port = listener_port;
+        }
+        rule.action.filters = Some(Arc::new(filters));
+    }
+    rule
 }
 
 /// The route's family policy: `duet.dev/upstream-family`, else `--upstream-family`.
@@ -518,6 +542,26 @@ mod tests {
                 &[],
                 web.clone(),
             ),
+            // Listener `a` is on port 80: a sectionName and a port that disagree select nothing.
+            route(
+                "gw",
+                "section-not-port",
+                json!({"name": "g", "sectionName": "a", "port": 81}),
+                &[],
+                web.clone(),
+            ),
+            // The port alone selects listener `all` (81); its rule has a name.
+            {
+                let mut r = route(
+                    "gw",
+                    "by-port",
+                    json!({"name": "g", "port": 81}),
+                    &[],
+                    web.clone(),
+                );
+                r.spec.rules.as_mut().unwrap()[0].name = Some("named".into());
+                r
+            },
             route(
                 "other",
                 "same-only",
@@ -602,6 +646,11 @@ mod tests {
         assert_eq!(r("ok", "gw"), s("Accepted", "ResolvedRefs"));
         assert_eq!(r("no-section", "gw"), s("NoMatchingParent", "ResolvedRefs"));
         assert_eq!(r("no-port", "gw"), s("NoMatchingParent", "ResolvedRefs"));
+        assert_eq!(
+            r("section-not-port", "gw"),
+            s("NoMatchingParent", "ResolvedRefs")
+        );
+        assert_eq!(r("by-port", "gw"), s("Accepted", "ResolvedRefs"));
         // `web` without a namespace is `other/web`, which does not exist.
         assert_eq!(
             r("same-only", "other"),
@@ -624,7 +673,11 @@ mod tests {
             .routes
             .contains_key(&(Kind::HttpRoute, NsName::new("gw", "theirs"))));
         let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
-        assert_eq!((attached("a"), attached("all"), attached("sel")), (1, 3, 1));
+        assert_eq!((attached("a"), attached("all"), attached("sel")), (1, 4, 1));
+        // A rule's name comes along to /debug/routes.
+        let on_81 = &plan.gateways.ports[&81].listeners[0].routes;
+        let names: Vec<Option<&str>> = on_81.rules().map(|r| r.name.as_deref()).collect();
+        assert!(names.contains(&Some("named")), "{names:?}");
         // Served on the listener ports themselves (manifests mode), each port its listener.
         assert_eq!(
             plan.gateways.ports.keys().copied().collect::<Vec<_>>(),

@@ -2,6 +2,7 @@
 //! and the route table need of either kind.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use dataplane::filters::BackendFilters;
 
@@ -59,6 +60,8 @@ pub struct RuleView {
     pub routing: Result<RuleRouting, RuleRefusal>,
     /// Its backendRefs.
     pub backends: Vec<BackendRef>,
+    /// Its `name`, if any.
+    pub name: Option<Arc<str>>,
 }
 
 /// An HTTPRoute, a GRPCRoute or a TLSRoute.
@@ -72,6 +75,8 @@ pub struct RouteView {
     pub created: i64,
     /// `metadata.generation`.
     pub generation: Option<i64>,
+    /// `metadata.uid`: a route deleted and made again under its name is another route.
+    pub uid: Option<String>,
     /// The annotations (the family policy's).
     pub annotations: BTreeMap<String, String>,
     /// `spec.hostnames`, lower case.
@@ -186,6 +191,7 @@ fn route_view(
             .as_ref()
             .map_or(0, |t| t.0.as_second()),
         generation: meta.generation,
+        uid: meta.uid.clone(),
         annotations: meta.annotations.clone().unwrap_or_default(),
         hostnames: hostnames(written_hostnames),
         parents,
@@ -223,7 +229,11 @@ fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
         }
         backends.push(view);
     }
-    RuleView { routing, backends }
+    RuleView {
+        routing,
+        backends,
+        name: rule.name.as_deref().map(Arc::from),
+    }
 }
 
 /// A GRPCRoute's view: a method match is a path match on `/SERVICE/METHOD`.
@@ -249,6 +259,7 @@ fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
     RuleView {
         routing: gateway_rule::grpc_rule(rule),
         backends: backends.map(|b| backend_of!(ns, b)).collect(),
+        name: rule.name.as_deref().map(Arc::from),
     }
 }
 
