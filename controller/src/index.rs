@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
 use crate::compact::Slice;
-use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TlsRoute};
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
 use crate::stored::StoredService;
@@ -48,6 +48,8 @@ pub enum Object {
     HttpRoute(Arc<HttpRoute>),
     /// A GRPCRoute.
     GrpcRoute(Arc<GrpcRoute>),
+    /// A TLSRoute.
+    TlsRoute(Arc<TlsRoute>),
     /// A ReferenceGrant.
     ReferenceGrant(Arc<ReferenceGrant>),
 }
@@ -103,6 +105,7 @@ stored!(
     Gateway => Gateway, gateways, gateway_impact;
     HttpRoute => HttpRoute, http_routes, gateway_impact;
     GrpcRoute => GrpcRoute, grpc_routes, gateway_impact;
+    TlsRoute => TlsRoute, tls_routes, gateway_impact;
     ReferenceGrant => ReferenceGrant, reference_grants, gateway_impact;
 );
 
@@ -127,6 +130,7 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
         Kind::Gateway => work.run::<Gateway>(),
         Kind::HttpRoute => work.run::<HttpRoute>(),
         Kind::GrpcRoute => work.run::<GrpcRoute>(),
+        Kind::TlsRoute => work.run::<TlsRoute>(),
         Kind::ReferenceGrant => work.run::<ReferenceGrant>(),
     }
 }
@@ -148,6 +152,7 @@ impl Object {
             Object::Gateway(o) => of(&**o),
             Object::HttpRoute(o) => of(&**o),
             Object::GrpcRoute(o) => of(&**o),
+            Object::TlsRoute(o) => of(&**o),
             Object::ReferenceGrant(o) => of(&**o),
         }
     }
@@ -211,6 +216,7 @@ impl Object {
             Object::Gateway(o) => index.put(key, o, file),
             Object::HttpRoute(o) => index.put(key, o, file),
             Object::GrpcRoute(o) => index.put(key, o, file),
+            Object::TlsRoute(o) => index.put(key, o, file),
             Object::ReferenceGrant(o) => index.put(key, o, file),
         }
     }
@@ -323,6 +329,8 @@ pub struct Index {
     pub http_routes: Store<HttpRoute>,
     /// GRPCRoutes.
     pub grpc_routes: Store<GrpcRoute>,
+    /// TLSRoutes.
+    pub tls_routes: Store<TlsRoute>,
     /// ReferenceGrants.
     pub reference_grants: Store<ReferenceGrant>,
 }
@@ -544,6 +552,7 @@ impl Index {
             gateways: self.objects(),
             http_routes: self.objects(),
             grpc_routes: self.objects(),
+            tls_routes: self.objects(),
             grants: self.objects(),
         }
     }
@@ -610,7 +619,14 @@ macro_rules! gateway_api_object {
     )*};
 }
 
-gateway_api_object!(GatewayClass, Gateway, HttpRoute, GrpcRoute, ReferenceGrant);
+gateway_api_object!(
+    GatewayClass,
+    Gateway,
+    HttpRoute,
+    GrpcRoute,
+    TlsRoute,
+    ReferenceGrant
+);
 
 /// What of an Ingress translation reads: its spec, annotations and creation time; not its
 /// status or resourceVersion, so that a status write does not rebuild routes.

@@ -35,6 +35,8 @@ pub enum Kind {
     HttpRoute,
     /// `gateway.networking.k8s.io/v1` GRPCRoute.
     GrpcRoute,
+    /// `gateway.networking.k8s.io/v1` TLSRoute.
+    TlsRoute,
     /// `gateway.networking.k8s.io/v1` ReferenceGrant.
     ReferenceGrant,
 }
@@ -53,6 +55,7 @@ impl Kind {
             Kind::Gateway => "Gateway",
             Kind::HttpRoute => "HTTPRoute",
             Kind::GrpcRoute => "GRPCRoute",
+            Kind::TlsRoute => "TLSRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
         }
     }
@@ -67,6 +70,7 @@ impl Kind {
             | Kind::Gateway
             | Kind::HttpRoute
             | Kind::GrpcRoute
+            | Kind::TlsRoute
             | Kind::ReferenceGrant => "gateway.networking.k8s.io/v1",
         }
     }
@@ -92,6 +96,7 @@ impl Kind {
             Kind::Gateway,
             Kind::HttpRoute,
             Kind::GrpcRoute,
+            Kind::TlsRoute,
             Kind::ReferenceGrant,
         ]
         .into_iter()

@@ -1,5 +1,5 @@
 //! The Gateway API processor: our Gateways (their class names `--gateway-controller-name`),
-//! the HTTPRoutes and GRPCRoutes attached to them and the ReferenceGrants they rely on, into the
+//! the HTTPRoutes, GRPCRoutes and TLSRoutes attached to them and the ReferenceGrants they rely on, into the
 //! [`Translation`]: a [`GatewayTable`] of listeners per pod port, the backends it uses, and a
 //! [`GatewayReport`] that the status writers publish, so what is served and what status says
 //! come from the same pure functions.
@@ -16,6 +16,9 @@
 //!   and timeouts are not applied here either.
 //! - backendRefs ([`backends`]): Services, weighted, cross-namespace with a ReferenceGrant;
 //!   one that does not resolve sends its share of requests to 500.
+//! - TLSRoutes: on TLS listeners (a [`GatewayPort`] of `tls_routes`), each rule one
+//!   `PathPrefix /` entry per intersected hostname, which the dataplane looks up by SNI; a
+//!   listener in mode Terminate carries its certificate, one in mode Passthrough none.
 
 mod attach;
 mod backends;
@@ -40,7 +43,7 @@ use crate::gateway_api::conditions::Cond;
 use crate::gateway_api::gateways::GatewayListeners;
 use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway_api::{is_ours, names};
-use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TlsRoute};
 use crate::object::{Kind, NsName, ObjectKey};
 
 pub use attach::intersect;
@@ -58,6 +61,8 @@ pub struct GatewayInputs<'a> {
     pub http_routes: Vec<&'a HttpRoute>,
     /// Every GRPCRoute.
     pub grpc_routes: Vec<&'a GrpcRoute>,
+    /// Every TLSRoute.
+    pub tls_routes: Vec<&'a TlsRoute>,
     /// Every ReferenceGrant.
     pub grants: Vec<&'a ReferenceGrant>,
 }
@@ -104,6 +109,7 @@ impl<'a> GatewayProcessor<'a> {
             .iter()
             .map(|r| routes::http(r))
             .chain(self.inputs.grpc_routes.iter().map(|r| routes::grpc(r)))
+            .chain(self.inputs.tls_routes.iter().map(|r| routes::tls(r)))
             .collect();
         views.sort_by(|a, b| (a.created, &a.key, a.kind).cmp(&(b.created, &b.key, b.kind)));
         let mut report = GatewayReport::default();
@@ -165,7 +171,7 @@ impl<'a> GatewayProcessor<'a> {
             .iter()
             .zip(&verdicts)
             .map(|(l, v)| {
-                let cert = if l.protocol == "HTTPS" {
+                let cert = if listeners::terminates(l) {
                     certificate(t, l, &key.namespace, grants)
                 } else {
                     Ok(None)
@@ -181,6 +187,7 @@ impl<'a> GatewayProcessor<'a> {
                     pod_port,
                     hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
                     tls: l.protocol == "HTTPS",
+                    tls_routes: l.protocol == "TLS",
                     kinds: v.kinds.clone(),
                     from: attach::from_namespaces(
                         namespaces.and_then(|n| n.from.as_ref()),
@@ -257,6 +264,7 @@ impl<'a> GatewayProcessor<'a> {
         let origin = Origin {
             kind: match view.kind {
                 Kind::GrpcRoute => OriginKind::GrpcRoute,
+                Kind::TlsRoute => OriginKind::TlsRoute,
                 _ => OriginKind::HttpRoute,
             },
             namespace: view.key.namespace.as_str().into(),
@@ -301,6 +309,7 @@ impl<'a> GatewayProcessor<'a> {
             .collect();
         let route_report = RouteReport {
             generation: view.generation,
+            uid: view.uid.clone(),
             parents,
         };
         report
@@ -401,6 +410,7 @@ fn table(
             let routes = listener_routes(entries.remove(&(gi, li)).unwrap_or_default());
             let port = ports.entry(pod_port).or_default();
             port.tls |= l.tls;
+            port.tls_routes |= l.tls_routes;
             port.listeners.push(GatewayListener {
                 name: format!("{}/{}", g.key, l.name).into(),
                 hostname: l.hostname.as_deref().map(Into::into),
@@ -674,6 +684,91 @@ mod tests {
             [80, 81, 82]
         );
     }
+    fn tls_route(ns: &str, name: &str, section: &str, hosts: &[&str], to: &str) -> TlsRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TLSRoute",
+            "metadata": {"namespace": ns, "name": name, "generation": 3},
+            "spec": {"parentRefs": [{"name": "g", "namespace": "gw", "sectionName": section}],
+                     "hostnames": hosts,
+                     "rules": [{"backendRefs": [{"name": to, "namespace": "gw", "port": 8080}]}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn tlsroutes_attach_to_passthrough_listeners_and_are_served_by_sni() {
+        let (class, svc) = (class(), web_service());
+        let gw: Gateway = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"namespace": "gw", "name": "g"},
+            "spec": {"gatewayClassName": "duet", "listeners": [
+                {"name": "tls", "port": 443, "protocol": "TLS", "hostname": "*.example.com",
+                 "tls": {"mode": "Passthrough"}, "allowedRoutes": {"namespaces": {"from": "All"}}},
+                {"name": "http", "port": 80, "protocol": "HTTP"},
+            ]}
+        }))
+        .unwrap();
+        let tls_routes = [
+            tls_route("gw", "ok", "tls", &["abc.example.com"], "web"),
+            tls_route("gw", "elsewhere", "tls", &["abc.example.org"], "web"),
+            tls_route("gw", "on-http", "http", &["abc.example.com"], "web"),
+            tls_route("other", "cross", "tls", &["x.example.com"], "web"),
+            tls_route("gw", "missing", "tls", &["m.example.com"], "nope"),
+        ];
+        let http = route(
+            "gw",
+            "http-on-tls",
+            json!({"name": "g", "sectionName": "tls"}),
+            &[],
+            json!({"name": "web", "port": 8080}),
+        );
+        let inputs = Inputs {
+            services: vec![&svc],
+            gateway_api: GatewayInputs {
+                classes: vec![&class],
+                gateways: vec![&gw],
+                http_routes: vec![&http],
+                tls_routes: tls_routes.iter().collect(),
+                ..GatewayInputs::default()
+            },
+            ..Inputs::default()
+        };
+        let plan = crate::translate::plan_routes(&inputs, &Config::default());
+        let report = &plan.gateway_report;
+        let r = |ns: &str, name: &str| {
+            let p = &report.routes[&(Kind::TlsRoute, NsName::new(ns, name))].parents[0];
+            (p.accepted.reason, p.resolved.reason)
+        };
+        assert_eq!(r("gw", "ok"), ("Accepted", "ResolvedRefs"));
+        assert_eq!(
+            r("gw", "elsewhere"),
+            ("NoMatchingListenerHostname", "ResolvedRefs")
+        );
+        assert_eq!(
+            r("gw", "on-http"),
+            ("NotAllowedByListeners", "ResolvedRefs")
+        );
+        assert_eq!(r("other", "cross"), ("Accepted", "RefNotPermitted"));
+        assert_eq!(r("gw", "missing"), ("Accepted", "BackendNotFound"));
+        assert_eq!(
+            reasons(report, "gw", "http-on-tls").0,
+            "NotAllowedByListeners"
+        );
+        let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
+        assert_eq!((attached("tls"), attached("http")), (3, 0));
+        let port = plan.gateways.port(443).unwrap();
+        assert!(port.tls_routes && !port.tls);
+        let backend = |sni: &str| port.tls_route(sni).map(|(_, a)| a.backend.to_string());
+        assert!(
+            backend("ABC.example.com").is_some_and(|b| b.contains("gw/web")),
+            "{:?}",
+            backend("abc.example.com")
+        );
+        assert_eq!(backend("abc.example.org"), None);
+        assert_eq!(backend("zzz.example.com"), None);
+        assert!(!plan.gateways.port(80).unwrap().tls_routes);
+    }
+
     #[test]
     fn a_rule_whose_modifier_names_a_framing_header_is_refused_on_the_route() {
         let (class, svc) = (class(), web_service());
