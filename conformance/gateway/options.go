@@ -40,6 +40,8 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportReferenceGrant,
 	features.SupportHTTPRoute,
 	features.SupportGRPCRoute,
+	features.SupportBackendTLSPolicy,
+	features.SupportBackendTLSPolicySANValidation,
 	features.SupportGatewayPort8080,
 	features.SupportHTTPRoute303RedirectStatusCode,
 	features.SupportHTTPRoute307RedirectStatusCode,

@@ -77,6 +77,19 @@ impl TestCa {
         self.sign(params)
     }
 
+    /// A server certificate for the DNS names `names` and the URIs `uris` (SPIFFE IDs, say)
+    /// as subject alternative names, signed by this CA.
+    pub fn issue_with_uris(&self, names: &[&str], uris: &[&str]) -> TestCert {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("valid names");
+        for uri in uris {
+            let uri = rcgen::string::Ia5String::try_from(*uri).expect("an ASCII URI");
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
+        self.sign(params)
+    }
+
     /// A client certificate (`extendedKeyUsage: clientAuth`) for the user `common_name` in the
     /// groups `organizations`, as Kubernetes reads them (CN = user, O = group), signed by this CA.
     pub fn issue_client(&self, common_name: &str, organizations: &[&str]) -> TestCert {

@@ -37,6 +37,10 @@ pub enum Kind {
     GrpcRoute,
     /// `gateway.networking.k8s.io/v1` ReferenceGrant.
     ReferenceGrant,
+    /// `gateway.networking.k8s.io/v1` BackendTLSPolicy.
+    BackendTlsPolicy,
+    /// `v1` ConfigMap (BackendTLSPolicy CA certificates).
+    ConfigMap,
 }
 
 impl Kind {
@@ -54,6 +58,8 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::GrpcRoute => "GRPCRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::BackendTlsPolicy => "BackendTLSPolicy",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -61,13 +67,14 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Ingress | Kind::IngressClass => "networking.k8s.io/v1",
-            Kind::Service | Kind::Secret | Kind::Namespace => "v1",
+            Kind::Service | Kind::Secret | Kind::Namespace | Kind::ConfigMap => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::GatewayClass
             | Kind::Gateway
             | Kind::HttpRoute
             | Kind::GrpcRoute
-            | Kind::ReferenceGrant => "gateway.networking.k8s.io/v1",
+            | Kind::ReferenceGrant
+            | Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1",
         }
     }
 
@@ -93,6 +100,8 @@ impl Kind {
             Kind::HttpRoute,
             Kind::GrpcRoute,
             Kind::ReferenceGrant,
+            Kind::BackendTlsPolicy,
+            Kind::ConfigMap,
         ]
         .into_iter()
         .find(|k| k.api_version() == api_version && k.as_str() == kind)

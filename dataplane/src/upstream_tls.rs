@@ -52,6 +52,17 @@ impl TrustRoots {
     }
 }
 
+/// A subject alternative name the upstream certificate must carry (BackendTLSPolicy's
+/// `subjectAltNames`): when any is given, the certificate is checked for these instead of the
+/// server name, which is then only sent as SNI.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum SubjectAltName {
+    /// A DNS name (`dNSName`; a wildcard in the certificate matches as for server names).
+    Hostname(Arc<str>),
+    /// A URI (`uniformResourceIdentifier`), compared exactly (a SPIFFE ID, say).
+    Uri(Arc<str>),
+}
+
 /// Why TLS settings for an upstream could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamTlsError {
@@ -77,6 +88,7 @@ pub struct UpstreamTls {
     server_name: Arc<str>,
     trust: TrustRoots,
     h2: bool,
+    subject_alt_names: Arc<[SubjectAltName]>,
     error: Option<Arc<str>>,
 }
 
@@ -107,8 +119,16 @@ impl UpstreamTls {
             server_name: server_name.into(),
             trust,
             h2,
+            subject_alt_names: Arc::new([]),
             error: None,
         })
+    }
+
+    /// The same settings checking the certificate for one of `names` instead of the server
+    /// name (none: the server name, as before).
+    pub fn with_subject_alt_names(mut self, names: Vec<SubjectAltName>) -> UpstreamTls {
+        self.subject_alt_names = names.into();
+        self
     }
 
     /// Settings that cannot be used: requests of the route answer 502 and log `reason`.
@@ -125,6 +145,7 @@ impl UpstreamTls {
             server_name: server_name.into(),
             trust,
             h2: false,
+            subject_alt_names: Arc::new([]),
             error: Some(reason.into()),
         }
     }
@@ -144,6 +165,12 @@ impl UpstreamTls {
         self.h2
     }
 
+    /// The subject alternative names checked instead of the server name (empty: the server
+    /// name is checked).
+    pub fn subject_alt_names(&self) -> &[SubjectAltName] {
+        &self.subject_alt_names
+    }
+
     /// Why the settings are unusable, if they are.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
@@ -154,9 +181,12 @@ impl Serialize for UpstreamTls {
     /// Server name, trust and the error if unusable; never key material.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("UpstreamTls", 3)?;
+        let mut st = s.serialize_struct("UpstreamTls", 4)?;
         st.serialize_field("server_name", &*self.server_name)?;
         st.serialize_field("trust", &self.trust.label())?;
+        if !self.subject_alt_names.is_empty() {
+            st.serialize_field("subject_alt_names", &*self.subject_alt_names)?;
+        }
         st.serialize_field("error", &self.error())?;
         st.end()
     }

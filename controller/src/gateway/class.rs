@@ -15,6 +15,8 @@ pub use crate::gateway_api::is_ours;
 
 /// The conformance features duet passes (see the module documentation).
 pub const SUPPORTED_FEATURES: &[&str] = &[
+    "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
     "GRPCRoute",
     "Gateway",
     "GatewayPort8080",
@@ -103,8 +105,9 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 20, "{names:?}");
+        assert!(names.is_sorted() && names.len() == 22, "{names:?}");
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
+        assert!(names.iter().any(|n| n == "BackendTLSPolicySANValidation"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(

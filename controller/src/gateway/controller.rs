@@ -101,6 +101,12 @@ pub fn spawn(
                 report.clone(),
                 leading.clone(),
             );
+            super::policy_status::spawn(
+                client.clone(),
+                config.controller_name.clone(),
+                report.clone(),
+                leading.clone(),
+            );
             start(client, config, pod_namespace, leading, report);
         } else {
             tracing::info!(

@@ -18,6 +18,7 @@
 //!   one that does not resolve sends its share of requests to 500.
 
 mod attach;
+pub mod backend_tls;
 mod backends;
 pub mod listeners;
 pub mod refs;
@@ -30,7 +31,7 @@ use dataplane::table::gateway::{
     GatewayListener, GatewayPort, GatewayRule, GatewayTable, ListenerRoutes,
 };
 use dataplane::{FamilyPolicy, Origin, OriginKind};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 
 use self::attach::{Attached, GatewayModel, ListenerModel};
 use self::routes::RouteView;
@@ -40,7 +41,9 @@ use crate::gateway_api::conditions::Cond;
 use crate::gateway_api::gateways::GatewayListeners;
 use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway_api::{is_ours, names};
-use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use crate::gateway_api::{
+    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant,
+};
 use crate::object::{Kind, NsName, ObjectKey};
 
 pub use attach::intersect;
@@ -60,6 +63,10 @@ pub struct GatewayInputs<'a> {
     pub grpc_routes: Vec<&'a GrpcRoute>,
     /// Every ReferenceGrant.
     pub grants: Vec<&'a ReferenceGrant>,
+    /// Every BackendTLSPolicy.
+    pub backend_tls_policies: Vec<&'a BackendTlsPolicy>,
+    /// Every ConfigMap (the CA certificates of BackendTLSPolicies).
+    pub config_maps: Vec<&'a ConfigMap>,
 }
 
 /// Feeds the Gateway API objects into a translation.
@@ -114,9 +121,17 @@ impl<'a> GatewayProcessor<'a> {
         }
         // Per (Gateway index, listener index): the rules by host.
         let mut entries: BTreeMap<(usize, usize), Entries> = BTreeMap::new();
+        let mut tls =
+            backend_tls::Policies::new(&self.inputs.backend_tls_policies, &self.inputs.config_maps);
+        let mut out = RouteOut {
+            report: &mut report,
+            entries: &mut entries,
+            tls: &mut tls,
+        };
         for view in &views {
-            self.add_route(t, view, &gateways, &namespaces, &mut report, &mut entries);
+            self.add_route(t, view, &gateways, &namespaces, &mut out);
         }
+        report.policies = tls.report();
         t.gateways = GatewayOutput {
             table: table(&gateways, entries),
             report,
@@ -233,9 +248,13 @@ impl<'a> GatewayProcessor<'a> {
         view: &RouteView,
         gateways: &[GatewayModel],
         namespaces: &BTreeMap<String, BTreeMap<String, String>>,
-        report: &mut GatewayReport,
-        entries: &mut BTreeMap<(usize, usize), Entries>,
+        out: &mut RouteOut<'_>,
     ) {
+        let RouteOut {
+            report,
+            entries,
+            tls,
+        } = out;
         let mut parents = Vec::new();
         let mut attached: Vec<(usize, Attached)> = Vec::new();
         for parent in view.parents.iter().filter(|p| attach::names_a_gateway(p)) {
@@ -264,7 +283,10 @@ impl<'a> GatewayProcessor<'a> {
             created: view.created,
         };
         let (rules, resolved, refused) =
-            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants);
+            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants, tls);
+        let ancestors: BTreeSet<&NsName> =
+            attached.iter().map(|(gi, _)| &gateways[*gi].key).collect();
+        tls.used_by(ancestors.iter().copied());
         if let Some(refusal) = refused {
             // A rule duet cannot serve (an unsupported filter, a bad regex) is left out, and the
             // route says why on each parent that accepted it.
@@ -306,6 +328,14 @@ impl<'a> GatewayProcessor<'a> {
             .routes
             .insert((view.kind, view.key.clone()), route_report);
     }
+}
+
+/// Where adding a route writes: the report, the rule entries per listener, and the
+/// BackendTLSPolicies its backends use.
+struct RouteOut<'a> {
+    report: &'a mut GatewayReport,
+    entries: &'a mut BTreeMap<(usize, usize), Entries>,
+    tls: &'a mut backend_tls::Policies,
 }
 
 /// The route's family policy: `duet.dev/upstream-family`, else `--upstream-family`.
