@@ -42,6 +42,7 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportGRPCRoute,
 	features.SupportBackendTLSPolicy,
 	features.SupportBackendTLSPolicySANValidation,
+	features.SupportGatewayBackendClientCertificate,
 	features.SupportGatewayPort8080,
 	features.SupportHTTPRoute303RedirectStatusCode,
 	features.SupportHTTPRoute307RedirectStatusCode,

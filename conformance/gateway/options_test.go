@@ -35,7 +35,7 @@ func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 		t.Errorf("profiles %v, want %v", opts.ConformanceProfiles, wantProfiles)
 	}
 	wantFeatures := []features.FeatureName{"Gateway", "ReferenceGrant", "HTTPRoute", "GRPCRoute",
-		"BackendTLSPolicy", "BackendTLSPolicySANValidation", "GatewayPort8080", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+		"BackendTLSPolicy", "BackendTLSPolicySANValidation", "GatewayBackendClientCertificate", "GatewayPort8080", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
 		"HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteHostRewrite",
 		"HTTPRouteMethodMatching", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
 		"HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect"}

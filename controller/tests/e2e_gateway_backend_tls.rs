@@ -180,3 +180,69 @@ async fn backend_tls_policies_verify_the_pods_of_both_families_by_name_never_add
     }
     Ok(())
 }
+
+/// A Gateway `name` with one HTTP listener on `port`, presenting the Secret `client_cert` (if
+/// any) to TLS backends.
+fn gateway(name: &str, port: u16, client_cert: Option<&str>) -> Value {
+    let mut g = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"gatewayClassName": "duet",
+                 "listeners": [{"name": "http", "port": port, "protocol": "HTTP"}]}
+    });
+    if let Some(secret) = client_cert {
+        g["spec"]["tls"] = json!({"backend": {"clientCertificateRef": {"group": "", "kind": "Secret", "name": secret}}});
+    }
+    g
+}
+
+#[tokio::test]
+async fn a_gateway_presents_its_client_certificate_to_backends_that_require_one(
+) -> anyhow::Result<()> {
+    let ca = TestCa::new("backend CA");
+    let clients = TestCa::new("client CA");
+    let server = ca.issue(&["abc.example.com"]);
+    let client = clients.issue_client("duet", &[]);
+    let options = EchoOptions {
+        tls: Some(tls::server_config_requiring_clients(
+            &server,
+            &clients.cert_pem,
+            &["http/1.1"],
+        )),
+        ..EchoOptions::default()
+    };
+    let dir = ManifestDir::new()?;
+    let pods = [PodSpec::dual("a"), PodSpec::dual("b")];
+    let fleet = Fleet::start_with(NS, "mtls", &pods, options)?;
+    dir.write("svc.yaml", &fleet.manifests())?;
+    let (with_cert, without) = (free_port()?, free_port()?);
+    let mut docs = gateway_docs(with_cert, &["mtls"]);
+    // The route attaches to both Gateways; only one presents a certificate.
+    docs[1] = gateway("gw", with_cert, Some("client-cert"));
+    docs.push(gateway("plain", without, None));
+    docs[2]["spec"]["parentRefs"] = json!([{"name": "gw"}, {"name": "plain"}]);
+    docs.extend([
+        ca_map("ca", &ca.cert_pem),
+        policy("mtls", "ca", "abc.example.com", json!({})),
+        tls::secret(NS, "client-cert", &client),
+    ]);
+    dir.write("gateway.yaml", &docs)?;
+    let _duet = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let connect = |port| {
+            let addr = SocketAddr::new(family.loopback(), port);
+            client::eventually("the Gateway listener", client::REQUEST_TIMEOUT, move || {
+                Conn::http1(addr)
+            })
+        };
+        let mut conn = connect(with_cert).await?;
+        let reply = conn.get("any.test", "/mtls").await?;
+        client::expect_status(&reply, 200)?;
+        let echo = reply.echo()?;
+        assert_eq!(echo.family, family, "pod reached over {}", echo.family);
+        // Without a client certificate the pods refuse the handshake.
+        let reply = connect(without).await?.get("any.test", "/mtls").await?;
+        assert_eq!(reply.status, 502, "{family}: {}", reply.text());
+    }
+    Ok(())
+}

@@ -89,7 +89,20 @@ pub struct UpstreamTls {
     trust: TrustRoots,
     h2: bool,
     subject_alt_names: Arc<[SubjectAltName]>,
+    client_cert: Option<ClientCert>,
     error: Option<Arc<str>>,
+}
+
+/// The certificate duet presents to the upstream when asked (a Gateway's
+/// `tls.backend.clientCertificateRef`): PEM, as in a `kubernetes.io/tls` Secret.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClientCert {
+    /// Where it came from (`namespace/name`), for logs and `/debug/routes`.
+    pub source: Arc<str>,
+    /// The certificate chain (`tls.crt`).
+    pub cert_pem: Arc<[u8]>,
+    /// The private key (`tls.key`).
+    pub key_pem: Arc<[u8]>,
 }
 
 impl UpstreamTls {
@@ -120,6 +133,7 @@ impl UpstreamTls {
             trust,
             h2,
             subject_alt_names: Arc::new([]),
+            client_cert: None,
             error: None,
         })
     }
@@ -146,6 +160,7 @@ impl UpstreamTls {
             trust,
             h2: false,
             subject_alt_names: Arc::new([]),
+            client_cert: None,
             error: Some(reason.into()),
         }
     }
@@ -163,6 +178,17 @@ impl UpstreamTls {
     /// Whether ALPN offers `h2` (else `http/1.1`).
     pub fn h2(&self) -> bool {
         self.h2
+    }
+
+    /// The same settings presenting `cert` to the upstream when it asks for a certificate.
+    pub fn with_client_cert(mut self, cert: ClientCert) -> UpstreamTls {
+        self.client_cert = Some(cert);
+        self
+    }
+
+    /// The certificate presented to the upstream, if any.
+    pub fn client_cert(&self) -> Option<&ClientCert> {
+        self.client_cert.as_ref()
     }
 
     /// The subject alternative names checked instead of the server name (empty: the server
@@ -186,6 +212,9 @@ impl Serialize for UpstreamTls {
         st.serialize_field("trust", &self.trust.label())?;
         if !self.subject_alt_names.is_empty() {
             st.serialize_field("subject_alt_names", &*self.subject_alt_names)?;
+        }
+        if let Some(c) = &self.client_cert {
+            st.serialize_field("client_cert", &*c.source)?;
         }
         st.serialize_field("error", &self.error())?;
         st.end()

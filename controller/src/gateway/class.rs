@@ -19,6 +19,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicySANValidation",
     "GRPCRoute",
     "Gateway",
+    "GatewayBackendClientCertificate",
     "GatewayPort8080",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
@@ -105,7 +106,7 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 22, "{names:?}");
+        assert!(names.is_sorted() && names.len() == 23, "{names:?}");
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         assert!(names.iter().any(|n| n == "BackendTLSPolicySANValidation"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");

@@ -92,11 +92,10 @@ fn client_config(settings: &UpstreamTls) -> Result<Arc<rustls::ClientConfig>, ru
         }
     };
     let sans = settings.subject_alt_names();
-    let mut config = match roots {
+    let builder = match roots {
         None => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServerCert::new(provider)))
-            .with_no_client_auth(),
+            .with_custom_certificate_verifier(Arc::new(AnyServerCert::new(provider))),
         Some(roots) if !sans.is_empty() => {
             let verifier = SanVerifier {
                 roots,
@@ -106,9 +105,21 @@ fn client_config(settings: &UpstreamTls) -> Result<Arc<rustls::ClientConfig>, ru
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(verifier))
-                .with_no_client_auth()
         }
-        Some(roots) => builder.with_root_certificates(roots).with_no_client_auth(),
+        Some(roots) => builder.with_root_certificates(roots),
+    };
+    let mut config = match settings.client_cert() {
+        None => builder.with_no_client_auth(),
+        Some(cert) => {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::PrivateKeyDer;
+            let chain = CertificateDer::pem_slice_iter(&cert.cert_pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| rustls::Error::General(format!("{}: {e}", cert.source)))?;
+            let key = PrivateKeyDer::from_pem_slice(&cert.key_pem)
+                .map_err(|e| rustls::Error::General(format!("{}: {e}", cert.source)))?;
+            builder.with_client_auth_cert(chain, key)?
+        }
     };
     config.alpn_protocols = vec![if settings.h2() {
         b"h2".to_vec()

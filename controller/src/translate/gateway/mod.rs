@@ -30,6 +30,7 @@ use std::sync::Arc;
 use dataplane::table::gateway::{
     GatewayListener, GatewayPort, GatewayRule, GatewayTable, ListenerRoutes,
 };
+use dataplane::upstream_tls::UpstreamTls;
 use dataplane::{FamilyPolicy, Origin, OriginKind};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 
@@ -127,6 +128,7 @@ impl<'a> GatewayProcessor<'a> {
             report: &mut report,
             entries: &mut entries,
             tls: &mut tls,
+            client_tls: BTreeMap::new(),
         };
         for view in &views {
             self.add_route(t, view, &gateways, &namespaces, &mut out);
@@ -207,7 +209,12 @@ impl<'a> GatewayProcessor<'a> {
                 }
             })
             .collect();
-        GatewayModel { key, listeners }
+        let client_cert = client_cert(t, gateway, &key.namespace, grants);
+        GatewayModel {
+            key,
+            listeners,
+            client_cert,
+        }
     }
 
     /// listener port -> pod port: the Gateway's Service's in Kubernetes mode, the listener port
@@ -254,6 +261,7 @@ impl<'a> GatewayProcessor<'a> {
             report,
             entries,
             tls,
+            client_tls,
         } = out;
         let mut parents = Vec::new();
         let mut attached: Vec<(usize, Attached)> = Vec::new();
@@ -304,10 +312,11 @@ impl<'a> GatewayProcessor<'a> {
             let by_host = entries.entry((gi, a.listener)).or_default();
             for host in &a.hostnames {
                 let list = by_host.entry(host.clone()).or_default();
+                let cert = gateways[gi].client_cert.as_ref();
                 list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
                     (
                         (*rank, view.created, view.key.clone(), *ri, *mi),
-                        rule.clone(),
+                        with_client_cert(rule, gi, cert, client_tls),
                     )
                 }));
             }
@@ -336,6 +345,8 @@ struct RouteOut<'a> {
     report: &'a mut GatewayReport,
     entries: &'a mut BTreeMap<(usize, usize), Entries>,
     tls: &'a mut backend_tls::Policies,
+    /// Upstream TLS settings with a Gateway's client certificate, per setting and Gateway.
+    client_tls: BTreeMap<(usize, usize), Arc<dataplane::upstream_tls::UpstreamTls>>,
 }
 
 /// The route's family policy: `duet.dev/upstream-family`, else `--upstream-family`.
@@ -392,6 +403,52 @@ fn certificate(
             .map_err(|_| ()),
         _ => Err(()),
     }
+}
+
+/// The certificate a Gateway presents to TLS backends: its `tls.backend.clientCertificateRef`,
+/// when that resolves ([`refs::client_certificate_condition`]); else none is presented.
+fn client_cert(
+    t: &mut Translation<'_>,
+    gateway: &Gateway,
+    gateway_ns: &str,
+    grants: &[ReferenceGrant],
+) -> Option<dataplane::upstream_tls::ClientCert> {
+    let (key, _) = refs::client_certificate_ref(&gateway.spec, gateway_ns)?;
+    let name = NsName::new(key.0.clone(), key.1.clone());
+    t.references.secrets.insert(name.clone());
+    let secret = t.secrets.get(&name).map(|s| (*s).clone());
+    let field = |k: &str| {
+        let data = secret.as_ref()?.data.as_ref()?;
+        data.get(k).map(|b| Arc::<[u8]>::from(b.0.as_slice()))
+    };
+    let (cert_pem, key_pem) = (field("tls.crt")?, field("tls.key")?);
+    let secrets = BTreeMap::from([(key, secret)]);
+    let cond = refs::client_certificate_condition(&gateway.spec, gateway_ns, grants, &secrets)?;
+    cond.status.then(|| dataplane::upstream_tls::ClientCert {
+        source: name.to_string().into(),
+        cert_pem,
+        key_pem,
+    })
+}
+
+/// The rule as served on a Gateway: its upstream TLS presents the Gateway's client certificate
+/// (settings made once per TLS setting and Gateway, in `made`).
+fn with_client_cert(
+    rule: &GatewayRule,
+    gi: usize,
+    cert: Option<&dataplane::upstream_tls::ClientCert>,
+    made: &mut BTreeMap<(usize, usize), Arc<dataplane::upstream_tls::UpstreamTls>>,
+) -> GatewayRule {
+    let (Some(cert), Some(tls)) = (cert, &rule.action.upstream_tls) else {
+        return rule.clone();
+    };
+    let settings = made
+        .entry((Arc::as_ptr(tls) as usize, gi))
+        .or_insert_with(|| Arc::new(UpstreamTls::clone(tls).with_client_cert(cert.clone())))
+        .clone();
+    let mut rule = rule.clone();
+    rule.action.upstream_tls = Some(settings);
+    rule
 }
 
 /// The listeners of every pod port, with their rules sorted.
