@@ -43,15 +43,26 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportBackendTLSPolicy,
 	features.SupportBackendTLSPolicySANValidation,
 	features.SupportGatewayBackendClientCertificate,
+	features.SupportGRPCRouteNamedRouteRule,
+	features.SupportGatewayHTTPListenerIsolation,
+	features.SupportGatewayHTTPSListenerDetectMisdirectedRequests,
 	features.SupportGatewayPort8080,
+	features.SupportGatewayAddressEmpty,
+	features.SupportGatewayInfrastructure,
+	features.SupportGatewayStaticAddresses,
 	features.SupportHTTPRoute303RedirectStatusCode,
 	features.SupportHTTPRoute307RedirectStatusCode,
 	features.SupportHTTPRoute308RedirectStatusCode,
 	features.SupportHTTPRouteBackendProtocolH2C,
 	features.SupportHTTPRouteBackendProtocolWebSocket,
+	features.SupportHTTPRouteBackendRequestHeaderModification,
 	features.SupportHTTPRouteBackendTimeout,
+	features.SupportHTTPRouteCORS,
+	features.SupportHTTPRouteDestinationPortMatching,
 	features.SupportHTTPRouteHostRewrite,
 	features.SupportHTTPRouteMethodMatching,
+	features.SupportHTTPRouteNamedRouteRule,
+	features.SupportHTTPRouteParentRefPort,
 	features.SupportHTTPRoutePathRedirect,
 	features.SupportHTTPRoutePathRewrite,
 	features.SupportHTTPRoutePortRedirect,
@@ -59,6 +70,20 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRequestTimeout,
 	features.SupportHTTPRouteResponseHeaderModification,
 	features.SupportHTTPRouteSchemeRedirect,
+}
+
+// ForChannel returns the features usable on CRDs of a channel: on the standard channel (any
+// channel but "experimental") the experimental-channel features are left out, since their
+// fields are missing from the standard CRDs (HTTPRoute's retry, for one).
+func ForChannel(all []features.FeatureName, channel string) []features.FeatureName {
+	var out []features.FeatureName
+	for _, name := range all {
+		if channel != "experimental" && features.GetFeature(name).Channel == features.FeatureChannelExperimental {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
 }
 
 // Env is how options read the environment (os.Getenv in the test, a map in unit tests).
@@ -75,7 +100,7 @@ func ApplyDefaults(opts *suite.ConformanceOptions, explicit map[string]bool, env
 	}
 	if !explicit["supported-features"] && !explicit["all-features"] && len(opts.SupportedFeatures) == 0 &&
 		!opts.EnableAllSupportedFeatures {
-		opts.SupportedFeatures = append([]features.FeatureName(nil), SupportedFeatures...)
+		opts.SupportedFeatures = ForChannel(SupportedFeatures, env("DUET_GATEWAY_CHANNEL"))
 	}
 	applyImplementation(opts, explicit, env)
 }

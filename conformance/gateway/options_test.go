@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"io/fs"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -24,9 +26,42 @@ func upstreamDefaults() suite.ConformanceOptions {
 	return opts
 }
 
+// gatewayClassFeatures reads SUPPORTED_FEATURES of controller/src/gateway/class.rs, sorted.
+func gatewayClassFeatures(t *testing.T) []features.FeatureName {
+	t.Helper()
+	src, err := os.ReadFile("../../controller/src/gateway/class.rs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile(`(?s)SUPPORTED_FEATURES: &\[&str\] = &\[(.*?)\];`).FindSubmatch(src)
+	if block == nil {
+		t.Fatal("no SUPPORTED_FEATURES in class.rs")
+	}
+	var out []features.FeatureName
+	for _, m := range regexp.MustCompile(`"([A-Za-z0-9]+)"`).FindAllSubmatch(block[1], -1) {
+		out = append(out, features.FeatureName(m[1]))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Experimental-channel features are claimed on the experimental channel's CRDs only.
+func TestExperimentalFeaturesAreClaimedOnTheExperimentalChannelOnly(t *testing.T) {
+	all := []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteRetry", "HTTPRouteQueryParamMatching"}
+	if got := ForChannel(all, "standard"); !slices.Equal(got, []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteQueryParamMatching"}) {
+		t.Errorf("standard: %v", got)
+	}
+	if got := ForChannel(all, ""); slices.Contains(got, "HTTPRouteRetry") {
+		t.Errorf("no channel named: %v", got)
+	}
+	if got := ForChannel(all, "experimental"); !slices.Equal(got, all) {
+		t.Errorf("experimental: %v", got)
+	}
+}
+
 func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 	opts := upstreamDefaults()
-	ApplyDefaults(&opts, map[string]bool{}, env(map[string]string{"DUET_VERSION": "0.1.0"}))
+	ApplyDefaults(&opts, map[string]bool{}, env(map[string]string{"DUET_VERSION": "0.1.0", "DUET_GATEWAY_CHANNEL": "experimental"}))
 	if opts.GatewayClassName != "duet" {
 		t.Errorf("gateway class %q, want duet", opts.GatewayClassName)
 	}
@@ -34,13 +69,15 @@ func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 	if !slices.Equal(opts.ConformanceProfiles, wantProfiles) {
 		t.Errorf("profiles %v, want %v", opts.ConformanceProfiles, wantProfiles)
 	}
-	wantFeatures := []features.FeatureName{"Gateway", "ReferenceGrant", "HTTPRoute", "GRPCRoute",
-		"BackendTLSPolicy", "BackendTLSPolicySANValidation", "GatewayBackendClientCertificate", "GatewayPort8080", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-		"HTTPRouteBackendProtocolH2C", "HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteHostRewrite",
-		"HTTPRouteMethodMatching", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
-		"HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect"}
-	if !slices.Equal(opts.SupportedFeatures, wantFeatures) {
-		t.Errorf("features %v, want %v", opts.SupportedFeatures, wantFeatures)
+	// The features claimed to the suite are the ones the GatewayClass status lists, no more.
+	wantFeatures := gatewayClassFeatures(t)
+	got := slices.Clone(opts.SupportedFeatures)
+	slices.Sort(got)
+	if !slices.Equal(got, wantFeatures) {
+		t.Errorf("features %v, want those of controller/src/gateway/class.rs %v", got, wantFeatures)
+	}
+	if len(got) < 4 || !slices.Contains(got, "HTTPRoute") {
+		t.Errorf("features %v lack the core ones", got)
 	}
 	impl := opts.Implementation
 	if impl.Organization != "duet-dev" || impl.Project != "duet" || impl.Version != "0.1.0" ||

@@ -269,9 +269,61 @@ impl App {
         }
         let by_host = replaced.is_some();
         let routes_done = std::time::Instant::now();
-        // A new route table's metric handles depend on nothing else: at scale they are made on
-        // a thread of their own while the backends are built (and the backend phase's threads
-        // share the cores with it), not after them.
+        let (built, prepared) = self.build(rebuild_routes, &pending, replaced);
+        let (backends, changed) = built?;
+        let backends_done = std::time::Instant::now();
+        self.report_all(rebuild_routes)?;
+        if self.unchanged(&backends, changed.as_deref()) {
+            tracing::debug!(
+                snapshot.version = self.version,
+                routes.rebuilt = rebuild_routes,
+                routes.by_host = by_host,
+                build.ms = started.elapsed().as_secs_f64() * 1e3,
+                "Nothing changed; snapshot kept"
+            );
+            if rebuild_routes {
+                self.announce_live();
+            }
+            return None;
+        }
+        self.version += 1;
+        let plan = self.plan.as_ref()?;
+        let snapshot = Arc::new(translate::snapshot(plan, backends, self.version));
+        let apply_started = std::time::Instant::now();
+        self.apply(&snapshot, changed.as_deref(), prepared);
+        let build = started.elapsed();
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_build(build);
+        }
+        let phases = BuildPhases {
+            routes: routes_done - started,
+            backends: backends_done - routes_done,
+            report: apply_started - backends_done,
+            apply: apply_started.elapsed(),
+        };
+        let how = (rebuild_routes, by_host);
+        self.log_applied(&snapshot, how, build, phases, pending_since);
+        let old = self.published.replace(snapshot.clone());
+        if rebuild_routes {
+            // The last holder of the replaced route table and backends, most often.
+            retire(old);
+            // The live Ingresses and the Gateway report change only with the routes: after an
+            // endpoint-only change, comparing the 10,000 names of the 10k-Ingress size again
+            // cost as much as a third of the build.
+            self.announce_live();
+        }
+        Some(snapshot)
+    }
+
+    /// The backends ([`Self::build_backends`]) and, for a new route table at scale, its metric
+    /// handles, made on a thread of their own while the backends are built (they depend on
+    /// nothing else, and the backend phase's threads share the cores with it).
+    fn build(
+        &mut self,
+        rebuild_routes: bool,
+        pending: &Impact,
+        replaced: Option<RoutePlan>,
+    ) -> (Option<Built>, Option<dataplane::PreparedRoutes>) {
         let prepare = self.plan.as_ref().filter(|plan| {
             let new_table = self.published.as_ref().is_none_or(|old| {
                 !Arc::ptr_eq(&old.routes, &plan.table)
@@ -279,26 +331,24 @@ impl App {
             });
             rebuild_routes && new_table && plan.backends.len() >= PREPARE_ROUTES_FROM
         });
-        let (built, prepared) = match prepare {
-            Some(plan) => {
-                let (runtime, table, gateways) = (
-                    self.runtime.clone(),
-                    plan.table.clone(),
-                    plan.gateways.clone(),
-                );
-                std::thread::scope(|scope| {
-                    let handles = scope.spawn(move || runtime.prepare_routes(&table, &gateways));
-                    let built = self.build_backends(rebuild_routes, &pending, replaced);
-                    (built, Some(handles.join().expect("the route handles")))
-                })
-            }
-            None => (
-                self.build_backends(rebuild_routes, &pending, replaced),
-                None,
-            ),
+        let Some(plan) = prepare else {
+            return (self.build_backends(rebuild_routes, pending, replaced), None);
         };
-        let (backends, changed) = built?;
-        let backends_done = std::time::Instant::now();
+        let (runtime, table, gateways) = (
+            self.runtime.clone(),
+            plan.table.clone(),
+            plan.gateways.clone(),
+        );
+        std::thread::scope(|scope| {
+            let handles = scope.spawn(move || runtime.prepare_routes(&table, &gateways));
+            let built = self.build_backends(rebuild_routes, pending, replaced);
+            (built, Some(handles.join().expect("the route handles")))
+        })
+    }
+
+    /// Reports the plan's and the backends' diagnostics (and, after a route rebuild, hands the
+    /// plan's references to the index). `None` without a plan.
+    fn report_all(&mut self, rebuild_routes: bool) -> Option<()> {
         let plan = self.plan.as_ref()?;
         let backend_diagnostics = self
             .backend_diagnostics
@@ -310,79 +360,46 @@ impl App {
         if rebuild_routes {
             // The plan's references are shared with the index (20,000 names at the 10k-Ingress
             // size, not cloned); the live Ingresses are read from there.
-            if let Some(plan) = self.plan.as_ref() {
-                self.index.set_references(plan.references.clone());
-            }
+            self.index.set_references(plan.references.clone());
         }
         self.report(all);
+        Some(())
+    }
 
-        let plan = self.plan.as_ref()?;
-        if let Some(old) = &self.published {
-            // After an endpoint-only change only the changed Services' backends can differ.
-            let unchanged = Arc::ptr_eq(&old.routes, &plan.table)
-                && Arc::ptr_eq(&old.certs, &plan.certs)
-                && Arc::ptr_eq(&old.gateways, &plan.gateways)
-                && old.backends.len() == backends.len()
-                && match &changed {
-                    None => same_backends(&old.backends, backends.iter()),
-                    Some(ids) => same_backends(
-                        &old.backends,
-                        ids.iter().filter_map(|id| backends.get_key_value(id)),
-                    ),
-                };
-            if unchanged {
-                tracing::debug!(
-                    snapshot.version = self.version,
-                    routes.rebuilt = rebuild_routes,
-                    routes.by_host = by_host,
-                    build.ms = started.elapsed().as_secs_f64() * 1e3,
-                    "Nothing changed; snapshot kept"
-                );
-                if rebuild_routes {
-                    self.announce_live();
-                }
-                return None;
+    /// Whether the published snapshot already is what the plan and `backends` would make: after
+    /// an endpoint-only change (`changed`) only the changed Services' backends can differ.
+    fn unchanged(&self, backends: &Backends, changed: Option<&[BackendId]>) -> bool {
+        let (Some(old), Some(plan)) = (&self.published, &self.plan) else {
+            return false;
+        };
+        Arc::ptr_eq(&old.routes, &plan.table)
+            && Arc::ptr_eq(&old.certs, &plan.certs)
+            && Arc::ptr_eq(&old.gateways, &plan.gateways)
+            && old.backends.len() == backends.len()
+            && match changed {
+                None => same_backends(&old.backends, backends.iter()),
+                Some(ids) => same_backends(
+                    &old.backends,
+                    ids.iter().filter_map(|id| backends.get_key_value(id)),
+                ),
             }
-        }
-        self.version += 1;
-        let snapshot = Arc::new(translate::snapshot(plan, backends, self.version));
-        let apply_started = std::time::Instant::now();
-        match (&changed, &self.published) {
+    }
+
+    /// Hands a new snapshot to the dataplane: only the changed backends after an endpoint-only
+    /// change, with the prepared route handles when there are some.
+    fn apply(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        changed: Option<&[BackendId]>,
+        prepared: Option<dataplane::PreparedRoutes>,
+    ) {
+        match (changed, &self.published) {
             (Some(ids), Some(base)) => self.runtime.apply_changed(snapshot.clone(), base, ids),
             _ => match prepared {
                 Some(prepared) => self.runtime.apply_prepared(snapshot.clone(), prepared),
                 None => self.runtime.apply(snapshot.clone()),
             },
         }
-        let build = started.elapsed();
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_build(build);
-        }
-        let phases = BuildPhases {
-            routes: routes_done - started,
-            backends: backends_done - routes_done,
-            report: apply_started - backends_done,
-            apply: apply_started.elapsed(),
-        };
-        self.log_applied(
-            &snapshot,
-            (rebuild_routes, by_host),
-            build,
-            phases,
-            pending_since,
-        );
-        let old = self.published.replace(snapshot.clone());
-        if rebuild_routes {
-            // The last holder of the replaced route table and backends, most often.
-            retire(old);
-        }
-        // The live Ingresses and the Gateway report change only with the routes: after an
-        // endpoint-only change, comparing the 10,000 names of the 10k-Ingress size again cost as
-        // much as a third of the build.
-        if rebuild_routes {
-            self.announce_live();
-        }
-        Some(snapshot)
     }
 
     /// The backends for the plan: after an endpoint-only change, those of the changed Services
@@ -395,7 +412,7 @@ impl App {
         rebuild_routes: bool,
         pending: &crate::index::Impact,
         replaced: Option<RoutePlan>,
-    ) -> Option<(Backends, Option<Vec<BackendId>>)> {
+    ) -> Option<Built> {
         let plan = self.plan.as_ref()?;
         let config = &self.config.translate;
         let empty = BackendMap::new();
@@ -632,6 +649,9 @@ impl App {
 
 /// Backends by id, as a snapshot holds them.
 type Backends = BackendMap<Arc<Backend>>;
+
+/// Built backends, and the Services whose backends changed after an endpoint-only change.
+type Built = (Backends, Option<Vec<BackendId>>);
 
 /// Where a publish's time went, for its "Snapshot applied" line: the route phase (with the
 /// names it wants resolved), the backends (and, beside them at scale, a new route table's

@@ -486,7 +486,8 @@ fn defaulted(matches: &ArgMatches, id: &str) -> bool {
     matches.value_source(id) == Some(ValueSource::DefaultValue)
 }
 
-fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigError> {
+/// The paths given on the command line exist and are of the right type.
+fn check_paths(args: &ServeArgs, matches: &ArgMatches) -> Result<(), ConfigError> {
     if let Some(dir) = &args.manifests {
         if !dir.is_dir() {
             return Err(ConfigError::Usage(format!(
@@ -495,13 +496,18 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
             )));
         }
     }
-    let from_files = args.manifests.is_some();
     if !defaulted(matches, "resolv_conf") && !args.resolv_conf.is_file() {
         return Err(ConfigError::Usage(format!(
             "invalid value '{}' for '--resolv-conf': not a file",
             args.resolv_conf.display()
         )));
     }
+    Ok(())
+}
+
+fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigError> {
+    check_paths(&args, matches)?;
+    let from_files = args.manifests.is_some();
     let max_passthrough_connections = passthrough_places(&args)?;
     let proxy = ProxyConfig {
         connect_timeout: args.connect_timeout,

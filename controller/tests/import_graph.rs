@@ -309,3 +309,98 @@ fn translation_reads_the_gateway_api_types_and_never_the_gateway_controller() {
         "translate names the gateway controller: {from_translate:?}"
     );
 }
+
+/// The functions of a crate's sources longer than `max` lines (signature to closing brace),
+/// tests left out (`#[cfg(test)]` modules, which sit at the end of a file, and `tests.rs` files),
+/// as `path:line name (N lines)`.
+fn long_functions(crate_dir: &str, max: usize) -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(crate_dir)
+        .join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut out = Vec::new();
+    for file in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+        let text = std::fs::read_to_string(file).expect("read source");
+        let lines: Vec<&str> = text.lines().collect();
+        let end = lines
+            .windows(2)
+            .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod "))
+            .unwrap_or(lines.len());
+        for (name, at, len) in functions(&lines[..end]) {
+            if len > max {
+                let rel = file.strip_prefix(&src).unwrap().display();
+                out.push(format!(
+                    "{crate_dir}/src/{rel}:{} {name} ({len} lines)",
+                    at + 1
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Each `fn` of `lines`: its name, first line and length up to the `}` at its indentation.
+fn functions(lines: &[&str]) -> Vec<(String, usize, usize)> {
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let after = [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "async ",
+            "const ",
+            "unsafe ",
+        ]
+        .iter()
+        .fold(trimmed, |t, p| t.strip_prefix(p).unwrap_or(t));
+        let after = after.strip_prefix("async ").unwrap_or(after);
+        let Some(rest) = after.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        let close = format!("{indent}}}");
+        if let Some(len) = lines[i..].iter().position(|l| *l == close) {
+            // A declaration without a body (a trait's) ends at its `;` before any `{`.
+            let body = lines[i..=i + len].iter().any(|l| l.contains('{'));
+            let declared = lines[i..=i + len]
+                .iter()
+                .take_while(|l| !l.contains('{'))
+                .any(|l| l.trim_end().ends_with(';'));
+            if body && !declared {
+                out.push((name, i, len + 1));
+            }
+        }
+    }
+    out
+}
+
+/// Functions stay short enough to read whole: at most 80 lines in the controller's and the
+/// dataplane's sources (tests aside).
+#[test]
+fn functions_are_at_most_80_lines() {
+    let long: Vec<String> = ["controller", "dataplane"]
+        .iter()
+        .flat_map(|c| long_functions(c, 80))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "functions over 80 lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn function_lengths_are_measured_to_the_closing_brace() {
+    let src = "fn a() {\n    1\n}\n\n    pub async fn b(\n        x: u8,\n    ) -> u8 {\n        x\n    }\n    fn decl(&self);\n}\n";
+    let lines: Vec<&str> = src.lines().collect();
+    let found: Vec<(String, usize)> = functions(&lines)
+        .into_iter()
+        .map(|(n, _, l)| (n, l))
+        .collect();
+    assert_eq!(found, [("a".to_owned(), 3), ("b".to_owned(), 5)]);
+}

@@ -733,3 +733,125 @@ async fn gateways_outside_the_watched_namespaces_are_left_alone() {
     };
     run.await.unwrap();
 }
+
+/// `spec.addresses` with one IPv6 and one IPv4 address on an IPv4-primary cluster: the Service
+/// asks the load balancer for both (IPv6 first, as the Gateway lists them), the Gateway's status
+/// lists exactly those two and clients of each family reach the backend pod over their own
+/// family through them. Asking for one IPv4 address instead gives the Gateway a single-stack
+/// IPv4 Service (made again: a Service's primary family cannot change) and only that address.
+#[tokio::test(flavor = "current_thread")]
+async fn a_gateway_asking_for_an_address_of_each_family_gets_both() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = async {
+        let (cluster, api) = start(Stack::Dual).await?;
+        let duet = duet(cluster.kubeconfig()).await?;
+        api.create(class("duet", "duet.dev/gateway-controller"))
+            .await?;
+        let mut gw = gateway(
+            "first",
+            json!([{"name": "http", "port": 80, "protocol": "HTTP"}]),
+        );
+        gw["spec"]["addresses"] = json!([
+            {"type": "IPAddress", "value": "fd00:10:250::77"},
+            {"value": "10.250.0.77"},
+        ]);
+        api.create(gw).await?;
+        api.create(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": DUET_NS, "name": "duet-0", "labels": {"app": "duet-gw"}},
+            "spec": {"containers": [{"name": "idle", "image": "duet.dev/echo", "ports": [{"containerPort": 9999}]}]},
+        }))
+        .await?;
+        backend(&api).await?;
+        api.create(http_route(NS, "web", "http")).await?;
+        let service = until(&api, "Service", Some(NS), "duet-first", "both asked", |s| {
+            anyhow::ensure!(
+                s["spec"]["ipFamilies"] == json!(["IPv6", "IPv4"]),
+                "families"
+            );
+            anyhow::ensure!(s["spec"]["ipFamilyPolicy"] == "RequireDualStack");
+            anyhow::ensure!(
+                lb_ips(s) == ["fd00:10:250::77", "10.250.0.77"],
+                "not given yet"
+            );
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
+        let annotations = &service["metadata"]["annotations"];
+        anyhow::ensure!(
+            annotations["metallb.io/loadBalancerIPs"] == "fd00:10:250::77,10.250.0.77",
+            "{annotations}"
+        );
+        let want = json!([
+            {"type": "IPAddress", "value": "fd00:10:250::77"},
+            {"type": "IPAddress", "value": "10.250.0.77"},
+        ]);
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "first",
+            "status lists both",
+            |g| {
+                anyhow::ensure!(g["status"]["addresses"] == want, "addresses");
+                let programmed = condition(&g["status"]["conditions"], "Programmed");
+                anyhow::ensure!(
+                    programmed.is_some_and(|c| c["status"] == "True"),
+                    "programmed"
+                );
+                Ok(())
+            },
+        )
+        .await?;
+        for ip in ["fd00:10:250::77", "10.250.0.77"] {
+            let to = SocketAddr::new(ip.parse()?, 80);
+            let echo = client::eventually(&format!("{to} reaches the backend"), LIVE, || async {
+                let reply = client::get(to, "gateway.test", "/").await?;
+                client::expect_status(&reply, 200)?;
+                reply.echo()
+            })
+            .await
+            .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
+            anyhow::ensure!(
+                echo.family == Family::of(&to),
+                "{to} reached the pod over {echo:?}"
+            );
+        }
+        let first_uid = service["metadata"]["uid"].clone();
+        api.merge_patch(
+            GW,
+            "Gateway",
+            Some(NS),
+            "first",
+            &json!({"spec": {"addresses": [
+            {"type": "IPAddress", "value": "10.250.0.78"}]}}),
+        )
+        .await?;
+        until(
+            &api,
+            "Gateway",
+            Some(NS),
+            "first",
+            "only the IPv4 address",
+            |g| {
+                let want = json!([{"type": "IPAddress", "value": "10.250.0.78"}]);
+                anyhow::ensure!(g["status"]["addresses"] == want, "addresses");
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|e| e.context(format!("duet's log:\n{}", duet.logs())))?;
+        let service = get(&api, "Service", Some(NS), "duet-first").await?;
+        anyhow::ensure!(
+            service["spec"]["ipFamilies"] == json!(["IPv4"]),
+            "{service}"
+        );
+        anyhow::ensure!(
+            service["metadata"]["uid"] != first_uid,
+            "the Service was not made again"
+        );
+        anyhow::Ok(())
+    };
+    run.await.unwrap();
+}

@@ -16,6 +16,10 @@ pub enum ProxyError {
     /// No host or path rule matched and there is no default backend (404).
     #[error("no route")]
     NoRoute,
+    /// On a Gateway HTTPS port, the request's host selects another listener than the TLS
+    /// server name did (421): the connection was made for that other listener.
+    #[error("misdirected request")]
+    Misdirected,
     /// The backend has no target that the family policy admits for this client (503).
     #[error("no ready target in {0}")]
     NoTarget(BackendId),
@@ -80,6 +84,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             ProxyError::NoTarget(_) | ProxyError::InvalidSourceRanges => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -99,6 +104,7 @@ impl ProxyError {
     pub fn body(&self) -> &'static str {
         match self {
             ProxyError::NoRoute => "404 no route for this host and path\n",
+            ProxyError::Misdirected => "421 misdirected request: the host is another listener's\n",
             ProxyError::NoTarget(_) => "503 no ready upstream target\n",
             ProxyError::Unresolved(_) => "500 the route's backend does not resolve\n",
             ProxyError::Forbidden => "403 client address not allowed\n",

@@ -169,9 +169,15 @@ pub struct RedirectFilter {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hostname: Option<Arc<str>>,
     /// The port; when unset, the scheme's well-known port if the scheme is set, else the
-    /// listener's port (the port of the request's `Host`, else its scheme's default).
+    /// listener's port ([`RedirectFilter::listener_port`]; without it, the port of the
+    /// request's `Host`, else its scheme's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// The port of the Gateway listener the rule is served on (translation sets it per
+    /// listener): the redirect's port when neither `port` nor `scheme` is set, whatever port the
+    /// client wrote in its `Host`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listener_port: Option<u16>,
     /// The path; the request's when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathModifier>,
@@ -224,7 +230,7 @@ impl RedirectFilter {
         let port = match (self.port, &self.scheme) {
             (Some(port), _) => Some(port),
             (None, Some(s)) => default_port(s).or(host_port),
-            (None, None) => host_port.or(default_port(scheme)),
+            (None, None) => self.listener_port.or(host_port).or(default_port(scheme)),
         };
         let name = self.hostname.as_deref().map_or(name.into(), bracketed);
         let mut location = format!("{to_scheme}://{name}");
@@ -355,9 +361,43 @@ mod tests {
             scheme: scheme.map(Into::into),
             hostname: hostname.map(Into::into),
             port,
+            listener_port: None,
             path: None,
             status: 302,
         }
+    }
+
+    #[test]
+    fn without_port_and_scheme_the_listeners_port_wins_over_the_hosts() {
+        let on = |listener_port: Option<u16>, scheme, host: &str, target| {
+            RedirectFilter {
+                listener_port,
+                ..redirect(scheme, target, None)
+            }
+            .location("http", host, None, "/p", None)
+        };
+        let host = Some("example.org");
+        assert_eq!(
+            on(Some(8080), None, "a.test:9999", host),
+            "http://example.org:8080/p"
+        );
+        assert_eq!(
+            on(Some(80), None, "a.test:9999", host),
+            "http://example.org/p"
+        );
+        assert_eq!(
+            on(Some(8080), None, "[::1]:9999", None),
+            "http://[::1]:8080/p"
+        );
+        assert_eq!(
+            on(Some(8080), None, "127.0.0.1:9999", None),
+            "http://127.0.0.1:8080/p"
+        );
+        // A scheme brings its own well-known port.
+        assert_eq!(
+            on(Some(8080), Some("https"), "a.test:9999", host),
+            "https://example.org/p"
+        );
     }
 
     #[test]

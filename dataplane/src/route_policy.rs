@@ -62,6 +62,13 @@ pub struct Cors {
     pub credentials: bool,
     /// `Access-Control-Max-Age`, seconds.
     pub max_age: u64,
+    /// Gateway API's semantics (the HTTPRoute `CORS` filter) rather than ingress-nginx's: a
+    /// `*.` origin covers one label or more; methods or headers of `*` answer with the
+    /// preflight's requested ones; origins of `*` answer with the request's own `Origin` when
+    /// credentials are allowed; and every preflight is answered by duet, an origin not allowed
+    /// getting no `Access-Control-*` header.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gateway: bool,
 }
 
 /// One allowed origin: `scheme://host[:port]`, the host possibly `*.suffix` (one label), or
@@ -116,6 +123,12 @@ impl OriginPattern {
     /// Whether an `Origin` header value matches (case-insensitive; a `*.` host covers exactly
     /// one more label).
     pub fn matches(&self, origin: &str) -> bool {
+        self.matches_labels(origin, false)
+    }
+
+    /// [`OriginPattern::matches`], a `*.` host covering one label or more when `any_depth` (as
+    /// Gateway API's `allowOrigins`).
+    pub fn matches_labels(&self, origin: &str, any_depth: bool) -> bool {
         let Some(other) = OriginPattern::parse(origin) else {
             return false;
         };
@@ -124,6 +137,11 @@ impl OriginPattern {
         }
         match self.host.strip_prefix("*.") {
             None => self.host == other.host,
+            Some(suffix) if any_depth => other
+                .host
+                .strip_suffix(suffix)
+                .and_then(|head| head.strip_suffix('.'))
+                .is_some_and(|head| !head.is_empty() && !head.starts_with('[')),
             Some(suffix) => other
                 .host
                 .split_once('.')

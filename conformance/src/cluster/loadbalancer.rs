@@ -15,6 +15,10 @@
 //! kube-proxy would: a Gateway whose status still shows them (the load balancer not having
 //! answered yet) is reachable there too.
 //!
+//! A Service asking for addresses with the `metallb.io/loadBalancerIPs` annotation gets exactly
+//! those when they are in the pools, one per family of the Service and free, and none otherwise
+//! (as MetalLB does).
+//!
 //! A Service whose `status.loadBalancer.ingress` someone else wrote (a test standing in for a
 //! load balancer of its own) is left to them: its addresses are released and it is skipped from
 //! then on. Status writes carry the `resourceVersion` read, so a write racing theirs loses.
@@ -51,6 +55,20 @@ const POOL_V4_BASE: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 0);
 const POOL_V6_BASE: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x250, 0, 0, 0, 0, 0);
 const POOL_V4_SIZE: u32 = 254;
 const POOL_V6_SIZE: u32 = 0xfffe;
+
+/// The annotation a Service asks for given addresses with (MetalLB's: comma-separated, one per
+/// family), as duet's Gateway Services do for `spec.addresses`.
+pub const REQUESTED_IPS: &str = "metallb.io/loadBalancerIPs";
+
+fn in_pool_v4(ip: Ipv4Addr) -> bool {
+    let offset = u32::from(ip).wrapping_sub(u32::from(POOL_V4_BASE));
+    (1..=POOL_V4_SIZE).contains(&offset)
+}
+
+fn in_pool_v6(ip: Ipv6Addr) -> bool {
+    let offset = u128::from(ip).wrapping_sub(u128::from(POOL_V6_BASE));
+    (1..=u128::from(POOL_V6_SIZE)).contains(&offset)
+}
 
 /// How often Services and EndpointSlices are read.
 const TICK: Duration = Duration::from_millis(200);
@@ -419,11 +437,20 @@ impl State {
         }
     }
 
-    /// The Service's addresses: those given before, plus one per family it gained.
+    /// The Service's addresses: those it asks for with [`REQUESTED_IPS`] when they can be given
+    /// (else none), or those given before plus one per family it gained.
     fn assign(&mut self, service: &Value) -> anyhow::Result<Assigned> {
         let uid = str_at(service, "/metadata/uid").to_owned();
         let families = families(service);
-        let mut assigned = self.assigned.get(&uid).cloned().unwrap_or_default();
+        let before = self.assigned.get(&uid).cloned().unwrap_or_default();
+        if let Some(requested) = service["metadata"]["annotations"][REQUESTED_IPS].as_str() {
+            let wanted = self
+                .requested(&uid, requested, &families)
+                .unwrap_or_default();
+            self.replace(&uid, &before, &wanted)?;
+            return Ok(wanted);
+        }
+        let mut assigned = before;
         if families.iter().any(|f| f == "IPv4") && assigned.v4.is_none() {
             let ip = self
                 .free_v4()
@@ -440,6 +467,40 @@ impl State {
         }
         self.assigned.insert(uid, assigned.clone());
         Ok(assigned)
+    }
+
+    /// The addresses a Service asks for (`a,b`), when they can all be given: one per family of
+    /// the Service, each in the pool and held by no other Service (MetalLB gives all or none).
+    fn requested(&self, uid: &str, requested: &str, families: &[String]) -> Option<Assigned> {
+        let mut out = Assigned::default();
+        for text in requested.split(',').map(str::trim) {
+            match text.parse::<IpAddr>().ok()? {
+                IpAddr::V4(ip) if out.v4.is_none() && in_pool_v4(ip) => out.v4 = Some(ip),
+                IpAddr::V6(ip) if out.v6.is_none() && in_pool_v6(ip) => out.v6 = Some(ip),
+                _ => return None,
+            }
+        }
+        let has = |f: &str| families.iter().any(|x| x == f);
+        let fits = out.v4.is_some() == has("IPv4") && out.v6.is_some() == has("IPv6");
+        let taken = self.assigned.iter().any(|(other, a)| {
+            other != uid
+                && ((out.v4.is_some() && a.v4 == out.v4) || (out.v6.is_some() && a.v6 == out.v6))
+        });
+        (fits && !taken).then_some(out)
+    }
+
+    /// Moves a Service from the addresses it had to `wanted` (on the loopback and in the table).
+    fn replace(&mut self, uid: &str, before: &Assigned, wanted: &Assigned) -> anyhow::Result<()> {
+        let old = [before.v4.map(IpAddr::V4), before.v6.map(IpAddr::V6)];
+        let new = [wanted.v4.map(IpAddr::V4), wanted.v6.map(IpAddr::V6)];
+        for ip in old.iter().flatten().filter(|ip| !new.contains(&Some(**ip))) {
+            local_address("del", *ip)?;
+        }
+        for ip in new.iter().flatten().filter(|ip| !old.contains(&Some(**ip))) {
+            local_address("add", *ip)?;
+        }
+        self.assigned.insert(uid.to_owned(), wanted.clone());
+        Ok(())
     }
 
     fn free_v4(&self) -> Option<Ipv4Addr> {

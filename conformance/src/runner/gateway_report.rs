@@ -37,6 +37,9 @@ pub struct Status {
     /// The failed tests' names.
     #[serde(default)]
     pub failed_tests: Vec<String>,
+    /// The features of the profile's extended part the run did not claim (extended only).
+    #[serde(default)]
+    pub unsupported_features: Vec<String>,
 }
 
 /// Test counts; the upstream type has no JSON tags, so the keys are its Go field names.
@@ -95,21 +98,42 @@ impl Report {
     pub fn failed_core(&self) -> Vec<String> {
         self.profiles()
             .iter()
+            .flat_map(|p| failed_of(&p.name, &p.core))
+            .collect()
+    }
+
+    /// The failed tests of every profile, core and extended, `PROFILE/Test`.
+    pub fn failed(&self) -> Vec<String> {
+        self.profiles()
+            .iter()
             .flat_map(|p| {
-                let named: Vec<String> = p
-                    .core
-                    .failed_tests
-                    .iter()
-                    .map(|t| format!("{}/{t}", p.name))
-                    .collect();
-                // A count without names still counts.
-                let unnamed = (p.core.statistics.failed as usize).saturating_sub(named.len());
-                named
-                    .into_iter()
-                    .chain((0..unnamed).map(move |_| format!("{}/(unnamed)", p.name)))
+                let extended = p.extended.iter().flat_map(|e| failed_of(&p.name, e));
+                failed_of(&p.name, &p.core).chain(extended)
             })
             .collect()
     }
+
+    /// `PROFILE unsupported: A, B` for every profile with extended features not claimed.
+    pub fn unsupported_lines(&self) -> Vec<String> {
+        self.profiles()
+            .iter()
+            .filter_map(|p| {
+                let e = p.extended.as_ref()?;
+                let list = &e.unsupported_features;
+                (!list.is_empty()).then(|| format!("{} unsupported: {}", p.name, list.join(", ")))
+            })
+            .collect()
+    }
+}
+
+/// The failed tests of one part of a profile, `PROFILE/Test`; a count without names still counts.
+fn failed_of<'a>(profile: &'a str, status: &'a Status) -> impl Iterator<Item = String> + 'a {
+    let named = status
+        .failed_tests
+        .iter()
+        .map(move |t| format!("{profile}/{t}"));
+    let unnamed = (status.statistics.failed as usize).saturating_sub(status.failed_tests.len());
+    named.chain((0..unnamed).map(move |_| format!("{profile}/(unnamed)")))
 }
 
 #[cfg(test)]
@@ -146,13 +170,19 @@ profiles:
   name: GATEWAY-HTTP
   summary: Core tests failed with 2 test failures.
   extended:
-    result: partial
+    failedTests:
+    - HTTPRouteRequestMirror
+    result: failure
     statistics:
-      Failed: 0
+      Failed: 1
       Passed: 3
       Skipped: 0
     supportedFeatures:
     - HTTPRouteQueryParamMatching
+    - HTTPRouteRequestMirror
+    unsupportedFeatures:
+    - HTTPRouteCORS
+    - ListenerSet
 - core:
     result: success
     statistics:
@@ -170,7 +200,7 @@ profiles:
             report.lines(&["GATEWAY-HTTP", "GATEWAY-GRPC"]),
             [
                 "GATEWAY-HTTP core: 30 passed, 2 failed, 1 skipped",
-                "GATEWAY-HTTP extended: 3 passed, 0 failed, 0 skipped",
+                "GATEWAY-HTTP extended: 3 passed, 1 failed, 0 skipped",
                 "GATEWAY-GRPC core: 2 passed, 0 failed, 0 skipped",
                 "GATEWAY-GRPC extended: 0 passed, 0 failed, 0 skipped",
             ]
@@ -181,6 +211,16 @@ profiles:
                 "GATEWAY-HTTP/GatewayWithAttachedRoutes",
                 "GATEWAY-HTTP/HTTPRouteSimpleSameNamespace"
             ]
+        );
+        assert_eq!(
+            report.failed().last().map(String::as_str),
+            Some("GATEWAY-HTTP/HTTPRouteRequestMirror"),
+            "extended failures count too"
+        );
+        assert_eq!(report.failed().len(), 3);
+        assert_eq!(
+            report.unsupported_lines(),
+            ["GATEWAY-HTTP unsupported: HTTPRouteCORS, ListenerSet"]
         );
     }
 

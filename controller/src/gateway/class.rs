@@ -18,18 +18,29 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
     "BackendTLSPolicySANValidation",
     "GRPCRoute",
+    "GRPCRouteNamedRouteRule",
     "Gateway",
+    "GatewayAddressEmpty",
     "GatewayBackendClientCertificate",
+    "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
+    "GatewayInfrastructure",
     "GatewayPort8080",
+    "GatewayStaticAddresses",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
     "HTTPRoute308RedirectStatusCode",
     "HTTPRouteBackendProtocolH2C",
     "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendRequestHeaderModification",
     "HTTPRouteBackendTimeout",
+    "HTTPRouteCORS",
+    "HTTPRouteDestinationPortMatching",
     "HTTPRouteHostRewrite",
     "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
     "HTTPRoutePathRedirect",
     "HTTPRoutePathRewrite",
     "HTTPRoutePortRedirect",
@@ -106,9 +117,10 @@ mod tests {
             .into_iter()
             .map(|f| f.name)
             .collect();
-        assert!(names.is_sorted() && names.len() == 23, "{names:?}");
+        assert!(names.is_sorted(), "{names:?}");
+        assert_eq!(names.len(), SUPPORTED_FEATURES.len(), "{names:?}");
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
-        assert!(names.iter().any(|n| n == "BackendTLSPolicySANValidation"));
+        assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(

@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -595,6 +596,8 @@ struct Placed {
     addresses: Vec<Address>,
     /// Why there is no Service, when that is a problem.
     problem: Option<String>,
+    /// Which addresses of `spec.addresses` the load balancer has not given the Service.
+    unusable: Option<String>,
 }
 
 /// Applies (or deletes, without ports) the Gateway's Service and its EndpointSlices.
@@ -614,10 +617,10 @@ async fn place_service(
     if let Some(svc) = existing.as_ref().filter(|s| !owned_by(s, gateway)) {
         let _ = svc;
         return Ok(Placed {
-            addresses: Vec::new(),
             problem: Some(format!(
                 "Service {namespace}/{name} exists and is not this Gateway's"
             )),
+            ..Placed::default()
         });
     }
     let key = (namespace.clone(), gateway_name.clone());
@@ -636,7 +639,15 @@ async fn place_service(
         name: gateway_name.clone(),
         uid: gateway.metadata.uid.clone().unwrap_or_default(),
     };
-    let desired = service::desired_service(&owner, ports);
+    let shape = service::Shape::of(&gateway.spec);
+    let desired = service::desired_service(&owner, ports, &shape);
+    if existing
+        .as_ref()
+        .is_some_and(|s| primary_family_changes(s, &shape))
+    {
+        // A Service's primary family cannot change: it is made again.
+        api.delete(&name, &DeleteParams::default()).await?;
+    }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let applied = api.patch(&name, &params, &Patch::Apply(&desired)).await?;
     ctx.written
@@ -649,10 +660,41 @@ async fn place_service(
         .service_of(&namespace, &gateway_name)
         .filter(|s| s.metadata.uid == applied.metadata.uid && service::held_ports(s) == *ports)
         .map_or(applied, |s| s.as_ref().clone());
-    Ok(Placed {
-        addresses: service::addresses(&latest),
+    Ok(placed(&latest, &shape.addresses))
+}
+
+/// Whether the addresses a Gateway asks for are of another primary family than its Service's.
+fn primary_family_changes(existing: &Service, shape: &service::Shape) -> bool {
+    let wanted = shape.families();
+    let has = service::families(existing);
+    !wanted.is_empty() && !has.is_empty() && wanted[0] != has[0]
+}
+
+/// The Gateway's addresses from its Service: every address the load balancer gave it, or, when
+/// the Gateway asks for addresses, those of them it was given (and which it was not).
+fn placed(service: &Service, requested: &[IpAddr]) -> Placed {
+    if requested.is_empty() {
+        return Placed {
+            addresses: service::addresses(service),
+            ..Placed::default()
+        };
+    }
+    let given = service::load_balancer_ips(service);
+    let (ok, missing): (Vec<&IpAddr>, Vec<&IpAddr>) =
+        requested.iter().partition(|ip| given.contains(ip));
+    let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    Placed {
+        addresses: ok.iter().map(|ip| ("IPAddress", ip.to_string())).collect(),
         problem: None,
-    })
+        unusable: (!missing.is_empty()).then(|| {
+            format!(
+                "the load balancer has not given the Gateway's Service {} (asked with the {} \
+                 annotation)",
+                missing.join(", "),
+                service::REQUESTED_IPS_ANNOTATION
+            )
+        }),
+    }
 }
 
 /// One EndpointSlice per family of the Service, listing duet's ready pods.
@@ -699,6 +741,8 @@ fn gateway_status(
         Cond::no("Programmed", "Invalid", "the Gateway is not accepted")
     } else if let Some(problem) = &placed.problem {
         Cond::no("Programmed", "AddressNotAssigned", problem.clone())
+    } else if let Some(why) = &placed.unusable {
+        Cond::no("Programmed", "AddressNotUsable", why.clone())
     } else if placed.addresses.is_empty() {
         Cond::no(
             "Programmed",

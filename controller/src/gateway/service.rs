@@ -4,7 +4,11 @@
 //! The Service lives in the Gateway's namespace, owned by the Gateway (the garbage collector
 //! deletes it with the Gateway), `type: LoadBalancer`, `ipFamilyPolicy: PreferDualStack`, one
 //! TCP port per valid listener port (named `port-N`) whose `targetPort` is the pod port duet
-//! assigned ([`super::ports`]). It has no selector: duet's pods live in duet's namespace, which a
+//! assigned ([`super::ports`]). The Gateway's `spec.infrastructure` labels and annotations are
+//! copied onto it (duet's own two labels win), and the IP addresses of `spec.addresses` are asked
+//! of the load balancer with the `metallb.io/loadBalancerIPs` annotation (MetalLB's, the one
+//! bare-metal load balancers read), the Service then having exactly their families in their
+//! order. It has no selector: duet's pods live in duet's namespace, which a
 //! selector cannot reach, so duet writes the EndpointSlices itself, one per family of the
 //! Service, listing duet's ready pods at the assigned ports.
 
@@ -17,7 +21,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 pub use crate::gateway_api::names::{port_name, ports_held, service_name};
+use crate::gateway_api::GatewaySpec;
 use crate::gateway_api::GROUP;
+use crate::translate::gateway::listeners::requested_addresses;
 
 /// The label on every object duet manages for a Gateway.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -27,6 +33,49 @@ pub const MANAGED_BY: &str = "duet-gateway";
 pub const GATEWAY_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 /// `endpointslice.kubernetes.io/managed-by` of duet's slices.
 pub const SLICE_MANAGER: &str = "gateway.duet.dev";
+
+/// The annotation asking the load balancer for given addresses (MetalLB's; comma-separated, at
+/// most one per family).
+pub const REQUESTED_IPS_ANNOTATION: &str = "metallb.io/loadBalancerIPs";
+
+/// What a Gateway asks of its Service beyond its ports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// `spec.infrastructure.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `spec.infrastructure.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// The IP addresses of `spec.addresses`, in its order.
+    pub addresses: Vec<IpAddr>,
+}
+
+impl Shape {
+    /// The shape a Gateway spec asks for (addresses refused by
+    /// [`requested_addresses`](crate::translate::gateway::listeners::requested_addresses) ask
+    /// nothing: such a Gateway is not accepted and gets no Service).
+    pub fn of(spec: &GatewaySpec) -> Shape {
+        let infra = spec.infrastructure.as_ref();
+        Shape {
+            labels: infra.and_then(|i| i.labels.clone()).unwrap_or_default(),
+            annotations: infra
+                .and_then(|i| i.annotations.clone())
+                .unwrap_or_default(),
+            addresses: requested_addresses(spec).unwrap_or_default(),
+        }
+    }
+
+    /// The families of the requested addresses, first seen first (`IPv4`, `IPv6`).
+    pub fn families(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for ip in &self.addresses {
+            let family = family_of(ip);
+            if !out.iter().any(|f| f == family) {
+                out.push(family.to_owned());
+            }
+        }
+        out
+    }
+}
 
 /// The Gateway a Service is built for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,28 +99,50 @@ fn owner_reference(owner: &Owner) -> OwnerReference {
     }
 }
 
-fn labels(gateway: &str) -> BTreeMap<String, String> {
+fn labels(gateway: &str, shape: &Shape) -> BTreeMap<String, String> {
     let value: String = gateway.chars().take(63).collect();
     let value = value.trim_end_matches(['-', '.']).to_owned();
-    BTreeMap::from([
-        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
-        (GATEWAY_LABEL.to_owned(), value),
-    ])
+    let mut labels = shape.labels.clone();
+    labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned());
+    labels.insert(GATEWAY_LABEL.to_owned(), value);
+    labels
+}
+
+fn annotations(shape: &Shape) -> Option<BTreeMap<String, String>> {
+    let mut out = shape.annotations.clone();
+    if !shape.addresses.is_empty() {
+        let ips: Vec<String> = shape.addresses.iter().map(IpAddr::to_string).collect();
+        out.insert(REQUESTED_IPS_ANNOTATION.to_owned(), ips.join(","));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// `ipFamilyPolicy` and `ipFamilies`: both families when the Gateway asks no address, else
+/// exactly the families of the addresses it asks, in their order.
+fn family_policy(shape: &Shape) -> (String, Option<Vec<String>>) {
+    match shape.families() {
+        f if f.is_empty() => ("PreferDualStack".to_owned(), None),
+        f if f.len() == 1 => ("SingleStack".to_owned(), Some(f)),
+        f => ("RequireDualStack".to_owned(), Some(f)),
+    }
 }
 
 /// The Service for a Gateway with `ports` (listener port -> pod port).
-pub fn desired_service(owner: &Owner, ports: &BTreeMap<u16, u16>) -> Service {
+pub fn desired_service(owner: &Owner, ports: &BTreeMap<u16, u16>, shape: &Shape) -> Service {
+    let (policy, families) = family_policy(shape);
     Service {
         metadata: ObjectMeta {
             name: Some(service_name(&owner.name)),
             namespace: Some(owner.namespace.clone()),
-            labels: Some(labels(&owner.name)),
+            labels: Some(labels(&owner.name, shape)),
+            annotations: annotations(shape),
             owner_references: Some(vec![owner_reference(owner)]),
             ..ObjectMeta::default()
         },
         spec: Some(ServiceSpec {
             type_: Some("LoadBalancer".to_owned()),
-            ip_family_policy: Some("PreferDualStack".to_owned()),
+            ip_family_policy: Some(policy),
+            ip_families: families,
             ports: Some(
                 ports
                     .iter()
@@ -148,6 +219,21 @@ pub fn addresses(service: &Service) -> Vec<Address> {
         .into_iter()
         .filter(|ip| ip.parse::<IpAddr>().is_ok())
         .map(|ip| ("IPAddress", ip))
+        .collect()
+}
+
+/// The IP addresses the load balancer gave the Service (`status.loadBalancer.ingress`).
+pub fn load_balancer_ips(service: &Service) -> Vec<IpAddr> {
+    let status = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref());
+    let ingress = status
+        .and_then(|lb| lb.ingress.as_deref())
+        .unwrap_or_default();
+    ingress
+        .iter()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
         .collect()
 }
 
@@ -261,7 +347,7 @@ mod tests {
         assert!(crate::gateway::config::is_dns_label(&name), "{name}");
         assert_ne!(name, service_name(&("a.".repeat(100) + "c")));
         let ports = BTreeMap::from([(80, 20000), (443, 20001)]);
-        let service = desired_service(&owner("web"), &ports);
+        let service = desired_service(&owner("web"), &ports, &Shape::default());
         assert_eq!(held_ports(&service), ports);
         let spec = service.spec.as_ref().unwrap();
         assert_eq!(spec.ip_family_policy.as_deref(), Some("PreferDualStack"));
@@ -275,8 +361,71 @@ mod tests {
     }
 
     #[test]
+    fn infrastructure_metadata_and_requested_addresses_shape_the_service() {
+        let spec: GatewaySpec = serde_saphyr::from_str(
+            "gatewayClassName: duet\n\
+             infrastructure: {labels: {team: a, app.kubernetes.io/managed-by: x}, annotations: {k: v}}\n\
+             addresses: [{value: 'fd00:10:250::9'}, {type: IPAddress, value: 10.250.0.9}]\n\
+             listeners: [{name: a, port: 80, protocol: HTTP}]",
+        )
+        .unwrap();
+        let service = desired_service(
+            &owner("web"),
+            &BTreeMap::from([(80, 20000)]),
+            &Shape::of(&spec),
+        );
+        let labels = service.metadata.labels.unwrap();
+        assert_eq!(labels["team"], "a");
+        assert_eq!(
+            labels[MANAGED_BY_LABEL], MANAGED_BY,
+            "duet's own labels win"
+        );
+        assert_eq!(labels[GATEWAY_LABEL], "web");
+        let annotations = service.metadata.annotations.unwrap();
+        assert_eq!(annotations["k"], "v");
+        assert_eq!(
+            annotations[REQUESTED_IPS_ANNOTATION],
+            "fd00:10:250::9,10.250.0.9"
+        );
+        let spec_out = service.spec.unwrap();
+        assert_eq!(
+            spec_out.ip_family_policy.as_deref(),
+            Some("RequireDualStack")
+        );
+        assert_eq!(
+            spec_out.ip_families.unwrap(),
+            ["IPv6", "IPv4"],
+            "the spec's order"
+        );
+        let one: GatewaySpec = serde_saphyr::from_str(
+            "gatewayClassName: duet\naddresses: [{value: 10.250.0.9}, {type: IPAddress}]\n\
+             listeners: [{name: a, port: 80, protocol: HTTP}]",
+        )
+        .unwrap();
+        let service = desired_service(
+            &owner("web"),
+            &BTreeMap::from([(80, 20000)]),
+            &Shape::of(&one),
+        );
+        let spec_out = service.spec.unwrap();
+        assert_eq!(spec_out.ip_family_policy.as_deref(), Some("SingleStack"));
+        assert_eq!(spec_out.ip_families.unwrap(), ["IPv4"]);
+        let none = desired_service(
+            &owner("web"),
+            &BTreeMap::from([(80, 20000)]),
+            &Shape::default(),
+        );
+        assert!(none.metadata.annotations.is_none());
+        assert!(none.spec.unwrap().ip_families.is_none());
+    }
+
+    #[test]
     fn addresses_follow_the_family_order_and_fall_back_to_cluster_ips() {
-        let mut service = desired_service(&owner("web"), &BTreeMap::from([(80, 20000)]));
+        let mut service = desired_service(
+            &owner("web"),
+            &BTreeMap::from([(80, 20000)]),
+            &Shape::default(),
+        );
         let spec = service.spec.as_mut().unwrap();
         spec.ip_families = Some(vec!["IPv6".to_owned(), "IPv4".to_owned()]);
         spec.cluster_ips = Some(vec!["fd00:10:96::5".to_owned(), "10.96.0.5".to_owned()]);

@@ -136,33 +136,37 @@ pub fn parse(text: &str, previous: &[Object]) -> Parsed {
                     parsed.objects.push(object);
                 }
             }
-            Err(failure) => {
-                let kept = failure
-                    .key
-                    .as_ref()
-                    .and_then(|k| previous.iter().find(|o| &o.key() == k))
-                    .filter(|_| failure.keep_previous);
-                let what = failure
-                    .key
-                    .as_ref()
-                    .map(ObjectKey::to_string)
-                    .or(failure.described)
-                    .unwrap_or_else(|| format!("document {n}"));
-                let error = match kept {
-                    Some(old) => {
-                        parsed.objects.push(old.clone());
-                        format!("{}; keeping its last good version", failure.error)
-                    }
-                    None => format!("{}; skipped", failure.error),
-                };
-                parsed.problems.push(Problem {
-                    object: Some(what),
-                    error,
-                });
-            }
+            Err(failure) => keep_or_skip(&mut parsed, failure, previous, n),
         }
     }
     parsed
+}
+
+/// A document that did not decode: its problem, and the object's last good version kept when
+/// the failure allows it (a known object whose content is invalid).
+fn keep_or_skip(parsed: &mut Parsed, failure: DecodeFailure, previous: &[Object], n: usize) {
+    let kept = failure
+        .key
+        .as_ref()
+        .and_then(|k| previous.iter().find(|o| &o.key() == k))
+        .filter(|_| failure.keep_previous);
+    let what = failure
+        .key
+        .as_ref()
+        .map(ObjectKey::to_string)
+        .or(failure.described)
+        .unwrap_or_else(|| format!("document {n}"));
+    let error = match kept {
+        Some(old) => {
+            parsed.objects.push(old.clone());
+            format!("{}; keeping its last good version", failure.error)
+        }
+        None => format!("{}; skipped", failure.error),
+    };
+    parsed.problems.push(Problem {
+        object: Some(what),
+        error,
+    });
 }
 
 struct DecodeFailure {
@@ -172,7 +176,10 @@ struct DecodeFailure {
     error: String,
 }
 
-fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
+/// The kind and key of a document: `apiVersion`, `kind` and `metadata.name` required,
+/// `metadata.namespace` defaulting to `default` for namespaced kinds (and written back so the
+/// typed object has it) and dropped for cluster-wide ones.
+fn identify(doc: &mut Value) -> Result<(Kind, ObjectKey), DecodeFailure> {
     let api_version = doc
         .get("apiVersion")
         .and_then(Value::as_str)
@@ -226,6 +233,11 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
             meta.remove("namespace");
         }
     }
+    Ok((kind, key))
+}
+
+fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
+    let (kind, key) = identify(&mut doc)?;
     let failed = |e: serde_json::Error| DecodeFailure {
         key: Some(key.clone()),
         described: None,

@@ -18,7 +18,8 @@
 //!
 //! A [`RuleRouting`] holds one [`RuleMatch`] per match of the rule (their OR; a rule without
 //! matches gets one, `PathPrefix /`) and the rule's [`Filters`] (header modifiers, redirect,
-//! rewrite, timeouts), shared by them all. For each match and each hostname the rule attaches
+//! rewrite, timeouts), shared by them all, and its `CORS` filter, which the caller puts in the
+//! action's `choice`. For each match and each hostname the rule attaches
 //! under, the caller makes one `PathRule { matcher: m.path, when: m.when, action }` whose
 //! `action.filters` is `routing.filters`; the table orders them as the spec says (path kind and
 //! length, then method, then number of headers, then of query parameters, then the older
@@ -35,6 +36,7 @@ use dataplane::request_match::{
     escape, FullRegex, HeaderCondition, HeaderName, HeaderValue, Method, QueryCondition,
     RequestMatch, TextMatch,
 };
+use dataplane::route_policy::{Cors, OriginPattern};
 use dataplane::table::{BackendId, PathMatch, UpstreamProtocol};
 
 use crate::gateway_api::grpcroutes::{
@@ -97,6 +99,8 @@ pub struct RuleRouting {
     pub matches: Vec<RuleMatch>,
     /// The rule's filters and timeouts, if any.
     pub filters: Option<Arc<Filters>>,
+    /// The rule's `CORS` filter, if any (the caller puts it in the action's `choice`).
+    pub cors: Option<Arc<Cors>>,
 }
 
 impl RuleRouting {
@@ -115,13 +119,15 @@ pub fn http_rule(rule: &HttpRouteRules) -> Result<RuleRouting, RuleRefusal> {
         None | Some([]) => vec![http_match(&HttpRouteRulesMatches::default())?],
         Some(list) => list.iter().map(http_match).collect::<Result<_, _>>()?,
     };
-    let mut filters = http_filters(rule.filters.as_deref().unwrap_or_default(), &matches)?;
+    let list = rule.filters.as_deref().unwrap_or_default();
+    let mut filters = http_filters(list, &matches)?;
     if let Some(t) = &rule.timeouts {
         set_timeouts(&mut filters, t)?;
     }
     Ok(RuleRouting {
         matches,
         filters: (filters != Filters::default()).then(|| Arc::new(filters)),
+        cors: http_cors(list)?,
     })
 }
 
@@ -282,6 +288,8 @@ fn http_filters(
                 let r = f.url_rewrite.as_ref().map(|r| rewrite(r, matches));
                 once(&mut out.rewrite, r.transpose()?, "URLRewrite")?;
             }
+            // Translated by `http_cors`.
+            HttpRouteRulesFiltersType::Cors => {}
             ref other => {
                 return Err(unsupported(format!(
                     "filter type {other:?} is not supported"
@@ -293,6 +301,68 @@ fn http_filters(
         return Err(incompatible("RequestRedirect and URLRewrite on one rule"));
     }
     Ok(out)
+}
+
+/// The rule's `CORS` filter, with Gateway API's semantics ([`Cors::gateway`]): `maxAge`
+/// defaults to 5 seconds; a `*` among the origins, methods or headers allows them all.
+fn http_cors(list: &[HttpRouteRulesFilters]) -> Result<Option<Arc<Cors>>, RuleRefusal> {
+    let mut slot = None;
+    for f in list
+        .iter()
+        .filter(|f| f.r#type == HttpRouteRulesFiltersType::Cors)
+    {
+        once(&mut slot, f.cors.as_ref(), "CORS")?;
+    }
+    let Some(c) = slot else {
+        return Ok(None);
+    };
+    let written = c.allow_origins.as_deref().unwrap_or_default();
+    let origins = if written.iter().any(|o| o == "*") {
+        None
+    } else {
+        let parse = |o: &String| {
+            OriginPattern::parse(o).ok_or_else(|| {
+                unsupported(format!(
+                    "CORS allowOrigins {o:?} is not an origin like https://app.example.com or https://*.example.com"
+                ))
+            })
+        };
+        Some(written.iter().map(parse).collect::<Result<Vec<_>, _>>()?)
+    };
+    let max_age = match c.max_age {
+        None => 5,
+        Some(s) => {
+            u64::try_from(s).map_err(|_| unsupported(format!("CORS maxAge {s} is negative")))?
+        }
+    };
+    Ok(Some(Arc::new(Cors {
+        origins,
+        methods: cors_tokens("allowMethods", c.allow_methods.as_deref())?.into(),
+        headers: cors_tokens("allowHeaders", c.allow_headers.as_deref())?.into(),
+        expose: Some(cors_tokens("exposeHeaders", c.expose_headers.as_deref())?)
+            .filter(|e| !e.is_empty())
+            .map(Into::into),
+        credentials: c.allow_credentials.unwrap_or(false),
+        max_age,
+        gateway: true,
+    })))
+}
+
+/// A CORS list of methods or header names as a header value (`*` when the list has it).
+fn cors_tokens(what: &str, values: Option<&[String]>) -> Result<String, RuleRefusal> {
+    let values = values.unwrap_or_default();
+    if values.iter().any(|v| v == "*") {
+        return Ok("*".to_owned());
+    }
+    let token = |v: &String| {
+        !v.is_empty()
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    if let Some(bad) = values.iter().find(|v| !token(v)) {
+        return Err(unsupported(format!("CORS {what} {bad:?} is not a token")));
+    }
+    Ok(values.join(", "))
 }
 
 /// Sets a filter that must appear at most once per rule; a filter of its type without its field
@@ -435,6 +505,7 @@ fn redirect(
             .map(|h| hostname(h, "redirect"))
             .transpose()?,
         port,
+        listener_port: None,
         path,
         status,
     })
@@ -561,6 +632,7 @@ pub fn grpc_rule(rule: &GrpcRouteRules) -> Result<RuleRouting, RuleRefusal> {
     Ok(RuleRouting {
         matches,
         filters: (filters != Filters::default()).then(|| Arc::new(filters)),
+        cors: None,
     })
 }
 
@@ -676,6 +748,40 @@ mod tests {
             Ok(routing) => panic!("accepted {yaml}: {routing:?}"),
             Err(refusal) => refusal,
         }
+    }
+
+    #[test]
+    fn a_named_rule_is_served_like_any_other() {
+        let named = http_rule(&rule(
+            "name: named-rule\nmatches: [{path: {type: PathPrefix, value: /named}}]",
+        ));
+        let routing = named.expect("a rule name is accepted");
+        assert_eq!(routing.matches[0].path, PathMatch::prefix("/named"));
+    }
+
+    #[test]
+    fn the_cors_filter_takes_gateway_api_semantics() {
+        let cors = |yaml: &str| {
+            let routing = http_rule(&rule(&format!("filters: [{{type: CORS, cors: {yaml}}}]")));
+            routing.unwrap().cors.expect("a CORS filter")
+        };
+        let c = cors("{allowOrigins: ['https://www.foo.com', 'https://*.bar.com'], allowMethods: [GET, OPTIONS], allowHeaders: [x-a, x-b], exposeHeaders: [x-c], allowCredentials: true, maxAge: 3600}");
+        assert!(c.gateway);
+        assert_eq!(c.origins.as_ref().map(Vec::len), Some(2));
+        assert_eq!((&*c.methods, &*c.headers), ("GET, OPTIONS", "x-a, x-b"));
+        assert_eq!(c.expose.as_deref(), Some("x-c"));
+        assert!(c.credentials);
+        assert_eq!(c.max_age, 3600);
+        // `*` allows every origin, method and header; maxAge defaults to 5 s; no credentials.
+        let any = cors("{allowOrigins: ['*', 'https://a.test'], allowMethods: ['*'], allowHeaders: [x-a, '*']}");
+        assert_eq!(any.origins, None);
+        assert_eq!((&*any.methods, &*any.headers), ("*", "*"));
+        assert_eq!(
+            (any.expose.clone(), any.credentials, any.max_age),
+            (None, false, 5)
+        );
+        // No origins: none is allowed.
+        assert_eq!(cors("{}").origins, Some(Vec::new()));
     }
 
     #[test]
@@ -803,7 +909,14 @@ timeouts: {request: 1m30s, backendRequest: 500ms}
             ("matches: [{path: {type: Exact, value: /a}}]\nfilters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /b}}}]", UNSUPPORTED_VALUE, "PathPrefix matches only"),
             ("filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}]", UNSUPPORTED_VALUE, "RequestMirror"),
             ("filters: [{type: ExtensionRef, extensionRef: {group: g, kind: K, name: n}}]", UNSUPPORTED_VALUE, "ExtensionRef"),
-            ("filters: [{type: CORS, cors: {}}]", UNSUPPORTED_VALUE, "Cors"),
+            ("filters: [{type: CORS}]", UNSUPPORTED_VALUE, "without its CORS"),
+            ("filters: [{type: CORS, cors: {}}, {type: CORS, cors: {}}]", INCOMPATIBLE_FILTERS, "twice"),
+            ("filters: [{type: CORS, cors: {allowOrigins: ['example.com']}}]", UNSUPPORTED_VALUE, "allowOrigins"),
+            ("filters: [{type: CORS, cors: {allowOrigins: ['https://a.test/path']}}]", UNSUPPORTED_VALUE, "allowOrigins"),
+            ("filters: [{type: CORS, cors: {allowHeaders: ['x y']}}]", UNSUPPORTED_VALUE, "allowHeaders"),
+            ("filters: [{type: CORS, cors: {allowMethods: [\"GET\\r\\nX: 1\"]}}]", UNSUPPORTED_VALUE, "allowMethods"),
+            ("filters: [{type: CORS, cors: {exposeHeaders: ['a,b']}}]", UNSUPPORTED_VALUE, "exposeHeaders"),
+            ("filters: [{type: CORS, cors: {maxAge: -1}}]", UNSUPPORTED_VALUE, "maxAge"),
             ("filters: [{type: URLRewrite, urlRewrite: {hostname: a.test}}, {type: RequestRedirect, requestRedirect: {}}]", INCOMPATIBLE_FILTERS, "RequestRedirect and URLRewrite"),
             ("filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {}}, {type: ResponseHeaderModifier, responseHeaderModifier: {}}]", INCOMPATIBLE_FILTERS, "twice"),
             ("timeouts: {request: 1x}", UNSUPPORTED_VALUE, "timeouts.request"),

@@ -276,12 +276,6 @@ pub fn plan_ingress_change(
         defaults |= print.default_backend;
         hosts.extend(print.hosts.iter().cloned());
     }
-    // The members are found with borrowed names, not through a map of every Ingress by an
-    // allocated name: by binary search when the inputs are sorted (as the index lists them),
-    // else by one pass over them.
-    fn key(i: &Ingress) -> (&str, &str) {
-        NsName::borrowed(&i.metadata)
-    }
     let sorted = inputs.sorted;
     debug_assert!(!sorted || inputs.ingresses.is_sorted_by(|a, b| key(a) < key(b)));
     let limit = (prints.by_ingress.len() * MAX_SHARE_EIGHTHS / 8).max(8);
@@ -301,27 +295,7 @@ pub fn plan_ingress_change(
         if members.len() > limit {
             return None;
         }
-        let all = &inputs.ingresses;
-        let ingresses: Vec<&Ingress> = if sorted {
-            // In name order, as the members.
-            let find = |m: &NsName| {
-                let wanted = (m.namespace.as_str(), m.name.as_str());
-                all.binary_search_by(|i| key(i).cmp(&wanted)).ok()
-            };
-            members.iter().filter_map(find).map(|at| all[at]).collect()
-        } else {
-            let wanted: BTreeSet<(&str, &str)> = members
-                .iter()
-                .map(|m| (m.namespace.as_str(), m.name.as_str()))
-                .collect();
-            let mut ingresses: Vec<&Ingress> = all
-                .iter()
-                .copied()
-                .filter(|i| wanted.contains(&key(i)))
-                .collect();
-            ingresses.sort_by(|a, b| key(a).cmp(&key(b)));
-            ingresses
-        };
+        let ingresses = member_ingresses(&inputs.ingresses, &members, sorted);
         // The inputs with the members for Ingresses and no Gateway API objects, lent (copying
         // every other object's pointer took a tenth of a by-host publish).
         let all = std::mem::replace(&mut inputs.ingresses, ingresses);
@@ -345,6 +319,38 @@ pub fn plan_ingress_change(
         defaults |= new_defaults;
     }
     None
+}
+
+fn key(i: &Ingress) -> (&str, &str) {
+    NsName::borrowed(&i.metadata)
+}
+
+/// The Ingresses of `all` named in `members`, in name order. They are found with borrowed
+/// names, not through a map of every Ingress by an allocated name: by binary search when `all`
+/// is sorted (as the index lists them), else by one pass over it.
+fn member_ingresses<'a>(
+    all: &[&'a Ingress],
+    members: &BTreeSet<NsName>,
+    sorted: bool,
+) -> Vec<&'a Ingress> {
+    if sorted {
+        let find = |m: &NsName| {
+            let wanted = (m.namespace.as_str(), m.name.as_str());
+            all.binary_search_by(|i| key(i).cmp(&wanted)).ok()
+        };
+        return members.iter().filter_map(find).map(|at| all[at]).collect();
+    }
+    let wanted: BTreeSet<(&str, &str)> = members
+        .iter()
+        .map(|m| (m.namespace.as_str(), m.name.as_str()))
+        .collect();
+    let mut ingresses: Vec<&Ingress> = all
+        .iter()
+        .copied()
+        .filter(|i| wanted.contains(&key(i)))
+        .collect();
+    ingresses.sort_by(|a, b| key(a).cmp(&key(b)));
+    ingresses
 }
 
 /// The previous plan with the hosts `hosts` (their routes and certificates), the Ingresses

@@ -244,8 +244,18 @@ fn split(
             }
         }
     }
-    // Each group's weight at its root (the index of its oldest Ingress), then each group, in
-    // the order of its oldest Ingress, to the least loaded part.
+    Some(assign_parts(ours, &mut groups, &weight, parts))
+}
+
+/// Each group's weight at its root (the index of its oldest Ingress), then each group, in the
+/// order of its oldest Ingress, to the least loaded of `parts`: per Ingress, its part and the
+/// position of its group's oldest Ingress.
+fn assign_parts(
+    ours: &[(Origin, &Ingress, usize)],
+    groups: &mut Groups,
+    weight: &[usize],
+    parts: usize,
+) -> Vec<(usize, usize)> {
     let roots: Vec<usize> = (0..ours.len()).map(|i| groups.root(i)).collect();
     let mut group_weight = vec![0usize; ours.len()];
     let mut group_at = vec![usize::MAX; ours.len()];
@@ -255,7 +265,7 @@ fn split(
     }
     let mut part_of_group = vec![usize::MAX; ours.len()];
     let mut load = vec![0usize; parts];
-    let assigned = roots
+    roots
         .iter()
         .map(|&root| {
             if part_of_group[root] == usize::MAX {
@@ -269,8 +279,7 @@ fn split(
             }
             (part_of_group[root], group_at[root])
         })
-        .collect();
-    Some(assigned)
+        .collect()
 }
 
 /// What two Ingresses can share that keeps them in one group, as a digest (FNV-1a over a tag and

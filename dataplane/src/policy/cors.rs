@@ -14,29 +14,42 @@ use crate::route_policy::{Cors, OriginPattern};
 /// the answer depends on the origin, and the `Access-Control-*` headers when it is admitted.
 pub fn headers_for(cors: &Cors, request: &HeaderMap) -> Option<HeaderMap> {
     let Some(list) = &cors.origins else {
-        return Some(allowing(
-            cors,
-            HeaderValue::from_static("*"),
-            HeaderMap::new(),
-        ));
+        if cors.gateway && cors.credentials {
+            // `*` cannot go with credentials: the request's own origin is echoed.
+            let mut out = HeaderMap::new();
+            out.insert(VARY, HeaderValue::from_static("Origin"));
+            return Some(match request.get(http::header::ORIGIN) {
+                Some(origin) => allowing(cors, origin.clone(), request, out),
+                None => out,
+            });
+        }
+        let star = HeaderValue::from_static("*");
+        return Some(allowing(cors, star, request, HeaderMap::new()));
     };
     let mut out = HeaderMap::new();
     out.insert(VARY, HeaderValue::from_static("Origin"));
-    Some(match allowed(list, request) {
-        Some(origin) => allowing(cors, origin, out),
+    Some(match allowed(cors, list, request) {
+        Some(origin) => allowing(cors, origin, request, out),
         None => out,
     })
 }
 
 /// The request's `Origin`, when a pattern of the list admits it.
-fn allowed(list: &[OriginPattern], request: &HeaderMap) -> Option<HeaderValue> {
+fn allowed(cors: &Cors, list: &[OriginPattern], request: &HeaderMap) -> Option<HeaderValue> {
     let origin = request.get(http::header::ORIGIN)?;
     let text = origin.to_str().ok()?;
-    list.iter().any(|p| p.matches(text)).then(|| origin.clone())
+    list.iter()
+        .any(|p| p.matches_labels(text, cors.gateway))
+        .then(|| origin.clone())
 }
 
 /// `out` with the `Access-Control-*` headers admitting `origin`.
-fn allowing(cors: &Cors, origin: HeaderValue, mut out: HeaderMap) -> HeaderMap {
+fn allowing(
+    cors: &Cors,
+    origin: HeaderValue,
+    request: &HeaderMap,
+    mut out: HeaderMap,
+) -> HeaderMap {
     out.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     if cors.credentials {
         out.insert(
@@ -45,12 +58,23 @@ fn allowing(cors: &Cors, origin: HeaderValue, mut out: HeaderMap) -> HeaderMap {
         );
     }
     let mut set = |name: HeaderName, value: &str| {
+        if value.is_empty() {
+            return;
+        }
         if let Ok(v) = HeaderValue::from_str(value) {
             out.insert(name, v);
         }
     };
-    set(http::header::ACCESS_CONTROL_ALLOW_METHODS, &cors.methods);
-    set(http::header::ACCESS_CONTROL_ALLOW_HEADERS, &cors.headers);
+    let requested = |name: HeaderName, configured: &str| match request.get(name) {
+        Some(asked) if cors.gateway && configured == "*" => {
+            asked.to_str().unwrap_or(configured).to_owned()
+        }
+        _ => configured.to_owned(),
+    };
+    let methods = requested(http::header::ACCESS_CONTROL_REQUEST_METHOD, &cors.methods);
+    set(http::header::ACCESS_CONTROL_ALLOW_METHODS, &methods);
+    let headers = requested(http::header::ACCESS_CONTROL_REQUEST_HEADERS, &cors.headers);
+    set(http::header::ACCESS_CONTROL_ALLOW_HEADERS, &headers);
     if let Some(expose) = &cors.expose {
         set(http::header::ACCESS_CONTROL_EXPOSE_HEADERS, expose);
     }
@@ -65,6 +89,14 @@ fn allowing(cors: &Cors, origin: HeaderValue, mut out: HeaderMap) -> HeaderMap {
 /// whose origin is admitted.
 pub fn is_preflight(method: &Method, cors: &HeaderMap) -> bool {
     method == Method::OPTIONS && cors.contains_key(ACCESS_CONTROL_ALLOW_ORIGIN)
+}
+
+/// Whether a request is a CORS preflight, admitted or not: an `OPTIONS` with an `Origin` and an
+/// `Access-Control-Request-Method` (Gateway API's CORS answers them all).
+pub fn is_any_preflight(method: &Method, request: &HeaderMap) -> bool {
+    method == Method::OPTIONS
+        && request.contains_key(http::header::ORIGIN)
+        && request.contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
 }
 
 /// Adds the CORS headers to a response: `Vary` after the upstream's own (unless it already
@@ -102,6 +134,7 @@ mod tests {
             expose: None,
             credentials: true,
             max_age: 1728000,
+            gateway: false,
         }
     }
 
@@ -184,5 +217,73 @@ mod tests {
         );
         assert_eq!(vary(&["Cookie", "origin"]), ["Cookie", "origin"]);
         assert_eq!(vary(&["*"]), ["*"]);
+    }
+
+    fn request(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.insert(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn gateway_wildcards_cover_labels_and_echo_what_was_asked() {
+        let mut c = cors(Some(&["https://*.bar.com"]));
+        c.gateway = true;
+        c.methods = "*".into();
+        c.headers = "*".into();
+        let asked = |o: &'static str| {
+            request(&[
+                ("origin", o),
+                ("access-control-request-method", "PUT"),
+                ("access-control-request-headers", "x-a, x-b"),
+            ])
+        };
+        let deep = headers_for(&c, &asked("https://a.www.bar.com")).unwrap();
+        assert_eq!(deep["access-control-allow-origin"], "https://a.www.bar.com");
+        assert_eq!(deep["access-control-allow-methods"], "PUT");
+        assert_eq!(deep["access-control-allow-headers"], "x-a, x-b");
+        for refused in ["https://bar.com", "https://evilbar.com", "http://a.bar.com"] {
+            let h = headers_for(&c, &asked(refused)).unwrap();
+            assert!(!h.contains_key("access-control-allow-origin"), "{refused}");
+        }
+        // Ingress keeps one label, and its `*` literally.
+        c.gateway = false;
+        let one = headers_for(&c, &asked("https://a.www.bar.com")).unwrap();
+        assert!(!one.contains_key("access-control-allow-origin"));
+        let lit = headers_for(&c, &asked("https://www.bar.com")).unwrap();
+        assert_eq!(lit["access-control-allow-methods"], "*");
+    }
+
+    #[test]
+    fn a_gateway_star_origin_echoes_the_origin_only_with_credentials() {
+        let mut c = cors(None);
+        c.gateway = true;
+        c.credentials = true;
+        let o = request(&[("origin", "https://x.test:8443")]);
+        let with = headers_for(&c, &o).unwrap();
+        assert_eq!(with["access-control-allow-origin"], "https://x.test:8443");
+        assert_eq!(with["vary"], "Origin");
+        assert_eq!(with["access-control-allow-credentials"], "true");
+        c.credentials = false;
+        let without = headers_for(&c, &o).unwrap();
+        assert_eq!(without["access-control-allow-origin"], "*");
+        assert!(!without.contains_key("access-control-allow-credentials"));
+    }
+
+    #[test]
+    fn every_preflight_is_one_but_only_with_origin_and_requested_method() {
+        let options = Method::OPTIONS;
+        let full = request(&[
+            ("origin", "https://x.test"),
+            ("access-control-request-method", "GET"),
+        ]);
+        assert!(is_any_preflight(&options, &full));
+        assert!(!is_any_preflight(&Method::GET, &full));
+        assert!(!is_any_preflight(
+            &options,
+            &request(&[("origin", "https://x.test")])
+        ));
     }
 }

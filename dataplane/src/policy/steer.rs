@@ -224,9 +224,23 @@ pub fn cors_for(action: &RouteAction, request: &HeaderMap) -> Option<HeaderMap> 
 }
 
 /// The `204` duet answers a CORS preflight with (`Content-Type: text/plain charset=UTF-8`, as
-/// ingress-nginx), if the request is one.
-pub fn preflight(method: &http::Method, cors: Option<&HeaderMap>) -> Option<HeaderMap> {
-    let mut headers = cors.filter(|c| cors::is_preflight(method, c))?.clone();
+/// ingress-nginx), if the request is one: `cors` are the headers [`cors_for`] gave it. With
+/// Gateway API's CORS every preflight is answered, an origin not allowed without CORS headers.
+pub fn preflight(
+    action: &RouteAction,
+    method: &http::Method,
+    request: &HeaderMap,
+    cors: Option<&HeaderMap>,
+) -> Option<HeaderMap> {
+    let gateway = action
+        .choice
+        .as_deref()
+        .and_then(|c| c.cors.as_deref())
+        .is_some_and(|c| c.gateway);
+    let answered = |c: &&HeaderMap| {
+        cors::is_preflight(method, c) || (gateway && cors::is_any_preflight(method, request))
+    };
+    let mut headers = cors.filter(answered)?.clone();
     headers.insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain charset=UTF-8"),

@@ -178,7 +178,7 @@ impl Proxy {
         // Answered before its body is read, a request's body is discarded in the background
         // (`linger::unread`), so the answer reaches a client still sending.
         let live = self.runtime.load_full();
-        let mut routed = match route_on(&live, &req, conn.gateway_port) {
+        let mut routed = match route_on(&live, &req, conn.gateway_port, conn.sni.as_deref()) {
             Ok(routed) => routed,
             Err(error) => return linger::unread(req, Err(error)),
         };
@@ -341,16 +341,18 @@ impl Proxy {
 /// when none does).
 #[cfg(test)]
 pub(crate) fn route<'a, B>(live: &'a Live, req: &Request<B>) -> Result<Routed<'a>, ProxyError> {
-    route_on(live, req, None)
+    route_on(live, req, None, None)
 }
 
 /// Phase 1 on a listener: a Gateway pod port (`Some`) routes by that port's listeners
-/// ([`crate::table::gateway`]), an Ingress listener by the Ingress routes.
+/// ([`crate::table::gateway`]), an Ingress listener by the Ingress routes. On a Gateway port,
+/// a Host that selects another listener than the TLS server name `sni` did is misdirected (421).
 #[inline(always)] // Called once; inlined, its result is built in place.
 pub(crate) fn route_on<'a, B>(
     live: &'a Live,
     req: &Request<B>,
     gateway_port: Option<u16>,
+    sni: Option<&str>,
 ) -> Result<Routed<'a>, ProxyError> {
     let host = crate::host::request_host(req)?;
     let target = headers::origin_form(req.uri())?;
@@ -362,15 +364,22 @@ pub(crate) fn route_on<'a, B>(
     };
     let matched = match gateway_port {
         None => live.snapshot.routes.find_request(host.as_str(), &view),
-        Some(port) => live
-            .snapshot
-            .gateways
-            .port(port)
-            .and_then(|p| p.find_request(host.as_str(), &view)),
+        Some(port) => {
+            let port = live.snapshot.gateways.port(port);
+            if port
+                .zip(sni)
+                .is_some_and(|(p, s)| p.misdirected(s, host.as_str()))
+            {
+                return Err(ProxyError::Misdirected);
+            }
+            port.and_then(|p| p.find_request(host.as_str(), &view))
+        }
     };
     let matched = matched.ok_or(ProxyError::NoRoute)?;
     let cors = crate::policy::cors_for(matched.action, req.headers()).map(Box::new);
-    let preflight = crate::policy::preflight(req.method(), cors.as_deref()).map(Box::new);
+    let preflight =
+        crate::policy::preflight(matched.action, req.method(), req.headers(), cors.as_deref())
+            .map(Box::new);
     Ok(Routed {
         host,
         target,

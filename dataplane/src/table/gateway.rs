@@ -75,6 +75,16 @@ impl GatewayPort {
         self.listener_of(host)
     }
 
+    /// Whether a request for `host` came over a TLS connection whose server name `sni` selected
+    /// another listener than `host` selects (Gateway API's misdirected request, answered 421). A
+    /// host no listener takes is not misdirected: it finds no route.
+    pub fn misdirected(&self, sni: &str, host: &str) -> bool {
+        let (Some(by_sni), Some(by_host)) = (self.listener(sni), self.listener(host)) else {
+            return false;
+        };
+        !std::ptr::eq(by_sni, by_host)
+    }
+
     /// The listener of a normalised host.
     fn listener_of(&self, host: &str) -> Option<&GatewayListener> {
         self.listeners
@@ -211,6 +221,9 @@ pub struct GatewayRule {
     /// Method, header, query and whole-path regex conditions ([`crate::request_match`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub when: Option<Arc<RequestMatch>>,
+    /// The rule's `name`, if it has one (shown in `/debug/routes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<Arc<str>>,
     /// The destination (weighted backendRefs are the action's choice) and the rule's filters.
     #[serde(flatten)]
     pub action: RouteAction,
@@ -231,6 +244,7 @@ mod tests {
         GatewayRule {
             path,
             when: None,
+            name: None,
             action: RouteAction::to(backend),
         }
     }
@@ -324,5 +338,37 @@ mod tests {
         assert!(!host_matches("*.example.com", "example.com"));
         assert!(!host_matches("*.example.com", "aexample.com"));
         assert!(host_matches("a.example.com", "a.example.com"));
+    }
+
+    #[test]
+    fn a_host_of_another_listener_than_the_server_names_is_misdirected() {
+        let mut port = GatewayPort {
+            tls: true,
+            listeners: vec![
+                listener(None, any("empty")),
+                listener(Some("second.org"), any("second")),
+                listener(Some("*.wild.org"), any("wild")),
+                listener(Some("four.wild.org"), any("four")),
+            ],
+        };
+        port.sort();
+        for (sni, host, want) in [
+            ("example.org", "example.org", false),
+            ("example.org", "unknown.org:443", false),
+            ("example.org", "second.org", true),
+            ("second.org", "Example.org", true),
+            ("second.org", "SECOND.org:443", false),
+            ("three.wild.org", "five.wild.org", false),
+            ("three.wild.org", "four.wild.org", true),
+            ("four.wild.org", "five.wild.org", true),
+        ] {
+            assert_eq!(port.misdirected(sni, host), want, "{sni} {host}");
+        }
+        // Without a catch-all listener, a host no listener takes finds no route instead.
+        let only = GatewayPort {
+            tls: true,
+            listeners: vec![listener(Some("second.org"), any("second"))],
+        };
+        assert!(!only.misdirected("second.org", "other.org"));
     }
 }

@@ -79,6 +79,11 @@ pub fn rules(
         }
         let mut action = action(arms, policy, origin, t.config.max_body_bytes);
         action.filters = routing.filters.clone();
+        if let Some(cors) = &routing.cors {
+            let mut choice = action.choice.as_deref().cloned().unwrap_or_default();
+            choice.cors = Some(cors.clone());
+            action.choice = Some(Arc::new(choice));
+        }
         if view.kind == Kind::GrpcRoute {
             // gRPC is HTTP/2: cleartext unless the Service's appProtocol says TLS.
             action.protocol = Some(UpstreamProtocol::H2c);
@@ -98,6 +103,7 @@ pub fn rules(
                 GatewayRule {
                     path: m.path.clone(),
                     when: m.when.clone(),
+                    name: rule.name.clone(),
                     action: action.clone(),
                 },
             ));

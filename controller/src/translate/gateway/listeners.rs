@@ -202,12 +202,8 @@ pub fn gateway_accepted(spec: &GatewaySpec, verdicts: &[Verdict]) -> Cond {
             ),
         );
     }
-    if spec.addresses.as_ref().is_some_and(|a| !a.is_empty()) {
-        return Cond::no(
-            "Accepted",
-            "UnsupportedAddress",
-            "spec.addresses is not supported: duet assigns each Gateway its own addresses",
-        );
+    if let Err(why) = requested_addresses(spec) {
+        return Cond::no("Accepted", "UnsupportedAddress", why);
     }
     let valid = verdicts.iter().filter(|v| v.valid()).count();
     match valid {
@@ -223,6 +219,32 @@ pub fn gateway_accepted(spec: &GatewaySpec, verdicts: &[Verdict]) -> Cond {
             ),
         ),
     }
+}
+
+/// The addresses `spec.addresses` asks the load balancer for, in the spec's order: entries of
+/// type `IPAddress` (the default type) with a value. An `IPAddress` entry without a value asks
+/// for whatever address the load balancer gives (nothing to request). Any other type
+/// (`Hostname`, `NamedAddress`, a vendor's) or a value that is not an IP address is refused:
+/// duet's Service can only ask for IP addresses.
+pub fn requested_addresses(spec: &GatewaySpec) -> Result<Vec<std::net::IpAddr>, String> {
+    let mut out = Vec::new();
+    for a in spec.addresses.iter().flatten() {
+        let kind = a.r#type.as_deref().unwrap_or("IPAddress");
+        if kind != "IPAddress" {
+            return Err(format!(
+                "address type {kind:?} is not supported: duet asks the load balancer for IP \
+                 addresses (type IPAddress)"
+            ));
+        }
+        let Some(value) = a.value.as_deref().filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        let ip = value
+            .parse()
+            .map_err(|_| format!("address {value:?} is not an IP address"))?;
+        out.push(ip);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -300,8 +322,42 @@ listeners:
             (accepted.status, accepted.reason),
             (false, "InvalidParameters")
         );
-        let with_addresses = spec("gatewayClassName: duet\naddresses: [{value: 10.0.0.1}]\nlisteners: [{name: a, port: 80, protocol: HTTP}]");
-        let accepted = gateway_accepted(&with_addresses, &check(&with_addresses));
-        assert_eq!(accepted.reason, "UnsupportedAddress");
+    }
+
+    #[test]
+    fn ip_addresses_of_both_families_are_requested_and_other_types_refused() {
+        let listeners = "listeners: [{name: a, port: 80, protocol: HTTP}]";
+        let with = |addresses: &str| {
+            spec(&format!(
+                "gatewayClassName: duet\naddresses: {addresses}\n{listeners}"
+            ))
+        };
+        let both =
+            with("[{value: 10.0.0.1}, {type: IPAddress, value: 'fd00::1'}, {type: IPAddress}]");
+        let accepted = gateway_accepted(&both, &check(&both));
+        assert_eq!((accepted.status, accepted.reason), (true, "Accepted"));
+        let ips: Vec<String> = requested_addresses(&both)
+            .unwrap()
+            .iter()
+            .map(|i| i.to_string())
+            .collect();
+        assert_eq!(
+            ips,
+            ["10.0.0.1", "fd00::1"],
+            "the spec's order; a value-less entry asks nothing"
+        );
+        for refused in [
+            "[{type: Hostname, value: gw.example.com}]",
+            "[{type: test/fake-invalid-type, value: x}]",
+            "[{value: 'not an ip'}]",
+        ] {
+            let gw = with(refused);
+            let accepted = gateway_accepted(&gw, &check(&gw));
+            assert_eq!(
+                (accepted.status, accepted.reason),
+                (false, "UnsupportedAddress"),
+                "{refused}"
+            );
+        }
     }
 }

@@ -257,12 +257,6 @@ impl<'a> GatewayProcessor<'a> {
         namespaces: &BTreeMap<String, BTreeMap<String, String>>,
         out: &mut RouteOut<'_>,
     ) {
-        let RouteOut {
-            report,
-            entries,
-            tls,
-            client_tls,
-        } = out;
         let mut parents = Vec::new();
         let mut attached: Vec<(usize, Attached)> = Vec::new();
         for parent in view.parents.iter().filter(|p| attach::names_a_gateway(p)) {
@@ -291,10 +285,10 @@ impl<'a> GatewayProcessor<'a> {
             created: view.created,
         };
         let (rules, resolved, refused) =
-            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants, tls);
+            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants, out.tls);
         let ancestors: BTreeSet<&NsName> =
             attached.iter().map(|(gi, _)| &gateways[*gi].key).collect();
-        tls.used_by(ancestors.iter().copied());
+        out.tls.used_by(ancestors.iter().copied());
         if let Some(refusal) = refused {
             // A rule duet cannot serve (an unsupported filter, a bad regex) is left out, and the
             // route says why on each parent that accepted it.
@@ -302,25 +296,7 @@ impl<'a> GatewayProcessor<'a> {
                 *accepted = Cond::no("Accepted", refusal.reason, refusal.message.clone());
             }
         }
-        let mut counted: BTreeSet<(usize, usize)> = BTreeSet::new();
-        for (gi, a) in attached {
-            if counted.insert((gi, a.listener)) {
-                let g = &gateways[gi];
-                let name = g.listeners[a.listener].name.clone();
-                *report.attached.entry((g.key.clone(), name)).or_default() += 1;
-            }
-            let by_host = entries.entry((gi, a.listener)).or_default();
-            for host in &a.hostnames {
-                let list = by_host.entry(host.clone()).or_default();
-                let cert = gateways[gi].client_cert.as_ref();
-                list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
-                    (
-                        (*rank, view.created, view.key.clone(), *ri, *mi),
-                        with_client_cert(rule, gi, cert, client_tls),
-                    )
-                }));
-            }
-        }
+        out.add_entries(view, gateways, attached, &rules);
         let parents = parents
             .into_iter()
             .map(|(parent_ref, accepted)| ParentReport {
@@ -333,9 +309,47 @@ impl<'a> GatewayProcessor<'a> {
             generation: view.generation,
             parents,
         };
-        report
+        out.report
             .routes
             .insert((view.kind, view.key.clone()), route_report);
+    }
+}
+
+impl RouteOut<'_> {
+    /// Adds a route's rules to the listeners it attached to (`(Gateway index, attachment)`),
+    /// counting each listener once in the report.
+    fn add_entries(
+        &mut self,
+        view: &RouteView,
+        gateways: &[GatewayModel],
+        attached: Vec<(usize, Attached)>,
+        rules: &[backends::RuleEntry],
+    ) {
+        let mut counted: BTreeSet<(usize, usize)> = BTreeSet::new();
+        for (gi, a) in attached {
+            let g = &gateways[gi];
+            if counted.insert((gi, a.listener)) {
+                let name = g.listeners[a.listener].name.clone();
+                *self
+                    .report
+                    .attached
+                    .entry((g.key.clone(), name))
+                    .or_default() += 1;
+            }
+            let port = g.listeners[a.listener].port;
+            let cert = g.client_cert.as_ref();
+            let by_host = self.entries.entry((gi, a.listener)).or_default();
+            for host in &a.hostnames {
+                let list = by_host.entry(host.clone()).or_default();
+                list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
+                    let rule = with_client_cert(rule, gi, cert, &mut self.client_tls);
+                    (
+                        (*rank, view.created, view.key.clone(), *ri, *mi),
+                        at_listener_port(&rule, port),
+                    )
+                }));
+            }
+        }
     }
 }
 
@@ -347,6 +361,28 @@ struct RouteOut<'a> {
     tls: &'a mut backend_tls::Policies,
     /// Upstream TLS settings with a Gateway's client certificate, per setting and Gateway.
     client_tls: BTreeMap<(usize, usize), Arc<dataplane::upstream_tls::UpstreamTls>>,
+}
+
+/// A rule as served on a listener of port `port`: a `RequestRedirect` without port and scheme
+/// redirects to the listener's port (the spec's rule), not to the one in the client's `Host`.
+fn at_listener_port(rule: &GatewayRule, port: i32) -> GatewayRule {
+    let mut rule = rule.clone();
+    let filters = rule.action.filters.as_deref();
+    let Some(redirect) = filters.and_then(|f| f.redirect.as_ref()) else {
+        return rule;
+    };
+    let listener_port = u16::try_from(port).ok();
+    if redirect.port.is_none()
+        && redirect.scheme.is_none()
+        && redirect.listener_port != listener_port
+    {
+        let mut filters = filters.cloned().unwrap_or_default();
+        if let Some(r) = filters.redirect.as_mut() {
+            r.listener_port = listener_port;
+        }
+        rule.action.filters = Some(Arc::new(filters));
+    }
+    rule
 }
 
 /// The route's family policy: `duet.dev/upstream-family`, else `--upstream-family`.
@@ -596,6 +632,26 @@ mod tests {
                 &[],
                 web.clone(),
             ),
+            // Listener `a` is on port 80: a sectionName and a port that disagree select nothing.
+            route(
+                "gw",
+                "section-not-port",
+                json!({"name": "g", "sectionName": "a", "port": 81}),
+                &[],
+                web.clone(),
+            ),
+            // The port alone selects listener `all` (81); its rule has a name.
+            {
+                let mut r = route(
+                    "gw",
+                    "by-port",
+                    json!({"name": "g", "port": 81}),
+                    &[],
+                    web.clone(),
+                );
+                r.spec.rules.as_mut().unwrap()[0].name = Some("named".into());
+                r
+            },
             route(
                 "other",
                 "same-only",
@@ -680,6 +736,11 @@ mod tests {
         assert_eq!(r("ok", "gw"), s("Accepted", "ResolvedRefs"));
         assert_eq!(r("no-section", "gw"), s("NoMatchingParent", "ResolvedRefs"));
         assert_eq!(r("no-port", "gw"), s("NoMatchingParent", "ResolvedRefs"));
+        assert_eq!(
+            r("section-not-port", "gw"),
+            s("NoMatchingParent", "ResolvedRefs")
+        );
+        assert_eq!(r("by-port", "gw"), s("Accepted", "ResolvedRefs"));
         // `web` without a namespace is `other/web`, which does not exist.
         assert_eq!(
             r("same-only", "other"),
@@ -702,7 +763,11 @@ mod tests {
             .routes
             .contains_key(&(Kind::HttpRoute, NsName::new("gw", "theirs"))));
         let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
-        assert_eq!((attached("a"), attached("all"), attached("sel")), (1, 3, 1));
+        assert_eq!((attached("a"), attached("all"), attached("sel")), (1, 4, 1));
+        // A rule's name comes along to /debug/routes.
+        let on_81 = &plan.gateways.ports[&81].listeners[0].routes;
+        let names: Vec<Option<&str>> = on_81.rules().map(|r| r.name.as_deref()).collect();
+        assert!(names.contains(&Some("named")), "{names:?}");
         // Served on the listener ports themselves (manifests mode), each port its listener.
         assert_eq!(
             plan.gateways.ports.keys().copied().collect::<Vec<_>>(),

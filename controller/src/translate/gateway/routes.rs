@@ -2,6 +2,7 @@
 //! and the route table need of either kind.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use dataplane::filters::BackendFilters;
 
@@ -57,6 +58,8 @@ pub struct RuleView {
     pub routing: Result<RuleRouting, RuleRefusal>,
     /// Its backendRefs.
     pub backends: Vec<BackendRef>,
+    /// Its `name`, if any.
+    pub name: Option<Arc<str>>,
 }
 
 /// An HTTPRoute or a GRPCRoute.
@@ -221,7 +224,11 @@ fn http_rule(ns: &str, rule: &HttpRouteRules) -> RuleView {
         }
         backends.push(view);
     }
-    RuleView { routing, backends }
+    RuleView {
+        routing,
+        backends,
+        name: rule.name.as_deref().map(Arc::from),
+    }
 }
 
 /// A GRPCRoute's view: a method match is a path match on `/SERVICE/METHOD`.
@@ -247,6 +254,7 @@ fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
     RuleView {
         routing: gateway_rule::grpc_rule(rule),
         backends: backends.map(|b| backend_of!(ns, b)).collect(),
+        name: rule.name.as_deref().map(Arc::from),
     }
 }
 

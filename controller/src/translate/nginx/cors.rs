@@ -94,6 +94,7 @@ impl CorsKeys {
                 expose: self.expose.as_deref().map(Arc::from),
                 credentials: self.credentials.unwrap_or(true),
                 max_age: self.max_age.unwrap_or(1_728_000),
+                gateway: false,
             })
         })
     }
