@@ -307,6 +307,7 @@ impl<'a> GatewayProcessor<'a> {
             .collect();
         let route_report = RouteReport {
             generation: view.generation,
+            uid: view.uid.clone(),
             parents,
         };
         out.report

@@ -73,6 +73,8 @@ pub struct RouteView {
     pub created: i64,
     /// `metadata.generation`.
     pub generation: Option<i64>,
+    /// `metadata.uid`: a route deleted and made again under its name is another route.
+    pub uid: Option<String>,
     /// The annotations (the family policy's).
     pub annotations: BTreeMap<String, String>,
     /// `spec.hostnames`, lower case.
@@ -187,6 +189,7 @@ fn route_view(
             .as_ref()
             .map_or(0, |t| t.0.as_second()),
         generation: meta.generation,
+        uid: meta.uid.clone(),
         annotations: meta.annotations.clone().unwrap_or_default(),
         hostnames: hostnames(written_hostnames),
         parents,
