@@ -290,12 +290,14 @@ fn tls_rule(ns: &str, rule: &TlsRouteRules) -> RuleView {
         routing: Ok(RuleRouting {
             matches: vec![every],
             filters: None,
+            cors: None,
         }),
         backends: rule
             .backend_refs
             .iter()
             .map(|b| backend_of!(ns, b))
             .collect(),
+        name: rule.name.as_deref().map(Arc::from),
     }
 }
 
