@@ -282,16 +282,7 @@ impl<'a> GatewayProcessor<'a> {
         }
         let key = ObjectKey::new(view.kind, &*view.key.namespace, &*view.key.name);
         let policy = family_policy(t, &key, view);
-        let origin = Origin {
-            kind: match view.kind {
-                Kind::GrpcRoute => OriginKind::GrpcRoute,
-                Kind::TlsRoute => OriginKind::TlsRoute,
-                _ => OriginKind::HttpRoute,
-            },
-            namespace: view.key.namespace.as_str().into(),
-            name: view.key.name.as_str().into(),
-            created: view.created,
-        };
+        let origin = origin(view);
         let (rules, resolved, refused) =
             backends::rules(t, &key, view, policy, &origin, &self.inputs.grants, out.tls);
         let ancestors: BTreeSet<&NsName> =
@@ -392,6 +383,20 @@ fn at_listener_port(rule: &GatewayRule, port: i32) -> GatewayRule {
         rule.action.filters = Some(Arc::new(filters));
     }
     rule
+}
+
+/// The route as the origin of its rules.
+fn origin(view: &RouteView) -> Origin {
+    Origin {
+        kind: match view.kind {
+            Kind::GrpcRoute => OriginKind::GrpcRoute,
+            Kind::TlsRoute => OriginKind::TlsRoute,
+            _ => OriginKind::HttpRoute,
+        },
+        namespace: view.key.namespace.as_str().into(),
+        name: view.key.name.as_str().into(),
+        created: view.created,
+    }
 }
 
 /// The route's family policy: `duet.dev/upstream-family`, else `--upstream-family`.
