@@ -537,11 +537,14 @@ def test_rbac_scoped_to_watched_namespaces():
 
 GATEWAY_RULES = {
     *{("gateway.networking.k8s.io", r, v, None)
-      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes", "referencegrants")
+      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes",
+                "referencegrants", "backendtlspolicies")
       for v in ("get", "list", "watch")},
     *{("gateway.networking.k8s.io", f"{r}/status", v, None)
-      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes")
+      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes",
+                "backendtlspolicies")
       for v in ("update", "patch")},
+    *{("", "configmaps", v, None) for v in ("get", "list", "watch")},
     *{("", "namespaces", v, None) for v in ("get", "list", "watch")},
     *{("", "services", v, None) for v in ("create", "patch", "update", "delete")},
     *{("discovery.k8s.io", "endpointslices", v, None) for v in ("create", "patch", "update", "delete")},

@@ -39,6 +39,10 @@ pub enum Kind {
     TlsRoute,
     /// `gateway.networking.k8s.io/v1` ReferenceGrant.
     ReferenceGrant,
+    /// `gateway.networking.k8s.io/v1` BackendTLSPolicy.
+    BackendTlsPolicy,
+    /// `v1` ConfigMap (BackendTLSPolicy CA certificates).
+    ConfigMap,
 }
 
 impl Kind {
@@ -57,6 +61,8 @@ impl Kind {
             Kind::GrpcRoute => "GRPCRoute",
             Kind::TlsRoute => "TLSRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::BackendTlsPolicy => "BackendTLSPolicy",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -64,14 +70,15 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Ingress | Kind::IngressClass => "networking.k8s.io/v1",
-            Kind::Service | Kind::Secret | Kind::Namespace => "v1",
+            Kind::Service | Kind::Secret | Kind::Namespace | Kind::ConfigMap => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::GatewayClass
             | Kind::Gateway
             | Kind::HttpRoute
             | Kind::GrpcRoute
             | Kind::TlsRoute
-            | Kind::ReferenceGrant => "gateway.networking.k8s.io/v1",
+            | Kind::ReferenceGrant
+            | Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1",
         }
     }
 
@@ -98,6 +105,8 @@ impl Kind {
             Kind::GrpcRoute,
             Kind::TlsRoute,
             Kind::ReferenceGrant,
+            Kind::BackendTlsPolicy,
+            Kind::ConfigMap,
         ]
         .into_iter()
         .find(|k| k.api_version() == api_version && k.as_str() == kind)

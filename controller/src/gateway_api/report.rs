@@ -14,6 +14,20 @@ pub struct GatewayReport {
     pub routes: BTreeMap<(Kind, NsName), RouteReport>,
     /// Per listener (Gateway, listener name) of our Gateways: the routes attached.
     pub attached: BTreeMap<(NsName, String), i32>,
+    /// Per BackendTLSPolicy that applies to a backend of a route of our Gateways: its status.
+    pub policies: BTreeMap<NsName, PolicyReport>,
+}
+
+/// The status of one BackendTLSPolicy: the same conditions for each of its ancestors (our
+/// Gateways whose routes use a Service it targets).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyReport {
+    /// `metadata.generation`, the conditions' `observedGeneration`.
+    pub generation: Option<i64>,
+    /// The Gateways (`status.ancestors[].ancestorRef`).
+    pub ancestors: std::collections::BTreeSet<NsName>,
+    /// `Accepted`, then `ResolvedRefs`.
+    pub conditions: Vec<Cond>,
 }
 
 /// The status of one route.

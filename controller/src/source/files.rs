@@ -271,6 +271,12 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
         Kind::ReferenceGrant => {
             Object::ReferenceGrant(Arc::new(serde_json::from_value(doc).map_err(failed)?))
         }
+        Kind::BackendTlsPolicy => {
+            Object::BackendTlsPolicy(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::ConfigMap => {
+            Object::ConfigMap(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
     })
 }
 

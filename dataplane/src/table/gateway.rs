@@ -360,6 +360,7 @@ mod tests {
     fn a_host_of_another_listener_than_the_server_names_is_misdirected() {
         let mut port = GatewayPort {
             tls: true,
+            tls_routes: false,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("second.org"), any("second")),
@@ -383,6 +384,7 @@ mod tests {
         // Without a catch-all listener, a host no listener takes finds no route instead.
         let only = GatewayPort {
             tls: true,
+            tls_routes: false,
             listeners: vec![listener(Some("second.org"), any("second"))],
         };
         assert!(!only.misdirected("second.org", "other.org"));

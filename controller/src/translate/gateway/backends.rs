@@ -15,6 +15,9 @@ use dataplane::table::gateway::GatewayRule;
 use dataplane::table::UpstreamProtocol;
 use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, RouteAction};
 
+use dataplane::upstream_tls::UpstreamTls;
+
+use super::backend_tls::Policies;
 use super::routes::{BackendRef, RouteView};
 use crate::gateway_api::conditions::Cond;
 use crate::gateway_api::{ReferenceGrant, GROUP};
@@ -40,6 +43,7 @@ pub fn rules(
     policy: FamilyPolicy,
     origin: &Origin,
     grants: &[&ReferenceGrant],
+    tls: &mut Policies,
 ) -> (Vec<RuleEntry>, Cond, Option<RuleRefusal>) {
     let mut problem: Option<Cond> = None;
     let mut refused: Option<RuleRefusal> = None;
@@ -55,9 +59,13 @@ pub fn rules(
             }
         };
         let mut arms: Vec<(BackendId, u32)> = Vec::new();
+        let mut arm_tls: Vec<Option<Arc<UpstreamTls>>> = Vec::new();
         for b in &rule.backends {
             let id = match resolve(t, key, view, b, grants) {
-                Ok(id) => id,
+                Ok(id) => {
+                    arm_tls.push(backend_tls(t, view, b, tls));
+                    id
+                }
                 Err(cond) => {
                     problem.get_or_insert(cond);
                     BackendId::unresolved(&format!("{}/{}", b.namespace, b.name))
@@ -74,15 +82,17 @@ pub fn rules(
         let mirrors = mirrors(t, key, view, &rule.mirrors, grants, &mut problem);
         let mut action = action(arms, policy, origin, t.config.max_body_bytes);
         action.filters = routing.filters.clone();
-        if let Some(cors) = &routing.cors {
-            let mut choice = action.choice.as_deref().cloned().unwrap_or_default();
-            choice.cors = Some(cors.clone());
-            action.choice = Some(Arc::new(choice));
-        }
-        add_mirrors(&mut action, mirrors);
+        add_choices(&mut action, routing.cors.clone(), mirrors);
         if view.kind == Kind::GrpcRoute {
             // gRPC is HTTP/2: cleartext unless the Service's appProtocol says TLS.
             action.protocol = Some(UpstreamProtocol::H2c);
+        }
+        if let Some(settings) = rule_tls(t, key, ri, arm_tls) {
+            action.protocol = Some(match view.kind {
+                Kind::GrpcRoute => UpstreamProtocol::H2,
+                _ => UpstreamProtocol::Https,
+            });
+            action.upstream_tls = Some(settings);
         }
         for (mi, m) in routing.matches.iter().enumerate() {
             out.push((
@@ -127,15 +137,62 @@ fn mirrors(
     out
 }
 
-/// Puts a rule's mirrors in its action's per-request choice (which keeps their backends in the
-/// snapshot).
-fn add_mirrors(action: &mut RouteAction, mirrors: Vec<Mirror<BackendId>>) {
-    if mirrors.is_empty() {
+/// Puts a rule's CORS policy and mirrors in its action's per-request choice (which keeps the
+/// mirrors' backends in the snapshot).
+fn add_choices(
+    action: &mut RouteAction,
+    cors: Option<Arc<dataplane::route_policy::Cors>>,
+    mirrors: Vec<Mirror<BackendId>>,
+) {
+    if cors.is_none() && mirrors.is_empty() {
         return;
     }
     let mut choice = action.choice.as_deref().cloned().unwrap_or_default();
+    if cors.is_some() {
+        choice.cors = cors;
+    }
     choice.mirrors = mirrors;
     action.choice = Some(Arc::new(choice));
+}
+
+/// The BackendTLSPolicy settings of a resolved backendRef (its Service port, by name).
+fn backend_tls(
+    t: &Translation<'_>,
+    view: &RouteView,
+    b: &BackendRef,
+    tls: &mut Policies,
+) -> Option<Arc<UpstreamTls>> {
+    let name = NsName::new(b.namespace.clone(), b.name.clone());
+    let port_name = t.service(&name).and_then(|s| {
+        s.ports()
+            .iter()
+            .find(|p| Some(p.port) == b.port)
+            .and_then(|p| p.name.clone())
+    });
+    tls.for_backend(&name, port_name.as_deref(), view.kind == Kind::GrpcRoute)
+}
+
+/// The upstream TLS of a rule: its backends' BackendTLSPolicy, when they agree. A rule whose
+/// backends differ (one with a policy, one without, or two policies) cannot be served safely
+/// with one setting: its requests answer 502, with a diagnostic.
+fn rule_tls(
+    t: &mut Translation<'_>,
+    key: &ObjectKey,
+    ri: usize,
+    arms: Vec<Option<Arc<UpstreamTls>>>,
+) -> Option<Arc<UpstreamTls>> {
+    let first = arms.first()?.clone();
+    if arms.iter().all(|a| *a == first) {
+        return first;
+    }
+    let reason = "the backends of one rule differ in BackendTLSPolicy";
+    let message = format!("rule {ri}: {reason}; its requests answer 502");
+    t.diagnose(key, Reason::InvalidBackendTls, message);
+    Some(Arc::new(UpstreamTls::unusable(
+        "invalid.invalid",
+        &dataplane::upstream_tls::UpstreamTrust::SystemRoots,
+        reason,
+    )))
 }
 
 /// A match's [`Rank`].
