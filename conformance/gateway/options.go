@@ -67,6 +67,7 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRequestTimeout,
 	features.SupportHTTPRouteResponseHeaderModification,
 	features.SupportHTTPRouteSchemeRedirect,
+	features.SupportListenerSet,
 }
 
 // ForChannel returns the features usable on CRDs of a channel: on the standard channel (any

@@ -18,7 +18,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
 use crate::compact::Slice;
-use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use crate::gateway_api::{
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+};
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
 use crate::stored::StoredService;
@@ -50,6 +52,8 @@ pub enum Object {
     GrpcRoute(Arc<GrpcRoute>),
     /// A ReferenceGrant.
     ReferenceGrant(Arc<ReferenceGrant>),
+    /// A ListenerSet.
+    ListenerSet(Arc<ListenerSet>),
 }
 
 /// A type of object the index stores: its kind, its [`Object`] variant, its store, and what a
@@ -104,6 +108,7 @@ stored!(
     HttpRoute => HttpRoute, http_routes, gateway_impact;
     GrpcRoute => GrpcRoute, grpc_routes, gateway_impact;
     ReferenceGrant => ReferenceGrant, reference_grants, gateway_impact;
+    ListenerSet => ListenerSet, listener_sets, gateway_impact;
 );
 
 /// Work to do on the stored type of a [`Kind`] only known at run time (see [`for_kind`]).
@@ -128,6 +133,7 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
         Kind::HttpRoute => work.run::<HttpRoute>(),
         Kind::GrpcRoute => work.run::<GrpcRoute>(),
         Kind::ReferenceGrant => work.run::<ReferenceGrant>(),
+        Kind::ListenerSet => work.run::<ListenerSet>(),
     }
 }
 
@@ -149,6 +155,7 @@ impl Object {
             Object::HttpRoute(o) => of(&**o),
             Object::GrpcRoute(o) => of(&**o),
             Object::ReferenceGrant(o) => of(&**o),
+            Object::ListenerSet(o) => of(&**o),
         }
     }
 
@@ -212,6 +219,7 @@ impl Object {
             Object::HttpRoute(o) => index.put(key, o, file),
             Object::GrpcRoute(o) => index.put(key, o, file),
             Object::ReferenceGrant(o) => index.put(key, o, file),
+            Object::ListenerSet(o) => index.put(key, o, file),
         }
     }
 }
@@ -325,6 +333,8 @@ pub struct Index {
     pub grpc_routes: Store<GrpcRoute>,
     /// ReferenceGrants.
     pub reference_grants: Store<ReferenceGrant>,
+    /// ListenerSets.
+    pub listener_sets: Store<ListenerSet>,
 }
 
 impl Index {
@@ -545,6 +555,7 @@ impl Index {
             http_routes: self.objects(),
             grpc_routes: self.objects(),
             grants: self.objects(),
+            listener_sets: self.objects(),
         }
     }
 
@@ -610,7 +621,14 @@ macro_rules! gateway_api_object {
     )*};
 }
 
-gateway_api_object!(GatewayClass, Gateway, HttpRoute, GrpcRoute, ReferenceGrant);
+gateway_api_object!(
+    GatewayClass,
+    Gateway,
+    HttpRoute,
+    GrpcRoute,
+    ReferenceGrant,
+    ListenerSet
+);
 
 /// What of an Ingress translation reads: its spec, annotations and creation time; not its
 /// status or resourceVersion, so that a status write does not rebuild routes.

@@ -37,6 +37,8 @@ pub enum Kind {
     GrpcRoute,
     /// `gateway.networking.k8s.io/v1` ReferenceGrant.
     ReferenceGrant,
+    /// `gateway.networking.k8s.io/v1` ListenerSet.
+    ListenerSet,
 }
 
 impl Kind {
@@ -54,6 +56,7 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::GrpcRoute => "GRPCRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::ListenerSet => "ListenerSet",
         }
     }
 
@@ -67,7 +70,8 @@ impl Kind {
             | Kind::Gateway
             | Kind::HttpRoute
             | Kind::GrpcRoute
-            | Kind::ReferenceGrant => "gateway.networking.k8s.io/v1",
+            | Kind::ReferenceGrant
+            | Kind::ListenerSet => "gateway.networking.k8s.io/v1",
         }
     }
 
@@ -93,6 +97,7 @@ impl Kind {
             Kind::HttpRoute,
             Kind::GrpcRoute,
             Kind::ReferenceGrant,
+            Kind::ListenerSet,
         ]
         .into_iter()
         .find(|k| k.api_version() == api_version && k.as_str() == kind)

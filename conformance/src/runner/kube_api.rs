@@ -102,6 +102,12 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         "grpcroutes",
         true,
     ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "ListenerSet",
+        "listenersets",
+        true,
+    ),
 ];
 
 /// A client for one API server.

@@ -19,6 +19,7 @@
 
 mod attach;
 mod backends;
+pub mod listener_sets;
 pub mod listeners;
 pub mod refs;
 mod routes;
@@ -40,7 +41,9 @@ use crate::gateway_api::conditions::Cond;
 use crate::gateway_api::gateways::GatewayListeners;
 use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway_api::{is_ours, names};
-use crate::gateway_api::{Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant};
+use crate::gateway_api::{
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+};
 use crate::object::{Kind, NsName, ObjectKey};
 
 pub use attach::intersect;
@@ -60,6 +63,8 @@ pub struct GatewayInputs<'a> {
     pub grpc_routes: Vec<&'a GrpcRoute>,
     /// Every ReferenceGrant.
     pub grants: Vec<&'a ReferenceGrant>,
+    /// Every ListenerSet.
+    pub listener_sets: Vec<&'a ListenerSet>,
 }
 
 /// Feeds the Gateway API objects into a translation.
@@ -85,10 +90,6 @@ impl<'a> GatewayProcessor<'a> {
 
     /// Builds the listeners, attaches the routes, and writes the table and report into `t`.
     pub(crate) fn run(self, t: &mut Translation<'_>) {
-        let gateways = self.gateways(t);
-        if gateways.is_empty() {
-            return;
-        }
         let namespaces: BTreeMap<String, BTreeMap<String, String>> = self
             .inputs
             .namespaces
@@ -98,6 +99,11 @@ impl<'a> GatewayProcessor<'a> {
                 (name, n.metadata.labels.clone().unwrap_or_default())
             })
             .collect();
+        let mut report = GatewayReport::default();
+        let gateways = self.gateways(t, &namespaces, &mut report);
+        if gateways.is_empty() {
+            return;
+        }
         let mut views: Vec<RouteView> = self
             .inputs
             .http_routes
@@ -106,8 +112,7 @@ impl<'a> GatewayProcessor<'a> {
             .chain(self.inputs.grpc_routes.iter().map(|r| routes::grpc(r)))
             .collect();
         views.sort_by(|a, b| (a.created, &a.key, a.kind).cmp(&(b.created, &b.key, b.kind)));
-        let mut report = GatewayReport::default();
-        for g in &gateways {
+        for g in gateways.iter().filter(|g| g.kind == "Gateway") {
             for l in &g.listeners {
                 report.attached.insert((g.key.clone(), l.name.clone()), 0);
             }
@@ -123,8 +128,14 @@ impl<'a> GatewayProcessor<'a> {
         };
     }
 
-    /// Our Gateways with their listeners judged.
-    fn gateways(&self, t: &mut Translation<'_>) -> Vec<GatewayModel> {
+    /// Our Gateways with their listeners judged, each followed by the ListenerSets it admits
+    /// (whose status goes into `report`).
+    fn gateways(
+        &self,
+        t: &mut Translation<'_>,
+        namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+        report: &mut GatewayReport,
+    ) -> Vec<GatewayModel> {
         let name = &self.config.gateway.controller_name;
         let ours: BTreeSet<&str> = self
             .inputs
@@ -142,10 +153,14 @@ impl<'a> GatewayProcessor<'a> {
             .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
             .collect();
         gateways.sort_by_key(|g| NsName::of(&g.metadata));
-        gateways
-            .into_iter()
-            .map(|g| self.gateway(t, g, &grants))
-            .collect()
+        let mut out = Vec::new();
+        for g in gateways {
+            let model = self.gateway(t, g, &grants);
+            let sets = self.listener_sets(t, g, &model, namespaces, &grants, report);
+            out.push(model);
+            out.extend(sets);
+        }
+        out
     }
 
     /// One Gateway: its listeners, with their pod ports and certificates.
@@ -165,34 +180,105 @@ impl<'a> GatewayProcessor<'a> {
             .iter()
             .zip(&verdicts)
             .map(|(l, v)| {
-                let cert = if l.protocol == "HTTPS" {
-                    certificate(t, l, &key.namespace, grants)
-                } else {
-                    Ok(None)
-                };
-                let pod_port = u16::try_from(l.port)
-                    .ok()
-                    .and_then(|p| ports.get(&p).copied());
-                let allowed = l.allowed_routes.as_ref();
-                let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
-                ListenerModel {
-                    name: l.name.clone(),
-                    port: l.port,
-                    pod_port,
-                    hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
-                    tls: l.protocol == "HTTPS",
-                    kinds: v.kinds.clone(),
-                    from: attach::from_namespaces(
-                        namespaces.and_then(|n| n.from.as_ref()),
-                        namespaces.and_then(|n| n.selector.as_ref()),
-                    ),
-                    valid: accepted && v.valid(),
-                    servable: cert.is_ok(),
-                    cert: cert.ok().flatten(),
-                }
+                let owner = ("Gateway", key.namespace.as_str());
+                listener_model(t, l, v, accepted, &ports, owner, grants)
             })
             .collect();
-        GatewayModel { key, listeners }
+        GatewayModel {
+            kind: "Gateway",
+            key,
+            listeners,
+        }
+    }
+
+    /// The ListenerSets naming `gateway`: the models of those it admits, on its pod ports, and
+    /// every one's status in `report`.
+    fn listener_sets(
+        &self,
+        t: &mut Translation<'_>,
+        gateway: &Gateway,
+        model: &GatewayModel,
+        namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+        grants: &[ReferenceGrant],
+        report: &mut GatewayReport,
+    ) -> Vec<GatewayModel> {
+        let candidates = listener_sets::of_gateway(gateway, &self.inputs.listener_sets);
+        let (admitted, refused): (Vec<&ListenerSet>, Vec<&ListenerSet>) =
+            candidates.into_iter().partition(|s| {
+                let ns = s.metadata.namespace.as_deref().unwrap_or_default();
+                listener_sets::admits(&gateway.spec, &model.key.namespace, ns, namespaces)
+            });
+        for set in refused {
+            let report_entry = listener_sets::not_allowed(set);
+            report
+                .listener_sets
+                .insert(NsName::of(&set.metadata), report_entry);
+        }
+        let verdicts = listeners::check(&gateway.spec);
+        let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts).status;
+        let mut judged = listener_sets::judge(&gateway.spec.listeners, &admitted);
+        let ports = self.set_pod_ports(t, gateway, &model.key, &judged, report);
+        let mut out = Vec::new();
+        for j in &mut judged {
+            let owner = ("ListenerSet", j.key.namespace.as_str());
+            for (l, v) in j.listeners.iter().zip(j.verdicts.iter_mut()) {
+                if let Err(Some(problem)) = certificate_of(t, l, owner, grants) {
+                    v.resolved = problem;
+                }
+            }
+            let listeners: Vec<ListenerModel> = j
+                .listeners
+                .iter()
+                .zip(&j.verdicts)
+                .map(|(l, v)| listener_model(t, l, v, accepted, &ports, owner, grants))
+                .collect();
+            let servable: Vec<bool> = listeners.iter().map(|l| l.servable).collect();
+            let entry = listener_sets::report(j, &servable);
+            if entry.conditions[0].status {
+                *report
+                    .attached_listener_sets
+                    .entry(model.key.clone())
+                    .or_default() += 1;
+            }
+            report.listener_sets.insert(j.key.clone(), entry);
+            out.push(GatewayModel {
+                kind: "ListenerSet",
+                key: j.key.clone(),
+                listeners,
+            });
+        }
+        report
+            .attached_listener_sets
+            .entry(model.key.clone())
+            .or_default();
+        out
+    }
+
+    /// listener port -> pod port for the listeners of the Gateway's ListenerSets (the Gateway's
+    /// Service's in Kubernetes mode, the listener port itself in `--manifests` mode), noting in
+    /// `report` the ports of their valid listeners, which the Service must cover.
+    fn set_pod_ports(
+        &self,
+        t: &mut Translation<'_>,
+        gateway: &Gateway,
+        key: &NsName,
+        judged: &[listener_sets::Judged<'_>],
+        report: &mut GatewayReport,
+    ) -> BTreeMap<u16, u16> {
+        let wanted: BTreeSet<u16> = judged
+            .iter()
+            .flat_map(|j| j.listeners.iter().zip(&j.verdicts))
+            .filter(|(_, v)| v.valid())
+            .filter_map(|(l, _)| u16::try_from(l.port).ok())
+            .collect();
+        let mut ports = self.pod_ports(t, gateway, key);
+        if !self.config.gateway.ports_from_services {
+            ports.extend(wanted.iter().map(|p| (*p, *p)));
+        }
+        if !wanted.is_empty() {
+            report.listener_set_ports.insert(key.clone(), wanted);
+        }
+        ports
     }
 
     /// listener port -> pod port: the Gateway's Service's in Kubernetes mode, the listener port
@@ -239,10 +325,11 @@ impl<'a> GatewayProcessor<'a> {
         let mut parents = Vec::new();
         let mut attached: Vec<(usize, Attached)> = Vec::new();
         for parent in view.parents.iter().filter(|p| attach::names_a_gateway(p)) {
-            let Some(gi) = gateways
-                .iter()
-                .position(|g| g.key.namespace == parent.namespace && g.key.name == parent.name)
-            else {
+            let Some(gi) = gateways.iter().position(|g| {
+                g.kind == parent.kind
+                    && g.key.namespace == parent.namespace
+                    && g.key.name == parent.name
+            }) else {
                 continue;
             };
             let (accepted, listeners) = attach::attach(view, parent, &gateways[gi], namespaces);
@@ -275,9 +362,7 @@ impl<'a> GatewayProcessor<'a> {
         let mut counted: BTreeSet<(usize, usize)> = BTreeSet::new();
         for (gi, a) in attached {
             if counted.insert((gi, a.listener)) {
-                let g = &gateways[gi];
-                let name = g.listeners[a.listener].name.clone();
-                *report.attached.entry((g.key.clone(), name)).or_default() += 1;
+                count_attached(report, &gateways[gi], a.listener);
             }
             let port = gateways[gi].listeners[a.listener].port;
             let by_host = entries.entry((gi, a.listener)).or_default();
@@ -306,6 +391,57 @@ impl<'a> GatewayProcessor<'a> {
         report
             .routes
             .insert((view.kind, view.key.clone()), route_report);
+    }
+}
+
+/// Counts a route attached to listener `li` of `g` (a Gateway's or a ListenerSet's).
+fn count_attached(report: &mut GatewayReport, g: &GatewayModel, li: usize) {
+    let name = &g.listeners[li].name;
+    if g.kind == "ListenerSet" {
+        let set = report.listener_sets.get_mut(&g.key);
+        let entry = set.and_then(|s| s.listeners.iter_mut().find(|l| l.name == *name));
+        if let Some(entry) = entry {
+            entry.attached += 1;
+        }
+    } else {
+        *report
+            .attached
+            .entry((g.key.clone(), name.clone()))
+            .or_default() += 1;
+    }
+}
+
+/// One listener's model: its pod port (from `ports`, listener port to pod port) and its
+/// certificate.
+fn listener_model(
+    t: &mut Translation<'_>,
+    l: &GatewayListeners,
+    v: &listeners::Verdict,
+    accepted: bool,
+    ports: &BTreeMap<u16, u16>,
+    owner: (&str, &str),
+    grants: &[ReferenceGrant],
+) -> ListenerModel {
+    let cert = certificate_of(t, l, owner, grants).map_err(|_| ());
+    let pod_port = u16::try_from(l.port)
+        .ok()
+        .and_then(|p| ports.get(&p).copied());
+    let allowed = l.allowed_routes.as_ref();
+    let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
+    ListenerModel {
+        name: l.name.clone(),
+        port: l.port,
+        pod_port,
+        hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
+        tls: l.protocol == "HTTPS",
+        kinds: v.kinds.clone(),
+        from: attach::from_namespaces(
+            namespaces.and_then(|n| n.from.as_ref()),
+            namespaces.and_then(|n| n.selector.as_ref()),
+        ),
+        valid: accepted && v.valid(),
+        servable: cert.is_ok(),
+        cert: cert.ok().flatten(),
     }
 }
 
@@ -347,14 +483,18 @@ fn family_policy(t: &mut Translation<'_>, key: &ObjectKey, view: &RouteView) -> 
     }
 }
 
-/// The certificate of an HTTPS listener: its first `certificateRef`, if it resolves (`Err` when
-/// it does not, which makes the listener invalid).
-fn certificate(
+/// The certificate of a listener of `owner` (kind, namespace): `None` unless HTTPS; `Err` when
+/// it does not resolve, with the reason when references do not.
+fn certificate_of(
     t: &mut Translation<'_>,
     listener: &GatewayListeners,
-    gateway_ns: &str,
+    owner: (&str, &str),
     grants: &[ReferenceGrant],
-) -> Result<Option<Arc<dataplane::table::TlsCert>>, ()> {
+) -> Result<Option<Arc<dataplane::table::TlsCert>>, Option<Cond>> {
+    if listener.protocol != "HTTPS" {
+        return Ok(None);
+    }
+    let (kind, gateway_ns) = owner;
     let keys = refs::certificate_refs(listener, gateway_ns);
     for (namespace, name) in &keys {
         let key = NsName::new(namespace.clone(), name.clone());
@@ -367,14 +507,14 @@ fn certificate(
             (k.clone(), found.map(|s| (*s).clone()))
         })
         .collect();
-    if refs::problem(listener, gateway_ns, grants, &secrets).is_some() {
-        return Err(());
+    if let Some(problem) = refs::problem_of(kind, listener, gateway_ns, grants, &secrets) {
+        return Err(Some(problem));
     }
     let Some(first) = keys.first() else {
         return Ok(None);
     };
     let Some(Some(secret)) = secrets.get(first) else {
-        return Err(());
+        return Err(None);
     };
     let data = secret.data.as_ref();
     let field = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
@@ -382,8 +522,8 @@ fn certificate(
     match (field("tls.crt"), field("tls.key")) {
         (Some(crt), Some(key)) => dataplane::tls::load_pem(&source, crt, key)
             .map(|c| Some(Arc::new(c)))
-            .map_err(|_| ()),
-        _ => Err(()),
+            .map_err(|_| None),
+        _ => Err(None),
     }
 }
 
