@@ -7,6 +7,8 @@
 //! - Listeners: those [`listeners::check`] finds valid, in a Gateway it accepts, with their
 //!   certificates resolved ([`refs::problem`]); the pod port is the `targetPort` of the Gateway's
 //!   Service `duet-NAME` (Kubernetes mode) or the listener port (`--manifests` mode).
+//! - ListenerSets ([`listener_sets`]): those a Gateway admits add listeners, after its own, on
+//!   its pod ports; routes reach them through parentRefs of kind `ListenerSet`.
 //! - Attachment per parentRef ([`attach`]); routes oldest first (creationTimestamp, then
 //!   namespace/name).
 //! - Rules: per host entry of a listener, sorted by the spec's precedence: path Exact, then
