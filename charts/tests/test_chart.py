@@ -537,11 +537,11 @@ def test_rbac_scoped_to_watched_namespaces():
 
 GATEWAY_RULES = {
     *{("gateway.networking.k8s.io", r, v, None)
-      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "referencegrants",
+      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes", "referencegrants",
                 "listenersets")
       for v in ("get", "list", "watch")},
     *{("gateway.networking.k8s.io", f"{r}/status", v, None)
-      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "listenersets")
+      for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes", "listenersets")
       for v in ("update", "patch")},
     *{("", "namespaces", v, None) for v in ("get", "list", "watch")},
     *{("", "services", v, None) for v in ("create", "patch", "update", "delete")},

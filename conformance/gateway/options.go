@@ -25,10 +25,11 @@ const (
 	Mode = flags.DefaultMode
 )
 
-// Profiles are the conformance profiles duet claims: HTTP and gRPC on Gateways.
+// Profiles are the conformance profiles duet claims: HTTP, gRPC and TLS on Gateways.
 var Profiles = []suite.ConformanceProfileName{
 	suite.GatewayHTTPConformanceProfileName,
 	suite.GatewayGRPCConformanceProfileName,
+	suite.GatewayTLSConformanceProfileName,
 }
 
 // SupportedFeatures are the features passed to the suite when no -supported-features flag is
@@ -40,6 +41,7 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportReferenceGrant,
 	features.SupportHTTPRoute,
 	features.SupportGRPCRoute,
+	features.SupportTLSRoute,
 	features.SupportGRPCRouteNamedRouteRule,
 	features.SupportGatewayHTTPListenerIsolation,
 	features.SupportGatewayHTTPSListenerDetectMisdirectedRequests,
@@ -68,6 +70,7 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteResponseHeaderModification,
 	features.SupportHTTPRouteSchemeRedirect,
 	features.SupportListenerSet,
+	features.SupportTLSRouteModeTerminate,
 }
 
 // ForChannel returns the features usable on CRDs of a channel: on the standard channel (any

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::class::{ClassConfig, Classes};
 use crate::compact::Slice;
 use crate::gateway_api::{
-    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant, TlsRoute,
 };
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
@@ -50,6 +50,8 @@ pub enum Object {
     HttpRoute(Arc<HttpRoute>),
     /// A GRPCRoute.
     GrpcRoute(Arc<GrpcRoute>),
+    /// A TLSRoute.
+    TlsRoute(Arc<TlsRoute>),
     /// A ReferenceGrant.
     ReferenceGrant(Arc<ReferenceGrant>),
     /// A ListenerSet.
@@ -107,6 +109,7 @@ stored!(
     Gateway => Gateway, gateways, gateway_impact;
     HttpRoute => HttpRoute, http_routes, gateway_impact;
     GrpcRoute => GrpcRoute, grpc_routes, gateway_impact;
+    TlsRoute => TlsRoute, tls_routes, gateway_impact;
     ReferenceGrant => ReferenceGrant, reference_grants, gateway_impact;
     ListenerSet => ListenerSet, listener_sets, gateway_impact;
 );
@@ -132,6 +135,7 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
         Kind::Gateway => work.run::<Gateway>(),
         Kind::HttpRoute => work.run::<HttpRoute>(),
         Kind::GrpcRoute => work.run::<GrpcRoute>(),
+        Kind::TlsRoute => work.run::<TlsRoute>(),
         Kind::ReferenceGrant => work.run::<ReferenceGrant>(),
         Kind::ListenerSet => work.run::<ListenerSet>(),
     }
@@ -154,6 +158,7 @@ impl Object {
             Object::Gateway(o) => of(&**o),
             Object::HttpRoute(o) => of(&**o),
             Object::GrpcRoute(o) => of(&**o),
+            Object::TlsRoute(o) => of(&**o),
             Object::ReferenceGrant(o) => of(&**o),
             Object::ListenerSet(o) => of(&**o),
         }
@@ -218,6 +223,7 @@ impl Object {
             Object::Gateway(o) => index.put(key, o, file),
             Object::HttpRoute(o) => index.put(key, o, file),
             Object::GrpcRoute(o) => index.put(key, o, file),
+            Object::TlsRoute(o) => index.put(key, o, file),
             Object::ReferenceGrant(o) => index.put(key, o, file),
             Object::ListenerSet(o) => index.put(key, o, file),
         }
@@ -331,6 +337,8 @@ pub struct Index {
     pub http_routes: Store<HttpRoute>,
     /// GRPCRoutes.
     pub grpc_routes: Store<GrpcRoute>,
+    /// TLSRoutes.
+    pub tls_routes: Store<TlsRoute>,
     /// ReferenceGrants.
     pub reference_grants: Store<ReferenceGrant>,
     /// ListenerSets.
@@ -554,6 +562,7 @@ impl Index {
             gateways: self.objects(),
             http_routes: self.objects(),
             grpc_routes: self.objects(),
+            tls_routes: self.objects(),
             grants: self.objects(),
             listener_sets: self.objects(),
         }
@@ -626,6 +635,7 @@ gateway_api_object!(
     Gateway,
     HttpRoute,
     GrpcRoute,
+    TlsRoute,
     ReferenceGrant,
     ListenerSet
 );

@@ -322,6 +322,7 @@ impl Options {
         let tls_config = dataplane::tls::server_config(runtime.clone(), &fallback);
         let handshakes = dataplane::handshake::Handshakes::new(runtime.clone(), tls_config.clone())
             .limit_relays(config.max_passthrough_connections);
+        let relays = handshakes.relay_places();
         let tls = ServeOptions {
             tls: Some(tls_config),
             handshakes: Some(Arc::new(handshakes)),
@@ -337,6 +338,7 @@ impl Options {
                 ..base.clone()
             },
             fallback: fallback.clone(),
+            relays,
         };
         Ok(Options {
             gateway,

@@ -35,6 +35,8 @@ pub enum Kind {
     HttpRoute,
     /// `gateway.networking.k8s.io/v1` GRPCRoute.
     GrpcRoute,
+    /// `gateway.networking.k8s.io/v1` TLSRoute.
+    TlsRoute,
     /// `gateway.networking.k8s.io/v1` ReferenceGrant.
     ReferenceGrant,
     /// `gateway.networking.k8s.io/v1` ListenerSet.
@@ -55,6 +57,7 @@ impl Kind {
             Kind::Gateway => "Gateway",
             Kind::HttpRoute => "HTTPRoute",
             Kind::GrpcRoute => "GRPCRoute",
+            Kind::TlsRoute => "TLSRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::ListenerSet => "ListenerSet",
         }
@@ -70,6 +73,7 @@ impl Kind {
             | Kind::Gateway
             | Kind::HttpRoute
             | Kind::GrpcRoute
+            | Kind::TlsRoute
             | Kind::ReferenceGrant
             | Kind::ListenerSet => "gateway.networking.k8s.io/v1",
         }
@@ -96,6 +100,7 @@ impl Kind {
             Kind::Gateway,
             Kind::HttpRoute,
             Kind::GrpcRoute,
+            Kind::TlsRoute,
             Kind::ReferenceGrant,
             Kind::ListenerSet,
         ]

@@ -2,8 +2,12 @@
 //! [`GatewayTable`](crate::table::gateway::GatewayTable) names, one IPv4 and one IPv6 listening
 //! socket (`0.0.0.0:PORT`, `[::]:PORT`, bound by [`crate::listen::bind`]), served by
 //! [`crate::listen::serve`] with the connection marked with its port so the proxy routes it by that
-//! port's listeners. Ports are bound when a snapshot names them and closed (gracefully: open
-//! connections drain) when one no longer does, or when the port switches between HTTP and HTTPS.
+//! port's listeners. A port of TLS listeners (TLSRoutes) reads each ClientHello and relays the
+//! connection, unterminated or decrypted as the listener's mode says, to the TLSRoute its SNI
+//! selects ([`crate::handshake::Handshakes::on_gateway_port`], [`crate::passthrough`]), bounded
+//! with the other relays by `--max-passthrough-connections`. Ports are bound when a snapshot names them and
+//! closed (gracefully: open connections drain) when one no longer does, or when the port switches
+//! between HTTP, HTTPS and passthrough.
 //! A port that cannot be bound (taken by an Ingress listener or another process) is logged and
 //! tried again with the next snapshot; the other listeners are never disturbed.
 
@@ -17,9 +21,11 @@ use rustls::sign::CertifiedKey;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::handshake::Handshakes;
 use crate::listen::{self, BindError, ServeOptions};
 use crate::proxy::Proxy;
 use crate::runtime::Runtime;
+use crate::table::gateway::GatewayPort;
 use crate::table::TlsCert;
 
 /// What the Gateway listeners are served with.
@@ -33,11 +39,32 @@ pub struct GatewayServing {
     pub options: ServeOptions,
     /// The certificate of TLS clients no listener's certificate serves.
     pub fallback: TlsCert,
+    /// The places of passthrough relays, shared with the HTTPS listeners' (`None`: unbounded
+    /// but for the connection limit).
+    pub relays: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+/// How a port is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Http,
+    Https,
+    TlsRoutes,
+}
+
+impl Mode {
+    fn of(port: &GatewayPort) -> Mode {
+        match (port.tls_routes, port.tls) {
+            (true, _) => Mode::TlsRoutes,
+            (false, true) => Mode::Https,
+            (false, false) => Mode::Http,
+        }
+    }
 }
 
 /// One bound port.
 struct BoundPort {
-    tls: bool,
+    mode: Mode,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<std::io::Result<()>>>,
 }
@@ -71,16 +98,16 @@ fn reconcile(
     closing: &mut Vec<JoinHandle<std::io::Result<()>>>,
 ) {
     let live = serving.runtime.load_full();
-    let wanted: BTreeMap<u16, bool> = live
+    let wanted: BTreeMap<u16, Mode> = live
         .snapshot
         .gateways
         .ports
         .iter()
-        .map(|(port, p)| (*port, p.tls))
+        .map(|(port, p)| (*port, Mode::of(p)))
         .collect();
     let gone: Vec<u16> = bound
         .iter()
-        .filter(|(port, b)| wanted.get(port) != Some(&b.tls))
+        .filter(|(port, b)| wanted.get(port) != Some(&b.mode))
         .map(|(port, _)| *port)
         .collect();
     for port in gone {
@@ -91,21 +118,32 @@ fn reconcile(
         }
     }
     closing.retain(|t| !t.is_finished());
-    for (port, tls) in wanted {
+    for (port, mode) in wanted {
         if bound.contains_key(&port) {
             continue;
         }
-        if let Some(b) = bind_port(serving, port, tls) {
+        if let Some(b) = bind_port(serving, port, mode) {
             bound.insert(port, b);
         }
     }
 }
 
 /// Binds a port on both families and starts serving it; `None` when no family could be bound.
-fn bind_port(serving: &GatewayServing, port: u16, tls: bool) -> Option<BoundPort> {
+fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Option<BoundPort> {
     let (stop, stopped) = watch::channel(false);
+    let tls = (mode != Mode::Http).then(|| server_config(serving, port, mode == Mode::Https));
+    let handshakes = match (&tls, mode) {
+        (Some(config), Mode::TlsRoutes) => {
+            let h = Handshakes::new(serving.runtime.clone(), config.clone())
+                .on_gateway_port(port)
+                .sharing_relays(serving.relays.clone());
+            Some(Arc::new(h))
+        }
+        _ => None,
+    };
     let options = ServeOptions {
-        tls: tls.then(|| server_config(serving, port)),
+        tls,
+        handshakes,
         gateway_port: Some(port),
         ..serving.options.clone()
     };
@@ -135,13 +173,14 @@ fn bind_port(serving: &GatewayServing, port: u16, tls: bool) -> Option<BoundPort
     if tasks.is_empty() {
         return None;
     }
-    tracing::info!(port, tls, listen = %addrs.join(" "), "Gateway listener bound");
-    Some(BoundPort { tls, stop, tasks })
+    tracing::info!(port, ?mode, listen = %addrs.join(" "), "Gateway listener bound");
+    Some(BoundPort { mode, stop, tasks })
 }
 
-/// The TLS configuration of an HTTPS Gateway port: the certificate of the listener the SNI
-/// selects, from the live snapshot.
-fn server_config(serving: &GatewayServing, port: u16) -> Arc<rustls::ServerConfig> {
+/// The TLS configuration of an HTTPS Gateway port (`http`: offering h2 and http/1.1 by ALPN) or
+/// of a TLS one (no ALPN: the stream is relayed as it is): the certificate of the listener the
+/// SNI selects, from the live snapshot.
+fn server_config(serving: &GatewayServing, port: u16, http: bool) -> Arc<rustls::ServerConfig> {
     let resolver = PortCerts {
         runtime: serving.runtime.clone(),
         port,
@@ -152,7 +191,9 @@ fn server_config(serving: &GatewayServing, port: u16) -> Arc<rustls::ServerConfi
         .expect("ring supports TLS 1.2 and 1.3")
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if http {
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    }
     Arc::new(config)
 }
 

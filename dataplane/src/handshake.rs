@@ -79,10 +79,14 @@ impl ClientCertVerifier for RequestCertificate {
 pub enum Handshake {
     /// TLS terminated by duet.
     Tls(Box<TlsStream<TcpStream>>),
-    /// A passthrough host's connection, to relay unterminated.
+    /// A passthrough host's connection, to relay unterminated (or, on a Gateway TLS listener in
+    /// mode Terminate, decrypted).
     Passthrough(Relay),
     /// A passthrough host's connection past `--max-passthrough-connections`: closed.
     Refused,
+    /// A connection to a Gateway passthrough port whose SNI (or its absence) selects no
+    /// TLSRoute: closed.
+    Unrouted,
 }
 
 /// The TLS handshakes of the HTTPS listeners: the ClientHello is read first, then the server
@@ -96,6 +100,26 @@ pub struct Handshakes {
     asking: Mutex<Vec<(Weak<ClientAuth>, Arc<ServerConfig>)>>,
     /// Places for passthrough relays (`None`: only the listeners' own limit).
     relays: Option<Arc<Semaphore>>,
+    /// A Gateway passthrough port: every connection is relayed by its SNI to the TLSRoute of
+    /// that port's listeners, or closed; TLS is never terminated.
+    gateway_port: Option<u16>,
+}
+
+/// Where a TLSRoute rule sends one connection: its backend, or a weighted alternative's.
+fn tls_route_target(action: &crate::table::RouteAction) -> Passthrough {
+    let backend = action
+        .choice
+        .as_deref()
+        .and_then(|c| {
+            let arm = crate::policy::canary::arm(c, &http::HeaderMap::new());
+            c.alternatives.get(arm.checked_sub(1)?)
+        })
+        .map_or(&action.backend, |a| &a.backend);
+    Passthrough {
+        backend: backend.clone(),
+        policy: action.policy,
+        origin: action.origin.clone(),
+    }
 }
 
 impl std::fmt::Debug for Handshakes {
@@ -114,7 +138,26 @@ impl Handshakes {
             base,
             asking: Mutex::new(Vec::new()),
             relays: None,
+            gateway_port: None,
         }
+    }
+
+    /// The handshakes of a Gateway passthrough port (see [`Handshakes::accept`]).
+    pub fn on_gateway_port(mut self, port: u16) -> Handshakes {
+        self.gateway_port = Some(port);
+        self
+    }
+
+    /// The relay places (shared with other listeners by [`Handshakes::sharing_relays`]).
+    pub fn relay_places(&self) -> Option<Arc<Semaphore>> {
+        self.relays.clone()
+    }
+
+    /// Relays take their places from `relays` (the HTTPS listeners' own, so that
+    /// `--max-passthrough-connections` bounds every passthrough relay together).
+    pub fn sharing_relays(mut self, relays: Option<Arc<Semaphore>>) -> Handshakes {
+        self.relays = relays;
+        self
     }
 
     /// At most `n` passthrough relays open at once (each also holds its listener's connection
@@ -129,6 +172,9 @@ impl Handshakes {
     /// `ssl-passthrough`), returns the connection to relay unterminated, else completes the
     /// handshake with the configuration for its SNI.
     pub async fn accept(&self, mut stream: TcpStream) -> std::io::Result<Handshake> {
+        if let Some(port) = self.gateway_port {
+            return self.accept_gateway(stream, port).await;
+        }
         let keep = !self.runtime.load().snapshot.routes.passthrough.is_empty();
         let hello = crate::client_hello::read_client_hello(&mut stream, keep).await?;
         let sni = hello
@@ -149,8 +195,44 @@ impl Handshakes {
         Ok(Handshake::Tls(Box::new(start.into_stream(config).await?)))
     }
 
+    /// On a Gateway TLS port: reads the ClientHello and relays the connection to a backend of
+    /// the TLSRoute its SNI selects (weighted backendRefs drawn per connection): unterminated on
+    /// a listener in mode Passthrough, decrypted on one in mode Terminate (the handshake with
+    /// the listener's certificate, from `base`'s resolver); closes it when no route takes it.
+    async fn accept_gateway(&self, mut stream: TcpStream, port: u16) -> std::io::Result<Handshake> {
+        let hello = crate::client_hello::read_client_hello(&mut stream, true).await?;
+        let sni = hello
+            .accepted
+            .client_hello()
+            .server_name()
+            .map(str::to_owned);
+        let (Some(bytes), Some(sni)) = (hello.bytes, sni) else {
+            return Ok(Handshake::Unrouted);
+        };
+        let (to, terminate) = {
+            let live = self.runtime.load();
+            let port = live.snapshot.gateways.port(port).filter(|p| p.tls_routes);
+            let Some((listener, action)) = port.and_then(|p| p.tls_route(&sni)) else {
+                return Ok(Handshake::Unrouted);
+            };
+            (tls_route_target(action), listener.cert.is_some())
+        };
+        if !terminate {
+            return Ok(self.relay(stream, bytes, to));
+        }
+        let start = tokio_rustls::StartHandshake::from_parts(hello.accepted, stream);
+        let tls = start.into_stream(self.base.clone()).await?;
+        let relay = Relay::terminated(tls, to, self.runtime.clone());
+        Ok(self.place(relay))
+    }
+
     /// A passthrough host's connection to relay, or refused when every relay place is taken.
     fn relay(&self, stream: TcpStream, hello: Vec<u8>, to: Passthrough) -> Handshake {
+        self.place(Relay::new(stream, hello, to, self.runtime.clone()))
+    }
+
+    /// A relay holding a place, or refused when every relay place is taken.
+    fn place(&self, relay: Relay) -> Handshake {
         let place = match &self.relays {
             None => None,
             Some(relays) => match relays.clone().try_acquire_owned() {
@@ -158,7 +240,6 @@ impl Handshakes {
                 Err(_) => return Handshake::Refused,
             },
         };
-        let relay = Relay::new(stream, hello, to, self.runtime.clone());
         Handshake::Passthrough(relay.holding(place))
     }
 

@@ -676,6 +676,10 @@ impl<H> PerConnection<H> {
                 tracing::debug!(client.addr = %info.peer, "Passthrough connection limit (--max-passthrough-connections) reached; closing");
                 None
             }
+            Ok(Ok(Handshake::Unrouted)) => {
+                tracing::debug!(client.addr = %info.peer, "No TLSRoute for the server name on this Gateway port; closing");
+                None
+            }
             Ok(Ok(Handshake::Tls(tls))) => {
                 let session = tls.get_ref().1;
                 let alpn_h2 = session.alpn_protocol() == Some(b"h2");

@@ -4,8 +4,9 @@
 //! (the client's family first, the other as the family policy allows, as for HTTP), the bytes
 //! read so far are replayed to it, and bytes are copied both ways until both sides have closed,
 //! no byte has moved either way for `--passthrough-idle-timeout`, or one side has closed and the
-//! other has sent nothing for [`FIN_TIMEOUT`]. TLS is never terminated: the client sees the
-//! upstream's certificate.
+//! other has sent nothing for [`FIN_TIMEOUT`]. TLS is not terminated: the client sees the
+//! upstream's certificate. A Gateway TLS listener in mode Terminate relays the same way the
+//! stream duet decrypted ([`Relay::terminated`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -24,9 +25,17 @@ use crate::runtime::Runtime;
 use crate::table::passthrough::Passthrough;
 use crate::table::Family;
 
-/// A connection to relay unterminated: the client, the bytes it sent so far, and where to.
+/// The client side of a relay.
+enum Client {
+    /// Unterminated: its bytes as sent.
+    Tcp(TcpStream),
+    /// TLS terminated by duet: the decrypted stream.
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// A connection to relay: the client, the bytes it sent so far, and where to.
 pub struct Relay {
-    stream: TcpStream,
+    stream: Client,
     hello: Vec<u8>,
     to: Passthrough,
     runtime: Arc<Runtime>,
@@ -46,8 +55,23 @@ impl Relay {
     /// A relay of `stream`, whose first bytes were `hello`, to `to`.
     pub fn new(stream: TcpStream, hello: Vec<u8>, to: Passthrough, runtime: Arc<Runtime>) -> Relay {
         Relay {
-            stream,
+            stream: Client::Tcp(stream),
             hello,
+            to,
+            runtime,
+            _place: None,
+        }
+    }
+
+    /// A relay of a TLS connection duet terminated: its decrypted stream, to `to`.
+    pub fn terminated(
+        stream: tokio_rustls::server::TlsStream<TcpStream>,
+        to: Passthrough,
+        runtime: Arc<Runtime>,
+    ) -> Relay {
+        Relay {
+            stream: Client::Tls(Box::new(stream)),
+            hello: Vec::new(),
             to,
             runtime,
             _place: None,
@@ -71,12 +95,15 @@ impl Relay {
             return;
         };
         metrics.passthrough_connection(client, Some(family));
-        if upstream.write_all(&self.hello).await.is_err() {
+        if !self.hello.is_empty() && upstream.write_all(&self.hello).await.is_err() {
             return;
         }
         self.hello = Vec::new();
         let idle = self.runtime.config.passthrough_idle_timeout;
-        let ended = copy_until_idle(&mut self.stream, &mut upstream, idle).await;
+        let ended = match &mut self.stream {
+            Client::Tcp(client) => copy_until_idle(client, &mut upstream, idle).await,
+            Client::Tls(client) => copy_until_idle(&mut **client, &mut upstream, idle).await,
+        };
         tracing::trace!(client.addr = %peer, ?ended, "Passthrough ended");
     }
 
@@ -134,14 +161,13 @@ pub enum Ended {
 /// Copies bytes both ways between `client` and `upstream`, passing on each side's close to the
 /// other, until both have closed, or nothing moved for `idle` (for `min(idle, FIN_TIMEOUT)` once
 /// one side has closed), or a side fails. Both connections are closed when it returns.
-pub async fn copy_until_idle(
-    client: &mut TcpStream,
-    upstream: &mut TcpStream,
-    idle: Duration,
-) -> Ended {
+pub async fn copy_until_idle<C>(client: &mut C, upstream: &mut TcpStream, idle: Duration) -> Ended
+where
+    C: AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let start = Instant::now();
     let last = AtomicU64::new(0);
-    let (client_in, mut client_out) = client.split();
+    let (client_in, mut client_out) = tokio::io::split(client);
     let (upstream_in, mut upstream_out) = upstream.split();
     let up = one_way(Stamped::new(client_in, &last, start), &mut upstream_out);
     let down = one_way(Stamped::new(upstream_in, &last, start), &mut client_out);

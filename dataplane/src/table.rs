@@ -852,6 +852,9 @@ pub enum OriginKind {
     /// `gateway.networking.k8s.io/v1` GRPCRoute.
     #[serde(rename = "GRPCRoute")]
     GrpcRoute,
+    /// `gateway.networking.k8s.io/v1` TLSRoute.
+    #[serde(rename = "TLSRoute")]
+    TlsRoute,
 }
 
 impl Origin {

@@ -104,6 +104,12 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
     ),
     (
         "gateway.networking.k8s.io/v1",
+        "TLSRoute",
+        "tlsroutes",
+        true,
+    ),
+    (
+        "gateway.networking.k8s.io/v1",
         "ListenerSet",
         "listenersets",
         true,

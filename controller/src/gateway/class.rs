@@ -2,8 +2,8 @@
 //! `Accepted` and `supportedFeatures`; others are never touched.
 //!
 //! `supportedFeatures` lists the conformance features duet passes on both family runs of the
-//! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP
-//! and GATEWAY-GRPC and the extended ones of `conformance/gateway/options.go`.
+//! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP,
+//! GATEWAY-GRPC and GATEWAY-TLS and the extended ones of `conformance/gateway/options.go`.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -47,6 +47,8 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteSchemeRedirect",
     "ListenerSet",
     "ReferenceGrant",
+    "TLSRoute",
+    "TLSRouteModeTerminate",
 ];
 
 /// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
@@ -117,6 +119,7 @@ mod tests {
             .collect();
         assert!(names.is_sorted(), "{names:?}");
         assert_eq!(names.len(), SUPPORTED_FEATURES.len(), "{names:?}");
+        assert!(names.iter().any(|n| n == "TLSRoute"));
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");

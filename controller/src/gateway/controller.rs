@@ -548,7 +548,7 @@ async fn resolve_certificates(
         .collect();
     let mut unresolved = false;
     for (listener, verdict) in gateway.spec.listeners.iter().zip(verdicts.iter_mut()) {
-        if listener.protocol != "HTTPS" || !verdict.resolved.status {
+        if !listeners::terminates(listener) || !verdict.resolved.status {
             continue;
         }
         let mut secrets = BTreeMap::new();

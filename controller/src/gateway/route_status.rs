@@ -1,4 +1,4 @@
-//! The status of HTTPRoutes and GRPCRoutes attached to our Gateways, written by the leader from
+//! The status of HTTPRoutes, GRPCRoutes and TLSRoutes attached to our Gateways, written by the leader from
 //! the [`GatewayReport`] of the live snapshot (so status and serving never disagree): one entry
 //! of `status.parents` per parentRef naming one of our Gateways, `controllerName` ours, with
 //! `Accepted` and `ResolvedRefs` carrying the route's `observedGeneration` (their
@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::gateway_api::conditions::dated;
 use crate::gateway_api::httproutes::HttpRouteStatusParentsParentRef;
 use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
-use crate::gateway_api::{GrpcRoute, HttpRoute};
+use crate::gateway_api::{GrpcRoute, HttpRoute, TlsRoute};
 use crate::object::{Kind, NsName};
 
 /// How long a failed write waits before the next try.
@@ -94,6 +94,7 @@ impl Writer<'_> {
     ) -> Result<(), kube::Error> {
         let resource = match kind {
             Kind::GrpcRoute => ApiResource::erase::<GrpcRoute>(&()),
+            Kind::TlsRoute => ApiResource::erase::<TlsRoute>(&()),
             _ => ApiResource::erase::<HttpRoute>(&()),
         };
         let api =

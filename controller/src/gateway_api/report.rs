@@ -52,6 +52,9 @@ pub struct ListenerEntryReport {
 pub struct RouteReport {
     /// `metadata.generation`, the conditions' `observedGeneration`.
     pub generation: Option<i64>,
+    /// `metadata.uid`: a route deleted and made again under its name (generation 1 again, the
+    /// same parents) is a change of the report, so its status is written.
+    pub uid: Option<String>,
     /// One entry per parentRef naming one of our Gateways.
     pub parents: Vec<ParentReport>,
 }

@@ -267,6 +267,7 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
         Kind::GrpcRoute => {
             Object::GrpcRoute(Arc::new(serde_json::from_value(doc).map_err(failed)?))
         }
+        Kind::TlsRoute => Object::TlsRoute(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
         Kind::ReferenceGrant => {
             Object::ReferenceGrant(Arc::new(serde_json::from_value(doc).map_err(failed)?))
         }

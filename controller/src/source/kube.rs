@@ -4,7 +4,7 @@
 //! Ingresses' are shared with other tasks too ([`Stores`]: the status writer, the Secret watcher).
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, the Gateway API kinds
-//! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) and Namespaces when the cluster
+//! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, ReferenceGrant) and Namespaces when the cluster
 //! serves `gateway.networking.k8s.io/v1` (asked once at start; they are not waited for before
 //! the first snapshot), `v1` Service, `discovery.k8s.io/v1`
 //! EndpointSlice (only those labelled `kubernetes.io/service-name`) and `v1` Secret (only
@@ -41,7 +41,7 @@ use super::watch::{Listed, Seen, SharedIngresses, SyncCountdown, Task};
 use super::SourceEvent;
 use crate::compact::Slice;
 use crate::gateway_api::{
-    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant, TlsRoute,
 };
 use crate::index::Change;
 use crate::index::{Object, Stored};
@@ -218,6 +218,7 @@ fn gateway_watchers(
         watch_kind::<Gateway, Gateway>(namespaces::apis(client, namespaces), base(), each()),
         watch_kind::<HttpRoute, HttpRoute>(namespaces::apis(client, namespaces), base(), each()),
         watch_kind::<GrpcRoute, GrpcRoute>(namespaces::apis(client, namespaces), base(), each()),
+        watch_kind::<TlsRoute, TlsRoute>(namespaces::apis(client, namespaces), base(), each()),
         watch_kind::<ReferenceGrant, ReferenceGrant>(
             namespaces::apis(client, namespaces),
             base(),

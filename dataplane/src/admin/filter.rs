@@ -89,6 +89,7 @@ pub fn parse(query: Option<&str>) -> Result<Option<RouteFilter>, FilterError> {
         "ingress" => route(OriginKind::Ingress, "ingress"),
         "httproute" => route(OriginKind::HttpRoute, "httproute"),
         "grpcroute" => route(OriginKind::GrpcRoute, "grpcroute"),
+        "tlsroute" => route(OriginKind::TlsRoute, "tlsroute"),
         "gateway" => object("gateway", &value).map(RouteFilter::Gateway),
         "host" => host(&value).ok_or_else(|| FilterError::BadHost(value.to_string())),
         other => Err(FilterError::Unknown(other.to_string())),
@@ -164,6 +165,7 @@ impl RouteFilter {
                 OriginKind::Ingress => ("ingress", key(k)),
                 OriginKind::HttpRoute => ("httproute", key(k)),
                 OriginKind::GrpcRoute => ("grpcroute", key(k)),
+                OriginKind::TlsRoute => ("tlsroute", key(k)),
             },
             RouteFilter::Gateway(k) => ("gateway", key(k)),
             RouteFilter::Host(h) => ("host", h.clone()),
@@ -179,6 +181,7 @@ impl RouteFilter {
                     OriginKind::Ingress => "Ingress",
                     OriginKind::HttpRoute => "HttpRoute",
                     OriginKind::GrpcRoute => "GrpcRoute",
+                    OriginKind::TlsRoute => "TlsRoute",
                 },
                 key,
             ),
@@ -270,6 +273,7 @@ impl RouteFilter {
             (!listeners.is_empty()).then(|| {
                 let kept = GatewayPort {
                     tls: p.tls,
+                    tls_routes: p.tls_routes,
                     listeners,
                 };
                 (*port, Arc::new(kept))

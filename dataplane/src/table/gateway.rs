@@ -63,6 +63,11 @@ impl GatewayTable {
 pub struct GatewayPort {
     /// TLS is terminated on this port (HTTPS listeners).
     pub tls: bool,
+    /// TLS listeners: connections are routed by SNI to TLSRoutes (rules matching every path)
+    /// and relayed as TCP, unterminated (a listener without certificate, mode Passthrough) or
+    /// decrypted with the listener's certificate (mode Terminate).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls_routes: bool,
     /// The listeners, most specific hostname first (see the module documentation).
     pub listeners: Vec<GatewayListener>,
 }
@@ -96,6 +101,16 @@ impl GatewayPort {
     pub fn sort(&mut self) {
         self.listeners
             .sort_by_key(|l| specificity(l.hostname.as_deref()));
+    }
+
+    /// The listener and TLSRoute action of a TLS connection naming `sni` on a `tls_routes`
+    /// port: the listener the SNI selects, and its rule for the route hostname that matches.
+    pub fn tls_route(&self, sni: &str) -> Option<(&GatewayListener, &RouteAction)> {
+        let mut buf = [0u8; crate::host::MAX_NAME];
+        let host = crate::host::normalize_name(sni, &mut buf)?;
+        let listener = self.listener_of(host)?;
+        let found = listener.routes.find(host, "/")?;
+        Some((listener, found.action))
     }
 
     /// Finds the route of a request on this port by path alone (`host` as received, `path`
@@ -273,6 +288,7 @@ mod tests {
     fn the_most_specific_listener_takes_the_request_and_only_its_routes_apply() {
         let mut port = GatewayPort {
             tls: false,
+            tls_routes: false,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("*.example.com"), any("wild")),
@@ -344,6 +360,7 @@ mod tests {
     fn a_host_of_another_listener_than_the_server_names_is_misdirected() {
         let mut port = GatewayPort {
             tls: true,
+            tls_routes: false,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("second.org"), any("second")),
@@ -367,6 +384,7 @@ mod tests {
         // Without a catch-all listener, a host no listener takes finds no route instead.
         let only = GatewayPort {
             tls: true,
+            tls_routes: false,
             listeners: vec![listener(Some("second.org"), any("second"))],
         };
         assert!(!only.misdirected("second.org", "other.org"));

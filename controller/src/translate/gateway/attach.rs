@@ -48,6 +48,9 @@ pub struct ListenerModel {
     pub hostname: Option<String>,
     /// HTTPS.
     pub tls: bool,
+    /// Protocol TLS: TLSRoutes by SNI, relayed unterminated (mode Passthrough) or terminated
+    /// with `cert` (mode Terminate).
+    pub tls_routes: bool,
     /// The route kinds it admits.
     pub kinds: Vec<&'static str>,
     /// The namespaces whose routes it admits.

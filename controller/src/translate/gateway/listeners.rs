@@ -1,12 +1,17 @@
 //! What duet makes of a Gateway's listeners and of the Gateway as a whole: pure functions over
 //! the spec, so the status a user sees is decided in one place and tested without a cluster.
 //!
-//! Supported protocols: `HTTP` and `HTTPS` (TLS terminated by duet); anything else (`TLS`,
-//! `TCP`, `UDP`, or a name duet does not know) is `Accepted=False` with reason
-//! `UnsupportedProtocol` and no `supportedKinds`. Route kinds: `HTTPRoute` and `GRPCRoute` of
-//! `gateway.networking.k8s.io`; a listener naming another kind in `allowedRoutes.kinds` has
-//! `ResolvedRefs=False`, reason `InvalidRouteKinds`, and lists only the kinds it supports.
+//! Supported protocols: `HTTP` and `HTTPS` (TLS terminated by duet), and `TLS` (TLSRoutes, by
+//! SNI: `tls.mode: Passthrough` relays connections unterminated, `Terminate`, the default,
+//! terminates TLS with the listener's certificates and relays the decrypted stream); anything else (`TCP`, `UDP`, or a name duet
+//! does not know) is `Accepted=False` with reason `UnsupportedProtocol` and no `supportedKinds`.
+//! Route kinds of `gateway.networking.k8s.io`: `HTTPRoute` and `GRPCRoute` on HTTP and HTTPS
+//! listeners, `TLSRoute` on TLS listeners; a listener naming another kind in
+//! `allowedRoutes.kinds` has `ResolvedRefs=False`, reason `InvalidRouteKinds`, and lists only the
+//! kinds it supports.
 //! Listeners on one port with different protocols are `Conflicted=True` (`ProtocolConflict`);
+//! TLS listeners of both modes on one port are also `Accepted=False` (`ProtocolConflict`), with
+//! no `supportedKinds`;
 //! with the same protocol and hostname, `Conflicted=True` (`HostnameConflict`). An HTTPS listener
 //! must name certificates (`certificateRefs`) of kind `Secret` in the core group.
 
@@ -18,6 +23,31 @@ use crate::gateway_api::GROUP;
 
 /// The route kinds duet's HTTP and HTTPS listeners accept, in the order they are listed.
 pub const ROUTE_KINDS: [&str; 2] = ["HTTPRoute", "GRPCRoute"];
+
+/// The route kinds duet's TLS (passthrough) listeners accept.
+pub const TLS_ROUTE_KINDS: [&str; 1] = ["TLSRoute"];
+
+/// The route kinds a listener of `protocol` supports.
+fn kinds_of(protocol: &str) -> &'static [&'static str] {
+    if protocol == "TLS" {
+        &TLS_ROUTE_KINDS
+    } else {
+        &ROUTE_KINDS
+    }
+}
+
+/// Whether duet terminates TLS on a listener with its `certificateRefs`: `HTTPS`, and `TLS` in
+/// mode `Terminate` (the default).
+pub fn terminates(listener: &GatewayListeners) -> bool {
+    listener.protocol == "HTTPS" || (listener.protocol == "TLS" && !is_passthrough(listener))
+}
+
+/// Whether a listener relays TLS unterminated (protocol `TLS`, mode `Passthrough`).
+pub fn is_passthrough(listener: &GatewayListeners) -> bool {
+    listener.protocol == "TLS"
+        && listener.tls.as_ref().and_then(|t| t.mode.as_ref())
+            == Some(&GatewayListenersTlsMode::Passthrough)
+}
 
 /// duet's verdict on one listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,23 +74,24 @@ impl Verdict {
 }
 
 fn supported_protocol(protocol: &str) -> bool {
-    matches!(protocol, "HTTP" | "HTTPS")
+    matches!(protocol, "HTTP" | "HTTPS" | "TLS")
 }
 
 /// The kinds a listener supports, and whether it named one duet does not.
 fn route_kinds(listener: &GatewayListeners) -> (Vec<&'static str>, bool) {
+    let supported = kinds_of(&listener.protocol);
     let asked = listener
         .allowed_routes
         .as_ref()
         .and_then(|a| a.kinds.as_ref());
     let Some(asked) = asked else {
-        return (ROUTE_KINDS.to_vec(), false);
+        return (supported.to_vec(), false);
     };
     let mut kinds = Vec::new();
     let mut invalid = false;
     for k in asked {
         let group_ok = k.group.as_deref().is_none_or(|g| g == GROUP);
-        match ROUTE_KINDS.iter().find(|s| **s == k.kind) {
+        match supported.iter().find(|s| **s == k.kind) {
             Some(kind) if group_ok => {
                 if !kinds.contains(kind) {
                     kinds.push(*kind);
@@ -72,17 +103,23 @@ fn route_kinds(listener: &GatewayListeners) -> (Vec<&'static str>, bool) {
     (kinds, invalid)
 }
 
-/// What is wrong with an HTTPS listener's TLS settings, if anything.
+/// What is wrong with the TLS settings of a listener terminating TLS, if anything.
 fn tls_problem(listener: &GatewayListeners) -> Option<String> {
     let Some(tls) = &listener.tls else {
-        return Some("an HTTPS listener needs tls.certificateRefs".to_owned());
+        return Some(format!(
+            "a {} listener needs tls.certificateRefs",
+            listener.protocol
+        ));
     };
-    if tls.mode == Some(GatewayListenersTlsMode::Passthrough) {
+    if listener.protocol == "HTTPS" && tls.mode == Some(GatewayListenersTlsMode::Passthrough) {
         return Some("tls.mode Passthrough is not supported on HTTPS listeners".to_owned());
     }
     let refs = tls.certificate_refs.as_deref().unwrap_or_default();
     if refs.is_empty() {
-        return Some("an HTTPS listener needs tls.certificateRefs".to_owned());
+        return Some(format!(
+            "a {} listener needs tls.certificateRefs",
+            listener.protocol
+        ));
     }
     refs.iter().find_map(|r| {
         let group = r.group.as_deref().unwrap_or("");
@@ -106,31 +143,46 @@ pub fn check(spec: &GatewaySpec) -> Vec<Verdict> {
         .collect()
 }
 
-fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
+/// A listener's conflict with others of its port.
+#[derive(Clone, Debug)]
+struct Conflict {
+    /// `Conflicted=True` with its reason.
+    cond: Cond,
+    /// The listener is refused outright (`Accepted=False`): TLS modes mixed on one port.
+    refuses: bool,
+}
+
+fn verdict(l: &GatewayListeners, conflict: Option<Conflict>) -> Verdict {
     let supported = supported_protocol(&l.protocol);
-    let (kinds, invalid_kinds) = if supported {
+    let refused = conflict.as_ref().filter(|c| c.refuses);
+    let (kinds, invalid_kinds) = if supported && refused.is_none() {
         route_kinds(l)
     } else {
         (Vec::new(), false)
     };
-    let accepted = if supported {
+    let accepted = if let Some(c) = refused {
+        Cond::no("Accepted", "ProtocolConflict", c.cond.message.clone())
+    } else if supported {
         Cond::yes("Accepted", "Accepted", "")
     } else {
         Cond::no(
             "Accepted",
             "UnsupportedProtocol",
             format!(
-                "protocol {:?} is not supported; duet serves HTTP and HTTPS",
+                "protocol {:?} is not supported; duet serves HTTP, HTTPS and TLS",
                 l.protocol
             ),
         )
     };
-    let tls = (l.protocol == "HTTPS").then(|| tls_problem(l)).flatten();
+    let tls = terminates(l).then(|| tls_problem(l)).flatten();
     let resolved = if invalid_kinds {
         Cond::no(
             "ResolvedRefs",
             "InvalidRouteKinds",
-            format!("allowedRoutes.kinds names a kind other than {ROUTE_KINDS:?}"),
+            format!(
+                "allowedRoutes.kinds names a kind other than {:?}",
+                kinds_of(&l.protocol)
+            ),
         )
     } else if let Some(problem) = tls {
         Cond::no("ResolvedRefs", "InvalidCertificateRef", problem)
@@ -142,14 +194,14 @@ fn verdict(l: &GatewayListeners, conflict: Option<Cond>) -> Verdict {
         port: l.port,
         kinds,
         accepted,
-        conflicted: conflict.unwrap_or_else(|| Cond::no("Conflicted", "NoConflicts", "")),
+        conflicted: conflict.map_or_else(|| Cond::no("Conflicted", "NoConflicts", ""), |c| c.cond),
         resolved,
     }
 }
 
-/// Per listener, its conflict if any: different protocols on one port, or the same protocol
-/// and hostname twice on one port.
-fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Cond>> {
+/// Per listener, its conflict if any: different protocols (or TLS modes) on one port, or the
+/// same protocol and hostname twice on one port.
+fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Conflict>> {
     let mut by_port: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, l) in listeners.iter().enumerate() {
         by_port.entry(l.port).or_default().push(i);
@@ -157,13 +209,23 @@ fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Cond>> {
     let mut out = vec![None; listeners.len()];
     for (port, members) in by_port {
         let first = &listeners[members[0]].protocol;
-        if members.iter().any(|&i| listeners[i].protocol != *first) {
+        let first_mode = is_passthrough(&listeners[members[0]]);
+        let conflict = if members.iter().any(|&i| listeners[i].protocol != *first) {
+            let message = format!("listeners on port {port} ask for different protocols");
+            Some((message, false))
+        } else if members
+            .iter()
+            .any(|&i| is_passthrough(&listeners[i]) != first_mode)
+        {
+            let message = format!("TLS listeners on port {port} mix tls.mode Terminate and Passthrough, which duet does not serve on one port");
+            Some((message, true))
+        } else {
+            None
+        };
+        if let Some((message, refuses)) = conflict {
             for &i in &members {
-                out[i] = Some(Cond::yes(
-                    "Conflicted",
-                    "ProtocolConflict",
-                    format!("listeners on port {port} ask for different protocols"),
-                ));
+                let cond = Cond::yes("Conflicted", "ProtocolConflict", message.clone());
+                out[i] = Some(Conflict { cond, refuses });
             }
             continue;
         }
@@ -175,11 +237,15 @@ fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Cond>> {
                 .count()
                 > 1;
             if twice {
-                out[i] = Some(Cond::yes(
+                let cond = Cond::yes(
                     "Conflicted",
                     "HostnameConflict",
                     format!("another listener on port {port} has hostname {host:?}"),
-                ));
+                );
+                out[i] = Some(Conflict {
+                    cond,
+                    refuses: false,
+                });
             }
         }
     }
@@ -289,6 +355,58 @@ listeners:
             (accepted.status, accepted.reason),
             (false, "ListenersNotValid")
         );
+    }
+
+    #[test]
+    fn tls_listeners_take_tlsroutes_and_terminating_ones_need_certificates() {
+        let s = spec(
+            r#"
+gatewayClassName: duet
+listeners:
+  - {name: pass, port: 443, protocol: TLS, tls: {mode: Passthrough}}
+  - {name: term, port: 8443, protocol: TLS, tls: {mode: Terminate, certificateRefs: [{name: c}]}}
+  - {name: default, port: 8444, protocol: TLS}
+  - {name: kinds, port: 8445, protocol: TLS, tls: {mode: Passthrough}, allowedRoutes: {kinds: [{kind: TCPRoute}, {kind: TLSRoute}]}}
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: TLSRoute}]}}
+  - {name: mixed, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: c}]}}
+"#,
+        );
+        let v = check(&s);
+        assert_eq!(v[0].kinds, TLS_ROUTE_KINDS);
+        assert!(v[0].accepted.status, "{:?}", v[0]);
+        // Terminate (named or by default) with certificates; without, InvalidCertificateRef.
+        assert!(v[1].valid(), "{:?}", v[1]);
+        assert_eq!(v[1].kinds, TLS_ROUTE_KINDS);
+        assert!(v[2].accepted.status);
+        assert_eq!(v[2].resolved.reason, "InvalidCertificateRef");
+        assert_eq!(v[3].kinds, ["TLSRoute"]);
+        assert_eq!(v[3].resolved.reason, "InvalidRouteKinds");
+        // An HTTP listener does not take TLSRoutes.
+        assert!(v[4].kinds.is_empty());
+        assert_eq!(v[4].resolved.reason, "InvalidRouteKinds");
+        // TLS and HTTPS on one port conflict.
+        assert_eq!(v[0].conflicted.reason, "ProtocolConflict");
+        assert_eq!(v[5].conflicted.reason, "ProtocolConflict");
+        // TLS listeners of both modes on one port are refused, without kinds.
+        let mixed = spec(
+            r#"
+gatewayClassName: duet
+listeners:
+  - {name: term, port: 8883, protocol: TLS, hostname: a.test, tls: {mode: Terminate, certificateRefs: [{name: c}]}}
+  - {name: pass, port: 8883, protocol: TLS, hostname: b.test, tls: {mode: Passthrough}}
+  - {name: other, port: 8884, protocol: TLS, tls: {mode: Passthrough}}
+"#,
+        );
+        let v = check(&mixed);
+        for l in &v[..2] {
+            assert_eq!(
+                (l.accepted.status, l.accepted.reason, l.conflicted.reason),
+                (false, "ProtocolConflict", "ProtocolConflict"),
+                "{l:?}"
+            );
+            assert!(l.kinds.is_empty(), "{l:?}");
+        }
+        assert!(v[2].valid(), "{:?}", v[2]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The Gateway API processor: our Gateways (their class names `--gateway-controller-name`),
-//! the HTTPRoutes and GRPCRoutes attached to them and the ReferenceGrants they rely on, into the
+//! the HTTPRoutes, GRPCRoutes and TLSRoutes attached to them and the ReferenceGrants they rely on, into the
 //! [`Translation`]: a [`GatewayTable`] of listeners per pod port, the backends it uses, and a
 //! [`GatewayReport`] that the status writers publish, so what is served and what status says
 //! come from the same pure functions.
@@ -18,6 +18,9 @@
 //!   and timeouts are not applied here either.
 //! - backendRefs ([`backends`]): Services, weighted, cross-namespace with a ReferenceGrant;
 //!   one that does not resolve sends its share of requests to 500.
+//! - TLSRoutes: on TLS listeners (a [`GatewayPort`] of `tls_routes`), each rule one
+//!   `PathPrefix /` entry per intersected hostname, which the dataplane looks up by SNI; a
+//!   listener in mode Terminate carries its certificate, one in mode Passthrough none.
 
 mod attach;
 mod backends;
@@ -44,7 +47,7 @@ use crate::gateway_api::gateways::GatewayListeners;
 use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway_api::{is_ours, names};
 use crate::gateway_api::{
-    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant, TlsRoute,
 };
 use crate::object::{Kind, NsName, ObjectKey};
 
@@ -63,6 +66,8 @@ pub struct GatewayInputs<'a> {
     pub http_routes: Vec<&'a HttpRoute>,
     /// Every GRPCRoute.
     pub grpc_routes: Vec<&'a GrpcRoute>,
+    /// Every TLSRoute.
+    pub tls_routes: Vec<&'a TlsRoute>,
     /// Every ReferenceGrant.
     pub grants: Vec<&'a ReferenceGrant>,
     /// Every ListenerSet.
@@ -112,6 +117,7 @@ impl<'a> GatewayProcessor<'a> {
             .iter()
             .map(|r| routes::http(r))
             .chain(self.inputs.grpc_routes.iter().map(|r| routes::grpc(r)))
+            .chain(self.inputs.tls_routes.iter().map(|r| routes::tls(r)))
             .collect();
         views.sort_by(|a, b| (a.created, &a.key, a.kind).cmp(&(b.created, &b.key, b.kind)));
         for g in gateways.iter().filter(|g| g.kind == "Gateway") {
@@ -343,15 +349,7 @@ impl<'a> GatewayProcessor<'a> {
         }
         let key = ObjectKey::new(view.kind, &*view.key.namespace, &*view.key.name);
         let policy = family_policy(t, &key, view);
-        let origin = Origin {
-            kind: match view.kind {
-                Kind::GrpcRoute => OriginKind::GrpcRoute,
-                _ => OriginKind::HttpRoute,
-            },
-            namespace: view.key.namespace.as_str().into(),
-            name: view.key.name.as_str().into(),
-            created: view.created,
-        };
+        let origin = origin_of(view);
         let (rules, resolved, refused) =
             backends::rules(t, &key, view, policy, &origin, &self.inputs.grants);
         if let Some(refusal) = refused {
@@ -388,11 +386,26 @@ impl<'a> GatewayProcessor<'a> {
             .collect();
         let route_report = RouteReport {
             generation: view.generation,
+            uid: view.uid.clone(),
             parents,
         };
         report
             .routes
             .insert((view.kind, view.key.clone()), route_report);
+    }
+}
+
+/// Where a route's rules come from, for the routing table.
+fn origin_of(view: &RouteView) -> Origin {
+    Origin {
+        kind: match view.kind {
+            Kind::GrpcRoute => OriginKind::GrpcRoute,
+            Kind::TlsRoute => OriginKind::TlsRoute,
+            _ => OriginKind::HttpRoute,
+        },
+        namespace: view.key.namespace.as_str().into(),
+        name: view.key.name.as_str().into(),
+        created: view.created,
     }
 }
 
@@ -436,6 +449,7 @@ fn listener_model(
         pod_port,
         hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
         tls: l.protocol == "HTTPS",
+        tls_routes: l.protocol == "TLS",
         kinds: v.kinds.clone(),
         from: attach::from_namespaces(
             namespaces.and_then(|n| n.from.as_ref()),
@@ -485,7 +499,8 @@ fn family_policy(t: &mut Translation<'_>, key: &ObjectKey, view: &RouteView) -> 
     }
 }
 
-/// The certificate of a listener of `owner` (kind, namespace): `None` unless HTTPS; `Err` when
+/// The certificate of a listener of `owner` (kind, namespace): `None` unless duet terminates
+/// TLS there ([`listeners::terminates`]); `Err` when
 /// it does not resolve, with the reason when references do not.
 fn certificate_of(
     t: &mut Translation<'_>,
@@ -493,7 +508,7 @@ fn certificate_of(
     owner: (&str, &str),
     grants: &[ReferenceGrant],
 ) -> Result<Option<Arc<dataplane::table::TlsCert>>, Option<Cond>> {
-    if listener.protocol != "HTTPS" {
+    if !listeners::terminates(listener) {
         return Ok(None);
     }
     let (kind, gateway_ns) = owner;
@@ -543,6 +558,7 @@ fn table(
             let routes = listener_routes(entries.remove(&(gi, li)).unwrap_or_default());
             let port = ports.entry(pod_port).or_default();
             port.tls |= l.tls;
+            port.tls_routes |= l.tls_routes;
             port.listeners.push(GatewayListener {
                 name: format!("{}/{}", g.key, l.name).into(),
                 hostname: l.hostname.as_deref().map(Into::into),
@@ -816,6 +832,91 @@ mod tests {
             [80, 81, 82]
         );
     }
+    fn tls_route(ns: &str, name: &str, section: &str, hosts: &[&str], to: &str) -> TlsRoute {
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "TLSRoute",
+            "metadata": {"namespace": ns, "name": name, "generation": 3},
+            "spec": {"parentRefs": [{"name": "g", "namespace": "gw", "sectionName": section}],
+                     "hostnames": hosts,
+                     "rules": [{"backendRefs": [{"name": to, "namespace": "gw", "port": 8080}]}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn tlsroutes_attach_to_passthrough_listeners_and_are_served_by_sni() {
+        let (class, svc) = (class(), web_service());
+        let gw: Gateway = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"namespace": "gw", "name": "g"},
+            "spec": {"gatewayClassName": "duet", "listeners": [
+                {"name": "tls", "port": 443, "protocol": "TLS", "hostname": "*.example.com",
+                 "tls": {"mode": "Passthrough"}, "allowedRoutes": {"namespaces": {"from": "All"}}},
+                {"name": "http", "port": 80, "protocol": "HTTP"},
+            ]}
+        }))
+        .unwrap();
+        let tls_routes = [
+            tls_route("gw", "ok", "tls", &["abc.example.com"], "web"),
+            tls_route("gw", "elsewhere", "tls", &["abc.example.org"], "web"),
+            tls_route("gw", "on-http", "http", &["abc.example.com"], "web"),
+            tls_route("other", "cross", "tls", &["x.example.com"], "web"),
+            tls_route("gw", "missing", "tls", &["m.example.com"], "nope"),
+        ];
+        let http = route(
+            "gw",
+            "http-on-tls",
+            json!({"name": "g", "sectionName": "tls"}),
+            &[],
+            json!({"name": "web", "port": 8080}),
+        );
+        let inputs = Inputs {
+            services: vec![&svc],
+            gateway_api: GatewayInputs {
+                classes: vec![&class],
+                gateways: vec![&gw],
+                http_routes: vec![&http],
+                tls_routes: tls_routes.iter().collect(),
+                ..GatewayInputs::default()
+            },
+            ..Inputs::default()
+        };
+        let plan = crate::translate::plan_routes(&inputs, &Config::default());
+        let report = &plan.gateway_report;
+        let r = |ns: &str, name: &str| {
+            let p = &report.routes[&(Kind::TlsRoute, NsName::new(ns, name))].parents[0];
+            (p.accepted.reason, p.resolved.reason)
+        };
+        assert_eq!(r("gw", "ok"), ("Accepted", "ResolvedRefs"));
+        assert_eq!(
+            r("gw", "elsewhere"),
+            ("NoMatchingListenerHostname", "ResolvedRefs")
+        );
+        assert_eq!(
+            r("gw", "on-http"),
+            ("NotAllowedByListeners", "ResolvedRefs")
+        );
+        assert_eq!(r("other", "cross"), ("Accepted", "RefNotPermitted"));
+        assert_eq!(r("gw", "missing"), ("Accepted", "BackendNotFound"));
+        assert_eq!(
+            reasons(report, "gw", "http-on-tls").0,
+            "NotAllowedByListeners"
+        );
+        let attached = |l: &str| report.attached[&(NsName::new("gw", "g"), l.to_owned())];
+        assert_eq!((attached("tls"), attached("http")), (3, 0));
+        let port = plan.gateways.port(443).unwrap();
+        assert!(port.tls_routes && !port.tls);
+        let backend = |sni: &str| port.tls_route(sni).map(|(_, a)| a.backend.to_string());
+        assert!(
+            backend("ABC.example.com").is_some_and(|b| b.contains("gw/web")),
+            "{:?}",
+            backend("abc.example.com")
+        );
+        assert_eq!(backend("abc.example.org"), None);
+        assert_eq!(backend("zzz.example.com"), None);
+        assert!(!plan.gateways.port(80).unwrap().tls_routes);
+    }
+
     #[test]
     fn a_rule_whose_modifier_names_a_framing_header_is_refused_on_the_route() {
         let (class, svc) = (class(), web_service());

@@ -1,4 +1,4 @@
-//! HTTPRoutes and GRPCRoutes seen one way ([`RouteView`]): what attachment, backend resolution
+//! HTTPRoutes, GRPCRoutes and TLSRoutes seen one way ([`RouteView`]): what attachment, backend resolution
 //! and the route table need of either kind.
 
 use std::collections::BTreeMap;
@@ -9,9 +9,11 @@ use dataplane::filters::BackendFilters;
 use crate::gateway_api::grpcroutes::GrpcRouteRules;
 use crate::gateway_api::httproutes::HttpRouteRules;
 use crate::gateway_api::report::WrittenRef;
-use crate::gateway_api::{GrpcRoute, HttpRoute};
+use crate::gateway_api::tlsroutes::TlsRouteRules;
+use crate::gateway_api::{GrpcRoute, HttpRoute, TlsRoute};
 use crate::object::{Kind, NsName};
-use crate::translate::gateway_rule::{self, RuleRefusal, RuleRouting};
+use crate::translate::gateway_rule::{self, RuleMatch, RuleRefusal, RuleRouting};
+use dataplane::PathMatch;
 
 /// A route's parentRef with the defaults of the spec filled in.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -62,10 +64,10 @@ pub struct RuleView {
     pub name: Option<Arc<str>>,
 }
 
-/// An HTTPRoute or a GRPCRoute.
+/// An HTTPRoute, a GRPCRoute or a TLSRoute.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteView {
-    /// `HTTPRoute` or `GRPCRoute`.
+    /// `HTTPRoute`, `GRPCRoute` or `TLSRoute`.
     pub kind: Kind,
     /// Namespace and name.
     pub key: NsName,
@@ -73,6 +75,8 @@ pub struct RouteView {
     pub created: i64,
     /// `metadata.generation`.
     pub generation: Option<i64>,
+    /// `metadata.uid`: a route deleted and made again under its name is another route.
+    pub uid: Option<String>,
     /// The annotations (the family policy's).
     pub annotations: BTreeMap<String, String>,
     /// `spec.hostnames`, lower case.
@@ -84,7 +88,7 @@ pub struct RouteView {
 }
 
 impl RouteView {
-    /// The kind's name: `HTTPRoute` or `GRPCRoute`.
+    /// The kind's name: `HTTPRoute`, `GRPCRoute` or `TLSRoute`.
     pub fn kind_name(&self) -> &'static str {
         self.kind.as_str()
     }
@@ -187,6 +191,7 @@ fn route_view(
             .as_ref()
             .map_or(0, |t| t.0.as_second()),
         generation: meta.generation,
+        uid: meta.uid.clone(),
         annotations: meta.annotations.clone().unwrap_or_default(),
         hostnames: hostnames(written_hostnames),
         parents,
@@ -254,6 +259,44 @@ fn grpc_rule(ns: &str, rule: &GrpcRouteRules) -> RuleView {
     RuleView {
         routing: gateway_rule::grpc_rule(rule),
         backends: backends.map(|b| backend_of!(ns, b)).collect(),
+        name: rule.name.as_deref().map(Arc::from),
+    }
+}
+
+/// A TLSRoute's view: each rule one match of every connection (`PathPrefix /`), chosen by the
+/// server name alone.
+pub fn tls(route: &TlsRoute) -> RouteView {
+    let spec = &route.spec;
+    route_view(
+        Kind::TlsRoute,
+        &route.metadata,
+        Some(&spec.hostnames),
+        |ns| {
+            let parents = spec.parent_refs.iter().flatten();
+            (
+                parents.map(|p| parent_of!(ns, p)).collect(),
+                spec.rules.iter().map(|r| tls_rule(ns, r)).collect(),
+            )
+        },
+    )
+}
+
+fn tls_rule(ns: &str, rule: &TlsRouteRules) -> RuleView {
+    let every = RuleMatch {
+        path: PathMatch::prefix("/"),
+        when: None,
+    };
+    RuleView {
+        routing: Ok(RuleRouting {
+            matches: vec![every],
+            filters: None,
+            cors: None,
+        }),
+        backends: rule
+            .backend_refs
+            .iter()
+            .map(|b| backend_of!(ns, b))
+            .collect(),
         name: rule.name.as_deref().map(Arc::from),
     }
 }
