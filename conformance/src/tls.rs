@@ -77,6 +77,19 @@ impl TestCa {
         self.sign(params)
     }
 
+    /// A server certificate for the DNS names `names` and the URIs `uris` (SPIFFE IDs, say)
+    /// as subject alternative names, signed by this CA.
+    pub fn issue_with_uris(&self, names: &[&str], uris: &[&str]) -> TestCert {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("valid names");
+        for uri in uris {
+            let uri = rcgen::string::Ia5String::try_from(*uri).expect("an ASCII URI");
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
+        self.sign(params)
+    }
+
     /// A client certificate (`extendedKeyUsage: clientAuth`) for the user `common_name` in the
     /// groups `organizations`, as Kubernetes reads them (CN = user, O = group), signed by this CA.
     pub fn issue_client(&self, common_name: &str, organizations: &[&str]) -> TestCert {
@@ -154,6 +167,36 @@ fn serial_of(der: &[u8]) -> &[u8] {
     let (tag, _, after) = tlv(tbs);
     let rest = if tag == 0xa0 { after } else { tbs };
     tlv(rest).1
+}
+
+/// A rustls server configuration serving `cert` with ALPN `alpn` that refuses clients without a
+/// certificate issued by the CA `client_ca_pem` (an upstream checking the proxy's certificate).
+pub fn server_config_requiring_clients(
+    cert: &TestCert,
+    client_ca_pem: &str,
+    alpn: &[&str],
+) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::PrivateKeyDer;
+    let chain = vec![CertificateDer::from(cert.der.clone())];
+    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).expect("PEM key");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(client_ca_pem.as_bytes()) {
+        roots.add(ca.expect("PEM CA")).expect("a usable CA");
+    }
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
+            .build()
+            .expect("client verifier");
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .expect("certificate and key");
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    Arc::new(config)
 }
 
 /// A rustls server configuration serving `cert` with ALPN `alpn` (e.g. `["h2", "http/1.1"]`).

@@ -12,14 +12,15 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
 use crate::compact::Slice;
 use crate::gateway_api::{
-    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant, TlsRoute,
+    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    TlsRoute,
 };
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
@@ -56,6 +57,10 @@ pub enum Object {
     ReferenceGrant(Arc<ReferenceGrant>),
     /// A ListenerSet.
     ListenerSet(Arc<ListenerSet>),
+    /// A BackendTLSPolicy.
+    BackendTlsPolicy(Arc<BackendTlsPolicy>),
+    /// A ConfigMap.
+    ConfigMap(Arc<ConfigMap>),
 }
 
 /// A type of object the index stores: its kind, its [`Object`] variant, its store, and what a
@@ -112,6 +117,8 @@ stored!(
     TlsRoute => TlsRoute, tls_routes, gateway_impact;
     ReferenceGrant => ReferenceGrant, reference_grants, gateway_impact;
     ListenerSet => ListenerSet, listener_sets, gateway_impact;
+    BackendTlsPolicy => BackendTlsPolicy, backend_tls_policies, gateway_impact;
+    ConfigMap => ConfigMap, config_maps, config_map_impact;
 );
 
 /// Work to do on the stored type of a [`Kind`] only known at run time (see [`for_kind`]).
@@ -138,6 +145,8 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
         Kind::TlsRoute => work.run::<TlsRoute>(),
         Kind::ReferenceGrant => work.run::<ReferenceGrant>(),
         Kind::ListenerSet => work.run::<ListenerSet>(),
+        Kind::BackendTlsPolicy => work.run::<BackendTlsPolicy>(),
+        Kind::ConfigMap => work.run::<ConfigMap>(),
     }
 }
 
@@ -161,6 +170,8 @@ impl Object {
             Object::TlsRoute(o) => of(&**o),
             Object::ReferenceGrant(o) => of(&**o),
             Object::ListenerSet(o) => of(&**o),
+            Object::BackendTlsPolicy(o) => of(&**o),
+            Object::ConfigMap(o) => of(&**o),
         }
     }
 
@@ -226,6 +237,8 @@ impl Object {
             Object::TlsRoute(o) => index.put(key, o, file),
             Object::ReferenceGrant(o) => index.put(key, o, file),
             Object::ListenerSet(o) => index.put(key, o, file),
+            Object::BackendTlsPolicy(o) => index.put(key, o, file),
+            Object::ConfigMap(o) => index.put(key, o, file),
         }
     }
 }
@@ -343,6 +356,10 @@ pub struct Index {
     pub reference_grants: Store<ReferenceGrant>,
     /// ListenerSets.
     pub listener_sets: Store<ListenerSet>,
+    /// BackendTLSPolicies.
+    pub backend_tls_policies: Store<BackendTlsPolicy>,
+    /// ConfigMaps (the CA certificates of BackendTLSPolicies).
+    pub config_maps: Store<ConfigMap>,
 }
 
 impl Index {
@@ -526,6 +543,22 @@ impl Index {
         }
     }
 
+    /// A ConfigMap: its data changed while BackendTLSPolicies exist (they name their CA
+    /// certificates' ConfigMaps).
+    fn config_map_impact(
+        &self,
+        _: &NsName,
+        old: Option<&ConfigMap>,
+        new: Option<&ConfigMap>,
+    ) -> Impact {
+        let data = |c: Option<&ConfigMap>| c.map(|c| (c.data.clone(), c.binary_data.clone()));
+        if data(old) != data(new) && !self.backend_tls_policies.is_empty() {
+            Impact::routes()
+        } else {
+            Impact::default()
+        }
+    }
+
     /// A Gateway API object: its spec, annotations, labels or age changed (not its status,
     /// which duet writes).
     fn gateway_impact<K: GatewayApiObject>(
@@ -565,6 +598,8 @@ impl Index {
             tls_routes: self.objects(),
             grants: self.objects(),
             listener_sets: self.objects(),
+            backend_tls_policies: self.objects(),
+            config_maps: self.objects(),
         }
     }
 
@@ -637,7 +672,8 @@ gateway_api_object!(
     GrpcRoute,
     TlsRoute,
     ReferenceGrant,
-    ListenerSet
+    ListenerSet,
+    BackendTlsPolicy
 );
 
 /// What of an Ingress translation reads: its spec, annotations and creation time; not its

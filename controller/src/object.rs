@@ -41,6 +41,10 @@ pub enum Kind {
     ReferenceGrant,
     /// `gateway.networking.k8s.io/v1` ListenerSet.
     ListenerSet,
+    /// `gateway.networking.k8s.io/v1` BackendTLSPolicy.
+    BackendTlsPolicy,
+    /// `v1` ConfigMap (BackendTLSPolicy CA certificates).
+    ConfigMap,
 }
 
 impl Kind {
@@ -60,6 +64,8 @@ impl Kind {
             Kind::TlsRoute => "TLSRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::ListenerSet => "ListenerSet",
+            Kind::BackendTlsPolicy => "BackendTLSPolicy",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -67,7 +73,7 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::Ingress | Kind::IngressClass => "networking.k8s.io/v1",
-            Kind::Service | Kind::Secret | Kind::Namespace => "v1",
+            Kind::Service | Kind::Secret | Kind::Namespace | Kind::ConfigMap => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::GatewayClass
             | Kind::Gateway
@@ -75,7 +81,8 @@ impl Kind {
             | Kind::GrpcRoute
             | Kind::TlsRoute
             | Kind::ReferenceGrant
-            | Kind::ListenerSet => "gateway.networking.k8s.io/v1",
+            | Kind::ListenerSet
+            | Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1",
         }
     }
 
@@ -103,6 +110,8 @@ impl Kind {
             Kind::TlsRoute,
             Kind::ReferenceGrant,
             Kind::ListenerSet,
+            Kind::BackendTlsPolicy,
+            Kind::ConfigMap,
         ]
         .into_iter()
         .find(|k| k.api_version() == api_version && k.as_str() == kind)

@@ -104,7 +104,8 @@ fn route_handles(
     old: &Live,
 ) -> (LiveMetrics, UpstreamTlsConfigs) {
     let route_metrics = LiveMetrics::build(metrics, snapshot, &old.metrics);
-    let upstream_tls = UpstreamTlsConfigs::build(&snapshot.routes, &old.upstream_tls);
+    let upstream_tls =
+        UpstreamTlsConfigs::build(&snapshot.routes, &snapshot.gateways, &old.upstream_tls);
     (route_metrics, upstream_tls)
 }
 

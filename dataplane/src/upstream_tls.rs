@@ -52,6 +52,17 @@ impl TrustRoots {
     }
 }
 
+/// A subject alternative name the upstream certificate must carry (BackendTLSPolicy's
+/// `subjectAltNames`): when any is given, the certificate is checked for these instead of the
+/// server name, which is then only sent as SNI.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum SubjectAltName {
+    /// A DNS name (`dNSName`; a wildcard in the certificate matches as for server names).
+    Hostname(Arc<str>),
+    /// A URI (`uniformResourceIdentifier`), compared exactly (a SPIFFE ID, say).
+    Uri(Arc<str>),
+}
+
 /// Why TLS settings for an upstream could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamTlsError {
@@ -77,7 +88,21 @@ pub struct UpstreamTls {
     server_name: Arc<str>,
     trust: TrustRoots,
     h2: bool,
+    subject_alt_names: Arc<[SubjectAltName]>,
+    client_cert: Option<ClientCert>,
     error: Option<Arc<str>>,
+}
+
+/// The certificate duet presents to the upstream when asked (a Gateway's
+/// `tls.backend.clientCertificateRef`): PEM, as in a `kubernetes.io/tls` Secret.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClientCert {
+    /// Where it came from (`namespace/name`), for logs and `/debug/routes`.
+    pub source: Arc<str>,
+    /// The certificate chain (`tls.crt`).
+    pub cert_pem: Arc<[u8]>,
+    /// The private key (`tls.key`).
+    pub key_pem: Arc<[u8]>,
 }
 
 impl UpstreamTls {
@@ -107,8 +132,17 @@ impl UpstreamTls {
             server_name: server_name.into(),
             trust,
             h2,
+            subject_alt_names: Arc::new([]),
+            client_cert: None,
             error: None,
         })
+    }
+
+    /// The same settings checking the certificate for one of `names` instead of the server
+    /// name (none: the server name, as before).
+    pub fn with_subject_alt_names(mut self, names: Vec<SubjectAltName>) -> UpstreamTls {
+        self.subject_alt_names = names.into();
+        self
     }
 
     /// Settings that cannot be used: requests of the route answer 502 and log `reason`.
@@ -125,6 +159,8 @@ impl UpstreamTls {
             server_name: server_name.into(),
             trust,
             h2: false,
+            subject_alt_names: Arc::new([]),
+            client_cert: None,
             error: Some(reason.into()),
         }
     }
@@ -144,6 +180,23 @@ impl UpstreamTls {
         self.h2
     }
 
+    /// The same settings presenting `cert` to the upstream when it asks for a certificate.
+    pub fn with_client_cert(mut self, cert: ClientCert) -> UpstreamTls {
+        self.client_cert = Some(cert);
+        self
+    }
+
+    /// The certificate presented to the upstream, if any.
+    pub fn client_cert(&self) -> Option<&ClientCert> {
+        self.client_cert.as_ref()
+    }
+
+    /// The subject alternative names checked instead of the server name (empty: the server
+    /// name is checked).
+    pub fn subject_alt_names(&self) -> &[SubjectAltName] {
+        &self.subject_alt_names
+    }
+
     /// Why the settings are unusable, if they are.
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
@@ -154,9 +207,15 @@ impl Serialize for UpstreamTls {
     /// Server name, trust and the error if unusable; never key material.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("UpstreamTls", 3)?;
+        let mut st = s.serialize_struct("UpstreamTls", 4)?;
         st.serialize_field("server_name", &*self.server_name)?;
         st.serialize_field("trust", &self.trust.label())?;
+        if !self.subject_alt_names.is_empty() {
+            st.serialize_field("subject_alt_names", &*self.subject_alt_names)?;
+        }
+        if let Some(c) = &self.client_cert {
+            st.serialize_field("client_cert", &*c.source)?;
+        }
         st.serialize_field("error", &self.error())?;
         st.end()
     }

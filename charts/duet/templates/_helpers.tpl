@@ -84,19 +84,19 @@ and Namespaces (routes' allowedRoutes selectors). */}}
   verbs: ["get", "list", "watch"]
 {{- end }}
 
-{{/* Gateway API (gatewayAPI.enabled), namespaced part: Gateways, routes and ReferenceGrants read
-and their status written, and one LoadBalancer Service with its EndpointSlices managed per
+{{/* Gateway API (gatewayAPI.enabled), namespaced part: Gateways, routes, ReferenceGrants,
+BackendTLSPolicies and ConfigMaps (their CA certificates) read and their status written, and one LoadBalancer Service with its EndpointSlices managed per
 Gateway, in the Gateway's namespace. Granted in the watched namespaces only with
 controller.watchNamespaces (duet's Gateway watches are narrowed to them too). */}}
 {{- define "duet.rules.gateway.namespaced" -}}
 - apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["gateways", "httproutes", "grpcroutes", "tlsroutes", "referencegrants", "listenersets"]
+  resources: ["gateways", "httproutes", "grpcroutes", "tlsroutes", "referencegrants", "backendtlspolicies", "listenersets"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["gateways/status", "httproutes/status", "grpcroutes/status", "tlsroutes/status", "listenersets/status"]
+  resources: ["gateways/status", "httproutes/status", "grpcroutes/status", "tlsroutes/status", "backendtlspolicies/status", "listenersets/status"]
   verbs: ["update", "patch"]
 - apiGroups: [""]
-  resources: ["services", "secrets"]
+  resources: ["services", "secrets", "configmaps"]
   verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["services"]

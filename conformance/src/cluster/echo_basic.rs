@@ -8,11 +8,11 @@
 //! container's `env` (literal values; `fieldRef`s of the downward API: `metadata.name`,
 //! `metadata.namespace`, `metadata.uid`, `spec.nodeName`, `spec.serviceAccountName`,
 //! `status.podIP`, `status.podIPs`, `status.hostIP`), a network namespace of its own
-//! ([`super::podnet`]), and its secret volumes: each is written under the cluster's folder
+//! ([`super::podnet`]), and its secret and config map volumes: each is written under the cluster's folder
 //! (`pods/NAMESPACE_NAME/VOLUME/`, the `items` it names or every key), and an env value naming
 //! a path under the volume's `mountPath` is rewritten to that copy (no mount namespace, so the
 //! program reads the copy; `echo-basic` reads its certificate files only through env values).
-//! Other volumes (the service-account token, config maps) are not given. A pod whose Secret does
+//! Other volumes (the service-account token) are not given. A pod whose Secret or ConfigMap does
 //! not exist yet waits (`Pending`, `Ready=False`, reason `ContainerCreating`) until it does.
 //! Anything else a pod asks for (another `valueFrom`, a second container) is a refusal.
 
@@ -134,6 +134,11 @@ pub async fn missing_secret(api: &KubeApi, pod: &Value) -> anyhow::Result<Option
                 return Ok(Some(name.to_owned()));
             }
         }
+        if let Some(name) = volume.pointer("/configMap/name").and_then(Value::as_str) {
+            if api.get("v1", "ConfigMap", Some(ns), name).await?.is_none() {
+                return Ok(Some(format!("ConfigMap {name}")));
+            }
+        }
     }
     Ok(None)
 }
@@ -158,20 +163,50 @@ async fn secret_volumes(
         let Some(volume) = volumes.iter().find(|v| v["name"] == name) else {
             bail!("volumeMount {name} names no volume");
         };
-        // Other volumes (the service-account token every pod gets, config maps) are not
-        // given: echo-basic reads none.
-        let Some(secret_name) = volume.pointer("/secret/secretName").and_then(Value::as_str) else {
+        // Other volumes (the service-account token every pod gets) are not given: echo-basic
+        // reads none.
+        let (source, data, items) = if let Some(secret_name) =
+            volume.pointer("/secret/secretName").and_then(Value::as_str)
+        {
+            let secret = api
+                .get("v1", "Secret", Some(ns), secret_name)
+                .await?
+                .with_context(|| format!("volume {name}: Secret {secret_name} does not exist"))?;
+            let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(secret)?;
+            let data: std::collections::BTreeMap<String, Vec<u8>> = secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect();
+            (
+                format!("Secret {secret_name}"),
+                data,
+                volume.pointer("/secret/items"),
+            )
+        } else if let Some(map_name) = volume.pointer("/configMap/name").and_then(Value::as_str) {
+            let map = api
+                .get("v1", "ConfigMap", Some(ns), map_name)
+                .await?
+                .with_context(|| format!("volume {name}: ConfigMap {map_name} does not exist"))?;
+            let map: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(map)?;
+            let data = map
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .collect();
+            (
+                format!("ConfigMap {map_name}"),
+                data,
+                volume.pointer("/configMap/items"),
+            )
+        } else {
             continue;
         };
-        let secret = api
-            .get("v1", "Secret", Some(ns), secret_name)
-            .await?
-            .with_context(|| format!("volume {name}: Secret {secret_name} does not exist"))?;
-        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(secret)?;
-        let data = secret.data.unwrap_or_default();
         let dir = folder.join(name);
         std::fs::create_dir_all(&dir)?;
-        let items: Vec<(String, String)> = match volume.pointer("/secret/items") {
+        let items: Vec<(String, String)> = match items {
             Some(Value::Array(items)) => items
                 .iter()
                 .map(|i| (str_at(i, "/key").to_owned(), str_at(i, "/path").to_owned()))
@@ -185,12 +220,12 @@ async fn secret_volumes(
             );
             let bytes = data
                 .get(&key)
-                .with_context(|| format!("volume {name}: Secret {secret_name} has no {key}"))?;
+                .with_context(|| format!("volume {name}: {source} has no {key}"))?;
             let file = dir.join(&path);
             if let Some(parent) = file.parent() {
                 std::fs::create_dir_all(parent)?;
             }
-            std::fs::write(&file, &bytes.0)?;
+            std::fs::write(&file, bytes)?;
         }
         mounts.push((str_at(mount, "/mountPath").to_owned(), dir));
     }

@@ -15,10 +15,13 @@ pub use crate::gateway_api::is_ours;
 
 /// The conformance features duet passes (see the module documentation).
 pub const SUPPORTED_FEATURES: &[&str] = &[
+    "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
     "GRPCRoute",
     "GRPCRouteNamedRouteRule",
     "Gateway",
     "GatewayAddressEmpty",
+    "GatewayBackendClientCertificate",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayInfrastructure",

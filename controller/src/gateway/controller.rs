@@ -103,6 +103,12 @@ pub fn spawn(
                 report.clone(),
                 leading.clone(),
             );
+            super::policy_status::spawn(
+                client.clone(),
+                config.controller_name.clone(),
+                report.clone(),
+                leading.clone(),
+            );
             super::listener_set_status::spawn(client.clone(), report.clone(), leading.clone());
             start(client, config, pod_namespace, leading, report);
         } else {
@@ -489,7 +495,9 @@ async fn reconcile_gateway(
         return Ok(Action::await_change());
     }
     let mut verdicts = listeners::check(&gateway.spec);
-    let unresolved = resolve_certificates(&ctx, &gateway, &mut verdicts).await?;
+    let mut unresolved = resolve_certificates(&ctx, &gateway, &mut verdicts).await?;
+    let client_cert = client_certificate(&ctx, &gateway).await?;
+    unresolved |= client_cert.as_ref().is_some_and(|c| !c.status);
     let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts);
     let mut ports = ctx.allocate().remove(&key).unwrap_or_default();
     // Listeners whose certificates do not resolve keep their pod port but get no Service port;
@@ -509,15 +517,19 @@ async fn reconcile_gateway(
     });
     let placed = place_service(&ctx, &gateway, &ports).await?;
     let report = ctx.report.borrow().clone();
-    let status = gateway_status(
-        &gateway,
-        &verdicts,
-        accepted,
-        &ports,
-        &placed,
-        &report,
-        Timestamp::now(),
-    );
+    let now = Timestamp::now();
+    let mut status = gateway_status(&gateway, &verdicts, accepted, &ports, &placed, &report, now);
+    if let Some(cond) = client_cert {
+        // The Gateway's own ResolvedRefs: its backend client certificate.
+        let old = gateway.status.as_ref().and_then(|s| s.conditions.clone());
+        let dated = dated(
+            &[cond],
+            gateway.metadata.generation,
+            &old.unwrap_or_default(),
+            now,
+        );
+        status.conditions.get_or_insert_with(Vec::new).extend(dated);
+    }
     if gateway.status.as_ref() != Some(&status) {
         write_status(&ctx, &gateway, &status).await?;
     }
@@ -568,6 +580,33 @@ async fn resolve_certificates(
         }
     }
     Ok(unresolved)
+}
+
+/// The Gateway's `ResolvedRefs` for `tls.backend.clientCertificateRef`, when it names one
+/// ([`refs::client_certificate_condition`]), the Secret read when it may be.
+async fn client_certificate(ctx: &Ctx, gateway: &Gateway) -> Result<Option<Cond>, GatewayError> {
+    let namespace = gateway.namespace().unwrap_or_default();
+    let Some((key, is_secret)) = refs::client_certificate_ref(&gateway.spec, &namespace) else {
+        return Ok(None);
+    };
+    let grants: Vec<ReferenceGrant> = ctx
+        .grants
+        .state()
+        .iter()
+        .filter_map(|g| decode(g))
+        .collect();
+    let mut secrets = BTreeMap::new();
+    if is_secret && refs::granted(&grants, &namespace, &key) && ctx.config.watches(&key.0) {
+        let api = Api::<Secret>::namespaced(ctx.client.clone(), &key.0);
+        let secret = api.get_opt(&key.1).await?;
+        secrets.insert(key, secret);
+    }
+    Ok(refs::client_certificate_condition(
+        &gateway.spec,
+        &namespace,
+        &grants,
+        &secrets,
+    ))
 }
 
 /// What became of a Gateway's Service.

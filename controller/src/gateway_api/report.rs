@@ -14,6 +14,8 @@ pub struct GatewayReport {
     pub routes: BTreeMap<(Kind, NsName), RouteReport>,
     /// Per listener (Gateway, listener name) of our Gateways: the routes attached.
     pub attached: BTreeMap<(NsName, String), i32>,
+    /// Per BackendTLSPolicy that applies to a backend of a route of our Gateways: its status.
+    pub policies: BTreeMap<NsName, PolicyReport>,
     /// Per ListenerSet whose parent is one of our Gateways: its status.
     pub listener_sets: BTreeMap<NsName, ListenerSetReport>,
     /// Per Gateway of ours: the ListenerSets it accepted (`attachedListenerSets`).
@@ -21,6 +23,18 @@ pub struct GatewayReport {
     /// Per Gateway of ours: the ports of the valid listeners of the ListenerSets it accepted,
     /// which its Service and pod ports must cover too.
     pub listener_set_ports: BTreeMap<NsName, BTreeSet<u16>>,
+}
+
+/// The status of one BackendTLSPolicy: the same conditions for each of its ancestors (our
+/// Gateways whose routes use a Service it targets).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyReport {
+    /// `metadata.generation`, the conditions' `observedGeneration`.
+    pub generation: Option<i64>,
+    /// The Gateways (`status.ancestors[].ancestorRef`).
+    pub ancestors: std::collections::BTreeSet<NsName>,
+    /// `Accepted`, then `ResolvedRefs`.
+    pub conditions: Vec<Cond>,
 }
 
 /// The status of one ListenerSet.

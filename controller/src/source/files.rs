@@ -274,6 +274,12 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
         Kind::ListenerSet => {
             Object::ListenerSet(Arc::new(serde_json::from_value(doc).map_err(failed)?))
         }
+        Kind::BackendTlsPolicy => {
+            Object::BackendTlsPolicy(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
+        Kind::ConfigMap => {
+            Object::ConfigMap(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
     })
 }
 

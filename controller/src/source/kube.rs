@@ -4,7 +4,8 @@
 //! Ingresses' are shared with other tasks too ([`Stores`]: the status writer, the Secret watcher).
 //!
 //! Watched: `networking.k8s.io/v1` Ingress and IngressClass, the Gateway API kinds
-//! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, ReferenceGrant) and Namespaces when the cluster
+//! (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, ReferenceGrant, BackendTLSPolicy),
+//! Namespaces and ConfigMaps (BackendTLSPolicy CA certificates) when the cluster
 //! serves `gateway.networking.k8s.io/v1` (asked once at start; they are not waited for before
 //! the first snapshot), `v1` Service, `discovery.k8s.io/v1`
 //! EndpointSlice (only those labelled `kubernetes.io/service-name`) and `v1` Secret (only
@@ -26,7 +27,7 @@ use std::sync::Arc;
 
 use futures_util::stream::{BoxStream, SelectAll};
 use futures_util::{FutureExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::{watcher, WatchStreamExt as _};
@@ -41,7 +42,8 @@ use super::watch::{Listed, Seen, SharedIngresses, SyncCountdown, Task};
 use super::SourceEvent;
 use crate::compact::Slice;
 use crate::gateway_api::{
-    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant, TlsRoute,
+    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    TlsRoute,
 };
 use crate::index::Change;
 use crate::index::{Object, Stored};
@@ -224,6 +226,12 @@ fn gateway_watchers(
             base(),
             each(),
         ),
+        watch_kind::<BackendTlsPolicy, BackendTlsPolicy>(
+            namespaces::apis(client, namespaces),
+            base(),
+            each(),
+        ),
+        watch_kind::<ConfigMap, ConfigMap>(namespaces::apis(client, namespaces), base(), each()),
     ];
     if listener_sets {
         tasks.push(watch_kind::<ListenerSet, ListenerSet>(

@@ -14,8 +14,9 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::net::TcpStream;
 
 use crate::ptr_key::{addr_of, AddrMap};
+use crate::table::gateway::GatewayTable;
 use crate::table::RouteTable;
-use crate::upstream_tls::{TrustRoots, UpstreamTls};
+use crate::upstream_tls::{SubjectAltName, TrustRoots, UpstreamTls};
 
 /// The ready client side of one [`UpstreamTls`]: the rustls configuration (or why there is
 /// none) and the pool key that keeps its connections apart from others to the same address.
@@ -80,19 +81,44 @@ fn client_config(settings: &UpstreamTls) -> Result<Arc<rustls::ClientConfig>, ru
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
-    let mut config = match settings.trust() {
-        TrustRoots::SkipVerify => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServerCert::new(provider)))
-            .with_no_client_auth(),
-        TrustRoots::SystemRoots => builder
-            .with_root_certificates(system_roots())
-            .with_no_client_auth(),
+    let roots = match settings.trust() {
+        TrustRoots::SkipVerify => None,
+        TrustRoots::SystemRoots => Some(system_roots()),
         TrustRoots::Ca { roots, .. } => {
             let mut store = RootCertStore::empty();
             // Each was accepted when the settings were made.
             store.add_parsable_certificates(roots.iter().cloned());
-            builder.with_root_certificates(store).with_no_client_auth()
+            Some(Arc::new(store))
+        }
+    };
+    let sans = settings.subject_alt_names();
+    let builder = match roots {
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServerCert::new(provider))),
+        Some(roots) if !sans.is_empty() => {
+            let verifier = SanVerifier {
+                roots,
+                names: sans.into(),
+                signatures: AnyServerCert::new(provider),
+            };
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verifier))
+        }
+        Some(roots) => builder.with_root_certificates(roots),
+    };
+    let mut config = match settings.client_cert() {
+        None => builder.with_no_client_auth(),
+        Some(cert) => {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::PrivateKeyDer;
+            let chain = CertificateDer::pem_slice_iter(&cert.cert_pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| rustls::Error::General(format!("{}: {e}", cert.source)))?;
+            let key = PrivateKeyDer::from_pem_slice(&cert.key_pem)
+                .map_err(|e| rustls::Error::General(format!("{}: {e}", cert.source)))?;
+            builder.with_client_auth_cert(chain, key)?
         }
     };
     config.alpn_protocols = vec![if settings.h2() {
@@ -110,17 +136,27 @@ pub struct UpstreamTlsConfigs {
     by_settings: Arc<AddrMap<Arc<LiveTls>>>,
     /// The table the addresses belong to (kept alive, so they stay unique).
     table: Option<Arc<RouteTable>>,
+    /// The Gateway listeners' table, likewise.
+    gateways: Option<Arc<GatewayTable>>,
 }
 
 impl UpstreamTlsConfigs {
-    /// The configurations of every TLS setting of `routes`, reusing those of `previous` whose
-    /// settings are equal (and the whole map when the route table is shared), as
-    /// `LiveBackend::new` carries balancer state over.
-    pub fn build(routes: &Arc<RouteTable>, previous: &UpstreamTlsConfigs) -> UpstreamTlsConfigs {
+    /// The configurations of every TLS setting of `routes` and of the Gateway listeners'
+    /// `gateways`, reusing those of `previous` whose settings are equal (and the whole map when
+    /// both tables are shared), as `LiveBackend::new` carries balancer state over.
+    pub fn build(
+        routes: &Arc<RouteTable>,
+        gateways: &Arc<GatewayTable>,
+        previous: &UpstreamTlsConfigs,
+    ) -> UpstreamTlsConfigs {
         if previous
             .table
             .as_ref()
             .is_some_and(|t| Arc::ptr_eq(t, routes))
+            && previous
+                .gateways
+                .as_ref()
+                .is_some_and(|g| Arc::ptr_eq(g, gateways))
         {
             return previous.clone();
         }
@@ -130,7 +166,8 @@ impl UpstreamTlsConfigs {
             .map(|live| (&*live.settings, live))
             .collect();
         let mut by_settings = AddrMap::default();
-        for (_, action) in routes.actions() {
+        let actions = routes.actions().map(|(_, a)| a).chain(gateways.actions());
+        for action in actions {
             let Some(settings) = &action.upstream_tls else {
                 continue;
             };
@@ -144,6 +181,7 @@ impl UpstreamTlsConfigs {
         UpstreamTlsConfigs {
             by_settings: Arc::new(by_settings),
             table: Some(routes.clone()),
+            gateways: Some(gateways.clone()),
         }
     }
 
@@ -228,6 +266,99 @@ impl ServerCertVerifier for AnyServerCert {
     }
 }
 
+/// Verifies the chain against the roots as for server names, then requires one of `names`
+/// among the certificate's subject alternative names instead of the server name (which is only
+/// sent as SNI): BackendTLSPolicy's `subjectAltNames`.
+#[derive(Debug)]
+struct SanVerifier {
+    roots: Arc<RootCertStore>,
+    names: Arc<[SubjectAltName]>,
+    signatures: AnyServerCert,
+}
+
+impl ServerCertVerifier for SanVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let invalid = |e: webpki::Error| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+                Arc::new(e),
+            )))
+        };
+        let cert = webpki::EndEntityCert::try_from(end_entity).map_err(invalid)?;
+        cert.verify_for_usage(
+            self.signatures.0.signature_verification_algorithms.all,
+            &self.roots.roots,
+            intermediates,
+            now,
+            webpki::KeyUsage::server_auth(),
+            None,
+            None,
+        )
+        .map_err(invalid)?;
+        if self.names.iter().any(|n| carries(&cert, end_entity, n)) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.signatures.supported_verify_schemes()
+    }
+}
+
+/// Whether a verified certificate carries the subject alternative name: a DNS name as webpki
+/// matches server names (wildcards included), a URI exactly.
+fn carries(
+    cert: &webpki::EndEntityCert<'_>,
+    der: &CertificateDer<'_>,
+    name: &SubjectAltName,
+) -> bool {
+    match name {
+        SubjectAltName::Hostname(host) => ServerName::try_from(&**host)
+            .is_ok_and(|n| cert.verify_is_valid_for_subject_name(&n).is_ok()),
+        SubjectAltName::Uri(uri) => {
+            use x509_parser::extensions::GeneralName;
+            let Ok((_, parsed)) = x509_parser::parse_x509_certificate(der) else {
+                return false;
+            };
+            let Ok(Some(san)) = parsed.subject_alternative_name() else {
+                return false;
+            };
+            san.value
+                .general_names
+                .iter()
+                .any(|g| matches!(g, GeneralName::URI(u) if *u == &**uri))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +392,10 @@ mod tests {
         })
     }
 
+    fn no_gw() -> Arc<GatewayTable> {
+        Arc::default()
+    }
+
     fn settings(name: &str, h2: bool) -> Arc<UpstreamTls> {
         Arc::new(UpstreamTls::new(name, &UpstreamTrust::SkipVerify, h2).unwrap())
     }
@@ -268,7 +403,11 @@ mod tests {
     #[test]
     fn configs_are_built_per_setting_and_kept_while_equal() {
         let (a, b) = (settings("a.ns.svc", false), settings("b.ns.svc", true));
-        let first = UpstreamTlsConfigs::build(&table(&[a.clone(), b.clone()]), &Default::default());
+        let first = UpstreamTlsConfigs::build(
+            &table(&[a.clone(), b.clone()]),
+            &no_gw(),
+            &Default::default(),
+        );
         let (live_a, live_b) = (first.get(&a).unwrap(), first.get(&b).unwrap());
         assert_ne!(live_a.key(), 0);
         assert_ne!(
@@ -279,7 +418,7 @@ mod tests {
         assert!(live_a.error().is_none());
         // A new snapshot with equal settings in new Arcs keeps the built configurations.
         let (a2, c) = (settings("a.ns.svc", false), settings("c.ns.svc", false));
-        let second = UpstreamTlsConfigs::build(&table(&[a2.clone(), c.clone()]), &first);
+        let second = UpstreamTlsConfigs::build(&table(&[a2.clone(), c.clone()]), &no_gw(), &first);
         assert!(Arc::ptr_eq(second.get(&a2).unwrap(), live_a));
         assert!(!Arc::ptr_eq(second.get(&c).unwrap(), live_a));
         assert!(
@@ -295,8 +434,11 @@ mod tests {
             &UpstreamTrust::SystemRoots,
             "CA Secret ns/ca does not exist",
         ));
-        let configs =
-            UpstreamTlsConfigs::build(&table(std::slice::from_ref(&bad)), &Default::default());
+        let configs = UpstreamTlsConfigs::build(
+            &table(std::slice::from_ref(&bad)),
+            &no_gw(),
+            &Default::default(),
+        );
         assert_eq!(
             configs.get(&bad).unwrap().error(),
             Some("CA Secret ns/ca does not exist")

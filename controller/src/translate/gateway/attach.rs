@@ -73,6 +73,9 @@ pub struct GatewayModel {
     pub key: NsName,
     /// Its listeners, in spec order.
     pub listeners: Vec<ListenerModel>,
+    /// The certificate it presents to TLS backends (`tls.backend.clientCertificateRef`), when
+    /// it names one that resolves.
+    pub client_cert: Option<dataplane::upstream_tls::ClientCert>,
 }
 
 /// A listener a parentRef attached to, with the hostnames the route serves there (`None`: every

@@ -13,6 +13,9 @@ use dataplane::table::gateway::GatewayRule;
 use dataplane::table::UpstreamProtocol;
 use dataplane::{BackendId, FamilyPolicy, Origin, PathMatch, RouteAction};
 
+use dataplane::upstream_tls::UpstreamTls;
+
+use super::backend_tls::Policies;
 use super::routes::{BackendRef, RouteView};
 use crate::gateway_api::conditions::Cond;
 use crate::gateway_api::{ReferenceGrant, GROUP};
@@ -38,6 +41,7 @@ pub fn rules(
     policy: FamilyPolicy,
     origin: &Origin,
     grants: &[&ReferenceGrant],
+    tls: &mut Policies,
 ) -> (Vec<RuleEntry>, Cond, Option<RuleRefusal>) {
     let mut problem: Option<Cond> = None;
     let mut refused: Option<RuleRefusal> = None;
@@ -53,9 +57,13 @@ pub fn rules(
             }
         };
         let mut arms: Vec<(BackendId, u32)> = Vec::new();
+        let mut arm_tls: Vec<Option<Arc<UpstreamTls>>> = Vec::new();
         for b in &rule.backends {
             let id = match resolve(t, key, view, b, grants) {
-                Ok(id) => id,
+                Ok(id) => {
+                    arm_tls.push(backend_tls(t, view, b, tls));
+                    id
+                }
                 Err(cond) => {
                     problem.get_or_insert(cond);
                     BackendId::unresolved(&format!("{}/{}", b.namespace, b.name))
@@ -80,6 +88,13 @@ pub fn rules(
             // gRPC is HTTP/2: cleartext unless the Service's appProtocol says TLS.
             action.protocol = Some(UpstreamProtocol::H2c);
         }
+        if let Some(settings) = rule_tls(t, key, ri, arm_tls) {
+            action.protocol = Some(match view.kind {
+                Kind::GrpcRoute => UpstreamProtocol::H2,
+                _ => UpstreamProtocol::Https,
+            });
+            action.upstream_tls = Some(settings);
+        }
         for (mi, m) in routing.matches.iter().enumerate() {
             out.push((
                 rank(m),
@@ -96,6 +111,46 @@ pub fn rules(
     }
     let resolved = problem.unwrap_or_else(|| Cond::yes("ResolvedRefs", "ResolvedRefs", ""));
     (out, resolved, refused)
+}
+
+/// The BackendTLSPolicy settings of a resolved backendRef (its Service port, by name).
+fn backend_tls(
+    t: &Translation<'_>,
+    view: &RouteView,
+    b: &BackendRef,
+    tls: &mut Policies,
+) -> Option<Arc<UpstreamTls>> {
+    let name = NsName::new(b.namespace.clone(), b.name.clone());
+    let port_name = t.service(&name).and_then(|s| {
+        s.ports()
+            .iter()
+            .find(|p| Some(p.port) == b.port)
+            .and_then(|p| p.name.clone())
+    });
+    tls.for_backend(&name, port_name.as_deref(), view.kind == Kind::GrpcRoute)
+}
+
+/// The upstream TLS of a rule: its backends' BackendTLSPolicy, when they agree. A rule whose
+/// backends differ (one with a policy, one without, or two policies) cannot be served safely
+/// with one setting: its requests answer 502, with a diagnostic.
+fn rule_tls(
+    t: &mut Translation<'_>,
+    key: &ObjectKey,
+    ri: usize,
+    arms: Vec<Option<Arc<UpstreamTls>>>,
+) -> Option<Arc<UpstreamTls>> {
+    let first = arms.first()?.clone();
+    if arms.iter().all(|a| *a == first) {
+        return first;
+    }
+    let reason = "the backends of one rule differ in BackendTLSPolicy";
+    let message = format!("rule {ri}: {reason}; its requests answer 502");
+    t.diagnose(key, Reason::InvalidBackendTls, message);
+    Some(Arc::new(UpstreamTls::unusable(
+        "invalid.invalid",
+        &dataplane::upstream_tls::UpstreamTrust::SystemRoots,
+        reason,
+    )))
 }
 
 /// A match's [`Rank`].

@@ -23,6 +23,7 @@
 //!   listener in mode Terminate carries its certificate, one in mode Passthrough none.
 
 mod attach;
+pub mod backend_tls;
 mod backends;
 pub mod listener_sets;
 pub mod listeners;
@@ -35,8 +36,9 @@ use std::sync::Arc;
 use dataplane::table::gateway::{
     GatewayListener, GatewayPort, GatewayRule, GatewayTable, ListenerRoutes,
 };
+use dataplane::upstream_tls::UpstreamTls;
 use dataplane::{FamilyPolicy, Origin, OriginKind};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 
 use self::attach::{Attached, GatewayModel, ListenerModel};
 use self::routes::RouteView;
@@ -47,7 +49,8 @@ use crate::gateway_api::gateways::GatewayListeners;
 use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway_api::{is_ours, names};
 use crate::gateway_api::{
-    Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant, TlsRoute,
+    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    TlsRoute,
 };
 use crate::object::{Kind, NsName, ObjectKey};
 
@@ -72,6 +75,10 @@ pub struct GatewayInputs<'a> {
     pub grants: Vec<&'a ReferenceGrant>,
     /// Every ListenerSet.
     pub listener_sets: Vec<&'a ListenerSet>,
+    /// Every BackendTLSPolicy.
+    pub backend_tls_policies: Vec<&'a BackendTlsPolicy>,
+    /// Every ConfigMap (the CA certificates of BackendTLSPolicies).
+    pub config_maps: Vec<&'a ConfigMap>,
 }
 
 /// Feeds the Gateway API objects into a translation.
@@ -127,9 +134,18 @@ impl<'a> GatewayProcessor<'a> {
         }
         // Per (Gateway index, listener index): the rules by host.
         let mut entries: BTreeMap<(usize, usize), Entries> = BTreeMap::new();
+        let mut tls =
+            backend_tls::Policies::new(&self.inputs.backend_tls_policies, &self.inputs.config_maps);
+        let mut out = RouteOut {
+            report: &mut report,
+            entries: &mut entries,
+            tls: &mut tls,
+            client_tls: BTreeMap::new(),
+        };
         for view in &views {
-            self.add_route(t, view, &gateways, &namespaces, &mut report, &mut entries);
+            self.add_route(t, view, &gateways, &namespaces, &mut out);
         }
+        report.policies = tls.report();
         t.gateways = GatewayOutput {
             table: table(&gateways, entries),
             report,
@@ -192,10 +208,12 @@ impl<'a> GatewayProcessor<'a> {
                 listener_model(t, l, v, accepted, &ports, owner, grants)
             })
             .collect();
+        let client_cert = client_cert(t, gateway, &key.namespace, grants);
         GatewayModel {
             kind: "Gateway",
             key,
             listeners,
+            client_cert,
         }
     }
 
@@ -253,6 +271,7 @@ impl<'a> GatewayProcessor<'a> {
                 kind: "ListenerSet",
                 key: j.key.clone(),
                 listeners,
+                client_cert: model.client_cert.clone(),
             });
         }
         report
@@ -327,8 +346,7 @@ impl<'a> GatewayProcessor<'a> {
         view: &RouteView,
         gateways: &[GatewayModel],
         namespaces: &BTreeMap<String, BTreeMap<String, String>>,
-        report: &mut GatewayReport,
-        entries: &mut BTreeMap<(usize, usize), Entries>,
+        out: &mut RouteOut<'_>,
     ) {
         let mut parents = Vec::new();
         let mut attached: Vec<(usize, Attached)> = Vec::new();
@@ -349,9 +367,12 @@ impl<'a> GatewayProcessor<'a> {
         }
         let key = ObjectKey::new(view.kind, &*view.key.namespace, &*view.key.name);
         let policy = family_policy(t, &key, view);
-        let origin = origin_of(view);
+        let origin = origin(view);
         let (rules, resolved, refused) =
-            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants);
+            backends::rules(t, &key, view, policy, &origin, &self.inputs.grants, out.tls);
+        let ancestors: BTreeSet<&NsName> =
+            attached.iter().map(|(gi, _)| &gateways[*gi].key).collect();
+        out.tls.used_by(ancestors.iter().copied());
         if let Some(refusal) = refused {
             // A rule duet cannot serve (an unsupported filter, a bad regex) is left out, and the
             // route says why on each parent that accepted it.
@@ -359,23 +380,7 @@ impl<'a> GatewayProcessor<'a> {
                 *accepted = Cond::no("Accepted", refusal.reason, refusal.message.clone());
             }
         }
-        let mut counted: BTreeSet<(usize, usize)> = BTreeSet::new();
-        for (gi, a) in attached {
-            if counted.insert((gi, a.listener)) {
-                count_attached(report, &gateways[gi], a.listener);
-            }
-            let port = gateways[gi].listeners[a.listener].port;
-            let by_host = entries.entry((gi, a.listener)).or_default();
-            for host in &a.hostnames {
-                let list = by_host.entry(host.clone()).or_default();
-                list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
-                    (
-                        (*rank, view.created, view.key.clone(), *ri, *mi),
-                        at_listener_port(rule, port),
-                    )
-                }));
-            }
-        }
+        out.add_entries(view, gateways, attached, &rules);
         let parents = parents
             .into_iter()
             .map(|(parent_ref, accepted)| ParentReport {
@@ -389,23 +394,9 @@ impl<'a> GatewayProcessor<'a> {
             uid: view.uid.clone(),
             parents,
         };
-        report
+        out.report
             .routes
             .insert((view.kind, view.key.clone()), route_report);
-    }
-}
-
-/// Where a route's rules come from, for the routing table.
-fn origin_of(view: &RouteView) -> Origin {
-    Origin {
-        kind: match view.kind {
-            Kind::GrpcRoute => OriginKind::GrpcRoute,
-            Kind::TlsRoute => OriginKind::TlsRoute,
-            _ => OriginKind::HttpRoute,
-        },
-        namespace: view.key.namespace.as_str().into(),
-        name: view.key.name.as_str().into(),
-        created: view.created,
     }
 }
 
@@ -461,6 +452,49 @@ fn listener_model(
     }
 }
 
+impl RouteOut<'_> {
+    /// Adds a route's rules to the listeners it attached to (`(Gateway index, attachment)`),
+    /// counting each listener once in the report.
+    fn add_entries(
+        &mut self,
+        view: &RouteView,
+        gateways: &[GatewayModel],
+        attached: Vec<(usize, Attached)>,
+        rules: &[backends::RuleEntry],
+    ) {
+        let mut counted: BTreeSet<(usize, usize)> = BTreeSet::new();
+        for (gi, a) in attached {
+            let g = &gateways[gi];
+            if counted.insert((gi, a.listener)) {
+                count_attached(self.report, g, a.listener);
+            }
+            let port = g.listeners[a.listener].port;
+            let cert = g.client_cert.as_ref();
+            let by_host = self.entries.entry((gi, a.listener)).or_default();
+            for host in &a.hostnames {
+                let list = by_host.entry(host.clone()).or_default();
+                list.extend(rules.iter().map(|(rank, ri, mi, rule)| {
+                    let rule = with_client_cert(rule, gi, cert, &mut self.client_tls);
+                    (
+                        (*rank, view.created, view.key.clone(), *ri, *mi),
+                        at_listener_port(&rule, port),
+                    )
+                }));
+            }
+        }
+    }
+}
+
+/// Where adding a route writes: the report, the rule entries per listener, and the
+/// BackendTLSPolicies its backends use.
+struct RouteOut<'a> {
+    report: &'a mut GatewayReport,
+    entries: &'a mut BTreeMap<(usize, usize), Entries>,
+    tls: &'a mut backend_tls::Policies,
+    /// Upstream TLS settings with a Gateway's client certificate, per setting and Gateway.
+    client_tls: BTreeMap<(usize, usize), Arc<dataplane::upstream_tls::UpstreamTls>>,
+}
+
 /// A rule as served on a listener of port `port`: a `RequestRedirect` without port and scheme
 /// redirects to the listener's port (the spec's rule), not to the one in the client's `Host`.
 fn at_listener_port(rule: &GatewayRule, port: i32) -> GatewayRule {
@@ -481,6 +515,20 @@ fn at_listener_port(rule: &GatewayRule, port: i32) -> GatewayRule {
         rule.action.filters = Some(Arc::new(filters));
     }
     rule
+}
+
+/// The route as the origin of its rules.
+fn origin(view: &RouteView) -> Origin {
+    Origin {
+        kind: match view.kind {
+            Kind::GrpcRoute => OriginKind::GrpcRoute,
+            Kind::TlsRoute => OriginKind::TlsRoute,
+            _ => OriginKind::HttpRoute,
+        },
+        namespace: view.key.namespace.as_str().into(),
+        name: view.key.name.as_str().into(),
+        created: view.created,
+    }
 }
 
 /// The route's family policy: `duet.dev/upstream-family`, else `--upstream-family`.
@@ -542,6 +590,52 @@ fn certificate_of(
             .map_err(|_| None),
         _ => Err(None),
     }
+}
+
+/// The certificate a Gateway presents to TLS backends: its `tls.backend.clientCertificateRef`,
+/// when that resolves ([`refs::client_certificate_condition`]); else none is presented.
+fn client_cert(
+    t: &mut Translation<'_>,
+    gateway: &Gateway,
+    gateway_ns: &str,
+    grants: &[ReferenceGrant],
+) -> Option<dataplane::upstream_tls::ClientCert> {
+    let (key, _) = refs::client_certificate_ref(&gateway.spec, gateway_ns)?;
+    let name = NsName::new(key.0.clone(), key.1.clone());
+    t.references.secrets.insert(name.clone());
+    let secret = t.secrets.get(&name).map(|s| (*s).clone());
+    let field = |k: &str| {
+        let data = secret.as_ref()?.data.as_ref()?;
+        data.get(k).map(|b| Arc::<[u8]>::from(b.0.as_slice()))
+    };
+    let (cert_pem, key_pem) = (field("tls.crt")?, field("tls.key")?);
+    let secrets = BTreeMap::from([(key, secret)]);
+    let cond = refs::client_certificate_condition(&gateway.spec, gateway_ns, grants, &secrets)?;
+    cond.status.then(|| dataplane::upstream_tls::ClientCert {
+        source: name.to_string().into(),
+        cert_pem,
+        key_pem,
+    })
+}
+
+/// The rule as served on a Gateway: its upstream TLS presents the Gateway's client certificate
+/// (settings made once per TLS setting and Gateway, in `made`).
+fn with_client_cert(
+    rule: &GatewayRule,
+    gi: usize,
+    cert: Option<&dataplane::upstream_tls::ClientCert>,
+    made: &mut BTreeMap<(usize, usize), Arc<dataplane::upstream_tls::UpstreamTls>>,
+) -> GatewayRule {
+    let (Some(cert), Some(tls)) = (cert, &rule.action.upstream_tls) else {
+        return rule.clone();
+    };
+    let settings = made
+        .entry((Arc::as_ptr(tls) as usize, gi))
+        .or_insert_with(|| Arc::new(UpstreamTls::clone(tls).with_client_cert(cert.clone())))
+        .clone();
+    let mut rule = rule.clone();
+    rule.action.upstream_tls = Some(settings);
+    rule
 }
 
 /// The listeners of every pod port, with their rules sorted.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 
 use crate::gateway_api::conditions::Cond;
-use crate::gateway_api::gateways::GatewayListeners;
+use crate::gateway_api::gateways::{GatewayListeners, GatewaySpec};
 use crate::gateway_api::{ReferenceGrant, GROUP};
 
 /// `namespace/name` of a Secret.
@@ -136,6 +136,56 @@ pub fn problem_of(
     None
 }
 
+/// The Secret of a Gateway's `tls.backend.clientCertificateRef` (the certificate duet presents
+/// to TLS backends), with the Gateway's namespace as default, and whether its group and kind are
+/// a core Secret's; `None` when the Gateway names none.
+pub fn client_certificate_ref(spec: &GatewaySpec, gateway_ns: &str) -> Option<(SecretKey, bool)> {
+    let r = spec
+        .tls
+        .as_ref()?
+        .backend
+        .as_ref()?
+        .client_certificate_ref
+        .as_ref()?;
+    let ns = r.namespace.clone().unwrap_or_else(|| gateway_ns.to_owned());
+    let secret = r.group.as_deref().unwrap_or("").is_empty()
+        && r.kind.as_deref().unwrap_or("Secret") == "Secret";
+    Some(((ns, r.name.clone()), secret))
+}
+
+/// The Gateway's `ResolvedRefs` for its client certificate, when it names one: `RefNotPermitted`
+/// across namespaces without a ReferenceGrant, `InvalidClientCertificateRef` for another kind or
+/// a Secret that is missing or holds no usable certificate and key (`secrets` as for
+/// [`problem`]).
+pub fn client_certificate_condition(
+    spec: &GatewaySpec,
+    gateway_ns: &str,
+    grants: &[ReferenceGrant],
+    secrets: &BTreeMap<SecretKey, Option<Secret>>,
+) -> Option<Cond> {
+    let (key, is_secret) = client_certificate_ref(spec, gateway_ns)?;
+    let (ns, name) = &key;
+    let invalid = |why: String| Cond::no("ResolvedRefs", "InvalidClientCertificateRef", why);
+    if !is_secret {
+        return Some(invalid(format!(
+            "clientCertificateRef {name}: only core Secrets are supported"
+        )));
+    }
+    if !granted(grants, gateway_ns, &key) {
+        let message =
+            format!("no ReferenceGrant in {ns} lets Gateways of {gateway_ns} use Secret {name}");
+        return Some(Cond::no("ResolvedRefs", "RefNotPermitted", message));
+    }
+    let why = match secrets.get(&key).and_then(Option::as_ref) {
+        None => Some("does not exist".to_owned()),
+        Some(secret) => secret_problem(secret),
+    };
+    Some(match why {
+        Some(why) => invalid(format!("clientCertificateRef Secret {ns}/{name} {why}")),
+        None => Cond::yes("ResolvedRefs", "ResolvedRefs", ""),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +269,44 @@ mod tests {
             .self_signed(&key)
             .unwrap();
         (cert.pem(), key.serialize_pem())
+    }
+
+    fn backend_spec(client_ref: &str) -> GatewaySpec {
+        serde_saphyr::from_str(&format!(
+            "{{gatewayClassName: duet, listeners: [{{name: http, port: 80, protocol: HTTP}}], tls: {{backend: {{clientCertificateRef: {client_ref}}}}}}}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn backend_client_certificates_resolve_or_say_why_not() {
+        let cert = rcgen_pair();
+        let good = tls_secret(cert.0.as_bytes(), cert.1.as_bytes());
+        let key = |ns: &str| (ns.to_owned(), "client".to_owned());
+        let found = BTreeMap::from([
+            (key("gw"), Some(good.clone())),
+            (key("web"), Some(good)),
+            (
+                ("gw".to_owned(), "empty".to_owned()),
+                Some(Secret::default()),
+            ),
+        ]);
+        let reason = |r: &str, grants: &[ReferenceGrant]| {
+            client_certificate_condition(&backend_spec(r), "gw", grants, &found)
+                .map(|c| (c.status, c.reason))
+        };
+        assert_eq!(reason("{name: client}", &[]), Some((true, "ResolvedRefs")));
+        let invalid = Some((false, "InvalidClientCertificateRef"));
+        assert_eq!(reason("{name: missing}", &[]), invalid);
+        assert_eq!(reason("{name: empty}", &[]), invalid);
+        assert_eq!(reason("{kind: ConfigMap, name: client}", &[]), invalid);
+        assert_eq!(reason("{group: example.com, name: client}", &[]), invalid);
+        let across = "{name: client, namespace: web}";
+        assert_eq!(reason(across, &[]), Some((false, "RefNotPermitted")));
+        let grants = [grant("web", "gw", Some("client"))];
+        assert_eq!(reason(across, &grants), Some((true, "ResolvedRefs")));
+        let none: GatewaySpec =
+            serde_saphyr::from_str("{gatewayClassName: duet, listeners: []}").unwrap();
+        assert!(client_certificate_condition(&none, "gw", &[], &found).is_none());
     }
 }
