@@ -538,11 +538,11 @@ def test_rbac_scoped_to_watched_namespaces():
 GATEWAY_RULES = {
     *{("gateway.networking.k8s.io", r, v, None)
       for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes",
-                "referencegrants", "backendtlspolicies")
+                "referencegrants", "backendtlspolicies", "listenersets")
       for v in ("get", "list", "watch")},
     *{("gateway.networking.k8s.io", f"{r}/status", v, None)
       for r in ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes",
-                "backendtlspolicies")
+                "backendtlspolicies", "listenersets")
       for v in ("update", "patch")},
     *{("", "configmaps", v, None) for v in ("get", "list", "watch")},
     *{("", "namespaces", v, None) for v in ("get", "list", "watch")},

@@ -76,6 +76,7 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteResponseHeaderModification,
 	features.SupportHTTPRouteRetry,
 	features.SupportHTTPRouteSchemeRedirect,
+	features.SupportListenerSet,
 	features.SupportTLSRouteModeTerminate,
 }
 

@@ -19,7 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::class::{ClassConfig, Classes};
 use crate::compact::Slice;
 use crate::gateway_api::{
-    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TlsRoute,
+    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    TlsRoute,
 };
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
@@ -54,6 +55,8 @@ pub enum Object {
     TlsRoute(Arc<TlsRoute>),
     /// A ReferenceGrant.
     ReferenceGrant(Arc<ReferenceGrant>),
+    /// A ListenerSet.
+    ListenerSet(Arc<ListenerSet>),
     /// A BackendTLSPolicy.
     BackendTlsPolicy(Arc<BackendTlsPolicy>),
     /// A ConfigMap.
@@ -113,6 +116,7 @@ stored!(
     GrpcRoute => GrpcRoute, grpc_routes, gateway_impact;
     TlsRoute => TlsRoute, tls_routes, gateway_impact;
     ReferenceGrant => ReferenceGrant, reference_grants, gateway_impact;
+    ListenerSet => ListenerSet, listener_sets, gateway_impact;
     BackendTlsPolicy => BackendTlsPolicy, backend_tls_policies, gateway_impact;
     ConfigMap => ConfigMap, config_maps, config_map_impact;
 );
@@ -140,6 +144,7 @@ pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
         Kind::GrpcRoute => work.run::<GrpcRoute>(),
         Kind::TlsRoute => work.run::<TlsRoute>(),
         Kind::ReferenceGrant => work.run::<ReferenceGrant>(),
+        Kind::ListenerSet => work.run::<ListenerSet>(),
         Kind::BackendTlsPolicy => work.run::<BackendTlsPolicy>(),
         Kind::ConfigMap => work.run::<ConfigMap>(),
     }
@@ -164,6 +169,7 @@ impl Object {
             Object::GrpcRoute(o) => of(&**o),
             Object::TlsRoute(o) => of(&**o),
             Object::ReferenceGrant(o) => of(&**o),
+            Object::ListenerSet(o) => of(&**o),
             Object::BackendTlsPolicy(o) => of(&**o),
             Object::ConfigMap(o) => of(&**o),
         }
@@ -230,6 +236,7 @@ impl Object {
             Object::GrpcRoute(o) => index.put(key, o, file),
             Object::TlsRoute(o) => index.put(key, o, file),
             Object::ReferenceGrant(o) => index.put(key, o, file),
+            Object::ListenerSet(o) => index.put(key, o, file),
             Object::BackendTlsPolicy(o) => index.put(key, o, file),
             Object::ConfigMap(o) => index.put(key, o, file),
         }
@@ -347,6 +354,8 @@ pub struct Index {
     pub tls_routes: Store<TlsRoute>,
     /// ReferenceGrants.
     pub reference_grants: Store<ReferenceGrant>,
+    /// ListenerSets.
+    pub listener_sets: Store<ListenerSet>,
     /// BackendTLSPolicies.
     pub backend_tls_policies: Store<BackendTlsPolicy>,
     /// ConfigMaps (the CA certificates of BackendTLSPolicies).
@@ -588,6 +597,7 @@ impl Index {
             grpc_routes: self.objects(),
             tls_routes: self.objects(),
             grants: self.objects(),
+            listener_sets: self.objects(),
             backend_tls_policies: self.objects(),
             config_maps: self.objects(),
         }
@@ -662,6 +672,7 @@ gateway_api_object!(
     GrpcRoute,
     TlsRoute,
     ReferenceGrant,
+    ListenerSet,
     BackendTlsPolicy
 );
 

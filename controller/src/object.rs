@@ -39,6 +39,8 @@ pub enum Kind {
     TlsRoute,
     /// `gateway.networking.k8s.io/v1` ReferenceGrant.
     ReferenceGrant,
+    /// `gateway.networking.k8s.io/v1` ListenerSet.
+    ListenerSet,
     /// `gateway.networking.k8s.io/v1` BackendTLSPolicy.
     BackendTlsPolicy,
     /// `v1` ConfigMap (BackendTLSPolicy CA certificates).
@@ -61,6 +63,7 @@ impl Kind {
             Kind::GrpcRoute => "GRPCRoute",
             Kind::TlsRoute => "TLSRoute",
             Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::ListenerSet => "ListenerSet",
             Kind::BackendTlsPolicy => "BackendTLSPolicy",
             Kind::ConfigMap => "ConfigMap",
         }
@@ -78,6 +81,7 @@ impl Kind {
             | Kind::GrpcRoute
             | Kind::TlsRoute
             | Kind::ReferenceGrant
+            | Kind::ListenerSet
             | Kind::BackendTlsPolicy => "gateway.networking.k8s.io/v1",
         }
     }
@@ -105,6 +109,7 @@ impl Kind {
             Kind::GrpcRoute,
             Kind::TlsRoute,
             Kind::ReferenceGrant,
+            Kind::ListenerSet,
             Kind::BackendTlsPolicy,
             Kind::ConfigMap,
         ]

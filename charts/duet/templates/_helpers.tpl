@@ -90,10 +90,10 @@ Gateway, in the Gateway's namespace. Granted in the watched namespaces only with
 controller.watchNamespaces (duet's Gateway watches are narrowed to them too). */}}
 {{- define "duet.rules.gateway.namespaced" -}}
 - apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["gateways", "httproutes", "grpcroutes", "tlsroutes", "referencegrants", "backendtlspolicies"]
+  resources: ["gateways", "httproutes", "grpcroutes", "tlsroutes", "referencegrants", "backendtlspolicies", "listenersets"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["gateway.networking.k8s.io"]
-  resources: ["gateways/status", "httproutes/status", "grpcroutes/status", "tlsroutes/status", "backendtlspolicies/status"]
+  resources: ["gateways/status", "httproutes/status", "grpcroutes/status", "tlsroutes/status", "backendtlspolicies/status", "listenersets/status"]
   verbs: ["update", "patch"]
 - apiGroups: [""]
   resources: ["services", "secrets", "configmaps"]

@@ -108,6 +108,12 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         "tlsroutes",
         true,
     ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "ListenerSet",
+        "listenersets",
+        true,
+    ),
 ];
 
 /// A client for one API server.

@@ -49,6 +49,7 @@ use crate::gateway_api::gateways::{
 use crate::gateway_api::report::GatewayReport;
 use crate::gateway_api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
 use crate::namespaces;
+use crate::object::NsName;
 use crate::translate::gateway::listeners::{self, Verdict};
 use crate::translate::gateway::refs;
 
@@ -108,6 +109,7 @@ pub fn spawn(
                 report.clone(),
                 leading.clone(),
             );
+            super::listener_set_status::spawn(client.clone(), report.clone(), leading.clone());
             start(client, config, pod_namespace, leading, report);
         } else {
             tracing::info!(
@@ -121,16 +123,20 @@ pub fn spawn(
 /// Whether the cluster serves `gateway.networking.k8s.io/v1` GatewayClasses and Gateways (the
 /// CRDs are installed). Asked until the API answers: an error other than 404 is retried.
 pub async fn installed(client: &Client) -> bool {
+    let served = served(client).await;
+    served.contains(&"gatewayclasses".to_owned()) && served.contains(&"gateways".to_owned())
+}
+
+/// The resources `gateway.networking.k8s.io/v1` serves (none when the group is not installed),
+/// asked until the API answers: an error other than 404 is retried.
+pub async fn served(client: &Client) -> Vec<String> {
     loop {
         match client
             .list_api_group_resources("gateway.networking.k8s.io/v1")
             .await
         {
-            Ok(list) => {
-                let served = |name: &str| list.resources.iter().any(|r| r.name == name);
-                return served("gatewayclasses") && served("gateways");
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Ok(list) => return list.resources.into_iter().map(|r| r.name).collect(),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Vec::new(),
             Err(error) => {
                 tracing::warn!(%error, "Cannot tell whether the Gateway API is installed; asking again in 5 s");
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -396,8 +402,14 @@ impl Ctx {
                     let svc = self.service_of(&key.0, &key.1)?;
                     owned_by(&svc, g).then(|| service::held_ports(&svc))
                 });
+                let mut listener_ports = valid_ports(g);
+                let report = self.report.borrow();
+                let extra = report
+                    .listener_set_ports
+                    .get(&NsName::new(&*key.0, &*key.1));
+                listener_ports.extend(extra.into_iter().flatten());
                 Claim {
-                    listener_ports: valid_ports(g),
+                    listener_ports,
                     held: held.unwrap_or_default(),
                     gateway: key,
                 }
@@ -488,18 +500,25 @@ async fn reconcile_gateway(
     unresolved |= client_cert.as_ref().is_some_and(|c| !c.status);
     let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts);
     let mut ports = ctx.allocate().remove(&key).unwrap_or_default();
-    // Listeners whose certificates do not resolve keep their pod port but get no Service port.
+    // Listeners whose certificates do not resolve keep their pod port but get no Service port;
+    // the ports of the ListenerSets' valid listeners are kept.
+    let set_ports = ctx
+        .report
+        .borrow()
+        .listener_set_ports
+        .get(&NsName::new(&*namespace, &*name))
+        .cloned()
+        .unwrap_or_default();
     ports.retain(|p, _| {
-        verdicts
-            .iter()
-            .any(|v| v.valid() && v.port == i32::from(*p))
+        set_ports.contains(p)
+            || verdicts
+                .iter()
+                .any(|v| v.valid() && v.port == i32::from(*p))
     });
     let placed = place_service(&ctx, &gateway, &ports).await?;
-    let attached = ctx.report.borrow().attached.clone();
+    let report = ctx.report.borrow().clone();
     let now = Timestamp::now();
-    let mut status = gateway_status(
-        &gateway, &verdicts, accepted, &ports, &placed, &attached, now,
-    );
+    let mut status = gateway_status(&gateway, &verdicts, accepted, &ports, &placed, &report, now);
     if let Some(cond) = client_cert {
         // The Gateway's own ResolvedRefs: its backend client certificate.
         let old = gateway.status.as_ref().and_then(|s| s.conditions.clone());
@@ -721,9 +740,6 @@ async fn apply_slices(
     Ok(())
 }
 
-/// The routes attached to each listener of our Gateways.
-type Attached = BTreeMap<(crate::object::NsName, String), i32>;
-
 /// The Gateway's status.
 fn gateway_status(
     gateway: &Gateway,
@@ -731,9 +747,10 @@ fn gateway_status(
     accepted: Cond,
     ports: &BTreeMap<u16, u16>,
     placed: &Placed,
-    attached: &Attached,
+    report: &GatewayReport,
     now: Timestamp,
 ) -> GatewayStatus {
+    let attached = &report.attached;
     let key = crate::object::NsName::of(&gateway.metadata);
     let generation = gateway.metadata.generation;
     let old = gateway.status.clone().unwrap_or_default();
@@ -797,7 +814,7 @@ fn gateway_status(
         .collect();
     GatewayStatus {
         addresses: (!addresses.is_empty()).then_some(addresses),
-        attached_listener_sets: old.attached_listener_sets,
+        attached_listener_sets: report.attached_listener_sets.get(&key).copied(),
         conditions: Some(conditions),
         listeners: Some(listeners),
     }

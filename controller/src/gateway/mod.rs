@@ -6,6 +6,7 @@
 pub mod class;
 pub mod config;
 pub mod controller;
+pub mod listener_set_status;
 pub mod policy_status;
 pub mod ports;
 pub mod route_status;

@@ -2,7 +2,7 @@
 //! attachment that decides what is served: route parents' conditions and the routes attached to
 //! each listener. Translation writes it; the status writers read it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::conditions::Cond;
 use crate::object::{Kind, NsName};
@@ -16,6 +16,13 @@ pub struct GatewayReport {
     pub attached: BTreeMap<(NsName, String), i32>,
     /// Per BackendTLSPolicy that applies to a backend of a route of our Gateways: its status.
     pub policies: BTreeMap<NsName, PolicyReport>,
+    /// Per ListenerSet whose parent is one of our Gateways: its status.
+    pub listener_sets: BTreeMap<NsName, ListenerSetReport>,
+    /// Per Gateway of ours: the ListenerSets it accepted (`attachedListenerSets`).
+    pub attached_listener_sets: BTreeMap<NsName, i32>,
+    /// Per Gateway of ours: the ports of the valid listeners of the ListenerSets it accepted,
+    /// which its Service and pod ports must cover too.
+    pub listener_set_ports: BTreeMap<NsName, BTreeSet<u16>>,
 }
 
 /// The status of one BackendTLSPolicy: the same conditions for each of its ancestors (our
@@ -28,6 +35,30 @@ pub struct PolicyReport {
     pub ancestors: std::collections::BTreeSet<NsName>,
     /// `Accepted`, then `ResolvedRefs`.
     pub conditions: Vec<Cond>,
+}
+
+/// The status of one ListenerSet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenerSetReport {
+    /// `metadata.generation`, the conditions' `observedGeneration`.
+    pub generation: Option<i64>,
+    /// `Accepted` and `Programmed`.
+    pub conditions: Vec<Cond>,
+    /// Its listeners, in spec order.
+    pub listeners: Vec<ListenerEntryReport>,
+}
+
+/// The status of one listener of a ListenerSet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenerEntryReport {
+    /// The listener's name.
+    pub name: String,
+    /// `supportedKinds` (group `gateway.networking.k8s.io`).
+    pub kinds: Vec<&'static str>,
+    /// `Accepted`, `Conflicted`, `ResolvedRefs`, `Programmed`.
+    pub conditions: Vec<Cond>,
+    /// `attachedRoutes`.
+    pub attached: i32,
 }
 
 /// The status of one route.

@@ -271,6 +271,9 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
         Kind::ReferenceGrant => {
             Object::ReferenceGrant(Arc::new(serde_json::from_value(doc).map_err(failed)?))
         }
+        Kind::ListenerSet => {
+            Object::ListenerSet(Arc::new(serde_json::from_value(doc).map_err(failed)?))
+        }
         Kind::BackendTlsPolicy => {
             Object::BackendTlsPolicy(Arc::new(serde_json::from_value(doc).map_err(failed)?))
         }

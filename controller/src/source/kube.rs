@@ -42,7 +42,8 @@ use super::watch::{Listed, Seen, SharedIngresses, SyncCountdown, Task};
 use super::SourceEvent;
 use crate::compact::Slice;
 use crate::gateway_api::{
-    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TlsRoute,
+    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    TlsRoute,
 };
 use crate::index::Change;
 use crate::index::{Object, Stored};
@@ -186,7 +187,11 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
         if !crate::gateway::controller::installed(&client).await {
             return;
         }
-        let tasks = gateway_watchers(&client, &namespaces, &gateway_sync);
+        // ListenerSets are watched where their CRD is installed (Gateway API v1.5 and later).
+        let listener_sets = crate::gateway::controller::served(&client)
+            .await
+            .contains(&"listenersets".to_owned());
+        let tasks = gateway_watchers(&client, &namespaces, &gateway_sync, listener_sets);
         gateway_sync.countdown.expect(tasks.len());
         for task in tasks {
             tokio::spawn(task);
@@ -197,14 +202,19 @@ pub fn spawn(client: Client, namespaces: &[String], tx: mpsc::Sender<SourceEvent
 
 /// The watchers of the Gateway API kinds and of Namespaces (whose labels select routes), when
 /// the cluster serves the Gateway API.
-fn gateway_watchers(client: &Client, namespaces: &[String], sync: &Sync) -> Vec<Task> {
+fn gateway_watchers(
+    client: &Client,
+    namespaces: &[String],
+    sync: &Sync,
+    listener_sets: bool,
+) -> Vec<Task> {
     let base = || vec![watcher::Config::default()];
     let each = || Sync {
         tx: sync.tx.clone(),
         countdown: sync.countdown.clone(),
         changed: None,
     };
-    vec![
+    let mut tasks = vec![
         watch_kind::<Namespace, Namespace>(vec![Api::all(client.clone())], base(), each()),
         watch_kind::<GatewayClass, GatewayClass>(vec![Api::all(client.clone())], base(), each()),
         watch_kind::<Gateway, Gateway>(namespaces::apis(client, namespaces), base(), each()),
@@ -222,7 +232,15 @@ fn gateway_watchers(client: &Client, namespaces: &[String], sync: &Sync) -> Vec<
             each(),
         ),
         watch_kind::<ConfigMap, ConfigMap>(namespaces::apis(client, namespaces), base(), each()),
-    ]
+    ];
+    if listener_sets {
+        tasks.push(watch_kind::<ListenerSet, ListenerSet>(
+            namespaces::apis(client, namespaces),
+            base(),
+            each(),
+        ));
+    }
+    tasks
 }
 
 /// Where a kind's watcher reports.

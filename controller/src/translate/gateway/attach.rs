@@ -67,6 +67,8 @@ pub struct ListenerModel {
 /// One of our Gateways.
 #[derive(Clone, Debug)]
 pub struct GatewayModel {
+    /// `Gateway`, or `ListenerSet` for the listeners a Gateway admitted from one.
+    pub kind: &'static str,
     /// Namespace and name.
     pub key: NsName,
     /// Its listeners, in spec order.
@@ -146,9 +148,9 @@ pub fn attach(
     (Cond::yes("Accepted", "Accepted", ""), attached)
 }
 
-/// Whether a parentRef names a Gateway (`gateway.networking.k8s.io`, kind `Gateway`).
+/// Whether a parentRef names a Gateway or a ListenerSet (`gateway.networking.k8s.io`).
 pub fn names_a_gateway(parent: &ParentRef) -> bool {
-    parent.group == GROUP && parent.kind == "Gateway"
+    parent.group == GROUP && matches!(parent.kind.as_str(), "Gateway" | "ListenerSet")
 }
 
 /// Whether a listener of a Gateway in `gateway_ns` admits routes of `route_ns`.

@@ -7,6 +7,8 @@
 //! - Listeners: those [`listeners::check`] finds valid, in a Gateway it accepts, with their
 //!   certificates resolved ([`refs::problem`]); the pod port is the `targetPort` of the Gateway's
 //!   Service `duet-NAME` (Kubernetes mode) or the listener port (`--manifests` mode).
+//! - ListenerSets ([`listener_sets`]): those a Gateway admits add listeners, after its own, on
+//!   its pod ports; routes reach them through parentRefs of kind `ListenerSet`.
 //! - Attachment per parentRef ([`attach`]); routes oldest first (creationTimestamp, then
 //!   namespace/name).
 //! - Rules: per host entry of a listener, sorted by the spec's precedence: path Exact, then
@@ -23,6 +25,7 @@
 mod attach;
 pub mod backend_tls;
 mod backends;
+pub mod listener_sets;
 pub mod listeners;
 pub mod refs;
 mod routes;
@@ -46,7 +49,8 @@ use crate::gateway_api::gateways::GatewayListeners;
 use crate::gateway_api::report::{GatewayReport, ParentReport, RouteReport};
 use crate::gateway_api::{is_ours, names};
 use crate::gateway_api::{
-    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ReferenceGrant, TlsRoute,
+    BackendTlsPolicy, Gateway, GatewayClass, GrpcRoute, HttpRoute, ListenerSet, ReferenceGrant,
+    TlsRoute,
 };
 use crate::object::{Kind, NsName, ObjectKey};
 
@@ -69,6 +73,8 @@ pub struct GatewayInputs<'a> {
     pub tls_routes: Vec<&'a TlsRoute>,
     /// Every ReferenceGrant.
     pub grants: Vec<&'a ReferenceGrant>,
+    /// Every ListenerSet.
+    pub listener_sets: Vec<&'a ListenerSet>,
     /// Every BackendTLSPolicy.
     pub backend_tls_policies: Vec<&'a BackendTlsPolicy>,
     /// Every ConfigMap (the CA certificates of BackendTLSPolicies).
@@ -98,10 +104,6 @@ impl<'a> GatewayProcessor<'a> {
 
     /// Builds the listeners, attaches the routes, and writes the table and report into `t`.
     pub(crate) fn run(self, t: &mut Translation<'_>) {
-        let gateways = self.gateways(t);
-        if gateways.is_empty() {
-            return;
-        }
         let namespaces: BTreeMap<String, BTreeMap<String, String>> = self
             .inputs
             .namespaces
@@ -111,6 +113,11 @@ impl<'a> GatewayProcessor<'a> {
                 (name, n.metadata.labels.clone().unwrap_or_default())
             })
             .collect();
+        let mut report = GatewayReport::default();
+        let gateways = self.gateways(t, &namespaces, &mut report);
+        if gateways.is_empty() {
+            return;
+        }
         let mut views: Vec<RouteView> = self
             .inputs
             .http_routes
@@ -120,8 +127,7 @@ impl<'a> GatewayProcessor<'a> {
             .chain(self.inputs.tls_routes.iter().map(|r| routes::tls(r)))
             .collect();
         views.sort_by(|a, b| (a.created, &a.key, a.kind).cmp(&(b.created, &b.key, b.kind)));
-        let mut report = GatewayReport::default();
-        for g in &gateways {
+        for g in gateways.iter().filter(|g| g.kind == "Gateway") {
             for l in &g.listeners {
                 report.attached.insert((g.key.clone(), l.name.clone()), 0);
             }
@@ -146,8 +152,14 @@ impl<'a> GatewayProcessor<'a> {
         };
     }
 
-    /// Our Gateways with their listeners judged.
-    fn gateways(&self, t: &mut Translation<'_>) -> Vec<GatewayModel> {
+    /// Our Gateways with their listeners judged, each followed by the ListenerSets it admits
+    /// (whose status goes into `report`).
+    fn gateways(
+        &self,
+        t: &mut Translation<'_>,
+        namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+        report: &mut GatewayReport,
+    ) -> Vec<GatewayModel> {
         let name = &self.config.gateway.controller_name;
         let ours: BTreeSet<&str> = self
             .inputs
@@ -165,10 +177,14 @@ impl<'a> GatewayProcessor<'a> {
             .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
             .collect();
         gateways.sort_by_key(|g| NsName::of(&g.metadata));
-        gateways
-            .into_iter()
-            .map(|g| self.gateway(t, g, &grants))
-            .collect()
+        let mut out = Vec::new();
+        for g in gateways {
+            let model = self.gateway(t, g, &grants);
+            let sets = self.listener_sets(t, g, &model, namespaces, &grants, report);
+            out.push(model);
+            out.extend(sets);
+        }
+        out
     }
 
     /// One Gateway: its listeners, with their pod ports and certificates.
@@ -188,40 +204,108 @@ impl<'a> GatewayProcessor<'a> {
             .iter()
             .zip(&verdicts)
             .map(|(l, v)| {
-                let cert = if listeners::terminates(l) {
-                    certificate(t, l, &key.namespace, grants)
-                } else {
-                    Ok(None)
-                };
-                let pod_port = u16::try_from(l.port)
-                    .ok()
-                    .and_then(|p| ports.get(&p).copied());
-                let allowed = l.allowed_routes.as_ref();
-                let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
-                ListenerModel {
-                    name: l.name.clone(),
-                    port: l.port,
-                    pod_port,
-                    hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
-                    tls: l.protocol == "HTTPS",
-                    tls_routes: l.protocol == "TLS",
-                    kinds: v.kinds.clone(),
-                    from: attach::from_namespaces(
-                        namespaces.and_then(|n| n.from.as_ref()),
-                        namespaces.and_then(|n| n.selector.as_ref()),
-                    ),
-                    valid: accepted && v.valid(),
-                    servable: cert.is_ok(),
-                    cert: cert.ok().flatten(),
-                }
+                let owner = ("Gateway", key.namespace.as_str());
+                listener_model(t, l, v, accepted, &ports, owner, grants)
             })
             .collect();
         let client_cert = client_cert(t, gateway, &key.namespace, grants);
         GatewayModel {
+            kind: "Gateway",
             key,
             listeners,
             client_cert,
         }
+    }
+
+    /// The ListenerSets naming `gateway`: the models of those it admits, on its pod ports, and
+    /// every one's status in `report`.
+    fn listener_sets(
+        &self,
+        t: &mut Translation<'_>,
+        gateway: &Gateway,
+        model: &GatewayModel,
+        namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+        grants: &[ReferenceGrant],
+        report: &mut GatewayReport,
+    ) -> Vec<GatewayModel> {
+        let candidates = listener_sets::of_gateway(gateway, &self.inputs.listener_sets);
+        let (admitted, refused): (Vec<&ListenerSet>, Vec<&ListenerSet>) =
+            candidates.into_iter().partition(|s| {
+                let ns = s.metadata.namespace.as_deref().unwrap_or_default();
+                listener_sets::admits(&gateway.spec, &model.key.namespace, ns, namespaces)
+            });
+        for set in refused {
+            let report_entry = listener_sets::not_allowed(set);
+            report
+                .listener_sets
+                .insert(NsName::of(&set.metadata), report_entry);
+        }
+        let verdicts = listeners::check(&gateway.spec);
+        let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts).status;
+        let mut judged = listener_sets::judge(&gateway.spec.listeners, &admitted);
+        let ports = self.set_pod_ports(t, gateway, &model.key, &judged, report);
+        let mut out = Vec::new();
+        for j in &mut judged {
+            let owner = ("ListenerSet", j.key.namespace.as_str());
+            for (l, v) in j.listeners.iter().zip(j.verdicts.iter_mut()) {
+                if let Err(Some(problem)) = certificate_of(t, l, owner, grants) {
+                    v.resolved = problem;
+                }
+            }
+            let listeners: Vec<ListenerModel> = j
+                .listeners
+                .iter()
+                .zip(&j.verdicts)
+                .map(|(l, v)| listener_model(t, l, v, accepted, &ports, owner, grants))
+                .collect();
+            let servable: Vec<bool> = listeners.iter().map(|l| l.servable).collect();
+            let entry = listener_sets::report(j, &servable);
+            if entry.conditions[0].status {
+                *report
+                    .attached_listener_sets
+                    .entry(model.key.clone())
+                    .or_default() += 1;
+            }
+            report.listener_sets.insert(j.key.clone(), entry);
+            out.push(GatewayModel {
+                kind: "ListenerSet",
+                key: j.key.clone(),
+                listeners,
+                client_cert: model.client_cert.clone(),
+            });
+        }
+        report
+            .attached_listener_sets
+            .entry(model.key.clone())
+            .or_default();
+        out
+    }
+
+    /// listener port -> pod port for the listeners of the Gateway's ListenerSets (the Gateway's
+    /// Service's in Kubernetes mode, the listener port itself in `--manifests` mode), noting in
+    /// `report` the ports of their valid listeners, which the Service must cover.
+    fn set_pod_ports(
+        &self,
+        t: &mut Translation<'_>,
+        gateway: &Gateway,
+        key: &NsName,
+        judged: &[listener_sets::Judged<'_>],
+        report: &mut GatewayReport,
+    ) -> BTreeMap<u16, u16> {
+        let wanted: BTreeSet<u16> = judged
+            .iter()
+            .flat_map(|j| j.listeners.iter().zip(&j.verdicts))
+            .filter(|(_, v)| v.valid())
+            .filter_map(|(l, _)| u16::try_from(l.port).ok())
+            .collect();
+        let mut ports = self.pod_ports(t, gateway, key);
+        if !self.config.gateway.ports_from_services {
+            ports.extend(wanted.iter().map(|p| (*p, *p)));
+        }
+        if !wanted.is_empty() {
+            report.listener_set_ports.insert(key.clone(), wanted);
+        }
+        ports
     }
 
     /// listener port -> pod port: the Gateway's Service's in Kubernetes mode, the listener port
@@ -267,10 +351,11 @@ impl<'a> GatewayProcessor<'a> {
         let mut parents = Vec::new();
         let mut attached: Vec<(usize, Attached)> = Vec::new();
         for parent in view.parents.iter().filter(|p| attach::names_a_gateway(p)) {
-            let Some(gi) = gateways
-                .iter()
-                .position(|g| g.key.namespace == parent.namespace && g.key.name == parent.name)
-            else {
+            let Some(gi) = gateways.iter().position(|g| {
+                g.kind == parent.kind
+                    && g.key.namespace == parent.namespace
+                    && g.key.name == parent.name
+            }) else {
                 continue;
             };
             let (accepted, listeners) = attach::attach(view, parent, &gateways[gi], namespaces);
@@ -315,6 +400,58 @@ impl<'a> GatewayProcessor<'a> {
     }
 }
 
+/// Counts a route attached to listener `li` of `g` (a Gateway's or a ListenerSet's).
+fn count_attached(report: &mut GatewayReport, g: &GatewayModel, li: usize) {
+    let name = &g.listeners[li].name;
+    if g.kind == "ListenerSet" {
+        let set = report.listener_sets.get_mut(&g.key);
+        let entry = set.and_then(|s| s.listeners.iter_mut().find(|l| l.name == *name));
+        if let Some(entry) = entry {
+            entry.attached += 1;
+        }
+    } else {
+        *report
+            .attached
+            .entry((g.key.clone(), name.clone()))
+            .or_default() += 1;
+    }
+}
+
+/// One listener's model: its pod port (from `ports`, listener port to pod port) and its
+/// certificate.
+fn listener_model(
+    t: &mut Translation<'_>,
+    l: &GatewayListeners,
+    v: &listeners::Verdict,
+    accepted: bool,
+    ports: &BTreeMap<u16, u16>,
+    owner: (&str, &str),
+    grants: &[ReferenceGrant],
+) -> ListenerModel {
+    let cert = certificate_of(t, l, owner, grants).map_err(|_| ());
+    let pod_port = u16::try_from(l.port)
+        .ok()
+        .and_then(|p| ports.get(&p).copied());
+    let allowed = l.allowed_routes.as_ref();
+    let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
+    ListenerModel {
+        name: l.name.clone(),
+        port: l.port,
+        pod_port,
+        hostname: l.hostname.as_ref().map(|h| h.to_ascii_lowercase()),
+        tls: l.protocol == "HTTPS",
+        tls_routes: l.protocol == "TLS",
+        kinds: v.kinds.clone(),
+        from: attach::from_namespaces(
+            namespaces.and_then(|n| n.from.as_ref()),
+            namespaces.and_then(|n| n.selector.as_ref()),
+        ),
+        valid: accepted && v.valid(),
+        servable: cert.is_ok(),
+        cert: cert.ok().flatten(),
+    }
+}
+
 impl RouteOut<'_> {
     /// Adds a route's rules to the listeners it attached to (`(Gateway index, attachment)`),
     /// counting each listener once in the report.
@@ -329,12 +466,7 @@ impl RouteOut<'_> {
         for (gi, a) in attached {
             let g = &gateways[gi];
             if counted.insert((gi, a.listener)) {
-                let name = g.listeners[a.listener].name.clone();
-                *self
-                    .report
-                    .attached
-                    .entry((g.key.clone(), name))
-                    .or_default() += 1;
+                count_attached(self.report, g, a.listener);
             }
             let port = g.listeners[a.listener].port;
             let cert = g.client_cert.as_ref();
@@ -415,14 +547,19 @@ fn family_policy(t: &mut Translation<'_>, key: &ObjectKey, view: &RouteView) -> 
     }
 }
 
-/// The certificate of an HTTPS listener: its first `certificateRef`, if it resolves (`Err` when
-/// it does not, which makes the listener invalid).
-fn certificate(
+/// The certificate of a listener of `owner` (kind, namespace): `None` unless duet terminates
+/// TLS there ([`listeners::terminates`]); `Err` when
+/// it does not resolve, with the reason when references do not.
+fn certificate_of(
     t: &mut Translation<'_>,
     listener: &GatewayListeners,
-    gateway_ns: &str,
+    owner: (&str, &str),
     grants: &[ReferenceGrant],
-) -> Result<Option<Arc<dataplane::table::TlsCert>>, ()> {
+) -> Result<Option<Arc<dataplane::table::TlsCert>>, Option<Cond>> {
+    if !listeners::terminates(listener) {
+        return Ok(None);
+    }
+    let (kind, gateway_ns) = owner;
     let keys = refs::certificate_refs(listener, gateway_ns);
     for (namespace, name) in &keys {
         let key = NsName::new(namespace.clone(), name.clone());
@@ -435,14 +572,14 @@ fn certificate(
             (k.clone(), found.map(|s| (*s).clone()))
         })
         .collect();
-    if refs::problem(listener, gateway_ns, grants, &secrets).is_some() {
-        return Err(());
+    if let Some(problem) = refs::problem_of(kind, listener, gateway_ns, grants, &secrets) {
+        return Err(Some(problem));
     }
     let Some(first) = keys.first() else {
         return Ok(None);
     };
     let Some(Some(secret)) = secrets.get(first) else {
-        return Err(());
+        return Err(None);
     };
     let data = secret.data.as_ref();
     let field = |k: &str| data.and_then(|d| d.get(k)).map(|b| b.0.as_slice());
@@ -450,8 +587,8 @@ fn certificate(
     match (field("tls.crt"), field("tls.key")) {
         (Some(crt), Some(key)) => dataplane::tls::load_pem(&source, crt, key)
             .map(|c| Some(Arc::new(c)))
-            .map_err(|_| ()),
-        _ => Err(()),
+            .map_err(|_| None),
+        _ => Err(None),
     }
 }
 

@@ -34,6 +34,17 @@ pub fn certificate_refs(listener: &GatewayListeners, gateway_ns: &str) -> Vec<Se
 
 /// Whether a ReferenceGrant lets Gateways of `from_ns` use the Secret `to`.
 pub fn granted(grants: &[ReferenceGrant], from_ns: &str, to: &SecretKey) -> bool {
+    granted_to(grants, "Gateway", from_ns, to)
+}
+
+/// Whether a ReferenceGrant lets objects of `from_kind` (`Gateway`, `ListenerSet`) in
+/// `from_ns` use the Secret `to`.
+pub fn granted_to(
+    grants: &[ReferenceGrant],
+    from_kind: &str,
+    from_ns: &str,
+    to: &SecretKey,
+) -> bool {
     if from_ns == to.0 {
         return true;
     }
@@ -45,7 +56,7 @@ pub fn granted(grants: &[ReferenceGrant], from_ns: &str, to: &SecretKey) -> bool
                 .spec
                 .from
                 .iter()
-                .any(|f| f.group == GROUP && f.kind == "Gateway" && f.namespace == from_ns);
+                .any(|f| f.group == GROUP && f.kind == from_kind && f.namespace == from_ns);
             let to = g.spec.to.iter().any(|t| {
                 t.group.is_empty()
                     && t.kind == "Secret"
@@ -90,15 +101,24 @@ pub fn problem(
     grants: &[ReferenceGrant],
     secrets: &BTreeMap<SecretKey, Option<Secret>>,
 ) -> Option<Cond> {
-    for key in certificate_refs(listener, gateway_ns) {
+    problem_of("Gateway", listener, gateway_ns, grants, secrets)
+}
+
+/// [`problem`] for a listener of an object of `kind` (`Gateway`, `ListenerSet`) in `owner_ns`.
+pub fn problem_of(
+    kind: &str,
+    listener: &GatewayListeners,
+    owner_ns: &str,
+    grants: &[ReferenceGrant],
+    secrets: &BTreeMap<SecretKey, Option<Secret>>,
+) -> Option<Cond> {
+    for key in certificate_refs(listener, owner_ns) {
         let (ns, name) = &key;
-        if !granted(grants, gateway_ns, &key) {
+        if !granted_to(grants, kind, owner_ns, &key) {
             return Some(Cond::no(
                 "ResolvedRefs",
                 "RefNotPermitted",
-                format!(
-                    "no ReferenceGrant in {ns} lets Gateways of {gateway_ns} use Secret {name}"
-                ),
+                format!("no ReferenceGrant in {ns} lets {kind}s of {owner_ns} use Secret {name}"),
             ));
         }
         let why = match secrets.get(&key).and_then(Option::as_ref) {
