@@ -606,6 +606,10 @@ impl Cluster {
             "--profiling=false".into(),
             // The stand-in kubelet's Node names no resolvable host name: logs by its address.
             "--kubelet-preferred-address-types=InternalIP".into(),
+            // A real kubelet refuses anonymous clients: `pods/log` (the suite reads a mirror
+            // pod's log) needs the API server to present a certificate it trusts.
+            format!("--kubelet-client-certificate={}", p(&pki.kubelet_client.0)),
+            format!("--kubelet-client-key={}", p(&pki.kubelet_client.1)),
         ]
     }
 

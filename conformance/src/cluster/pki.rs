@@ -19,6 +19,9 @@ pub struct Pki {
     pub sa_key: PathBuf,
     /// `sa.pub`.
     pub sa_pub: PathBuf,
+    /// `kubelet-client.crt` / `.key`: the API server's client certificate towards kubelets
+    /// (`pods/log`, `exec`), group `system:masters`, which the kubelet's webhook authorizer allows.
+    pub kubelet_client: (PathBuf, PathBuf),
     ca_pem: String,
     admin: TestCert,
     issuer: TestCa,
@@ -51,12 +54,17 @@ impl Pki {
         let ca = TestCa::new("duet-cluster-ca");
         let serving = ca.issue(SERVING_NAMES);
         let admin = ca.issue_client("duet-admin", &["system:masters"]);
+        let kubelet_client = ca.issue_client("kube-apiserver-kubelet-client", &["system:masters"]);
         let sa = rcgen::KeyPair::generate().context("service-account key")?;
         let pki = Pki {
             ca: dir.join("ca.crt"),
             serving: (dir.join("apiserver.crt"), dir.join("apiserver.key")),
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
+            kubelet_client: (
+                dir.join("kubelet-client.crt"),
+                dir.join("kubelet-client.key"),
+            ),
             ca_pem: ca.cert_pem.clone(),
             admin,
             issuer: ca,
@@ -66,6 +74,8 @@ impl Pki {
         write(&pki.serving.1, &serving.key_pem)?;
         write(&pki.sa_key, &sa.serialize_pem())?;
         write(&pki.sa_pub, &sa.public_key_pem())?;
+        write(&pki.kubelet_client.0, &kubelet_client.cert_pem)?;
+        write(&pki.kubelet_client.1, &kubelet_client.key_pem)?;
         Ok(pki)
     }
 
