@@ -29,7 +29,6 @@ const (
 var Profiles = []suite.ConformanceProfileName{
 	suite.GatewayHTTPConformanceProfileName,
 	suite.GatewayGRPCConformanceProfileName,
-	suite.GatewayTLSConformanceProfileName,
 }
 
 // SupportedFeatures are the features passed to the suite when no -supported-features flag is
@@ -41,11 +40,9 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportReferenceGrant,
 	features.SupportHTTPRoute,
 	features.SupportGRPCRoute,
-	features.SupportTLSRoute,
 	features.SupportBackendTLSPolicy,
 	features.SupportBackendTLSPolicySANValidation,
 	features.SupportGatewayBackendClientCertificate,
-	features.SupportGRPCRouteNamedRouteRule,
 	features.SupportGatewayHTTPListenerIsolation,
 	features.SupportGatewayHTTPSListenerDetectMisdirectedRequests,
 	features.SupportGatewayPort8080,
@@ -77,7 +74,6 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRetry,
 	features.SupportHTTPRouteSchemeRedirect,
 	features.SupportListenerSet,
-	features.SupportTLSRouteModeTerminate,
 }
 
 // ForChannel returns the features usable on CRDs of a channel: on the standard channel (any

@@ -3,7 +3,7 @@
 //!
 //! `supportedFeatures` lists the conformance features duet passes on both family runs of the
 //! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP,
-//! GATEWAY-GRPC and GATEWAY-TLS and the extended ones of `conformance/gateway/options.go`.
+//! GATEWAY-GRPC and the extended ones of `conformance/gateway/options.go`.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -18,7 +18,6 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
     "BackendTLSPolicySANValidation",
     "GRPCRoute",
-    "GRPCRouteNamedRouteRule",
     "Gateway",
     "GatewayAddressEmpty",
     "GatewayBackendClientCertificate",
@@ -54,8 +53,6 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteSchemeRedirect",
     "ListenerSet",
     "ReferenceGrant",
-    "TLSRoute",
-    "TLSRouteModeTerminate",
 ];
 
 /// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
@@ -126,7 +123,7 @@ mod tests {
             .collect();
         assert!(names.is_sorted(), "{names:?}");
         assert_eq!(names.len(), SUPPORTED_FEATURES.len(), "{names:?}");
-        assert!(names.iter().any(|n| n == "TLSRoute"));
+        assert!(names.iter().any(|n| n == "ListenerSet"));
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         assert!(names.iter().any(|n| n == "HTTPRouteRequestMirror"));
