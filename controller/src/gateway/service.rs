@@ -196,17 +196,15 @@ pub fn addresses(service: &Service) -> Vec<Address> {
             .position(|f| f == family_of(ip))
             .unwrap_or(order.len())
     };
-    let ingress = service
+    let mut ips = load_balancer_ips(service);
+    ips.sort_by_key(|ip| rank(ip));
+    let status = service
         .status
         .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.clone())
+        .and_then(|s| s.load_balancer.as_ref());
+    let ingress = status
+        .and_then(|lb| lb.ingress.as_deref())
         .unwrap_or_default();
-    let mut ips: Vec<IpAddr> = ingress
-        .iter()
-        .filter_map(|i| i.ip.as_deref()?.parse().ok())
-        .collect();
-    ips.sort_by_key(|ip| rank(ip));
     let hosts = ingress.iter().filter_map(|i| i.hostname.clone());
     let mut out: Vec<Address> = ips.iter().map(|ip| ("IPAddress", ip.to_string())).collect();
     out.extend(hosts.map(|h| ("Hostname", h)));
