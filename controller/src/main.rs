@@ -200,6 +200,7 @@ impl Bound {
 /// control loop started, every listener served.
 async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let bound = Bound::new(&config)?;
+    let quic = controller::http3::bind(config.http3.as_ref());
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let controller_metrics = ControllerMetrics::register(&mut registry);
@@ -221,6 +222,14 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     tracing::info!(http = %list(&bound.http), https = %list(&bound.https), admin = %list(&bound.admin), debug = %list(&bound.debug), "Listening");
     let tunnels = proxy.tunnels().clone();
     let (proxy_stop, proxy_stopped) = watch::channel(false);
+    let http3 = controller::http3::Serving {
+        proxy: proxy.clone(),
+        runtime: runtime.clone(),
+        fallback: options.gateway.fallback.clone(),
+        limit: options.limit.clone(),
+        metrics: metrics.clone(),
+    };
+    let http3 = controller::http3::serve(quic, &config, http3, proxy_stopped.clone());
     let listeners = serve_all(
         bound,
         options,
@@ -230,6 +239,9 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         extra,
         proxy_stopped,
     );
+    let listeners = async move {
+        tokio::join!(listeners, http3);
+    };
     tokio::pin!(listeners);
 
     tokio::select! {

@@ -1,0 +1,174 @@
+//! End to end, HTTP/3 (`--http3`) over real UDP sockets on 127.0.0.1 and [::1], with aioquic as
+//! the client (conformance/h3client/h3client.py, in a venv conformance/h3client/setup.sh makes on
+//! demand): routing by host and path to the pod of the client's family, a POST body echoed, a
+//! large response, an allow-list refusing the other family, Alt-Svc discovered over HTTPS/TCP
+//! and then used, QUIC Retry, GOAWAY on shutdown, and a connection moving between families.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use conformance::tls::{self, TestCert};
+use conformance::{
+    Duet, DuetBuilder, Echo, Family, Fleet, Ingress, ManifestDir, PathType, PodSpec, PortRef,
+};
+use serde_json::{json, Value};
+
+const DUET: &str = env!("CARGO_BIN_EXE_duet");
+
+/// The venv's python with aioquic, made once per test binary by setup.sh (which installs it on
+/// a fresh machine): the tests never skip for want of a client.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/h3client/setup.sh");
+        let out = std::process::Command::new(&setup)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", setup.display()));
+        assert!(
+            out.status.success(),
+            "{} failed: {}",
+            setup.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+}
+
+/// Runs one plan through the aioquic client (see h3client.py) and returns its report.
+async fn h3(plan: Value) -> anyhow::Result<Value> {
+    let python = python().to_owned();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/h3client/h3client.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(plan.to_string())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await??;
+    anyhow::ensure!(
+        out.status.success(),
+        "h3client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// A GET plan for `authority` + `path` to duet's HTTP/3 listener of `family`.
+fn get(duet: &Duet, family: Family, authority: &str, path: &str) -> Value {
+    json!({
+        "connect": family.loopback().to_string(),
+        "port": duet.https(family).port(),
+        "sni": authority,
+        "steps": [{"request": {"method": "GET", "authority": authority, "path": path}}],
+    })
+}
+
+/// The echo JSON of a response of a report.
+fn echo(response: &Value) -> anyhow::Result<Echo> {
+    anyhow::ensure!(response["status"] == 200, "not 200: {response}");
+    Ok(serde_json::from_str(
+        response["text"].as_str().unwrap_or(""),
+    )?)
+}
+
+/// The hex SHA-256 of `n` bytes of the clients' and echo's pattern (byte i is `i % 251`).
+fn pattern_sha256(n: usize) -> String {
+    let script = format!(
+        "import hashlib; print(hashlib.sha256(bytes(i % 251 for i in range({n}))).hexdigest())"
+    );
+    let out = std::process::Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("python runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+struct Setup {
+    _fleets: (Fleet, Fleet),
+    _dir: ManifestDir,
+    duet: Duet,
+    _cert: TestCert,
+}
+
+/// Two Services of dual-stack pods (`echo` for `/`, `api` for `/api` of a.test), a host whose
+/// allow-list admits IPv4 only, one certificate for all, and duet with `--http3` plus `args`.
+async fn setup(args: &[&str]) -> anyhow::Result<Setup> {
+    let echo = Fleet::start("h3", "echo", &[PodSpec::dual("web")])?;
+    let api = Fleet::start("h3", "api", &[PodSpec::dual("api")])?;
+    let dir = ManifestDir::with_class()?;
+    dir.write("echo.yaml", &echo.manifests())?;
+    dir.write("api.yaml", &api.manifests())?;
+    let cert = tls::cert(&["a.test", "v4only.test"]);
+    dir.write("secret.yaml", &[tls::secret("h3", "cert", &cert)])?;
+    let http = || PortRef::Name("http".into());
+    let routes = Ingress::new("h3", "routes")
+        .annotation("duet.dev/proxy-body-size", "16m")
+        .host("a.test", "echo")
+        .path(Some("a.test"), PathType::Prefix, "/api", "api", http())
+        .tls(&["a.test"], "cert");
+    let v4only = Ingress::new("h3", "v4only")
+        .nginx_annotations(&[("allowlist-source-range", "127.0.0.0/8")])
+        .host("v4only.test", "echo")
+        .tls(&["v4only.test"], "cert");
+    dir.write("ingress.yaml", &[routes.build(), v4only.build()])?;
+    let duet = DuetBuilder::new(DUET, dir.path())
+        .args(["--http3"])
+        .args(args.iter().copied())
+        .start()
+        .await?;
+    Ok(Setup {
+        _fleets: (echo, api),
+        _dir: dir,
+        duet,
+        _cert: cert,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_by_host_and_path_to_the_pod_of_the_clients_family() -> anyhow::Result<()> {
+    let s = setup(&[]).await?;
+    let duet = &s.duet;
+    for family in Family::BOTH {
+        for (path, service) in [("/", "echo"), ("/api/x", "api")] {
+            let report = h3(get(duet, family, "a.test", path)).await?;
+            let response = &report["responses"][0];
+            let seen = echo(response).unwrap_or_else(|e| panic!("{family} {path}: {e}"));
+            assert_eq!(seen.service, service, "{family} {path}: {response}");
+            assert_eq!(
+                seen.family, family,
+                "{family} {path}: the pod's address of the client's family"
+            );
+            assert_eq!(seen.host, "a.test", "{family} {path}");
+            assert_eq!(seen.path, path, "{family} {path}");
+            assert_eq!(
+                seen.header("x-forwarded-proto").as_deref(),
+                Some("https"),
+                "{family}"
+            );
+            let client_ip = seen.header("x-real-ip").unwrap_or_default();
+            assert_eq!(
+                client_ip,
+                family.loopback().to_string(),
+                "{family}: the client's address"
+            );
+            assert_eq!(response["headers"]["server"], "duet", "{family}");
+        }
+    }
+    // The access log says HTTP/3 and the client of each family.
+    let logs = duet.logs();
+    for family in Family::BOTH {
+        let ip = family.loopback().to_string();
+        let line = logs
+            .lines()
+            .filter(|l| l.contains("\"protocol\":\"HTTP/3.0\""))
+            .find(|l| {
+                l.contains(&format!("\"client_addr\":\"{ip}\"")) || l.contains(&format!("\"{ip}\""))
+            });
+        assert!(
+            line.is_some(),
+            "{family}: no HTTP/3 access log line from {ip}:\n{logs}"
+        );
+    }
+    Ok(())
+}
