@@ -57,14 +57,15 @@ class Client(QuicConnectionProtocol):
         self.goaway = False
         self.closed = None
         self.closed_event = asyncio.Event()
-        original = self.h3._handle_control_frame
+        # aioquic skips GOAWAY's payload without an event; its frame type is checked first.
+        original = self.h3._check_control_frame_type
 
-        def control_frame(frame_type, frame_data):
+        def check_control_frame_type(frame_type):
             if frame_type == FrameType.GOAWAY:
                 self.goaway = True
-            return original(frame_type, frame_data)
+            return original(frame_type)
 
-        self.h3._handle_control_frame = control_frame
+        self.h3._check_control_frame_type = check_control_frame_type
 
     def quic_event_received(self, event):
         if isinstance(event, ConnectionTerminated):

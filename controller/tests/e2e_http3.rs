@@ -172,3 +172,152 @@ async fn routes_by_host_and_path_to_the_pod_of_the_clients_family() -> anyhow::R
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_body_is_echoed_and_a_large_response_streams() -> anyhow::Result<()> {
+    let s = setup(&[]).await?;
+    let (upload, download) = (300_000, 6 << 20);
+    let (upload_sha, download_sha) = (pattern_sha256(upload), pattern_sha256(download));
+    for family in Family::BOTH {
+        let mut plan = get(&s.duet, family, "a.test", "/");
+        plan["steps"] = json!([
+            {"request": {"method": "POST", "authority": "a.test", "path": "/up",
+                         "headers": {"x-echo-body": "1"}, "body_size": upload}},
+            {"request": {"method": "GET", "authority": "a.test", "path": "/down",
+                         "headers": {"x-echo-response-bytes": download.to_string()}}},
+        ]);
+        let report = h3(plan).await?;
+        let (post, large) = (&report["responses"][0], &report["responses"][1]);
+        assert_eq!(post["status"], 200, "{family}: {post}");
+        assert_eq!(post["length"], upload, "{family}: the body came back whole");
+        assert_eq!(
+            post["sha256"],
+            upload_sha.as_str(),
+            "{family}: the body came back unchanged"
+        );
+        assert_eq!(
+            post["headers"]["x-echo-family"],
+            family.to_string(),
+            "{family}"
+        );
+        assert_eq!(large["status"], 200, "{family}: {}", large["text"]);
+        assert_eq!(
+            large["length"], download,
+            "{family}: the large response whole"
+        );
+        assert_eq!(large["sha256"], download_sha.as_str(), "{family}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_list_refuses_the_other_family_over_http3() -> anyhow::Result<()> {
+    let s = setup(&[]).await?;
+    for family in Family::BOTH {
+        let report = h3(get(&s.duet, family, "v4only.test", "/")).await?;
+        let response = &report["responses"][0];
+        let want = if family == Family::V4 { 200 } else { 403 };
+        assert_eq!(response["status"], want, "{family}: {response}");
+        if family == Family::V4 {
+            assert_eq!(echo(response)?.family, family);
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alt_svc_over_tcp_leads_to_http3_of_the_same_family() -> anyhow::Result<()> {
+    let s = setup(&["--http3-alt-svc-max-age", "10m"]).await?;
+    for family in Family::BOTH {
+        let mut plan = get(&s.duet, family, "a.test", "/");
+        plan["alt_svc_from_tcp"] = json!(true);
+        let report = h3(plan).await?;
+        let port = s.duet.https(family).port();
+        assert_eq!(
+            report["alt_svc"],
+            format!("h3=\":{port}\"; ma=600"),
+            "{family}: {report}"
+        );
+        let seen = echo(&report["responses"][0])?;
+        assert_eq!(
+            seen.family, family,
+            "{family}: HTTP/3 to the port Alt-Svc named"
+        );
+    }
+    // Without --http3, no Alt-Svc.
+    let dir = ManifestDir::with_class()?;
+    let fleet = Fleet::start("h3", "echo", &[PodSpec::dual("web")])?;
+    dir.write("echo.yaml", &fleet.manifests())?;
+    let cert = tls::cert(&["a.test"]);
+    dir.write("secret.yaml", &[tls::secret("h3", "cert", &cert)])?;
+    let ingress = Ingress::new("h3", "routes")
+        .host("a.test", "echo")
+        .tls(&["a.test"], "cert");
+    dir.write("ingress.yaml", &[ingress.build()])?;
+    let plain = DuetBuilder::new(DUET, dir.path()).start().await?;
+    for family in Family::BOTH {
+        let mut plan = get(&plain, family, "a.test", "/");
+        plan["alt_svc_from_tcp"] = json!(true);
+        let report = h3(plan).await?;
+        assert_eq!(report["alt_svc"], Value::Null, "{family}: {report}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_prove_their_address_with_a_retry_past_the_handshake_limit() -> anyhow::Result<()> {
+    // 0: every new client is sent a Retry first (as under a handshake flood).
+    let s = setup(&["--http3-retry-above", "0"]).await?;
+    for family in Family::BOTH {
+        let report = h3(get(&s.duet, family, "a.test", "/")).await?;
+        assert_eq!(report["retry"], true, "{family}: {report}");
+        assert_eq!(echo(&report["responses"][0])?.family, family);
+    }
+    let s = setup(&[]).await?;
+    for family in Family::BOTH {
+        let report = h3(get(&s.duet, family, "a.test", "/")).await?;
+        assert_eq!(
+            report["retry"], false,
+            "{family}: no Retry below the limit: {report}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_sends_goaway_finishes_the_request_in_flight_and_closes() -> anyhow::Result<()> {
+    for family in Family::BOTH {
+        let mut s = setup(&["--shutdown-delay", "0", "--drain-timeout", "10s"]).await?;
+        let mut plan = get(&s.duet, family, "a.test", "/");
+        plan["steps"] = json!([
+            {"request": {"method": "GET", "authority": "a.test", "path": "/first"}},
+            {"request": {"method": "GET", "authority": "a.test", "path": "/slow",
+                         "headers": {"x-echo-delay-ms": "3000"}}},
+            {"wait_close": 10},
+        ]);
+        let client = tokio::spawn(h3(plan));
+        // SIGTERM while the slow request is in flight: once the first was answered (logged).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !s.duet.logs().contains("\"path\":\"/first\"") {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{family}: no first request"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let exited = tokio::task::block_in_place(|| s.duet.terminate(Duration::from_secs(15)))?;
+        let report = client.await??;
+        assert!(exited, "{family}: duet did not exit");
+        assert_eq!(report["goaway"], true, "{family}: {report}");
+        assert_eq!(
+            report["responses"][1]["status"], 200,
+            "{family}: the request in flight finished: {report}"
+        );
+        assert_eq!(
+            report["closed"]["error_code"], 0x100,
+            "{family}: closed with H3_NO_ERROR: {report}"
+        );
+    }
+    Ok(())
+}

@@ -243,11 +243,13 @@ impl Shared {
             .connections
             .as_ref()
             .map(|c| c.open(info.family));
-        let ended = request::serve_connection(conn.clone(), &self.proxy, info, drain).await;
+        // `drain` is held until the connection is closed: the listener waits for that.
+        let ended = request::serve_connection(conn.clone(), &self.proxy, info, drain.clone()).await;
         if let Err(error) = ended {
             tracing::trace!(%error, "HTTP/3 connection ended with an error");
         }
         conn.close(H3_NO_ERROR.into(), b"");
+        drop(drain);
     }
 
     /// Who is on the other end of a QUIC connection: its addresses, TLS 1.3 and its SNI.

@@ -2,6 +2,7 @@
 //! body read from the request stream), and the proxy's response streamed back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, Version};
@@ -26,13 +27,37 @@ pub(super) async fn serve_connection(
 ) -> Result<(), h3::error::ConnectionError> {
     let mut h3: H3Conn = h3::server::builder()
         .max_field_section_size(super::MAX_FIELD_SECTION)
-        .build(h3_quinn::Connection::new(conn))
+        .build(h3_quinn::Connection::new(conn.clone()))
         .await?;
+    let ended = serve_requests(&mut h3, proxy, info, &mut drain).await;
+    // Dropping the HTTP/3 connection closes the QUIC one, and closing drops what is not yet
+    // acknowledged of the last responses: a few round trips for them (or for the client to
+    // close first) before.
+    let linger = (conn.rtt() * 3 + Duration::from_millis(100)).min(Duration::from_secs(1));
+    let _ = tokio::time::timeout(linger, conn.closed()).await;
+    drop(h3);
+    ended
+}
+
+/// Serves requests until the connection ends or, once `drain` turned true and GOAWAY was
+/// sent, the requests begun before have ended.
+async fn serve_requests(
+    h3: &mut H3Conn,
+    proxy: &Arc<Proxy>,
+    info: Arc<ConnInfo>,
+    drain: &mut watch::Receiver<bool>,
+) -> Result<(), h3::error::ConnectionError> {
+    // The connection's requests in flight (a request outlives no connection).
+    let mut requests = tokio::task::JoinSet::new();
     let mut draining = false;
     loop {
+        if draining && requests.is_empty() {
+            return Ok(());
+        }
         let accepted = tokio::select! {
             accepted = h3.accept() => accepted,
-            () = super::stopped(&mut drain), if !draining => {
+            Some(_) = requests.join_next() => continue,
+            () = super::stopped(drain), if !draining => {
                 draining = true;
                 // GOAWAY: no request after the ones already accepted.
                 h3.shutdown(0).await?;
@@ -41,13 +66,15 @@ pub(super) async fn serve_connection(
         };
         match accepted {
             Ok(Some(resolver)) => {
-                tokio::spawn(request(resolver, proxy.clone(), info.clone()));
+                requests.spawn(request(resolver, proxy.clone(), info.clone()));
             }
-            Ok(None) => return Ok(()),
-            Err(error) if error.is_h3_no_error() => return Ok(()),
+            Ok(None) => break,
+            Err(error) if error.is_h3_no_error() => break,
             Err(error) => return Err(error),
         }
     }
+    while requests.join_next().await.is_some() {}
+    Ok(())
 }
 
 /// Answers one request stream.
