@@ -321,3 +321,51 @@ async fn shutdown_sends_goaway_finishes_the_request_in_flight_and_closes() -> an
     }
     Ok(())
 }
+
+/// Each family has its own UDP socket and QUIC endpoint, so a client that moves its connection
+/// to the other family's address reaches an endpoint that does not know it: its packets are
+/// dropped, the client's request goes unanswered until it gives up, duet logs nothing above
+/// debug, and every other client (new connections of both families) is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_moving_to_the_other_family_is_refused_cleanly() -> anyhow::Result<()> {
+    let s = setup(&[]).await?;
+    for (from, to) in [(Family::V4, Family::V6), (Family::V6, Family::V4)] {
+        let mut plan = get(&s.duet, from, "a.test", "/");
+        plan["steps"] = json!([
+            {"request": {"method": "GET", "authority": "a.test", "path": "/before"}},
+            {"migrate": to.loopback().to_string(), "port": s.duet.https(to).port()},
+            {"request": {"method": "GET", "authority": "a.test", "path": "/after", "timeout": 3}},
+        ]);
+        let report = h3(plan).await?;
+        assert_eq!(
+            echo(&report["responses"][0])?.family,
+            from,
+            "{from}: {report}"
+        );
+        let moved = &report["responses"][1];
+        assert!(
+            moved["status"].is_null(),
+            "{from}->{to}: answered after the move: {moved}"
+        );
+        assert_eq!(moved["error"], "timeout", "{from}->{to}: {report}");
+        for family in Family::BOTH {
+            let fresh = h3(get(&s.duet, family, "a.test", "/fresh")).await?;
+            assert_eq!(
+                echo(&fresh["responses"][0])?.family,
+                family,
+                "{from}->{to}, then {family}"
+            );
+        }
+    }
+    let logs = s.duet.logs();
+    let alarming: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect();
+    assert!(alarming.is_empty(), "{alarming:#?}");
+    assert!(
+        !logs.contains("\"path\":\"/after\""),
+        "a request after the move was served"
+    );
+    Ok(())
+}
