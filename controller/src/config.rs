@@ -1030,6 +1030,37 @@ mod tests {
     }
 
     #[test]
+    fn http3_listens_on_the_https_addresses_unless_told_and_bad_values_are_usage_errors() {
+        assert_eq!(serve(&[]).unwrap().http3, None);
+        let c = serve(&["--http3", "--https-listen", "127.0.0.1:9443"]).unwrap();
+        let h3 = c.http3.unwrap();
+        assert_eq!(h3.listen.addrs, vec!["127.0.0.1:9443".parse().unwrap()]);
+        assert_eq!(h3.alt_svc_max_age, Duration::from_secs(3600));
+        assert_eq!((h3.max_streams, h3.retry_above), (100, 64));
+        let c = serve(&[
+            "--http3",
+            "--http3-listen",
+            "[::1]:443",
+            "--http3-max-streams",
+            "7",
+        ]);
+        let h3 = c.unwrap().http3.unwrap();
+        assert_eq!(h3.listen.addrs, vec!["[::1]:443".parse().unwrap()]);
+        assert_eq!(h3.max_streams, 7);
+        for bad in [
+            &["--http3-listen", "[::1]:443"][..],
+            &["--http3", "--http3-listen", "localhost:443"],
+            &["--http3", "--http3-max-streams", "0"],
+            &["--http3", "--http3-alt-svc-max-age", "2h"],
+            &["--http3", "--http3-retry-above", "-1"],
+        ] {
+            let err = serve(bad).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}");
+            assert!(!err.to_string().contains('\n'), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
     fn resolv_conf_defaults_to_the_pods_and_a_missing_one_is_a_usage_error() {
         let dir = std::env::temp_dir();
         let dir = dir.to_str().unwrap();
