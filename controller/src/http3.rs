@@ -51,16 +51,13 @@ pub struct Serving {
     pub metrics: Arc<Metrics>,
 }
 
-/// Serves every bound HTTP/3 socket until `stopped` turns true and its connections drained.
-pub async fn serve(
-    bound: Bound,
-    config: &Config,
-    serving: Serving,
-    stopped: watch::Receiver<bool>,
-) {
+/// Binds and serves every HTTP/3 socket of the command line until `stopped` turns true and
+/// their connections drained.
+pub async fn serve(config: &Config, serving: Serving, stopped: watch::Receiver<bool>) {
     let Some(h3) = &config.http3 else {
         return;
     };
+    let bound = bind(Some(h3));
     let resolver = Arc::new(dataplane::tls::SniResolver::new(
         serving.runtime.clone(),
         &serving.fallback,

@@ -200,7 +200,6 @@ impl Bound {
 /// control loop started, every listener served.
 async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     let bound = Bound::new(&config)?;
-    let quic = controller::http3::bind(config.http3.as_ref());
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let controller_metrics = ControllerMetrics::register(&mut registry);
@@ -222,14 +221,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     tracing::info!(http = %list(&bound.http), https = %list(&bound.https), admin = %list(&bound.admin), debug = %list(&bound.debug), "Listening");
     let tunnels = proxy.tunnels().clone();
     let (proxy_stop, proxy_stopped) = watch::channel(false);
-    let http3 = controller::http3::Serving {
-        proxy: proxy.clone(),
-        runtime: runtime.clone(),
-        fallback: options.gateway.fallback.clone(),
-        limit: options.limit.clone(),
-        metrics: metrics.clone(),
-    };
-    let http3 = controller::http3::serve(quic, &config, http3, proxy_stopped.clone());
+    let http3 = controller::http3::serve(&config, options.http3(&metrics), proxy_stopped.clone());
     let listeners = serve_all(
         bound,
         options,
@@ -360,6 +352,20 @@ impl Options {
             proxy_protocol_from,
             limit,
         })
+    }
+}
+
+impl Options {
+    /// What the HTTP/3 listeners share with the others: the proxy, the certificates, the
+    /// connection limit.
+    fn http3(&self, metrics: &Arc<Metrics>) -> controller::http3::Serving {
+        controller::http3::Serving {
+            proxy: self.gateway.proxy.clone(),
+            runtime: self.gateway.runtime.clone(),
+            fallback: self.gateway.fallback.clone(),
+            limit: self.limit.clone(),
+            metrics: metrics.clone(),
+        }
     }
 }
 
