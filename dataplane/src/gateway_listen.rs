@@ -2,7 +2,8 @@
 //! [`GatewayTable`](crate::table::gateway::GatewayTable) names, one IPv4 and one IPv6 listening
 //! socket (`0.0.0.0:PORT`, `[::]:PORT`, bound by [`crate::listen::bind`]), served by
 //! [`crate::listen::serve`] with the connection marked with its port so the proxy routes it by that
-//! port's listeners. A port of TLS listeners (TLSRoutes) reads each ClientHello and relays the
+//! port's listeners. An HTTPS port asks for client certificates as its Gateway's `tls.frontend`
+//! validation says ([`crate::handshake::Handshakes::on_gateway_https_port`]). A port of TLS listeners (TLSRoutes) reads each ClientHello and relays the
 //! connection, unterminated or decrypted as the listener's mode says, to the TLSRoute its SNI
 //! selects ([`crate::handshake::Handshakes::on_gateway_port`], [`crate::passthrough`]), bounded
 //! with the other relays by `--max-passthrough-connections`. Ports are bound when a snapshot names them and
@@ -137,6 +138,11 @@ fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Option<BoundPor
             let h = Handshakes::new(serving.runtime.clone(), config.clone())
                 .on_gateway_port(port)
                 .sharing_relays(serving.relays.clone());
+            Some(Arc::new(h))
+        }
+        (Some(config), Mode::Https) => {
+            let h = Handshakes::new(serving.runtime.clone(), config.clone())
+                .on_gateway_https_port(port);
             Some(Arc::new(h))
         }
         _ => None,

@@ -21,6 +21,8 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "Gateway",
     "GatewayAddressEmpty",
     "GatewayBackendClientCertificate",
+    "GatewayFrontendClientCertificateValidation",
+    "GatewayFrontendClientCertificateValidationInsecureFallback",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayInfrastructure",
@@ -127,6 +129,9 @@ mod tests {
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         assert!(names.iter().any(|n| n == "HTTPRouteRequestMirror"));
+        assert!(names
+            .iter()
+            .any(|n| n == "GatewayFrontendClientCertificateValidationInsecureFallback"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(
