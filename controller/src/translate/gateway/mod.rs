@@ -1145,14 +1145,23 @@ mod tests {
         let (class, svc) = (class(), web_service());
         let (secret, ca) = server_cert_and_ca();
         let https = |name: &str, port: u16| {
-            json!({"name": name, "port": port, "protocol": "HTTPS",
+            json!({"name": name, "port": port, "protocol": "HTTPS", "hostname": format!("{name}.test"),
                    "tls": {"certificateRefs": [{"name": "cert"}]}})
         };
         let refs = |name: &str| json!([{"group": "", "kind": "ConfigMap", "name": name}]);
+        // A ListenerSet's HTTPS listeners are checked as the Gateway's on their ports.
+        let set: ListenerSet = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet",
+            "metadata": {"namespace": "gw", "name": "s"},
+            "spec": {"parentRef": {"name": "g"},
+                     "listeners": [https("extra", 7443), https("extra-broken", 9443)]}
+        }))
+        .unwrap();
         let gw: Gateway = serde_json::from_value(json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"namespace": "gw", "name": "g"},
             "spec": {"gatewayClassName": "duet",
+                "allowedListeners": {"namespaces": {"from": "Same"}},
                 "tls": {"frontend": {
                     "default": {"validation": {"caCertificateRefs": refs("ca")}},
                     "perPort": [
@@ -1169,6 +1178,7 @@ mod tests {
             gateway_api: GatewayInputs {
                 classes: vec![&class],
                 gateways: vec![&gw],
+                listener_sets: vec![&set],
                 config_maps: vec![&ca],
                 ..GatewayInputs::default()
             },
@@ -1194,6 +1204,18 @@ mod tests {
             p.accepted.as_ref().map(|c| c.reason),
             Some("NoValidCACertificate")
         );
+        assert_eq!(verify(7443), Some(VerifyClient::On), "the set's listener");
+        let set_report = &plan.gateway_report.listener_sets[&NsName::new("gw", "s")];
+        let broken = set_report
+            .listeners
+            .iter()
+            .find(|l| l.name == "extra-broken");
+        let reason = |kind: &str| {
+            let conds = &broken.unwrap().conditions;
+            conds.iter().find(|c| c.kind == kind).map(|c| c.reason)
+        };
+        assert_eq!(reason("ResolvedRefs"), Some("InvalidCACertificateRef"));
+        assert_eq!(reason("Accepted"), Some("NoValidCACertificate"));
     }
 
     #[test]
