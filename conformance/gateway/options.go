@@ -29,6 +29,7 @@ const (
 var Profiles = []suite.ConformanceProfileName{
 	suite.GatewayHTTPConformanceProfileName,
 	suite.GatewayGRPCConformanceProfileName,
+	suite.GatewayTLSConformanceProfileName,
 }
 
 // SupportedFeatures are the features passed to the suite when no -supported-features flag is
@@ -74,6 +75,8 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRetry,
 	features.SupportHTTPRouteSchemeRedirect,
 	features.SupportListenerSet,
+	features.SupportTLSRoute,
+	features.SupportTLSRouteModeTerminate,
 }
 
 // ForChannel returns the features usable on CRDs of a channel: on the standard channel (any

@@ -65,7 +65,7 @@ func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 	if opts.GatewayClassName != "duet" {
 		t.Errorf("gateway class %q, want duet", opts.GatewayClassName)
 	}
-	wantProfiles := []suite.ConformanceProfileName{"GATEWAY-HTTP", "GATEWAY-GRPC"}
+	wantProfiles := []suite.ConformanceProfileName{"GATEWAY-HTTP", "GATEWAY-GRPC", "GATEWAY-TLS"}
 	if !slices.Equal(opts.ConformanceProfiles, wantProfiles) {
 		t.Errorf("profiles %v, want %v", opts.ConformanceProfiles, wantProfiles)
 	}
