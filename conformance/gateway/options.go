@@ -76,16 +76,26 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteSchemeRedirect,
 	features.SupportListenerSet,
 	features.SupportTLSRoute,
+	features.SupportTLSRouteModeMixed,
 	features.SupportTLSRouteModeTerminate,
+}
+
+// onStandardCRDs are experimental-channel features whose tests use only fields the standard
+// channel's CRDs have (TLS listeners of both modes on one port): duet serves them whatever the
+// channel, so they are claimed on both. Left out on the standard channel, the suite would run
+// their "not supported" tests there instead, which expect duet to refuse what it serves.
+var onStandardCRDs = map[features.FeatureName]bool{
+	features.SupportTLSRouteModeMixed: true,
 }
 
 // ForChannel returns the features usable on CRDs of a channel: on the standard channel (any
 // channel but "experimental") the experimental-channel features are left out, since their
-// fields are missing from the standard CRDs (HTTPRoute's retry, for one).
+// fields are missing from the standard CRDs (HTTPRoute's retry, for one), but for those of
+// onStandardCRDs.
 func ForChannel(all []features.FeatureName, channel string) []features.FeatureName {
 	var out []features.FeatureName
 	for _, name := range all {
-		if channel != "experimental" && features.GetFeature(name).Channel == features.FeatureChannelExperimental {
+		if channel != "experimental" && features.GetFeature(name).Channel == features.FeatureChannelExperimental && !onStandardCRDs[name] {
 			continue
 		}
 		out = append(out, name)

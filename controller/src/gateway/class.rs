@@ -54,6 +54,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "ListenerSet",
     "ReferenceGrant",
     "TLSRoute",
+    "TLSRouteModeMixed",
     "TLSRouteModeTerminate",
 ];
 
