@@ -3,7 +3,7 @@
 //!
 //! `supportedFeatures` lists the conformance features duet passes on both family runs of the
 //! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP,
-//! GATEWAY-GRPC and the extended ones of `conformance/gateway/options.go`.
+//! GATEWAY-GRPC, GATEWAY-TLS and the extended ones of `conformance/gateway/options.go`.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -55,6 +55,9 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteSchemeRedirect",
     "ListenerSet",
     "ReferenceGrant",
+    "TLSRoute",
+    "TLSRouteModeMixed",
+    "TLSRouteModeTerminate",
 ];
 
 /// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
