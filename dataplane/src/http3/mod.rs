@@ -105,10 +105,10 @@ pub fn server_config(
     Ok(config)
 }
 
-/// The endpoint configuration every HTTP/3 listener shares (cloned): one stateless-reset key, so that a
-/// packet of a connection arriving at another listener (a client that moved to the other
-/// family) is answered with a reset the client trusts and it learns at once that the
-/// connection is gone, instead of waiting for its idle timeout.
+/// The endpoint configuration every HTTP/3 listener shares (cloned): one stateless-reset key
+/// for all, so that a reset one endpoint sends for a connection of another (a client that moved
+/// to the other family) would be valid. quinn sends none for such short packets, so in practice
+/// the moved client's packets go unanswered until it gives up (see the HTTP/3 guide page).
 pub fn endpoint_config() -> quinn::EndpointConfig {
     quinn::EndpointConfig::default()
 }
