@@ -122,11 +122,20 @@ pub fn parse_request<'h, 'b>(
     if req.headers.iter().any(|h| h.name.len() >= 1 << 16) {
         return Err(TOO_LARGE);
     }
+    // hyper takes the head out of its buffer before it reads the target and the fields: when
+    // they are refused, what it looks for the HTTP/2 preface in is the bytes after the head.
+    let after = |refused: Refused| {
+        if h2_preface(&buf[len..]) {
+            Refused(None)
+        } else {
+            refused
+        }
+    };
     if !valid_target(target.as_bytes()) {
-        return Err(BAD_REQUEST);
+        return Err(after(BAD_REQUEST));
     }
     let http11 = version == 1;
-    let fields = RequestFields::read(req.headers, http11, method == "CONNECT")?;
+    let fields = RequestFields::read(req.headers, http11, method == "CONNECT").map_err(after)?;
     Ok(Some(RequestHead {
         method,
         target,

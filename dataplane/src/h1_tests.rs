@@ -143,6 +143,19 @@ fn too_large_heads_get_431_and_long_targets_414() {
 fn the_http2_preface_is_closed_without_an_answer() {
     assert_eq!(refused("\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), None);
     assert_eq!(refused("PRI * HTTP/2.0\r\n\r\n"), Some(400));
+    // Found by the h1_request fuzz target: a head refused for its target or fields is followed
+    // by the preface, which hyper looks for after the head it took out.
+    let preface = "\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    for head in [
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chun+de\r\n\r\n",
+        "GET http:// HTTP/1.1\r\n\r\n",
+    ] {
+        assert_eq!(refused(&format!("{head}{preface}")), None, "{head:?}");
+    }
+    assert_eq!(
+        refused(&format!("G@T / HTTP/1.1\r\n\r\n{preface}")),
+        Some(400)
+    );
 }
 
 #[test]

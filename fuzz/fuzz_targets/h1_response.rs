@@ -55,7 +55,11 @@ fn duet(data: &[u8], head_request: bool) -> Option<(Outcome, usize)> {
         let mut slots = h1::header_slots();
         let head = h1::parse_response(&data[at..], &mut slots).ok()??;
         at += head.len;
-        if (100..200).contains(&head.status) && head.status != 101 {
+        if head.status == 101 {
+            // Refused by duet's client before its framing is read (hyper's switches).
+            return Some((Outcome::Taken(101, h1::Framing::Empty), at));
+        }
+        if (100..200).contains(&head.status) {
             continue;
         }
         return match h1::response_framing(head.status, head.http11, &head.fields, head_request) {
