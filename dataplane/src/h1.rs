@@ -77,7 +77,8 @@ pub struct RequestHead<'h, 'b> {
 /// Space for a head's fields, to parse into (left uninitialised: no 3 KiB cleared per head).
 pub type HeaderSlots<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
 
-/// Fresh space for a head's fields.
+/// Fresh space for a head's fields (inlined: built in the caller's frame, not moved into it).
+#[inline(always)]
 pub fn header_slots<'b>() -> HeaderSlots<'b> {
     [const { MaybeUninit::uninit() }; MAX_HEADERS]
 }
