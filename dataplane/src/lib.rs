@@ -17,6 +17,7 @@ pub mod error;
 pub mod filters;
 pub mod forwarded;
 pub mod gateway_listen;
+pub mod h1;
 pub mod h2_write;
 pub mod handshake;
 pub mod host;

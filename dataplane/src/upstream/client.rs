@@ -12,7 +12,6 @@
 
 use std::fmt;
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,11 +28,10 @@ use super::h1::{ClientIdle, Pool};
 use super::{PoolKey, UpstreamBody};
 pub use crate::error::ClientError;
 use crate::forwarded::Forwarding;
+use crate::h1::{self, ResponseFields as Fields};
+pub(crate) use crate::h1::{is_connection_option, role, Role};
 use crate::limits::UPSTREAM_H1_BUF;
 use crate::names::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING, UPGRADE};
-
-/// Response headers parsed at most (as hyper's client).
-const MAX_HEADERS: usize = 100;
 
 /// Bytes asked of the socket per read.
 const READ_SIZE: usize = 16 * 1024;
@@ -340,156 +338,11 @@ fn wants_close(headers: &HeaderMap) -> bool {
 /// Where a header's name and value are in the head.
 type Span = (usize, usize, usize, usize);
 
-/// What a response head's framing and hop-by-hop fields say, read in one pass over its fields
-/// before the header map is built (which then leaves those fields out: the proxy relays the head
-/// without them, as [`crate::proxy`] strips them from other responses).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Fields {
-    /// The `Content-Length`, when given: every value (and list element) the same decimal
-    /// number; else why not.
-    length: Result<Option<u64>, &'static str>,
-    /// `Transfer-Encoding` is present: whether its last coding is `chunked`.
-    chunked: Option<bool>,
-    /// `Connection` says `close`.
-    close: bool,
-    /// `Connection` names other fields (hop-by-hop: left out too).
-    names_fields: bool,
-}
-
-/// What a field is to the framing and to the hop-by-hop rules (RFC 9110 section 7.6.1): the one
-/// list of hop-by-hop names, for this client's response heads and for the proxy's
-/// `strip_hop_by_hop` on header maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
-    Connection,
-    TransferEncoding,
-    ContentLength,
-    /// Another hop-by-hop field: `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`, `Upgrade`,
-    /// `HTTP2-Settings`.
-    HopByHop,
-    /// Relayed.
-    EndToEnd,
-}
-
-/// The role of a field by its name (any case).
-pub(crate) fn role(name: &[u8]) -> Role {
-    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
-    match name.len() {
-        2 if is(b"te") => Role::HopByHop,
-        7 if is(b"trailer") || is(b"upgrade") => Role::HopByHop,
-        10 if is(b"connection") => Role::Connection,
-        10 if is(b"keep-alive") => Role::HopByHop,
-        14 if is(b"content-length") => Role::ContentLength,
-        14 if is(b"http2-settings") => Role::HopByHop,
-        16 if is(b"proxy-connection") => Role::HopByHop,
-        17 if is(b"transfer-encoding") => Role::TransferEncoding,
-        _ => Role::EndToEnd,
-    }
-}
-
 /// Whether a field (any case) is one duet writes itself on every hop: a framing field
 /// (`Content-Length`, `Transfer-Encoding`) or a hop-by-hop one ([`role`]'s list). A header filter
 /// naming one is refused by the controller.
 pub fn is_hop_or_framing(name: &str) -> bool {
     role(name.as_bytes()) != Role::EndToEnd
-}
-
-/// The elements of a comma-separated field value, trimmed, empty ones skipped.
-fn elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|&b| b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
-}
-
-/// `Connection` options that are not field names (`keep-alive` and `upgrade` go anyway); one
-/// list for this client's heads and the proxy's `strip_hop_by_hop`.
-pub(crate) fn is_connection_option(token: &[u8]) -> bool {
-    [&b"keep-alive"[..], b"close", b"upgrade"]
-        .iter()
-        .any(|o| token.eq_ignore_ascii_case(o))
-}
-
-/// The `Connection` values that name fields: visible ASCII only (others are not read, as
-/// `HeaderValue::to_str` refuses them).
-fn naming(value: &[u8]) -> bool {
-    value
-        .iter()
-        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
-}
-
-impl Fields {
-    /// Reads the head's fields.
-    fn read(headers: &[httparse::Header<'_>]) -> Fields {
-        let mut fields = Fields {
-            length: Ok(None),
-            chunked: None,
-            close: false,
-            names_fields: false,
-        };
-        for h in headers {
-            match role(h.name.as_bytes()) {
-                Role::ContentLength => fields.add_length(h.value),
-                Role::TransferEncoding => {
-                    if let Some(last) = elements(h.value).last() {
-                        fields.chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
-                    } else {
-                        fields.chunked = fields.chunked.or(Some(false));
-                    }
-                }
-                Role::Connection => {
-                    for token in elements(h.value) {
-                        if token.eq_ignore_ascii_case(b"close") {
-                            fields.close = true;
-                        } else if !is_connection_option(token) && naming(h.value) {
-                            fields.names_fields = true;
-                        }
-                    }
-                }
-                Role::HopByHop | Role::EndToEnd => {}
-            }
-        }
-        fields
-    }
-
-    /// One `Content-Length` value: every list element the same decimal number as before.
-    fn add_length(&mut self, value: &[u8]) {
-        let Ok(mut length) = self.length else { return };
-        for part in value.split(|&b| b == b',') {
-            let Some(n) = parse_decimal(part.trim_ascii()) else {
-                self.length = Err("Content-Length is not a number");
-                return;
-            };
-            if length.is_some_and(|l| l != n) {
-                self.length = Err("differing Content-Lengths");
-                return;
-            }
-            length = Some(n);
-        }
-        self.length = Ok(length);
-    }
-
-    /// Whether the field named `name` is relayed: not hop-by-hop, not named by `Connection`, not
-    /// a `Content-Length` that `Transfer-Encoding` overrides.
-    fn relays(&self, name: &[u8], headers: &[httparse::Header<'_>]) -> bool {
-        match role(name) {
-            Role::EndToEnd => !self.names_fields || !named_by_connection(name, headers),
-            Role::ContentLength => {
-                self.chunked.is_none()
-                    && (!self.names_fields || !named_by_connection(name, headers))
-            }
-            Role::Connection | Role::TransferEncoding | Role::HopByHop => false,
-        }
-    }
-}
-
-/// Whether a `Connection` field of the head names `name`.
-fn named_by_connection(name: &[u8], headers: &[httparse::Header<'_>]) -> bool {
-    headers
-        .iter()
-        .filter(|h| role(h.name.as_bytes()) == Role::Connection && naming(h.value))
-        .flat_map(|h| elements(h.value))
-        .any(|token| !is_connection_option(token) && token.eq_ignore_ascii_case(name))
 }
 
 /// A complete response head at the start of `buf`, taken out of it (header values share its
@@ -500,42 +353,39 @@ fn parse_head(
     buf: &mut BytesMut,
     spans: &mut Vec<Span>,
 ) -> Result<Option<(Response<()>, Fields)>, ClientError> {
-    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut []);
-    let config = httparse::ParserConfig::default();
-    let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut headers) {
+    let mut slots = h1::header_slots();
+    let (len, status, version, fields) = {
+        let Some(parsed) = h1::parse_response(buf, &mut slots).map_err(ClientError::Invalid)?
+        else {
+            return Ok(None);
+        };
         // The limit holds however the head arrived (reads of 8 KiB, then 16 KiB, can buffer
         // more than it before the head is complete).
-        Ok(httparse::Status::Complete(len)) if len > UPSTREAM_H1_BUF => {
-            return Err(ClientError::HeadTooLarge)
+        if parsed.len > UPSTREAM_H1_BUF {
+            return Err(ClientError::HeadTooLarge);
         }
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ClientError::Invalid("too many headers"))
-        }
-        Err(_) => return Err(ClientError::Invalid("malformed status line or header")),
+        let status =
+            StatusCode::from_u16(parsed.status).map_err(|_| ClientError::Invalid("status code"))?;
+        let version = if parsed.http11 {
+            Version::HTTP_11
+        } else {
+            Version::HTTP_10
+        };
+        let start = buf.as_ptr() as usize;
+        spans.clear();
+        spans.extend(
+            parsed
+                .headers
+                .iter()
+                .filter(|h| parsed.fields.relays(h.name.as_bytes(), parsed.headers))
+                .map(|h| {
+                    let name = h.name.as_ptr() as usize - start;
+                    let value = h.value.as_ptr() as usize - start;
+                    (name, name + h.name.len(), value, value + h.value.len())
+                }),
+        );
+        (parsed.len, status, version, parsed.fields)
     };
-    let code = parsed.code.unwrap_or(0);
-    let status = StatusCode::from_u16(code).map_err(|_| ClientError::Invalid("status code"))?;
-    let version = match parsed.version {
-        Some(1) => Version::HTTP_11,
-        _ => Version::HTTP_10,
-    };
-    let fields = Fields::read(parsed.headers);
-    let start = buf.as_ptr() as usize;
-    spans.clear();
-    spans.extend(
-        parsed
-            .headers
-            .iter()
-            .filter(|h| fields.relays(h.name.as_bytes(), parsed.headers))
-            .map(|h| {
-                let name = h.name.as_ptr() as usize - start;
-                let value = h.value.as_ptr() as usize - start;
-                (name, name + h.name.len(), value, value + h.value.len())
-            }),
-    );
     let head = buf.split_to(len).freeze();
     // The map built in the response's own (empty, unallocated) one: not built beside it, moved
     // in and the empty one dropped.
@@ -554,45 +404,24 @@ fn parse_head(
     Ok(Some((response, fields)))
 }
 
-/// The body's framing (RFC 9112 section 6.3), and whether the connection may carry another
-/// response after it. `Transfer-Encoding` overrides `Content-Length` (which is then ignored, and
-/// left out of the relayed head), but a response carrying both may be an attempt at response
-/// splitting: its connection is closed after it.
+/// The body's framing ([`h1::response_framing`]), and whether the connection may carry another
+/// response after it.
 fn framing(
     response: &Response<()>,
     fields: &Fields,
     head_request: bool,
 ) -> Result<(Framing, bool), ClientError> {
-    let status = response.status();
-    let length = fields.length.map_err(ClientError::Invalid);
-    let chunked_and_length = fields.chunked.is_some() && !matches!(length, Ok(None));
-    if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok((Framing::Empty, !chunked_and_length));
-    }
-    if let Some(chunked) = fields.chunked {
-        if !chunked {
-            return Ok((Framing::Close, false));
-        }
-        if response.version() != Version::HTTP_11 {
-            return Err(ClientError::Invalid("chunked coding in HTTP/1.0"));
-        }
-        return Ok((Framing::Chunked(Chunk::Size), !chunked_and_length));
-    }
-    Ok(match length? {
-        Some(0) => (Framing::Empty, true),
-        Some(n) => (Framing::Length(n), true),
-        None => (Framing::Close, false),
-    })
-}
-
-/// Digits only, no sign, no overflow.
-fn parse_decimal(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 19 {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, &d| {
-        d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
-    })
+    let http11 = response.version() == Version::HTTP_11;
+    let (framing, again) =
+        h1::response_framing(response.status().as_u16(), http11, fields, head_request)
+            .map_err(ClientError::Invalid)?;
+    let framing = match framing {
+        h1::Framing::Empty => Framing::Empty,
+        h1::Framing::Length(n) => Framing::Length(n),
+        h1::Framing::Chunked => Framing::Chunked(Chunk::Size),
+        h1::Framing::Close => Framing::Close,
+    };
+    Ok((framing, again))
 }
 
 /// A response body read from its connection by whoever polls it; the connection goes back to
@@ -660,7 +489,7 @@ impl ClientBody {
         let name = HeaderName::from_bytes(&line[..colon]).map_err(|_| "bad trailer name")?;
         let value = HeaderValue::from_bytes(line[colon + 1..].trim_ascii())
             .map_err(|_| "bad trailer value")?;
-        if trailers.len() >= MAX_HEADERS {
+        if trailers.len() >= h1::MAX_HEADERS {
             return Err("too many trailer fields");
         }
         trailers.append(name, value);
