@@ -128,7 +128,7 @@ run() {
   version=$(metric "$ADMIN/metrics" duet_snapshot_version)
   sum=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
   cp -p "$file" "$WORK/original"
-  CLEANUP_HOOKS+=("mv -f '$WORK/original' '$file'")
+  CLEANUP_HOOKS+=("[[ ! -e '$WORK/original' ]] || mv -f '$WORK/original' '$file'")
   times=$(change_and_wait "$file" "$old" "$new" "$host") || die "$p: $times"
   read -r written served <<<"$times"
   until line=$(grep -F "snapshot.version=$((version + 1)) " "$log.err" | grep -F "Snapshot applied"); do
