@@ -29,6 +29,7 @@ const (
 var Profiles = []suite.ConformanceProfileName{
 	suite.GatewayHTTPConformanceProfileName,
 	suite.GatewayGRPCConformanceProfileName,
+	suite.GatewayTLSConformanceProfileName,
 }
 
 // SupportedFeatures are the features passed to the suite when no -supported-features flag is
@@ -43,6 +44,8 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportBackendTLSPolicy,
 	features.SupportBackendTLSPolicySANValidation,
 	features.SupportGatewayBackendClientCertificate,
+	features.SupportGatewayFrontendClientCertificateValidation,
+	features.SupportGatewayFrontendClientCertificateValidationInsecureFallback,
 	features.SupportGatewayHTTPListenerIsolation,
 	features.SupportGatewayHTTPSListenerDetectMisdirectedRequests,
 	features.SupportGatewayPort8080,
@@ -74,15 +77,27 @@ var SupportedFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRetry,
 	features.SupportHTTPRouteSchemeRedirect,
 	features.SupportListenerSet,
+	features.SupportTLSRoute,
+	features.SupportTLSRouteModeMixed,
+	features.SupportTLSRouteModeTerminate,
+}
+
+// onStandardCRDs are experimental-channel features whose tests use only fields the standard
+// channel's CRDs have (TLS listeners of both modes on one port): duet serves them whatever the
+// channel, so they are claimed on both. Left out on the standard channel, the suite would run
+// their "not supported" tests there instead, which expect duet to refuse what it serves.
+var onStandardCRDs = map[features.FeatureName]bool{
+	features.SupportTLSRouteModeMixed: true,
 }
 
 // ForChannel returns the features usable on CRDs of a channel: on the standard channel (any
 // channel but "experimental") the experimental-channel features are left out, since their
-// fields are missing from the standard CRDs (HTTPRoute's retry, for one).
+// fields are missing from the standard CRDs (HTTPRoute's retry, for one), but for those of
+// onStandardCRDs.
 func ForChannel(all []features.FeatureName, channel string) []features.FeatureName {
 	var out []features.FeatureName
 	for _, name := range all {
-		if channel != "experimental" && features.GetFeature(name).Channel == features.FeatureChannelExperimental {
+		if channel != "experimental" && features.GetFeature(name).Channel == features.FeatureChannelExperimental && !onStandardCRDs[name] {
 			continue
 		}
 		out = append(out, name)

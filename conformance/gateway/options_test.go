@@ -47,8 +47,9 @@ func gatewayClassFeatures(t *testing.T) []features.FeatureName {
 
 // Experimental-channel features are claimed on the experimental channel's CRDs only.
 func TestExperimentalFeaturesAreClaimedOnTheExperimentalChannelOnly(t *testing.T) {
-	all := []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteRetry", "HTTPRouteQueryParamMatching"}
-	if got := ForChannel(all, "standard"); !slices.Equal(got, []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteQueryParamMatching"}) {
+	all := []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteRetry", "HTTPRouteQueryParamMatching", "TLSRouteModeMixed"}
+	// TLSRouteModeMixed is experimental but needs no field the standard CRDs lack.
+	if got := ForChannel(all, "standard"); !slices.Equal(got, []features.FeatureName{"Gateway", "HTTPRoute", "HTTPRouteQueryParamMatching", "TLSRouteModeMixed"}) {
 		t.Errorf("standard: %v", got)
 	}
 	if got := ForChannel(all, ""); slices.Contains(got, "HTTPRouteRetry") {
@@ -65,7 +66,7 @@ func TestDefaultsNameDuetAndItsProfiles(t *testing.T) {
 	if opts.GatewayClassName != "duet" {
 		t.Errorf("gateway class %q, want duet", opts.GatewayClassName)
 	}
-	wantProfiles := []suite.ConformanceProfileName{"GATEWAY-HTTP", "GATEWAY-GRPC"}
+	wantProfiles := []suite.ConformanceProfileName{"GATEWAY-HTTP", "GATEWAY-GRPC", "GATEWAY-TLS"}
 	if !slices.Equal(opts.ConformanceProfiles, wantProfiles) {
 		t.Errorf("profiles %v, want %v", opts.ConformanceProfiles, wantProfiles)
 	}

@@ -10,7 +10,7 @@
 #    experimental channel's, standard by default) and creates
 #    the GatewayClass duet (controller duet.dev/gateway-controller) unless it exists;
 # 2. runs TestConformance (conformance_test.go; bin/conformance.test -test.v) with duet's
-#    defaults (options.go: GatewayClass duet, profiles GATEWAY-HTTP and GATEWAY-GRPC, their
+#    defaults (options.go: GatewayClass duet, profiles GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS, their
 #    Core features, implementation duet-dev/duet at the workspace version) and writes the upstream ConformanceReport YAML to
 #    REPORT_DIR/NAME.yaml (NAME defaults to gateway; use ipv4 / ipv6 for the two family runs).
 #

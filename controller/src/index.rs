@@ -543,8 +543,8 @@ impl Index {
         }
     }
 
-    /// A ConfigMap: its data changed while BackendTLSPolicies exist (they name their CA
-    /// certificates' ConfigMaps).
+    /// A ConfigMap: its data changed while BackendTLSPolicies exist or a Gateway validates
+    /// client certificates (both name their CA certificates' ConfigMaps).
     fn config_map_impact(
         &self,
         _: &NsName,
@@ -552,7 +552,12 @@ impl Index {
         new: Option<&ConfigMap>,
     ) -> Impact {
         let data = |c: Option<&ConfigMap>| c.map(|c| (c.data.clone(), c.binary_data.clone()));
-        if data(old) != data(new) && !self.backend_tls_policies.is_empty() {
+        let named = !self.backend_tls_policies.is_empty()
+            || self.gateways.values().any(|g| {
+                let tls = g.object.spec.tls.as_ref();
+                tls.is_some_and(|t| t.frontend.is_some())
+            });
+        if data(old) != data(new) && named {
             Impact::routes()
         } else {
             Impact::default()

@@ -2,7 +2,10 @@
 //! `auth-tls-*`): the ClientHello is read first, then the server configuration is picked by SNI,
 //! asking for a certificate only where a route of the host verifies them
 //! ([`crate::client_auth`]), or the connection is relayed unterminated when the SNI names an
-//! `ssl-passthrough` host ([`crate::passthrough`]).
+//! `ssl-passthrough` host ([`crate::passthrough`]). On a Gateway HTTPS port with client
+//! certificate validation (the Gateway's `tls.frontend`), the same configurations ask for a
+//! certificate, and in mode `AllowValidOnly` the handshake itself fails without one the port's
+//! CA bundle verifies.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -22,11 +25,14 @@ use crate::runtime::Runtime;
 use crate::table::passthrough::Passthrough;
 
 /// Asks for a certificate, hinting the CA subjects, and accepts any whose handshake signature
-/// holds; the route verifies it.
+/// holds; the route verifies it. With `enforce`, a certificate is required and verified here
+/// against its CA bundle ([`ClientAuth::decide`]), so that the handshake fails without a valid
+/// one.
 #[derive(Debug)]
 struct RequestCertificate {
     hints: Vec<DistinguishedName>,
     algorithms: WebPkiSupportedAlgorithms,
+    enforce: Option<Arc<ClientAuth>>,
 }
 
 impl ClientCertVerifier for RequestCertificate {
@@ -35,7 +41,7 @@ impl ClientCertVerifier for RequestCertificate {
     }
 
     fn client_auth_mandatory(&self) -> bool {
-        false
+        self.enforce.is_some()
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
@@ -44,11 +50,22 @@ impl ClientCertVerifier for RequestCertificate {
 
     fn verify_client_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        Ok(ClientCertVerified::assertion())
+        let Some(auth) = &self.enforce else {
+            return Ok(ClientCertVerified::assertion());
+        };
+        let mut chain = Vec::with_capacity(1 + intermediates.len());
+        chain.push(end_entity.clone());
+        chain.extend(intermediates.iter().cloned());
+        match auth.decide(&chain) {
+            crate::client_auth::Decision::Pass(_) => Ok(ClientCertVerified::assertion()),
+            _ => Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            )),
+        }
     }
 
     fn verify_tls12_signature(
@@ -74,6 +91,10 @@ impl ClientCertVerifier for RequestCertificate {
     }
 }
 
+/// A configuration asking for certificates: the settings it was made for (while the snapshot
+/// holds them), whether its handshake enforces them, the configuration.
+type Asking = (Weak<ClientAuth>, bool, Arc<ServerConfig>);
+
 /// What became of a connection's ClientHello.
 #[derive(Debug)]
 pub enum Handshake {
@@ -97,12 +118,16 @@ pub struct Handshakes {
     runtime: Arc<Runtime>,
     base: Arc<ServerConfig>,
     certs: Arc<dyn ResolvesServerCert>,
-    asking: Mutex<Vec<(Weak<ClientAuth>, Arc<ServerConfig>)>>,
+    /// The configurations asking for certificates, by settings and whether the handshake
+    /// enforces them.
+    asking: Mutex<Vec<Asking>>,
     /// Places for passthrough relays (`None`: only the listeners' own limit).
     relays: Option<Arc<Semaphore>>,
     /// A Gateway passthrough port: every connection is relayed by its SNI to the TLSRoute of
     /// that port's listeners, or closed; TLS is never terminated.
     gateway_port: Option<u16>,
+    /// A Gateway HTTPS port: client certificates as that port's `client_auth` says.
+    gateway_https: Option<u16>,
 }
 
 /// Where a TLSRoute rule sends one connection: its backend, or a weighted alternative's.
@@ -139,7 +164,17 @@ impl Handshakes {
             asking: Mutex::new(Vec::new()),
             relays: None,
             gateway_port: None,
+            gateway_https: None,
         }
+    }
+
+    /// The handshakes of a Gateway HTTPS port: a client certificate is asked for (and, in mode
+    /// `AllowValidOnly`, required) as the port's
+    /// [`client_auth`](crate::table::gateway::GatewayPort::client_auth) in the live snapshot
+    /// says.
+    pub fn on_gateway_https_port(mut self, port: u16) -> Handshakes {
+        self.gateway_https = Some(port);
+        self
     }
 
     /// The handshakes of a Gateway passthrough port (see [`Handshakes::accept`]).
@@ -174,6 +209,12 @@ impl Handshakes {
     pub async fn accept(&self, mut stream: TcpStream) -> std::io::Result<Handshake> {
         if let Some(port) = self.gateway_port {
             return self.accept_gateway(stream, port).await;
+        }
+        if let Some(port) = self.gateway_https {
+            let hello = crate::client_hello::read_client_hello(&mut stream, false).await?;
+            let config = self.config_for_gateway(port);
+            let start = tokio_rustls::StartHandshake::from_parts(hello.accepted, stream);
+            return Ok(Handshake::Tls(Box::new(start.into_stream(config).await?)));
         }
         let keep = !self.runtime.load().snapshot.routes.passthrough.is_empty();
         let hello = crate::client_hello::read_client_hello(&mut stream, keep).await?;
@@ -246,28 +287,53 @@ impl Handshakes {
     /// The configuration for a ClientHello naming `sni`.
     fn config_for(&self, sni: Option<&str>) -> Arc<ServerConfig> {
         let live = self.runtime.load();
-        let Some(auth) = sni.and_then(|host| host_client_auth(&live.snapshot.routes, host)) else {
-            return self.base.clone();
-        };
+        match sni.and_then(|host| host_client_auth(&live.snapshot.routes, host)) {
+            Some(auth) => self.asking(auth, false),
+            None => self.base.clone(),
+        }
+    }
+
+    /// The configuration of a Gateway HTTPS port: asking for a certificate when the port
+    /// validates them, enforcing it in the handshake unless the mode falls back.
+    fn config_for_gateway(&self, port: u16) -> Arc<ServerConfig> {
+        let live = self.runtime.load();
+        let auth = live
+            .snapshot
+            .gateways
+            .port(port)
+            .and_then(|p| p.client_auth.as_ref());
+        match auth {
+            Some(auth) => {
+                let enforce = auth.verify != crate::client_auth::VerifyClient::OptionalNoCa;
+                self.asking(auth, enforce)
+            }
+            None => self.base.clone(),
+        }
+    }
+
+    /// The configuration asking for certificates of `auth` (`enforce`: in the handshake), made
+    /// once while the snapshot holds `auth`.
+    fn asking(&self, auth: &Arc<ClientAuth>, enforce: bool) -> Arc<ServerConfig> {
         let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
-        asking.retain(|(weak, _)| weak.strong_count() > 0);
-        if let Some((_, config)) = asking
+        asking.retain(|(weak, _, _)| weak.strong_count() > 0);
+        if let Some((_, _, config)) = asking
             .iter()
-            .find(|(weak, _)| std::ptr::eq(weak.as_ptr(), Arc::as_ptr(auth)))
+            .find(|(weak, e, _)| *e == enforce && std::ptr::eq(weak.as_ptr(), Arc::as_ptr(auth)))
         {
             return config.clone();
         }
-        let config = self.asking_config(auth);
-        asking.push((Arc::downgrade(auth), config.clone()));
+        let config = self.asking_config(auth, enforce);
+        asking.push((Arc::downgrade(auth), enforce, config.clone()));
         config
     }
 
-    fn asking_config(&self, auth: &ClientAuth) -> Arc<ServerConfig> {
+    fn asking_config(&self, auth: &Arc<ClientAuth>, enforce: bool) -> Arc<ServerConfig> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(auth.ca.iter().cloned());
         let verifier = RequestCertificate {
             hints: roots.subjects(),
             algorithms: algorithms(),
+            enforce: enforce.then(|| auth.clone()),
         };
         let mut config = ServerConfig::builder_with_provider(crate::tls::provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -291,4 +357,62 @@ fn host_client_auth<'a>(
         .rules
         .iter()
         .find_map(|r| r.action.client_auth.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client_auth::VerifyClient;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+    /// A CA's DER and issuer.
+    fn ca() -> (CertificateDer<'static>, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.der().clone(), Issuer::new(params, key))
+    }
+
+    fn client(by: &Issuer<'static, KeyPair>) -> CertificateDer<'static> {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.signed_by(&key, by).unwrap().der().clone()
+    }
+
+    fn verifier(ca: &CertificateDer<'static>, enforce: bool) -> RequestCertificate {
+        let auth = Arc::new(ClientAuth {
+            source: "ns/ca".into(),
+            ca: vec![ca.clone()].into(),
+            crls: Arc::from([]),
+            verify: VerifyClient::On,
+            depth: 2,
+            pass_certificate: false,
+            error_page: None,
+            error: None,
+            match_cn: None,
+        });
+        RequestCertificate {
+            hints: Vec::new(),
+            algorithms: algorithms(),
+            enforce: enforce.then_some(auth),
+        }
+    }
+
+    #[test]
+    fn an_enforcing_handshake_requires_a_certificate_of_the_bundle() {
+        let (root, issuer) = ca();
+        let (_, rogue) = ca();
+        let (good, bad) = (client(&issuer), client(&rogue));
+        let now = UnixTime::now();
+        let strict = verifier(&root, true);
+        assert!(strict.offer_client_auth() && strict.client_auth_mandatory());
+        assert!(strict.verify_client_cert(&good, &[], now).is_ok());
+        assert!(strict.verify_client_cert(&bad, &[], now).is_err());
+        // Asking only (ingress-nginx's routes decide later): any certificate, or none.
+        let asking = verifier(&root, false);
+        assert!(asking.offer_client_auth() && !asking.client_auth_mandatory());
+        assert!(asking.verify_client_cert(&bad, &[], now).is_ok());
+    }
 }

@@ -46,7 +46,7 @@ pub const DUET_NAMESPACE: &str = "duet-gateway";
 const DUET_POD: &str = "duet-0";
 const POD_LABEL: (&str, &str) = ("app", "duet-gateway");
 /// The profiles whose counts are printed.
-const PROFILES: [&str; 2] = ["GATEWAY-HTTP", "GATEWAY-GRPC"];
+const PROFILES: [&str; 3] = ["GATEWAY-HTTP", "GATEWAY-GRPC", "GATEWAY-TLS"];
 
 /// Which runs: the primary family of the dual-stack cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -98,7 +98,7 @@ pub struct GatewayCli {
     /// Tests to skip, comma-separated (-skip-tests).
     #[arg(long, value_name = "NAMES")]
     pub skip_tests: Option<String>,
-    /// Profiles, comma-separated (-conformance-profiles; default GATEWAY-HTTP,GATEWAY-GRPC).
+    /// Profiles, comma-separated (-conformance-profiles; default GATEWAY-HTTP,GATEWAY-GRPC,GATEWAY-TLS).
     #[arg(long, value_name = "NAMES")]
     pub conformance_profiles: Option<String>,
     /// Features claimed, comma-separated (-supported-features; default: their Core features).

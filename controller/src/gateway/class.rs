@@ -3,7 +3,7 @@
 //!
 //! `supportedFeatures` lists the conformance features duet passes on both family runs of the
 //! upstream suite (README, "Gateway API conformance"), sorted: the core features of GATEWAY-HTTP,
-//! GATEWAY-GRPC and the extended ones of `conformance/gateway/options.go`.
+//! GATEWAY-GRPC, GATEWAY-TLS and the extended ones of `conformance/gateway/options.go`.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -21,6 +21,8 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "Gateway",
     "GatewayAddressEmpty",
     "GatewayBackendClientCertificate",
+    "GatewayFrontendClientCertificateValidation",
+    "GatewayFrontendClientCertificateValidationInsecureFallback",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayInfrastructure",
@@ -53,6 +55,9 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteSchemeRedirect",
     "ListenerSet",
     "ReferenceGrant",
+    "TLSRoute",
+    "TLSRouteModeMixed",
+    "TLSRouteModeTerminate",
 ];
 
 /// The `Accepted` condition: duet takes no parameters, so a class naming some is refused.
@@ -127,6 +132,9 @@ mod tests {
         assert!(names.iter().any(|n| n == "HTTPRouteQueryParamMatching"));
         assert!(names.iter().any(|n| n == "HTTPRouteCORS"));
         assert!(names.iter().any(|n| n == "HTTPRouteRequestMirror"));
+        assert!(names
+            .iter()
+            .any(|n| n == "GatewayFrontendClientCertificateValidationInsecureFallback"));
         let p = class("apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: duet}\nspec: {controllerName: duet.dev/gateway-controller, parametersRef: {group: example.com, kind: P, name: p}}");
         let cond = &status(&p, Timestamp::now()).conditions.unwrap()[0];
         assert_eq!(

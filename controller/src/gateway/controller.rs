@@ -51,7 +51,7 @@ use crate::gateway_api::{Gateway, GatewayClass, ReferenceGrant, GROUP};
 use crate::namespaces;
 use crate::object::NsName;
 use crate::translate::gateway::listeners::{self, Verdict};
-use crate::translate::gateway::refs;
+use crate::translate::gateway::{frontend, refs};
 
 /// The field manager of duet's server-side applies.
 pub const FIELD_MANAGER: &str = "duet-gateway";
@@ -496,6 +496,7 @@ async fn reconcile_gateway(
     }
     let mut verdicts = listeners::check(&gateway.spec);
     let mut unresolved = resolve_certificates(&ctx, &gateway, &mut verdicts).await?;
+    frontend_problems(&ctx.report.borrow(), &gateway, &mut verdicts);
     let client_cert = client_certificate(&ctx, &gateway).await?;
     unresolved |= client_cert.as_ref().is_some_and(|c| !c.status);
     let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts);
@@ -519,11 +520,16 @@ async fn reconcile_gateway(
     let report = ctx.report.borrow().clone();
     let now = Timestamp::now();
     let mut status = gateway_status(&gateway, &verdicts, accepted, &ports, &placed, &report, now);
-    if let Some(cond) = client_cert {
-        // The Gateway's own ResolvedRefs: its backend client certificate.
+    // The Gateway's own ResolvedRefs (its backend client certificate), and whether its
+    // client certificate validation lets clients without a valid certificate through.
+    let own: Vec<Cond> = client_cert
+        .into_iter()
+        .chain(frontend::insecure_mode(&gateway.spec))
+        .collect();
+    if !own.is_empty() {
         let old = gateway.status.as_ref().and_then(|s| s.conditions.clone());
         let dated = dated(
-            &[cond],
+            &own,
             gateway.metadata.generation,
             &old.unwrap_or_default(),
             now,
@@ -580,6 +586,17 @@ async fn resolve_certificates(
         }
     }
     Ok(unresolved)
+}
+
+/// Puts into the listeners' verdicts what translation found wrong with their client
+/// certificate validation ([`frontend`]; the ConfigMaps it reads are watched there).
+fn frontend_problems(report: &GatewayReport, gateway: &Gateway, verdicts: &mut [Verdict]) {
+    let key = NsName::of(&gateway.metadata);
+    for (l, v) in gateway.spec.listeners.iter().zip(verdicts.iter_mut()) {
+        if let Some(p) = report.frontend.get(&(key.clone(), l.name.clone())) {
+            p.apply(&mut v.accepted, &mut v.resolved);
+        }
+    }
 }
 
 /// The Gateway's `ResolvedRefs` for `tls.backend.clientCertificateRef`, when it names one

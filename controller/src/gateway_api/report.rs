@@ -23,6 +23,31 @@ pub struct GatewayReport {
     /// Per Gateway of ours: the ports of the valid listeners of the ListenerSets it accepted,
     /// which its Service and pod ports must cover too.
     pub listener_set_ports: BTreeMap<NsName, BTreeSet<u16>>,
+    /// Per listener (Gateway, listener name) whose client certificate validation
+    /// (`tls.frontend`) does not resolve: what its status says (the listener is not served).
+    pub frontend: BTreeMap<(NsName, String), FrontendProblem>,
+}
+
+/// Why a listener's client certificate validation does not resolve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendProblem {
+    /// `ResolvedRefs=False`.
+    pub resolved: Cond,
+    /// `Accepted=False` (`NoValidCACertificate`) when no CA certificate is usable.
+    pub accepted: Option<Cond>,
+}
+
+impl FrontendProblem {
+    /// Puts the problem into a listener's `Accepted` and `ResolvedRefs`, unless those already
+    /// fail for another reason.
+    pub fn apply(&self, accepted: &mut Cond, resolved: &mut Cond) {
+        if resolved.status {
+            *resolved = self.resolved.clone();
+        }
+        if let Some(a) = self.accepted.as_ref().filter(|_| accepted.status) {
+            *accepted = a.clone();
+        }
+    }
 }
 
 /// The status of one BackendTLSPolicy: the same conditions for each of its ancestors (our

@@ -274,6 +274,7 @@ impl RouteFilter {
                 let kept = GatewayPort {
                     tls: p.tls,
                     tls_routes: p.tls_routes,
+                    client_auth: p.client_auth.clone(),
                     listeners,
                 };
                 (*port, Arc::new(kept))

@@ -70,6 +70,15 @@ pub struct GatewayPort {
     pub tls_routes: bool,
     /// The listeners, most specific hostname first (see the module documentation).
     pub listeners: Vec<GatewayListener>,
+    /// Client certificates on an HTTPS port (the Gateway's `tls.frontend` validation for this
+    /// port): the handshake asks for one; with [`VerifyClient::On`] (`AllowValidOnly`) it fails
+    /// without one the CA bundle verifies, with [`VerifyClient::OptionalNoCa`]
+    /// (`AllowInsecureFallback`) it goes on with none or any.
+    ///
+    /// [`VerifyClient::On`]: crate::client_auth::VerifyClient::On
+    /// [`VerifyClient::OptionalNoCa`]: crate::client_auth::VerifyClient::OptionalNoCa
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<Arc<crate::client_auth::ClientAuth>>,
 }
 
 impl GatewayPort {
@@ -289,6 +298,7 @@ mod tests {
         let mut port = GatewayPort {
             tls: false,
             tls_routes: false,
+            client_auth: None,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("*.example.com"), any("wild")),
@@ -361,6 +371,7 @@ mod tests {
         let mut port = GatewayPort {
             tls: true,
             tls_routes: false,
+            client_auth: None,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("second.org"), any("second")),
@@ -385,6 +396,7 @@ mod tests {
         let only = GatewayPort {
             tls: true,
             tls_routes: false,
+            client_auth: None,
             listeners: vec![listener(Some("second.org"), any("second"))],
         };
         assert!(!only.misdirected("second.org", "other.org"));

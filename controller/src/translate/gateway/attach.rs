@@ -62,6 +62,8 @@ pub struct ListenerModel {
     pub servable: bool,
     /// The certificate of an HTTPS listener.
     pub cert: Option<Arc<TlsCert>>,
+    /// The client certificates an HTTPS listener's port verifies (its Gateway's `tls.frontend`).
+    pub client_auth: Option<Arc<dataplane::client_auth::ClientAuth>>,
 }
 
 /// One of our Gateways.

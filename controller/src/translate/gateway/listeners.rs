@@ -10,10 +10,10 @@
 //! `allowedRoutes.kinds` has `ResolvedRefs=False`, reason `InvalidRouteKinds`, and lists only the
 //! kinds it supports.
 //! Listeners on one port with different protocols are `Conflicted=True` (`ProtocolConflict`);
-//! TLS listeners of both modes on one port are also `Accepted=False` (`ProtocolConflict`), with
-//! no `supportedKinds`;
-//! with the same protocol and hostname, `Conflicted=True` (`HostnameConflict`). An HTTPS listener
-//! must name certificates (`certificateRefs`) of kind `Secret` in the core group.
+//! with the same protocol and hostname, `Conflicted=True` (`HostnameConflict`). TLS listeners of
+//! both modes share a port: each connection's server name picks the listener, whose mode says
+//! whether duet relays it unterminated or terminates it. An HTTPS listener must name
+//! certificates (`certificateRefs`) of kind `Secret` in the core group.
 
 use std::collections::BTreeMap;
 
@@ -143,26 +143,17 @@ pub fn check(spec: &GatewaySpec) -> Vec<Verdict> {
         .collect()
 }
 
-/// A listener's conflict with others of its port.
-#[derive(Clone, Debug)]
-struct Conflict {
-    /// `Conflicted=True` with its reason.
-    cond: Cond,
-    /// The listener is refused outright (`Accepted=False`): TLS modes mixed on one port.
-    refuses: bool,
-}
+/// A listener's conflict with others of its port: `Conflicted=True` with its reason.
+type Conflict = Cond;
 
 fn verdict(l: &GatewayListeners, conflict: Option<Conflict>) -> Verdict {
     let supported = supported_protocol(&l.protocol);
-    let refused = conflict.as_ref().filter(|c| c.refuses);
-    let (kinds, invalid_kinds) = if supported && refused.is_none() {
+    let (kinds, invalid_kinds) = if supported {
         route_kinds(l)
     } else {
         (Vec::new(), false)
     };
-    let accepted = if let Some(c) = refused {
-        Cond::no("Accepted", "ProtocolConflict", c.cond.message.clone())
-    } else if supported {
+    let accepted = if supported {
         Cond::yes("Accepted", "Accepted", "")
     } else {
         Cond::no(
@@ -194,13 +185,13 @@ fn verdict(l: &GatewayListeners, conflict: Option<Conflict>) -> Verdict {
         port: l.port,
         kinds,
         accepted,
-        conflicted: conflict.map_or_else(|| Cond::no("Conflicted", "NoConflicts", ""), |c| c.cond),
+        conflicted: conflict.unwrap_or_else(|| Cond::no("Conflicted", "NoConflicts", "")),
         resolved,
     }
 }
 
-/// Per listener, its conflict if any: different protocols (or TLS modes) on one port, or the
-/// same protocol and hostname twice on one port.
+/// Per listener, its conflict if any: different protocols on one port, or the same protocol and
+/// hostname twice on one port (TLS listeners of both modes share a port).
 fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Conflict>> {
     let mut by_port: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
     for (i, l) in listeners.iter().enumerate() {
@@ -209,23 +200,10 @@ fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Conflict>> {
     let mut out = vec![None; listeners.len()];
     for (port, members) in by_port {
         let first = &listeners[members[0]].protocol;
-        let first_mode = is_passthrough(&listeners[members[0]]);
-        let conflict = if members.iter().any(|&i| listeners[i].protocol != *first) {
+        if members.iter().any(|&i| listeners[i].protocol != *first) {
             let message = format!("listeners on port {port} ask for different protocols");
-            Some((message, false))
-        } else if members
-            .iter()
-            .any(|&i| is_passthrough(&listeners[i]) != first_mode)
-        {
-            let message = format!("TLS listeners on port {port} mix tls.mode Terminate and Passthrough, which duet does not serve on one port");
-            Some((message, true))
-        } else {
-            None
-        };
-        if let Some((message, refuses)) = conflict {
             for &i in &members {
-                let cond = Cond::yes("Conflicted", "ProtocolConflict", message.clone());
-                out[i] = Some(Conflict { cond, refuses });
+                out[i] = Some(Cond::yes("Conflicted", "ProtocolConflict", message.clone()));
             }
             continue;
         }
@@ -242,10 +220,7 @@ fn conflicts(listeners: &[GatewayListeners]) -> Vec<Option<Conflict>> {
                     "HostnameConflict",
                     format!("another listener on port {port} has hostname {host:?}"),
                 );
-                out[i] = Some(Conflict {
-                    cond,
-                    refuses: false,
-                });
+                out[i] = Some(cond);
             }
         }
     }
@@ -387,7 +362,8 @@ listeners:
         // TLS and HTTPS on one port conflict.
         assert_eq!(v[0].conflicted.reason, "ProtocolConflict");
         assert_eq!(v[5].conflicted.reason, "ProtocolConflict");
-        // TLS listeners of both modes on one port are refused, without kinds.
+        // TLS listeners of both modes share a port: both accepted, with their kinds; the same
+        // hostname twice on that port still conflicts.
         let mixed = spec(
             r#"
 gatewayClassName: duet
@@ -395,17 +371,16 @@ listeners:
   - {name: term, port: 8883, protocol: TLS, hostname: a.test, tls: {mode: Terminate, certificateRefs: [{name: c}]}}
   - {name: pass, port: 8883, protocol: TLS, hostname: b.test, tls: {mode: Passthrough}}
   - {name: other, port: 8884, protocol: TLS, tls: {mode: Passthrough}}
+  - {name: twice, port: 8883, protocol: TLS, hostname: b.test, tls: {mode: Terminate, certificateRefs: [{name: c}]}}
 "#,
         );
         let v = check(&mixed);
-        for l in &v[..2] {
-            assert_eq!(
-                (l.accepted.status, l.accepted.reason, l.conflicted.reason),
-                (false, "ProtocolConflict", "ProtocolConflict"),
-                "{l:?}"
-            );
-            assert!(l.kinds.is_empty(), "{l:?}");
-        }
+        assert!(v[0].valid(), "{:?}", v[0]);
+        assert_eq!(v[0].kinds, TLS_ROUTE_KINDS);
+        assert!(v[0].accepted.status && v[1].accepted.status, "{v:?}");
+        assert_eq!(v[1].kinds, TLS_ROUTE_KINDS);
+        assert_eq!(v[1].conflicted.reason, "HostnameConflict");
+        assert_eq!(v[3].conflicted.reason, "HostnameConflict");
         assert!(v[2].valid(), "{:?}", v[2]);
     }
 

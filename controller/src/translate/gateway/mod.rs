@@ -5,7 +5,8 @@
 //! come from the same pure functions.
 //!
 //! - Listeners: those [`listeners::check`] finds valid, in a Gateway it accepts, with their
-//!   certificates resolved ([`refs::problem`]); the pod port is the `targetPort` of the Gateway's
+//!   certificates resolved ([`refs::problem`]) and, on HTTPS listeners, the client certificate
+//!   validation of their port ([`frontend`]) resolved too; the pod port is the `targetPort` of the Gateway's
 //!   Service `duet-NAME` (Kubernetes mode) or the listener port (`--manifests` mode).
 //! - ListenerSets ([`listener_sets`]): those a Gateway admits add listeners, after its own, on
 //!   its pod ports; routes reach them through parentRefs of kind `ListenerSet`.
@@ -25,6 +26,7 @@
 mod attach;
 pub mod backend_tls;
 mod backends;
+pub mod frontend;
 pub mod listener_sets;
 pub mod listeners;
 pub mod refs;
@@ -86,6 +88,12 @@ pub(crate) struct GatewayProcessor<'a> {
     inputs: GatewayInputs<'a>,
     config: &'a Config,
 }
+
+/// A listener's client certificate settings and what is wrong with their references.
+type FrontendOf = (
+    Option<Arc<dataplane::client_auth::ClientAuth>>,
+    Option<crate::gateway_api::report::FrontendProblem>,
+);
 
 /// A route's rule entries on one listener host, before sorting.
 type Entries = BTreeMap<Option<String>, Vec<(SortKey, GatewayRule)>>;
@@ -179,7 +187,7 @@ impl<'a> GatewayProcessor<'a> {
         gateways.sort_by_key(|g| NsName::of(&g.metadata));
         let mut out = Vec::new();
         for g in gateways {
-            let model = self.gateway(t, g, &grants);
+            let model = self.gateway(t, g, &grants, report);
             let sets = self.listener_sets(t, g, &model, namespaces, &grants, report);
             out.push(model);
             out.extend(sets);
@@ -187,25 +195,38 @@ impl<'a> GatewayProcessor<'a> {
         out
     }
 
-    /// One Gateway: its listeners, with their pod ports and certificates.
+    /// One Gateway: its listeners, with their pod ports, certificates and client certificate
+    /// validation (whose problems go into `report`).
     fn gateway(
         &self,
         t: &mut Translation<'_>,
         gateway: &Gateway,
         grants: &[ReferenceGrant],
+        report: &mut GatewayReport,
     ) -> GatewayModel {
         let key = NsName::of(&gateway.metadata);
         let verdicts = listeners::check(&gateway.spec);
         let accepted = listeners::gateway_accepted(&gateway.spec, &verdicts).status;
         let ports = self.pod_ports(t, gateway, &key);
+        let owner_ns = key.namespace.as_str();
+        let front = self.frontend(t, &gateway.spec, owner_ns, &gateway.spec.listeners, grants);
         let listeners = gateway
             .spec
             .listeners
             .iter()
             .zip(&verdicts)
-            .map(|(l, v)| {
-                let owner = ("Gateway", key.namespace.as_str());
-                listener_model(t, l, v, accepted, &ports, owner, grants)
+            .zip(front)
+            .map(|((l, v), (auth, problem))| {
+                let owner = ("Gateway", owner_ns);
+                let mut model = listener_model(t, l, v, accepted, &ports, owner, grants);
+                model.client_auth = auth;
+                if let Some(problem) = problem {
+                    model.servable = false;
+                    report
+                        .frontend
+                        .insert((key.clone(), l.name.clone()), problem);
+                }
+                model
             })
             .collect();
         let client_cert = client_cert(t, gateway, &key.namespace, grants);
@@ -252,11 +273,27 @@ impl<'a> GatewayProcessor<'a> {
                     v.resolved = problem;
                 }
             }
+            // The Gateway's client certificate validation holds on its ports, whoever owns the
+            // listener.
+            let gateway_ns = model.key.namespace.as_str();
+            let front = self.frontend(t, &gateway.spec, gateway_ns, &j.listeners, grants);
+            let mut auths = Vec::new();
+            for (v, (auth, problem)) in j.verdicts.iter_mut().zip(front) {
+                if let Some(p) = problem {
+                    p.apply(&mut v.accepted, &mut v.resolved);
+                }
+                auths.push(auth);
+            }
             let listeners: Vec<ListenerModel> = j
                 .listeners
                 .iter()
                 .zip(&j.verdicts)
-                .map(|(l, v)| listener_model(t, l, v, accepted, &ports, owner, grants))
+                .zip(auths)
+                .map(|((l, v), auth)| {
+                    let mut m = listener_model(t, l, v, accepted, &ports, owner, grants);
+                    m.client_auth = auth;
+                    m
+                })
                 .collect();
             let servable: Vec<bool> = listeners.iter().map(|l| l.servable).collect();
             let entry = listener_sets::report(j, &servable);
@@ -279,6 +316,60 @@ impl<'a> GatewayProcessor<'a> {
             .entry(model.key.clone())
             .or_default();
         out
+    }
+
+    /// Per listener of `listeners` (in order): the client certificates its port verifies
+    /// (HTTPS listeners whose port has a `tls.frontend` validation in `spec`, the Gateway's,
+    /// whose namespace is `owner_ns`), and what is wrong with its references, if anything.
+    fn frontend(
+        &self,
+        t: &mut Translation<'_>,
+        spec: &crate::gateway_api::gateways::GatewaySpec,
+        owner_ns: &str,
+        listeners: &[GatewayListeners],
+        grants: &[ReferenceGrant],
+    ) -> Vec<FrontendOf> {
+        let mut by_port: BTreeMap<i32, FrontendOf> = BTreeMap::new();
+        let config_maps = &self.inputs.config_maps;
+        let mut fetch = |kind: &str, ns: &str, name: &str| -> frontend::Found {
+            if kind == "ConfigMap" {
+                let found = config_maps.iter().find(|c| {
+                    c.metadata.namespace.as_deref() == Some(ns)
+                        && c.metadata.name.as_deref() == Some(name)
+                })?;
+                let text = found.data.as_ref().and_then(|d| d.get("ca.crt"));
+                let binary = found.binary_data.as_ref().and_then(|d| d.get("ca.crt"));
+                return Some(
+                    text.map(|s| s.as_bytes().to_vec())
+                        .or_else(|| binary.map(|b| b.0.clone())),
+                );
+            }
+            let key = NsName::new(ns, name);
+            t.references.secrets.insert(key.clone());
+            let secret = t.secrets.get(&key)?;
+            Some(
+                secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("ca.crt"))
+                    .map(|b| b.0.clone()),
+            )
+        };
+        listeners
+            .iter()
+            .map(|l| {
+                if l.protocol != "HTTPS" {
+                    return (None, None);
+                }
+                let resolved = by_port
+                    .entry(l.port)
+                    .or_insert_with(|| match frontend::validation(spec, l.port) {
+                        Some(v) => frontend::resolve(&v, owner_ns, grants, &mut fetch),
+                        None => (None, None),
+                    });
+                resolved.clone()
+            })
+            .collect()
     }
 
     /// listener port -> pod port for the listeners of the Gateway's ListenerSets (the Gateway's
@@ -449,6 +540,7 @@ fn listener_model(
         valid: accepted && v.valid(),
         servable: cert.is_ok(),
         cert: cert.ok().flatten(),
+        client_auth: None,
     }
 }
 
@@ -653,6 +745,9 @@ fn table(
             let port = ports.entry(pod_port).or_default();
             port.tls |= l.tls;
             port.tls_routes |= l.tls_routes;
+            if l.client_auth.is_some() {
+                port.client_auth = l.client_auth.clone();
+            }
             port.listeners.push(GatewayListener {
                 name: format!("{}/{}", g.key, l.name).into(),
                 hostname: l.hostname.as_deref().map(Into::into),
@@ -1009,6 +1104,118 @@ mod tests {
         assert_eq!(backend("abc.example.org"), None);
         assert_eq!(backend("zzz.example.com"), None);
         assert!(!plan.gateways.port(80).unwrap().tls_routes);
+    }
+
+    /// Secret `gw/cert` (a server certificate) and ConfigMap `gw/ca` (a CA's `ca.crt`).
+    fn server_cert_and_ca() -> (Secret, ConfigMap) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let server = rcgen::CertificateParams::new(vec!["a.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let bytes = |s: String| k8s_openapi::ByteString(s.into_bytes());
+        let secret = Secret {
+            metadata: serde_json::from_value(json!({"namespace": "gw", "name": "cert"})).unwrap(),
+            type_: Some("kubernetes.io/tls".to_owned()),
+            data: Some(
+                [
+                    ("tls.crt".to_owned(), bytes(server.pem())),
+                    ("tls.key".to_owned(), bytes(key.serialize_pem())),
+                ]
+                .into(),
+            ),
+            ..Secret::default()
+        };
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_pem = ca_params
+            .self_signed(&rcgen::KeyPair::generate().unwrap())
+            .unwrap()
+            .pem();
+        let ca = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"namespace": "gw", "name": "ca"}, "data": {"ca.crt": ca_pem}
+        }))
+        .unwrap();
+        (secret, ca)
+    }
+
+    #[test]
+    fn client_certificate_validation_is_served_per_port_and_a_bad_reference_is_reported() {
+        let (class, svc) = (class(), web_service());
+        let (secret, ca) = server_cert_and_ca();
+        let https = |name: &str, port: u16| {
+            json!({"name": name, "port": port, "protocol": "HTTPS", "hostname": format!("{name}.test"),
+                   "tls": {"certificateRefs": [{"name": "cert"}]}})
+        };
+        let refs = |name: &str| json!([{"group": "", "kind": "ConfigMap", "name": name}]);
+        // A ListenerSet's HTTPS listeners are checked as the Gateway's on their ports.
+        let set: ListenerSet = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet",
+            "metadata": {"namespace": "gw", "name": "s"},
+            "spec": {"parentRef": {"name": "g"},
+                     "listeners": [https("extra", 7443), https("extra-broken", 9443)]}
+        }))
+        .unwrap();
+        let gw: Gateway = serde_json::from_value(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"namespace": "gw", "name": "g"},
+            "spec": {"gatewayClassName": "duet",
+                "allowedListeners": {"namespaces": {"from": "Same"}},
+                "tls": {"frontend": {
+                    "default": {"validation": {"caCertificateRefs": refs("ca")}},
+                    "perPort": [
+                        {"port": 8443, "tls": {"validation": {"mode": "AllowInsecureFallback", "caCertificateRefs": refs("ca")}}},
+                        {"port": 9443, "tls": {"validation": {"caCertificateRefs": refs("missing")}}},
+                    ]}},
+                "listeners": [https("strict", 443), https("fallback", 8443), https("broken", 9443),
+                              {"name": "http", "port": 80, "protocol": "HTTP"}]}
+        }))
+        .unwrap();
+        let inputs = Inputs {
+            services: vec![&svc],
+            secrets: vec![&secret],
+            gateway_api: GatewayInputs {
+                classes: vec![&class],
+                gateways: vec![&gw],
+                listener_sets: vec![&set],
+                config_maps: vec![&ca],
+                ..GatewayInputs::default()
+            },
+            ..Inputs::default()
+        };
+        let plan = crate::translate::plan_routes(&inputs, &Config::default());
+        let verify = |port: u16| {
+            let p = plan.gateways.port(port)?;
+            p.client_auth.as_ref().map(|a| a.verify)
+        };
+        use dataplane::client_auth::VerifyClient;
+        assert_eq!(verify(443), Some(VerifyClient::On));
+        assert_eq!(verify(8443), Some(VerifyClient::OptionalNoCa));
+        assert_eq!(verify(80), None, "HTTP listeners ask for nothing");
+        assert!(plan.gateways.port(80).is_some());
+        // The listener whose CA does not resolve is not served, and its status says why.
+        assert!(plan.gateways.port(9443).is_none());
+        let problems = &plan.gateway_report.frontend;
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let p = &problems[&(NsName::new("gw", "g"), "broken".to_owned())];
+        assert_eq!(p.resolved.reason, "InvalidCACertificateRef");
+        assert_eq!(
+            p.accepted.as_ref().map(|c| c.reason),
+            Some("NoValidCACertificate")
+        );
+        assert_eq!(verify(7443), Some(VerifyClient::On), "the set's listener");
+        let set_report = &plan.gateway_report.listener_sets[&NsName::new("gw", "s")];
+        let broken = set_report
+            .listeners
+            .iter()
+            .find(|l| l.name == "extra-broken");
+        let reason = |kind: &str| {
+            let conds = &broken.unwrap().conditions;
+            conds.iter().find(|c| c.kind == kind).map(|c| c.reason)
+        };
+        assert_eq!(reason("ResolvedRefs"), Some("InvalidCACertificateRef"));
+        assert_eq!(reason("Accepted"), Some("NoValidCACertificate"));
     }
 
     #[test]

@@ -45,6 +45,18 @@ pub fn granted_to(
     from_ns: &str,
     to: &SecretKey,
 ) -> bool {
+    granted_kind(grants, from_kind, from_ns, "Secret", to)
+}
+
+/// Whether a ReferenceGrant lets objects of `from_kind` in `from_ns` use the core object of
+/// kind `to_kind` (`Secret`, `ConfigMap`) named `to`.
+pub fn granted_kind(
+    grants: &[ReferenceGrant],
+    from_kind: &str,
+    from_ns: &str,
+    to_kind: &str,
+    to: &SecretKey,
+) -> bool {
     if from_ns == to.0 {
         return true;
     }
@@ -59,7 +71,7 @@ pub fn granted_to(
                 .any(|f| f.group == GROUP && f.kind == from_kind && f.namespace == from_ns);
             let to = g.spec.to.iter().any(|t| {
                 t.group.is_empty()
-                    && t.kind == "Secret"
+                    && t.kind == to_kind
                     && t.name.as_deref().is_none_or(|n| n == to.1)
             });
             from && to
