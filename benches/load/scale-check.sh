@@ -127,8 +127,9 @@ run() {
   local version sum times written served line age applied
   version=$(metric "$ADMIN/metrics" duet_snapshot_version)
   sum=$(metric "$ADMIN/metrics" duet_snapshot_build_seconds_sum)
-  cp -p "$file" "$WORK/original"
-  CLEANUP_HOOKS+=("[[ ! -e '$WORK/original' ]] || mv -f '$WORK/original' '$file'")
+  # Put back at exit if this run fails (the folder is reused by the next run).
+  cp -p "$file" "$WORK/original.$layout"
+  CLEANUP_HOOKS+=("[[ ! -e '$WORK/original.$layout' ]] || mv -f '$WORK/original.$layout' '$file'")
   times=$(change_and_wait "$file" "$old" "$new" "$host") || die "$p: $times"
   read -r written served <<<"$times"
   until line=$(grep -F "snapshot.version=$((version + 1)) " "$log.err" | grep -F "Snapshot applied"); do
@@ -143,7 +144,7 @@ run() {
   echo "$p eps_log: ${line#*INFO }"
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true
-  mv -f "$WORK/original" "$file"
+  mv -f "$WORK/original.$layout" "$file"
 }
 
 note "duet $DUET; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
@@ -154,5 +155,6 @@ for layout in $LAYOUTS; do
   for n in $(seq "$RUNS"); do
     run "$layout" "$n" "$dir"
   done
+  rm -f "$WORK/original.$layout"
   rm -rf "$dir"
 done
