@@ -102,6 +102,11 @@ conformance/node/build.sh
 echo "== Gateway API suite and echo-basic (conformance/gateway/build.sh)"
 conformance/gateway/build.sh
 
+# aioquic, the independent HTTP/3 client of controller/tests/e2e_http3.rs, in target/h3client-venv
+# (the tests also make it on demand; made here so that a fresh machine never lacks it).
+echo "== HTTP/3 test client (conformance/h3client/setup.sh)"
+conformance/h3client/setup.sh >/dev/null
+
 echo "== workspace tests (cargo test --workspace --locked)"
 cargo test --workspace --locked
 

@@ -49,6 +49,7 @@ VARIANTS = {
         "controller": {"publishStatusAddresses": ["192.0.2.10", "2001:db8::10"]},
     },
     "compat-ingress-nginx": {"compat": "ingress-nginx", "controller": {"strictAnnotations": True}},
+    "http3": {"http3": {"enabled": True}},
 }
 
 # What duet calls on the API server (its watchers, status writer, events, leader Lease):
@@ -299,6 +300,25 @@ def test_service_is_a_dual_stack_load_balancer_onto_8080_and_8443():
     assert spec["selector"].items() <= pod_labels.items()
     # The admin port is not exposed through the load balancer.
     assert 10254 not in ports
+
+
+def test_http3_exposes_udp_on_the_https_port_of_both_families_and_passes_the_flag():
+    objects = render({"http3": {"enabled": True, "altSvcMaxAge": "30m"}})
+    spec = one(objects, "Service", FULLNAME)["spec"]
+    assert spec["type"] == "LoadBalancer" and spec["ipFamilyPolicy"] == "PreferDualStack"
+    ports = {(p["port"], p["protocol"]): p["targetPort"] for p in spec["ports"]}
+    assert ports == {(80, "TCP"): "http", (443, "TCP"): "https", (443, "UDP"): "https-udp"}
+    named = {(p["name"], p["protocol"]): p["containerPort"] for p in container(objects)["ports"]}
+    assert named[("https-udp", "UDP")] == 8443 and named[("https", "TCP")] == 8443
+    f = flags(container(objects)["args"])
+    assert "--http3" in f and f["--http3-alt-svc-max-age"] == ["30m"]
+    # The UDP sockets are the HTTPS listen addresses of both families.
+    assert f["--https-listen"] == ["0.0.0.0:8443", "[::]:8443"]
+    # Off by default: no UDP anywhere, no flag.
+    objects = render()
+    assert all(p["protocol"] == "TCP" for p in one(objects, "Service", FULLNAME)["spec"]["ports"])
+    assert all(p["protocol"] == "TCP" for p in container(objects)["ports"])
+    assert "--http3" not in flags(container(objects)["args"])
 
 
 @pytest.mark.parametrize(

@@ -480,10 +480,14 @@ async fn handle(
             (count, status)
         });
     let (parts, body) = req.into_parts();
-    let body_length = match body.collect().await {
-        Ok(collected) => collected.to_bytes().len() as u64,
-        Err(_) => 0,
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => Bytes::new(),
     };
+    let body_length = body.len() as u64;
+    if let Some(raw) = raw_answer(&parts.headers, body, (&conn.pod.pod, family)) {
+        return Ok(raw);
+    }
     let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in &parts.headers {
         if name == header::HOST {
@@ -605,6 +609,39 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// The headers `X-Echo-Set-Header` asks for: `Name: value` pairs separated by commas.
+/// A raw answer instead of the echo JSON: `x-echo-body` sends the request body back as it came,
+/// `x-echo-response-bytes: N` sends N bytes (at most 64 MiB; byte i is `i % 251`); both with the
+/// pod and family in `x-echo-pod` and `x-echo-family`.
+fn raw_answer(
+    headers: &HeaderMap,
+    body: Bytes,
+    (pod, family): (&str, Family),
+) -> Option<Response<EchoBody>> {
+    let body = if headers.contains_key("x-echo-body") {
+        body
+    } else {
+        let n = header_text(headers, "x-echo-response-bytes")?
+            .trim()
+            .parse::<usize>()
+            .ok()?
+            .min(64 << 20);
+        (0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into()
+    };
+    let mut res = Response::new(full(body));
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(v) = HeaderValue::from_str(pod) {
+        h.insert("x-echo-pod", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&family.to_string()) {
+        h.insert("x-echo-family", v);
+    }
+    Some(res)
+}
+
 fn response_headers(headers: &HeaderMap) -> Vec<(header::HeaderName, HeaderValue)> {
     headers
         .get_all("x-echo-set-header")

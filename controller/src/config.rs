@@ -122,6 +122,29 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_values = ["0.0.0.0:8443", "[::]:8443"])]
     pub https_listen: Vec<SocketAddr>,
 
+    /// Also serve HTTP/3 (QUIC over UDP) on the HTTPS listen addresses (or --http3-listen), with
+    /// the same routes and certificates; HTTPS answers over TCP advertise it (Alt-Svc).
+    #[arg(long)]
+    pub http3: bool,
+
+    /// UDP address to serve HTTP/3 on instead of the HTTPS listen addresses; repeatable, one
+    /// socket each (with --http3).
+    #[arg(long, value_name = "ADDR", requires = "http3")]
+    pub http3_listen: Vec<SocketAddr>,
+
+    /// The max-age (ma) of the Alt-Svc header advertising HTTP/3 on HTTPS answers over TCP.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration, requires = "http3")]
+    pub http3_alt_svc_max_age: Duration,
+
+    /// HTTP/3 requests in flight at once per connection (QUIC bidirectional streams).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000), requires = "http3")]
+    pub http3_max_streams: u32,
+
+    /// QUIC handshakes in progress past which a new client must first prove its address with a
+    /// Retry (a round trip more; 0: always).
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "http3")]
+    pub http3_retry_above: usize,
+
     /// Address of the admin endpoints the kubelet and Prometheus reach (/healthz, /readyz,
     /// /metrics); repeatable.
     #[arg(long, value_name = "ADDR", default_values = ["127.0.0.1:10254", "[::1]:10254"])]
@@ -368,6 +391,45 @@ pub struct Config {
     pub shutdown_delay: Duration,
     /// `--resolv-conf`.
     pub resolv_conf: PathBuf,
+    /// HTTP/3 (`--http3`), when on.
+    pub http3: Option<Http3Config>,
+}
+
+/// The HTTP/3 flags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Http3Config {
+    /// The UDP addresses: `--http3-listen`, or the HTTPS listen addresses.
+    pub listen: Listen,
+    /// `--http3-alt-svc-max-age`.
+    pub alt_svc_max_age: Duration,
+    /// `--http3-max-streams`.
+    pub max_streams: u32,
+    /// `--http3-retry-above`.
+    pub retry_above: usize,
+}
+
+/// The HTTP/3 flags, when `--http3` is on; without `--http3-listen` the HTTPS addresses.
+fn http3_config(args: &ServeArgs, matches: &ArgMatches) -> Option<Http3Config> {
+    if !args.http3 {
+        return None;
+    }
+    let listen = if args.http3_listen.is_empty() {
+        Listen {
+            addrs: args.https_listen.clone(),
+            defaulted: defaulted(matches, "https_listen"),
+        }
+    } else {
+        Listen {
+            addrs: args.http3_listen.clone(),
+            defaulted: false,
+        }
+    };
+    Some(Http3Config {
+        listen,
+        alt_svc_max_age: args.http3_alt_svc_max_age,
+        max_streams: args.http3_max_streams,
+        retry_above: args.http3_retry_above,
+    })
 }
 
 /// How the proxy listeners treat what is in front of them.
@@ -509,6 +571,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
     check_paths(&args, matches)?;
     let from_files = args.manifests.is_some();
     let max_passthrough_connections = passthrough_places(&args)?;
+    let http3 = http3_config(&args, matches);
     let proxy = ProxyConfig {
         connect_timeout: args.connect_timeout,
         response_timeout: args.upstream_timeout,
@@ -573,6 +636,7 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         max_passthrough_connections,
         shutdown_delay: args.shutdown_delay,
         resolv_conf: args.resolv_conf,
+        http3,
     })
 }
 
@@ -962,6 +1026,37 @@ mod tests {
         assert!(line.contains("more than zero"), "{line}");
         for l in [usage(&["--lb", "x"]), usage(&["--bogus"])] {
             assert!(!l.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn http3_listens_on_the_https_addresses_unless_told_and_bad_values_are_usage_errors() {
+        assert_eq!(serve(&[]).unwrap().http3, None);
+        let c = serve(&["--http3", "--https-listen", "127.0.0.1:9443"]).unwrap();
+        let h3 = c.http3.unwrap();
+        assert_eq!(h3.listen.addrs, vec!["127.0.0.1:9443".parse().unwrap()]);
+        assert_eq!(h3.alt_svc_max_age, Duration::from_secs(3600));
+        assert_eq!((h3.max_streams, h3.retry_above), (100, 64));
+        let c = serve(&[
+            "--http3",
+            "--http3-listen",
+            "[::1]:443",
+            "--http3-max-streams",
+            "7",
+        ]);
+        let h3 = c.unwrap().http3.unwrap();
+        assert_eq!(h3.listen.addrs, vec!["[::1]:443".parse().unwrap()]);
+        assert_eq!(h3.max_streams, 7);
+        for bad in [
+            &["--http3-listen", "[::1]:443"][..],
+            &["--http3", "--http3-listen", "localhost:443"],
+            &["--http3", "--http3-max-streams", "0"],
+            &["--http3", "--http3-alt-svc-max-age", "2h"],
+            &["--http3", "--http3-retry-above", "-1"],
+        ] {
+            let err = serve(bad).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}");
+            assert!(!err.to_string().contains('\n'), "{bad:?}: {err}");
         }
     }
 

@@ -12,6 +12,7 @@ pub mod config;
 pub mod events;
 pub mod gateway;
 pub mod gateway_api;
+pub mod http3;
 pub mod index;
 pub mod leader;
 pub mod metrics;

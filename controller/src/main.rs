@@ -221,6 +221,7 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
     tracing::info!(http = %list(&bound.http), https = %list(&bound.https), admin = %list(&bound.admin), debug = %list(&bound.debug), "Listening");
     let tunnels = proxy.tunnels().clone();
     let (proxy_stop, proxy_stopped) = watch::channel(false);
+    let http3 = controller::http3::serve(&config, options.http3(&metrics), proxy_stopped.clone());
     let listeners = serve_all(
         bound,
         options,
@@ -230,6 +231,9 @@ async fn serve(config: Config, source: Source) -> anyhow::Result<()> {
         extra,
         proxy_stopped,
     );
+    let listeners = async move {
+        tokio::join!(listeners, http3);
+    };
     tokio::pin!(listeners);
 
     tokio::select! {
@@ -348,6 +352,20 @@ impl Options {
             proxy_protocol_from,
             limit,
         })
+    }
+}
+
+impl Options {
+    /// What the HTTP/3 listeners share with the others: the proxy, the certificates, the
+    /// connection limit.
+    fn http3(&self, metrics: &Arc<Metrics>) -> controller::http3::Serving {
+        controller::http3::Serving {
+            proxy: self.gateway.proxy.clone(),
+            runtime: self.gateway.runtime.clone(),
+            fallback: self.gateway.fallback.clone(),
+            limit: self.limit.clone(),
+            metrics: metrics.clone(),
+        }
     }
 }
 

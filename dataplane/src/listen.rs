@@ -129,7 +129,7 @@ impl ConnectionLimit {
     }
 
     /// A place for one more connection, held until dropped; `None` at the limit.
-    fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub(crate) fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         self.0.clone().try_acquire_owned().ok()
     }
 }

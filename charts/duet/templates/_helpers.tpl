@@ -199,6 +199,10 @@ controller.watchNamespaces (duet's Gateway watches are narrowed to them too). */
 {{- with .Values.controller.proxyProtocolFrom }}
 - "--proxy-protocol-from={{ join "," . }}"
 {{- end }}
+{{- if .Values.http3.enabled }}
+- "--http3"
+- "--http3-alt-svc-max-age={{ .Values.http3.altSvcMaxAge }}"
+{{- end }}
 - "--shutdown-delay={{ .Values.controller.shutdownDelaySeconds }}s"
 - "--drain-timeout={{ .Values.controller.drainSeconds }}s"
 {{- if .Values.gatewayAPI.enabled }}

@@ -63,7 +63,17 @@ impl ConnectionFamilies {
 impl Metrics {
     /// The connection handles of one listener.
     pub fn listener(&self, listener: SocketAddr) -> ConnectionMetrics {
-        let name: Arc<str> = listener.to_string().into();
+        self.listener_named(&listener.to_string())
+    }
+
+    /// The connection handles of an HTTP/3 listener: labelled `ADDR/udp`, apart from the TCP
+    /// listener on the same address.
+    pub fn quic_listener(&self, listener: SocketAddr) -> ConnectionMetrics {
+        self.listener_named(&format!("{listener}/udp"))
+    }
+
+    fn listener_named(&self, name: &str) -> ConnectionMetrics {
+        let name: Arc<str> = name.into();
         let labels = |f: Family| ListenerLabels {
             listener: name.clone(),
             family: f.as_str(),

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use http::{Request, Version};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Incoming};
+use hyper::body::Body;
+
+use crate::client_body::ClientBody;
 
 /// The most bytes read and discarded for one answered request (nginx has no byte bound, only
 /// `lingering_time`; a bound keeps a refused upload from costing more than this much bandwidth).
@@ -20,7 +22,7 @@ pub(crate) const LINGER_TIME: Duration = Duration::from_secs(5);
 /// Passes `result` through; first, if `req` is HTTP/1.x with body still unread, reads and
 /// discards that body in a background task (at most [`LINGER_BYTES`] for [`LINGER_TIME`]), so
 /// that the answer reaches the client. HTTP/2 needs none of this: the stream is reset on its own.
-pub(crate) fn unread<T>(req: Request<Incoming>, result: T) -> T {
+pub(crate) fn unread<T>(req: Request<ClientBody>, result: T) -> T {
     let http1 = matches!(req.version(), Version::HTTP_10 | Version::HTTP_11);
     let body = req.into_body();
     if http1 && !body.is_end_stream() {

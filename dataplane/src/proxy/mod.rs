@@ -29,7 +29,9 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::Either;
-use hyper::body::{Body, Incoming};
+use hyper::body::Body;
+
+use crate::client_body::ClientBody;
 use hyper::upgrade::OnUpgrade;
 
 pub use body::ProxyBody;
@@ -58,6 +60,8 @@ pub struct Proxy {
     gate: Gate,
     /// Where request mirrors go (`RequestMirror`).
     mirrors: mirror::Mirrors,
+    /// `Alt-Svc` for HTTPS answers over TCP, while HTTP/3 is up for the client's family.
+    alt_svc: Arc<crate::alt_svc::AltSvc>,
 }
 
 /// A request matched to a route: what the phases after [`route`] work on.
@@ -141,7 +145,13 @@ impl Proxy {
             tunnels,
             gate,
             mirrors,
+            alt_svc: Default::default(),
         })
+    }
+
+    /// What HTTPS answers over TCP advertise of HTTP/3, per client family.
+    pub fn alt_svc(&self) -> &Arc<crate::alt_svc::AltSvc> {
+        &self.alt_svc
     }
 
     /// The open WebSocket tunnels (drained on shutdown).
@@ -150,11 +160,17 @@ impl Proxy {
     }
 
     /// Handles one client request; every response carries `Server: duet`.
-    pub async fn handle(
+    pub async fn handle<B: Into<ClientBody>>(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<B>,
         conn: Arc<ConnInfo>,
     ) -> Result<Response<ProxyBody>, Infallible> {
+        let req = req.map(Into::into);
+        // Only the Ingress HTTPS listeners have an HTTP/3 counterpart (the same port over UDP).
+        let alt_svc =
+            (conn.tls && conn.gateway_port.is_none() && req.version() != http::Version::HTTP_3)
+                .then(|| self.alt_svc.get(conn.family))
+                .flatten();
         let mut exchange = self.runtime.telemetry().exchange(&req, &conn);
         let mut res = match self.forward(req, &conn, &mut exchange).await {
             Ok(res) => res,
@@ -165,6 +181,9 @@ impl Proxy {
         };
         res.headers_mut()
             .insert(header::SERVER, HeaderValue::from_static("duet"));
+        if let Some(alt_svc) = alt_svc {
+            res.headers_mut().insert(header::ALT_SVC, alt_svc);
+        }
         if let Some(admission) = exchange.admission() {
             admission.decorate(res.status(), res.headers_mut());
         }
@@ -176,7 +195,7 @@ impl Proxy {
     /// The phases of one request, in order.
     async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         conn: &ConnInfo,
         exchange: &mut Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -523,7 +542,7 @@ pub(crate) fn choose<'a>(
 /// the client's side of a WebSocket upgrade it asks for.
 #[inline(always)] // Called once; inlined, the request is not copied into and out of it.
 fn upstream_request(
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
     routed: &mut Routed<'_>,
     plan: &Plan<'_>,
     conn: &ConnInfo,

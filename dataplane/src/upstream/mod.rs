@@ -35,6 +35,7 @@ pub use client::is_hop_or_framing;
 pub(crate) use client::{is_connection_option, role, Role};
 pub(crate) use h2::{keep_trailers, wants_trailers};
 
+use crate::client_body::ClientBody;
 use crate::error::ProxyError;
 use crate::forwarded::Forwarding;
 use crate::limits::Limited;
@@ -44,7 +45,7 @@ use tls::LiveTls;
 
 /// The body sent upstream: the client's stream (counted against the route's body limit), or
 /// nothing for a replayed bodyless request.
-pub(crate) type UpstreamBody = Either<Limited<Incoming>, Empty<Bytes>>;
+pub(crate) type UpstreamBody = Either<Limited<ClientBody>, Empty<Bytes>>;
 
 /// Names a head has at most for [`has_any_field`] to compare them rather than hash: a request
 /// carries a handful, and a name's comparison (a standard one's index) costs a few instructions
