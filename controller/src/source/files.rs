@@ -82,7 +82,10 @@ pub struct Parsed {
 /// they are kept when the file does not parse at all, and per object when a document does not
 /// decode.
 pub fn parse(text: &str, previous: &[Object]) -> Parsed {
-    let options = serde_saphyr::options! { with_snippet: false };
+    let options = serde_saphyr::options! {
+        with_snippet: false,
+        budget: Some(super::yaml_fast::budget_for(text)),
+    };
     // The plainest manifests are read without the parser's tokens and events (yaml_lite), the
     // rest by the parser (yaml_fast), and what that leaves by serde-saphyr itself.
     let read = match super::yaml_lite::documents(text).or_else(|| super::yaml_fast::documents(text))
@@ -111,9 +114,10 @@ pub fn parse(text: &str, previous: &[Object]) -> Parsed {
         let is_list = doc.get("apiVersion").and_then(Value::as_str) == Some("v1")
             && doc.get("kind").and_then(Value::as_str) == Some("List");
         if is_list {
-            match doc.get("items").and_then(Value::as_array) {
-                Some(list) => items.extend(list.iter().cloned().map(|i| (n + 1, i))),
-                None => parsed.problems.push(Problem {
+            let mut doc = doc;
+            match doc.get_mut("items").map(Value::take) {
+                Some(Value::Array(list)) => items.extend(list.into_iter().map(|i| (n + 1, i))),
+                _ => parsed.problems.push(Problem {
                     object: Some(format!("document {}", n + 1)),
                     error: "a List without items; skipped".to_owned(),
                 }),
@@ -122,11 +126,14 @@ pub fn parse(text: &str, previous: &[Object]) -> Parsed {
             items.push((n + 1, doc));
         }
     }
+    // The keys seen, for the duplicate check (a scan of the objects so far made a List of
+    // 20,000 EndpointSlices 200 million comparisons).
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
     for (n, doc) in items {
         match decode(doc) {
             Ok(object) => {
                 let key = object.key();
-                if parsed.objects.iter().any(|o| o.key() == key) {
+                if !seen.insert(key.clone()) {
                     parsed.problems.push(Problem {
                         object: Some(key.to_string()),
                         error: "defined twice in this file; the first definition is used"
@@ -236,8 +243,22 @@ fn identify(doc: &mut Value) -> Result<(Kind, ObjectKey), DecodeFailure> {
     Ok((kind, key))
 }
 
+/// Annotations translation never reads that exported manifests carry on every object: kubectl's
+/// copy of what was applied, a JSON text about as long as the object itself (a sixth of the
+/// memory 10,000 exported Ingresses were kept in).
+const UNREAD_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];
+
 fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
     let (kind, key) = identify(&mut doc)?;
+    if let Some(annotations) = doc
+        .get_mut("metadata")
+        .and_then(|m| m.get_mut("annotations"))
+        .and_then(Value::as_object_mut)
+    {
+        for name in UNREAD_ANNOTATIONS {
+            annotations.remove(*name);
+        }
+    }
     let failed = |e: serde_json::Error| DecodeFailure {
         key: Some(key.clone()),
         described: None,
@@ -1011,6 +1032,78 @@ items:
         let parsed = parse(text, &[]);
         let keys: Vec<String> = parsed.objects.iter().map(|o| o.key().to_string()).collect();
         assert_eq!(keys, ["Secret x/a", "Secret default/b"]);
+    }
+
+    /// What `kubectl get endpointslices -A -o yaml > slices.yaml` gives for a large cluster: one
+    /// `List` document of 300,000 YAML nodes (serde-saphyr's default budget allows 250,000) and
+    /// a second document of 1,500 more (its default allows 1,024 documents).
+    #[test]
+    fn a_large_exported_list_and_many_documents_are_read_whole() {
+        let endpoint = "  - addresses:\n    - 10.1.2.3\n    conditions:\n      ready: true\n      serving: true\n    nodeName: node-1\n";
+        let items: String = (0..2_000)
+            .map(|i| {
+                format!(
+                    "- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata:\n    name: web-{i}\n    namespace: shop\n    labels:\n      kubernetes.io/service-name: web\n  addressType: IPv4\n  ports:\n  - name: http\n    port: 8080\n  endpoints:\n{}",
+                    endpoint.repeat(15)
+                )
+            })
+            .collect();
+        let list = format!("apiVersion: v1\nkind: List\nitems:\n{items}");
+        let many: Vec<String> = (0..1_500).map(|i| secret(&format!("s{i}"), "")).collect();
+        let text = format!("{list}---\n{}", many.join("---\n"));
+        let parsed = parse(&text, &[]);
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+        assert_eq!(parsed.objects.len(), 3_500);
+        let Object::EndpointSlice(last) = &parsed.objects[1_999] else {
+            panic!("not a slice: {:?}", parsed.objects[1_999].key());
+        };
+        assert_eq!(
+            parsed.objects[1_999].key().to_string(),
+            "EndpointSlice shop/web-1999"
+        );
+        let mut endpoints = 0;
+        crate::compact::SliceView::for_each_endpoint(&**last, &mut |_| endpoints += 1);
+        assert_eq!(endpoints, 15);
+    }
+
+    #[test]
+    fn an_object_defined_twice_in_a_list_keeps_the_first() {
+        let text = format!(
+            "apiVersion: v1\nkind: List\nitems:\n{}",
+            [secret("a", "1"), secret("b", "2"), secret("a", "3")]
+                .iter()
+                .map(|s| format!("- {}", s.trim_end().replace('\n', "\n  ")))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let parsed = parse(&text, &[]);
+        let keys: Vec<String> = parsed.objects.iter().map(|o| o.key().to_string()).collect();
+        assert_eq!(keys, ["Secret default/a", "Secret default/b"]);
+        assert_eq!(parsed.problems.len(), 1);
+        assert!(parsed.problems[0].error.contains("defined twice"));
+    }
+
+    #[test]
+    fn kubectls_copy_of_the_applied_object_is_not_kept() {
+        let text = r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: |
+      {"apiVersion":"networking.k8s.io/v1","kind":"Ingress","metadata":{"name":"web"}}
+    duet.dev/proxy-body-size: 8m
+spec:
+  defaultBackend: {service: {name: web, port: {number: 80}}}
+"#;
+        let parsed = parse(text, &[]);
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+        let Object::Ingress(ingress) = &parsed.objects[0] else {
+            panic!("not an Ingress");
+        };
+        let annotations = ingress.metadata.annotations.as_ref().expect("annotations");
+        let names: Vec<&str> = annotations.keys().map(String::as_str).collect();
+        assert_eq!(names, ["duet.dev/proxy-body-size"]);
     }
 
     fn secret(name: &str, note: &str) -> String {

@@ -12,7 +12,7 @@
 //! and the caller parses with serde-saphyr (whose result and diagnostics stay the reference), on
 //! anything else: a parse error, a tag, an anchor or alias, a merge key, a duplicate or null key,
 //! a float or other numeric spelling, a `%YAML` directive, a root that is not a mapping, or a file
-//! at half of any of serde-saphyr's default budgets.
+//! at half of any of the budgets it is read with (`budget_for`).
 
 use serde_json::{Map, Value};
 use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, StrInput};
@@ -30,9 +30,25 @@ pub fn documents(text: &str) -> Option<Vec<Value>> {
     reader.stream()
 }
 
-/// serde-saphyr's default budget, when `text` is under half of its input limit.
+/// The budget a manifest file of `text` is read with: serde-saphyr's default, its counts of
+/// events, nodes, scalar bytes and documents raised to what a text of that size can hold without
+/// aliases (each needs at least a byte of its own; alias and anchor limits stay the defaults, so
+/// expansion stays bounded). The defaults (250,000 nodes, 1,024 documents) refused the plain
+/// files users export with `kubectl get -o yaml`: a `List` of 20,000 EndpointSlices has millions
+/// of nodes, and the folder is the operator's own.
+pub fn budget_for(text: &str) -> serde_saphyr::Budget {
+    let mut budget = serde_saphyr::Budget::default();
+    let len = text.len();
+    budget.max_events = budget.max_events.max(len.saturating_mul(4));
+    budget.max_nodes = budget.max_nodes.max(len.saturating_mul(4));
+    budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len.saturating_mul(2));
+    budget.max_documents = budget.max_documents.max(len);
+    budget
+}
+
+/// [`budget_for`] `text`, when `text` is under half of its input limit.
 pub(super) fn within_input_budget(text: &str) -> Option<serde_saphyr::Budget> {
-    let budget = serde_saphyr::Budget::default();
+    let budget = budget_for(text);
     let over = budget
         .max_reader_input_bytes
         .is_some_and(|max| text.len() > max / 2);
@@ -65,7 +81,7 @@ pub(super) struct Counts {
 }
 
 impl Counts {
-    /// Half of each default limit: a text this fast path accepts is never near a budget breach.
+    /// Half of each limit: a text this fast path accepts is never near a budget breach.
     pub(super) fn half_of(budget: &serde_saphyr::Budget) -> Counts {
         Counts {
             events: budget.max_events / 2,
@@ -264,7 +280,10 @@ pub(super) mod tests {
 
     /// serde-saphyr's reading of `text`, as `files::parse` asks for it.
     pub(in crate::source) fn reference(text: &str) -> Option<Vec<Value>> {
-        let options = serde_saphyr::options! { with_snippet: false };
+        let options = serde_saphyr::options! {
+            with_snippet: false,
+            budget: Some(budget_for(text)),
+        };
         serde_saphyr::from_multiple_with_options(text, options).ok()
     }
 
