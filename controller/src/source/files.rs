@@ -922,9 +922,13 @@ pub fn spawn(dir: PathBuf, tx: mpsc::Sender<SourceEvent>) -> Result<JoinHandle<(
             };
             tokio::time::sleep(SETTLE).await;
             watch.more(&mut touched);
-            let scanned = match &touched {
-                Some(paths) => source.scan_paths(paths),
-                None => source.scan(),
+            let scanned;
+            (source, scanned) = match scan_off_runtime(source, touched).await {
+                Ok(done) => done,
+                Err(error) => {
+                    tracing::error!(%error, "Manifest folder rescan failed; no more live changes");
+                    return;
+                }
             };
             match scanned {
                 Ok(changes) if changes.is_empty() => {}
@@ -939,6 +943,23 @@ pub fn spawn(dir: PathBuf, tx: mpsc::Sender<SourceEvent>) -> Result<JoinHandle<(
             }
         }
     }))
+}
+
+/// Rescans what `touched` names (the whole folder when `None`) on Tokio's blocking threads: a
+/// large file takes seconds to parse, which on a runtime worker would stall the requests it
+/// serves. Gives the source back with the result.
+async fn scan_off_runtime(
+    mut source: FileSource,
+    touched: Touched,
+) -> Result<(FileSource, Result<Vec<Change>, FilesError>), tokio::task::JoinError> {
+    tokio::task::spawn_blocking(move || {
+        let scanned = match &touched {
+            Some(paths) => source.scan_paths(paths),
+            None => source.scan(),
+        };
+        (source, scanned)
+    })
+    .await
 }
 
 #[cfg(test)]
