@@ -365,6 +365,19 @@ impl Duet {
     }
 }
 
+/// A port free on both 0.0.0.0 and [::] (IPv6-only), for a Gateway listener: duet binds each of
+/// its ports on both families.
+pub fn free_port() -> anyhow::Result<u16> {
+    for _ in 0..20 {
+        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
+        let port = v4.local_addr()?.port();
+        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no port free on both families")
+}
+
 /// The finding for the ingress-nginx annotation `key` (without its prefix) of the Ingress named
 /// `ingress` in a `/debug/routes` answer's annotation report, if it lists one.
 pub fn nginx_finding(routes: &Value, ingress: &str, key: &str) -> Option<Value> {

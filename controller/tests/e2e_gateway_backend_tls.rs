@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 
 use conformance::client::{self, Conn};
+use conformance::duet::free_port;
 use conformance::echo::EchoOptions;
 use conformance::tls::{self, TestCa};
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
@@ -16,18 +17,6 @@ use serde_json::{json, Value};
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const NS: &str = "btls";
 const SPIFFE: &str = "spiffe://abc.example.com/test-identity";
-
-/// A port free on both 0.0.0.0 and [::] (the Gateway listener binds both).
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..20 {
-        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
-        let port = v4.local_addr()?.port();
-        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no port free on both families")
-}
 
 fn gateway_docs(port: u16, services: &[&str]) -> Vec<Value> {
     let rules: Vec<Value> = services

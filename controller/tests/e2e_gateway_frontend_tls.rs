@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use conformance::client::{self, Conn, Reply};
+use conformance::duet::free_port;
 use conformance::rustls;
 use conformance::tls::{self, TestCa, TestCert};
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
@@ -26,18 +27,6 @@ use serde_json::{json, Value};
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const NS: &str = "front";
-
-/// A port free on both 0.0.0.0 and [::] (a Gateway listener binds both).
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..20 {
-        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
-        let port = v4.local_addr()?.port();
-        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no port free on both families")
-}
 
 /// Presents `key` (if any) when asked, and remembers whether it was asked.
 #[derive(Debug)]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use conformance::bytes::Bytes;
 use conformance::client::{self, Conn};
+use conformance::duet::free_port;
 use conformance::fleet::{closed_port, silent_port, static_service};
 use conformance::http::{Method, Request};
 use conformance::http_body_util::Full;
@@ -18,18 +19,6 @@ use tokio::sync::mpsc;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const NS: &str = "e2e";
-
-/// A port free on both 0.0.0.0 and [::] (the Gateway listener binds both).
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..20 {
-        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
-        let port = v4.local_addr()?.port();
-        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no port free on both families")
-}
 
 fn gateway_docs(port: u16) -> Vec<Value> {
     vec![

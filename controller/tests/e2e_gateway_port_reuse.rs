@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use conformance::client::{self, Conn, Reply};
+use conformance::duet::free_port;
 use conformance::echo::EchoOptions;
 use conformance::http::Method;
 use conformance::tls::{self, TestCert};
@@ -20,18 +21,6 @@ const NS: &str = "e2e";
 /// How long a port may take to serve its new listener: the manifest reload's debounce (up to
 /// about 500 ms) and a margin for a loaded machine. Without the retry the port never serves.
 const LIVE: Duration = Duration::from_secs(8);
-
-/// A port free on both 0.0.0.0 and [::] (a Gateway listener binds both).
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..20 {
-        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
-        let port = v4.local_addr()?.port();
-        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no port free on both families")
-}
 
 fn gateway_class() -> Value {
     json!({

@@ -11,24 +11,13 @@ use std::time::Duration;
 
 use conformance::bytes::Bytes;
 use conformance::client::{self, Conn, Reply};
+use conformance::duet::free_port;
 use conformance::http_body_util::Full;
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const NS: &str = "e2e";
-
-/// A port free on both 0.0.0.0 and [::] (the Gateway listener binds both).
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..20 {
-        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
-        let port = v4.local_addr()?.port();
-        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no port free on both families")
-}
 
 fn gateway_class() -> Value {
     json!({

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use conformance::client::{self, Conn, Reply};
+use conformance::duet::free_port;
 use conformance::echo::EchoOptions;
 use conformance::http::Method;
 use conformance::tls;
@@ -17,18 +18,6 @@ use serde_json::json;
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const NS: &str = "e2e";
-
-/// A port free on both 0.0.0.0 and [::] (a Gateway listener binds both).
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..20 {
-        let v4 = dataplane::listen::bind("0.0.0.0:0".parse()?)?;
-        let port = v4.local_addr()?.port();
-        if dataplane::listen::bind(SocketAddr::from(([0u16; 8], port))).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no port free on both families")
-}
 
 /// A TLS handshake with `sni`, then `GET /` for it: the certificate the client saw and the reply.
 async fn get(to: SocketAddr, sni: &str) -> anyhow::Result<(Vec<u8>, Reply)> {
