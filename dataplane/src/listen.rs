@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::client_body::ClientBody;
 pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
 use crate::handshake::Handshake;
@@ -150,6 +151,49 @@ pub trait Handler: Clone + Send + Sync + 'static {
 
     /// Answers one request.
     fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Self::Future;
+
+    /// Whether the handler answers requests read by duet's own HTTP/1.1 server
+    /// ([`crate::h1_serve`]) through [`Handler::call_own`].
+    fn serves_own(&self) -> bool {
+        false
+    }
+
+    /// Answers one request read by duet's own HTTP/1.1 server (`None`: not taken).
+    fn call_own(&self, req: Request<ClientBody>, conn: Arc<ConnInfo>) -> Option<Self::Future> {
+        let _ = (req, conn);
+        None
+    }
+}
+
+/// A handler of requests with any client body: served by duet's own HTTP/1.1 server where it
+/// takes the connection ([`crate::h1_serve`]), by hyper's servers elsewhere.
+#[derive(Clone, Debug)]
+pub struct AnyBody<G>(pub G);
+
+impl<G, F, B> Handler for AnyBody<G>
+where
+    G: Fn(Request<ClientBody>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<B>, std::convert::Infallible>> + Send + 'static,
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Body = B;
+    type Data = B::Data;
+    type Error = B::Error;
+    type Future = F;
+
+    fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> F {
+        (self.0)(req.map(ClientBody::Hyper), conn)
+    }
+
+    fn serves_own(&self) -> bool {
+        true
+    }
+
+    fn call_own(&self, req: Request<ClientBody>, conn: Arc<ConnInfo>) -> Option<F> {
+        Some((self.0)(req, conn))
+    }
 }
 
 impl<H, F, B> Handler for H
@@ -248,7 +292,7 @@ struct PerConnection<H> {
 
 /// The stream hyper serves: the accepted one, watched for activity (and parked while idle),
 /// with the bytes read to tell HTTP/2 from HTTP/1.1 (or left by a parked server) given back.
-type Io = Rewind<Watched<Stream>>;
+pub(crate) type Io = Rewind<Watched<Stream>>;
 
 /// A client connection's service: each request answered by the handler, the connection active
 /// from its head until its response body ends.
@@ -334,11 +378,17 @@ fn parkable<B: Body>(req: &Request<B>) -> bool {
         && !crate::upstream::has_any_field(req.headers(), [&crate::names::UPGRADE])
 }
 
+/// Whether duet's own HTTP/1.1 server takes the connection first: the handler answers its
+/// requests, the connection is plain (TLS stays on hyper for now) and the path is switched on.
+fn own_h1<H: Handler>(service: &ConnService<H>) -> bool {
+    !service.info.tls && service.handler.serves_own() && crate::h1_serve::enabled()
+}
+
 /// The HTTP/1.1 server of a client connection, boxed: dropped while the connection is parked.
 type H1Conn<H> = Pin<Box<http1::UpgradeableConnection<TokioIo<Io>, ConnService<H>>>>;
 
 /// A connection's end: `Ok(true)` when the watchdog closed it (idle or slow).
-type Ended = Result<bool, Box<dyn std::error::Error + Send + Sync>>;
+pub(crate) type Ended = Result<bool, Box<dyn std::error::Error + Send + Sync>>;
 
 impl<H> PerConnection<H> {
     fn new(options: &ServeOptions, handler: H) -> PerConnection<H> {
@@ -470,6 +520,17 @@ impl<H> PerConnection<H> {
     where
         H: Handler,
     {
+        let io = if own_h1(&service) {
+            let timeouts = self.timeouts;
+            let counts = self.connections.as_ref();
+            let conn = crate::h1_serve::Conn::new(&service.handler, &service.info, activity);
+            match conn.serve(io, timeouts, counts, drain).await {
+                crate::h1_serve::Served::Ended(ended) => return ended,
+                crate::h1_serve::Served::HandOver(io) => io,
+            }
+        } else {
+            io
+        };
         let mut conn: H1Conn<H> = Box::pin(
             self.http1
                 .serve_connection(TokioIo::new(io), service)
@@ -580,7 +641,7 @@ enum Parking<H> {
 /// Waits while a connection is parked: its stream once the client sends again (or bytes are
 /// pending), `None` once it has been idle too long (dropped, as an idle served one is) or the
 /// listener drains (shut down, as hyper closes an idle connection then).
-async fn wait_parked(
+pub(crate) async fn wait_parked(
     mut io: Io,
     activity: &Activity,
     timeouts: idle::Timeouts,
@@ -733,14 +794,14 @@ struct Opened {
 }
 
 /// An accepted connection, plain or TLS.
-enum Stream {
+pub(crate) enum Stream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 impl Stream {
     /// Waits until the socket has bytes (or an end) to read.
-    async fn readable(&self) -> io::Result<()> {
+    pub(crate) async fn readable(&self) -> io::Result<()> {
         match self {
             Stream::Plain(s) => s.readable().await,
             Stream::Tls(s) => s.get_ref().0.readable().await,
@@ -808,7 +869,7 @@ impl AsyncWrite for Stream {
 
 /// Resolves once `shutdown` turns true (or its sender is gone). Holds no `watch::Ref` across an
 /// await, so the accept loop's future stays `Send`.
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
