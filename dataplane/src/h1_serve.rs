@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -127,7 +127,7 @@ impl<'a, H: Handler> Conn<'a, H> {
                 Err(error) => return Served::Ended(Err(error.into())),
             };
             buf.drain(..len);
-            match self.answer(&mut io, req, &mut out, drain).await {
+            match self.answer(&mut io, req, &mut buf, &mut out, drain).await {
                 Ok(true) => {}
                 Ok(false) => {
                     let _ = tokio::time::timeout(timeouts.header_read, io.shutdown()).await;
@@ -214,6 +214,7 @@ impl<'a, H: Handler> Conn<'a, H> {
         &self,
         io: &mut Io,
         req: Request<ClientBody>,
+        buf: &mut Vec<u8>,
         out: &mut Vec<u8>,
         drain: &watch::Receiver<bool>,
     ) -> std::io::Result<bool> {
@@ -222,7 +223,10 @@ impl<'a, H: Handler> Conn<'a, H> {
         let Some(answering) = self.handler.call_own(req, self.info.clone()) else {
             return Ok(false);
         };
-        let Ok(response) = answering.await;
+        let Some(response) = answered(io, answering, buf).await else {
+            // The client went away: the request is dropped (and counted so), as hyper does.
+            return Ok(false);
+        };
         let (mut parts, body) = response.into_parts();
         out.clear();
         let keep_alive = !*drain.borrow();
@@ -239,6 +243,31 @@ impl<'a, H: Handler> Conn<'a, H> {
         drop(busy);
         Ok(complete && !head.last)
     }
+}
+
+/// The handler's answer, or `None` when the client closes the connection first. While nothing is
+/// buffered, the connection is read meanwhile, as hyper's server does to notice a client that
+/// went away: a pipelined request is kept for later, an end drops the answer in the making.
+async fn answered<F, B>(io: &mut Io, answering: F, buf: &mut Vec<u8>) -> Option<Response<B>>
+where
+    F: std::future::Future<Output = Result<Response<B>, std::convert::Infallible>>,
+{
+    let mut answering = std::pin::pin!(answering);
+    while buf.is_empty() {
+        if buf.capacity() < READ_SIZE {
+            buf.reserve(READ_SIZE);
+        }
+        tokio::select! {
+            biased;
+            Ok(response) = answering.as_mut() => return Some(response),
+            read = io.read_buf(buf) => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            },
+        }
+    }
+    let Ok(response) = answering.await;
+    Some(response)
 }
 
 /// The request, when this path takes the head (see the module docs); `None` for hyper.
