@@ -24,6 +24,7 @@
 //!
 //! Off unless `DUET_H1_SERVER=1` while the path is being proven against every existing test.
 
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -42,11 +43,19 @@ use crate::idle::{self, Activity};
 use crate::listen::{stopped, wait_parked, Ended, Handler, Io};
 use crate::metrics::ConnectionMetrics;
 
-/// A request head this long without its end goes to hyper (which refuses it past its own limit).
+/// Longest request head this path takes; longer ones go to hyper (which refuses them past its
+/// own limit).
 pub const MAX_HEAD: usize = 16 * 1024;
 
 /// Bytes read at a time.
 const READ_SIZE: usize = 4096;
+
+/// The longest head hyper's server reads before refusing it.
+const HYPER_LIMIT: usize = crate::limits::MAX_HEADER_BYTES;
+
+// A head this path takes is well within hyper's limit, so that it never takes one hyper would
+// refuse as too large.
+const _: () = assert!(MAX_HEAD + READ_SIZE <= HYPER_LIMIT);
 
 /// Response bytes gathered before a write: the head and the first data of the body go together.
 const GATHER: usize = 16 * 1024;
@@ -183,20 +192,23 @@ impl<'a, H: Handler> Conn<'a, H> {
                 let mut slots = h1::header_slots();
                 match h1::parse_request(buf, &mut slots) {
                     Ok(Some(head)) => {
-                        return Ok(match taken(&head) {
+                        let fits = head.len <= MAX_HEAD;
+                        return Ok(match taken(&head).filter(|_| fits) {
                             Some(req) => Next::Request(req, head.len),
                             None => Next::HandOver,
-                        })
+                        });
                     }
-                    Ok(None) if buf.len() < MAX_HEAD => {}
+                    Ok(None) if buf.len() < HYPER_LIMIT => {}
                     Ok(None) | Err(_) => return Ok(Next::HandOver),
                 }
             }
-            if buf.capacity() - buf.len() < READ_SIZE / 4 {
-                buf.reserve(READ_SIZE);
-            }
+            // An incomplete head goes to hyper once it is as long as hyper's limit: hyper then
+            // refuses it (431) from the bytes given back alone, as it would have from the socket.
+            let room = (HYPER_LIMIT + READ_SIZE - buf.len()).min(READ_SIZE);
+            buf.reserve(room);
+            let mut limited = (&mut *io).take(room as u64);
             let read = tokio::select! {
-                read = io.read_buf(buf) => read?,
+                read = limited.read_buf(buf) => read?,
                 () = self.activity.expired(timeouts) => return Ok(Next::Expired),
             };
             if read == 0 {
@@ -254,13 +266,12 @@ where
 {
     let mut answering = std::pin::pin!(answering);
     while buf.is_empty() {
-        if buf.capacity() < READ_SIZE {
-            buf.reserve(READ_SIZE);
-        }
+        buf.reserve(READ_SIZE);
+        let mut limited = (&mut *io).take(READ_SIZE as u64);
         tokio::select! {
             biased;
             Ok(response) = answering.as_mut() => return Some(response),
-            read = io.read_buf(buf) => match read {
+            read = limited.read_buf(buf) => match read {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => {}
             },
@@ -306,6 +317,8 @@ enum Sending {
     Length(u64),
     /// Chunked coding.
     Chunked,
+    /// Until the connection closes (an HTTP/1.0 answer of unknown length).
+    Close,
 }
 
 /// A response head as written: how its body goes (`None`: no body), and whether the connection
@@ -337,6 +350,7 @@ fn encode_head<B: Body>(
     if parts.status.is_informational() {
         // hyper sends no 1xx as a final answer: a 500 instead, and the connection closes.
         parts.status = StatusCode::INTERNAL_SERVER_ERROR;
+        parts.version = Version::HTTP_11;
         parts.headers.clear();
         parts.extensions = http::Extensions::new();
         length = None;
@@ -346,9 +360,11 @@ fn encode_head<B: Body>(
         add_close(&mut parts.headers);
     }
     status_line(parts, out);
-    let status = parts.status;
-    let chunkable = !head_request && !matches!(status.as_u16(), 204 | 304);
-    let with_length = !matches!(status.as_u16(), 204 | 304);
+    // Whether the answer has a body at all (hyper's `can_chunked`), and may be chunked: an
+    // HTTP/1.0 answer (a pod's, relayed) is not, and its body of unknown length ends with the
+    // connection.
+    let has_body = !head_request && !matches!(parts.status.as_u16(), 204 | 304);
+    let chunkable = has_body && parts.version != Version::HTTP_10;
     let mut fields = Fields {
         framing: None,
         wrote_len: false,
@@ -357,29 +373,13 @@ fn encode_head<B: Body>(
     };
     fields.write(&parts.headers, length, head_request, chunkable, out);
     if !fields.wrote_len {
-        fields.framing = match length {
-            Some(None) if chunkable => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                Some(Sending::Chunked)
-            }
-            Some(None) => None,
-            None | Some(Some(0)) => {
-                if with_length && !head_request {
-                    out.extend_from_slice(b"content-length: 0\r\n");
-                }
-                None
-            }
-            Some(Some(n)) if with_length => {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-                out.extend_from_slice(b"\r\n");
-                Some(Sending::Length(n))
-            }
-            Some(Some(_)) => None,
-        };
+        fields.framing = implicit_framing(parts.status, length, head_request, chunkable, out);
     }
-    if !chunkable {
+    if !has_body {
         fields.framing = None;
+    }
+    if fields.framing == Some(Sending::Close) {
+        fields.last = true;
     }
     if !fields.wrote_date {
         out.extend_from_slice(b"date: ");
@@ -390,6 +390,37 @@ fn encode_head<B: Body>(
     Head {
         framing: fields.framing.filter(|f| *f != Sending::Length(0)),
         last: fields.last,
+    }
+}
+
+/// The framing of an answer whose fields set none, and the field that says it.
+fn implicit_framing(
+    status: StatusCode,
+    length: Option<Option<u64>>,
+    head_request: bool,
+    chunkable: bool,
+    out: &mut Vec<u8>,
+) -> Option<Sending> {
+    let with_length = !matches!(status.as_u16(), 204 | 304);
+    match length {
+        Some(None) if chunkable => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Some(Sending::Chunked)
+        }
+        Some(None) => Some(Sending::Close),
+        None | Some(Some(0)) => {
+            if with_length && !head_request {
+                out.extend_from_slice(b"content-length: 0\r\n");
+            }
+            None
+        }
+        Some(Some(n)) if with_length => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+            Some(Sending::Length(n))
+        }
+        Some(Some(_)) => None,
     }
 }
 
@@ -414,11 +445,12 @@ fn has_token(value: &HeaderValue, token: &str) -> bool {
 /// The status line, with the response's own reason phrase if it carries one.
 fn status_line(parts: &http::response::Parts, out: &mut Vec<u8>) {
     let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
-    if parts.status == StatusCode::OK && reason.is_none() {
+    let http10 = parts.version == Version::HTTP_10;
+    if parts.status == StatusCode::OK && reason.is_none() && !http10 {
         out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
         return;
     }
-    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(if http10 { b"HTTP/1.0 " } else { b"HTTP/1.1 " });
     out.extend_from_slice(parts.status.as_str().as_bytes());
     out.push(b' ');
     match reason {
@@ -567,7 +599,7 @@ async fn write_body<B: Body + Unpin>(
 ) -> std::io::Result<bool> {
     let mut left = match framing {
         Sending::Length(n) => n,
-        Sending::Chunked => u64::MAX,
+        Sending::Chunked | Sending::Close => u64::MAX,
     };
     loop {
         // The body's error (not `Send` for every handler) is dropped at once, before any wait.
@@ -601,8 +633,8 @@ async fn write_body<B: Body + Unpin>(
                 return Ok(false);
             }
             left -= len as u64;
-        } else {
-            out.extend_from_slice(format!("{len:X}\r\n").as_bytes());
+        } else if framing == Sending::Chunked {
+            let _ = write!(out, "{len:X}\r\n");
         }
         gather(io, out, &mut data).await?;
         if framing == Sending::Chunked {
@@ -613,7 +645,10 @@ async fn write_body<B: Body + Unpin>(
         out.extend_from_slice(b"0\r\n\r\n");
     }
     io.write_all(out).await?;
-    Ok(framing == Sending::Chunked || left == 0)
+    Ok(match framing {
+        Sending::Length(_) => left == 0,
+        Sending::Chunked | Sending::Close => true,
+    })
 }
 
 /// A polled body frame, its error dropped.

@@ -36,7 +36,12 @@ async fn answer(
     let body = req.into_body().collect().await.map(|b| b.to_bytes());
     let read = body.map(|b| b.len()).unwrap_or(0);
     let text = format!("{method} {target} {kind} {read} {:?}", conn.family);
-    Ok(Response::new(Full::new(Bytes::from(text))))
+    let mut response = Response::new(Full::new(Bytes::from(text)));
+    if target.path() == "/http10" {
+        // As a pod's HTTP/1.0 answer is relayed.
+        *response.version_mut() = http::Version::HTTP_10;
+    }
+    Ok(response)
 }
 
 /// A listener on `ip` (port 0) served with [`answer`], the path switched on; stops on drop of
@@ -212,4 +217,67 @@ async fn a_refused_head_is_answered_by_hyper_ipv4() {
 #[tokio::test]
 async fn a_refused_head_is_answered_by_hyper_ipv6() {
     a_refused_head_is_answered_by_hyper("::1").await;
+}
+
+async fn heads_past_the_own_limit_go_to_hyper(ip: &str, family: &str) {
+    let (addr, _stop) = serve(ip);
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let fits = format!(
+        "GET /big HTTP/1.1\r\nHost: a\r\nX-Fits: {}\r\n\r\n",
+        "x".repeat(20 * 1024)
+    );
+    stream.write_all(fits.as_bytes()).await.unwrap();
+    let mut reader = BufReader::new(stream);
+    let (_, body) = response(&mut reader).await;
+    assert_eq!(body, format!("GET /big hyper 0 {family}"));
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let big = format!(
+        "GET /big HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+        "x".repeat(40 * 1024)
+    );
+    stream.write_all(big.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test]
+async fn heads_past_the_own_limit_go_to_hyper_ipv4() {
+    heads_past_the_own_limit_go_to_hyper("127.0.0.1", "V4").await;
+}
+
+#[tokio::test]
+async fn heads_past_the_own_limit_go_to_hyper_ipv6() {
+    heads_past_the_own_limit_go_to_hyper("::1", "V6").await;
+}
+
+async fn an_http10_answer_keeps_its_version(ip: &str, family: &str) {
+    let (addr, _stop) = serve(ip);
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /http10 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let (head, body) = response(&mut reader).await;
+    let text = format!("GET /http10 own 0 {family}");
+    assert_eq!(
+        without_date(&head),
+        format!("HTTP/1.0 200 OK\r\ncontent-length: {}\r\n", text.len())
+    );
+    assert_eq!(body, text);
+}
+
+#[tokio::test]
+async fn an_http10_answer_keeps_its_version_ipv4() {
+    an_http10_answer_keeps_its_version("127.0.0.1", "V4").await;
+}
+
+#[tokio::test]
+async fn an_http10_answer_keeps_its_version_ipv6() {
+    an_http10_answer_keeps_its_version("::1", "V6").await;
 }
