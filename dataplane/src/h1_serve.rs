@@ -87,6 +87,8 @@ pub(crate) struct Conn<'a, H> {
 }
 
 /// What the next bytes of a connection held.
+// Returned once per request and taken apart at once: boxing the request would allocate per request.
+#[allow(clippy::large_enum_variant)]
 enum Next {
     /// A request this path takes, and its head's length in the buffer.
     Request(Request<ClientBody>, usize),
