@@ -1,4 +1,4 @@
-//! duet's own HTTP/1.1 server path (`DUET_H1_SERVER=1`): a plain connection's bodyless
+//! duet's own HTTP/1.1 server path (on unless `DUET_H1_SERVER=0`): a plain connection's bodyless
 //! keep-alive requests reach the handler without hyper's server (their body is
 //! `ClientBody::Empty`), pipelined requests are answered in order on one connection with the
 //! response head hyper would write, and a request the path does not take (a body, an upgrade)
@@ -44,8 +44,8 @@ async fn answer(
     Ok(response)
 }
 
-/// A listener on `ip` (port 0) served with [`answer`], the path switched on; stops on drop of
-/// the returned sender.
+/// A listener on `ip` (port 0) served with [`answer`], the path on (as by default, whatever
+/// the environment says); stops on drop of the returned sender.
 fn serve(ip: &str) -> (SocketAddr, watch::Sender<bool>) {
     std::env::set_var("DUET_H1_SERVER", "1");
     let listener = listen::bind(SocketAddr::new(ip.parse().unwrap(), 0)).unwrap();
