@@ -20,7 +20,7 @@ pub enum ClientBody {
     Hyper(Incoming),
     /// An HTTP/3 request stream's data frames, then its trailers.
     Http3(Box<H3Body>),
-    /// No body: a request head read by duet's own HTTP/1.1 server ([`crate::h1_serve`]) that
+    /// No body: a request head read by duet's own HTTP/1.1 server (`listen`'s `h1_serve`) that
     /// announced none.
     Empty,
 }

@@ -18,7 +18,6 @@ pub mod filters;
 pub mod forwarded;
 pub mod gateway_listen;
 pub mod h1;
-mod h1_serve;
 pub mod h2_write;
 pub mod handshake;
 pub mod host;

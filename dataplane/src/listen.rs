@@ -21,6 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::client_body::ClientBody;
+
+mod h1_serve;
 pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
 use crate::handshake::Handshake;
@@ -153,7 +155,7 @@ pub trait Handler: Clone + Send + Sync + 'static {
     fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Self::Future;
 
     /// Whether the handler answers requests read by duet's own HTTP/1.1 server
-    /// ([`crate::h1_serve`]) through [`Handler::call_own`].
+    /// (`listen::h1_serve`) through [`Handler::call_own`].
     fn serves_own(&self) -> bool {
         false
     }
@@ -166,7 +168,7 @@ pub trait Handler: Clone + Send + Sync + 'static {
 }
 
 /// A handler of requests with any client body: served by duet's own HTTP/1.1 server where it
-/// takes the connection ([`crate::h1_serve`]), by hyper's servers elsewhere.
+/// takes the connection (`listen::h1_serve`), by hyper's servers elsewhere.
 #[derive(Clone, Debug)]
 pub struct AnyBody<G>(pub G);
 
@@ -292,7 +294,7 @@ struct PerConnection<H> {
 
 /// The stream hyper serves: the accepted one, watched for activity (and parked while idle),
 /// with the bytes read to tell HTTP/2 from HTTP/1.1 (or left by a parked server) given back.
-pub(crate) type Io = Rewind<Watched<Stream>>;
+type Io = Rewind<Watched<Stream>>;
 
 /// A client connection's service: each request answered by the handler, the connection active
 /// from its head until its response body ends.
@@ -381,14 +383,14 @@ fn parkable<B: Body>(req: &Request<B>) -> bool {
 /// Whether duet's own HTTP/1.1 server takes the connection first: the handler answers its
 /// requests, the connection is plain (TLS stays on hyper for now) and the path is switched on.
 fn own_h1<H: Handler>(service: &ConnService<H>) -> bool {
-    !service.info.tls && service.handler.serves_own() && crate::h1_serve::enabled()
+    !service.info.tls && service.handler.serves_own() && h1_serve::enabled()
 }
 
 /// The HTTP/1.1 server of a client connection, boxed: dropped while the connection is parked.
 type H1Conn<H> = Pin<Box<http1::UpgradeableConnection<TokioIo<Io>, ConnService<H>>>>;
 
 /// A connection's end: `Ok(true)` when the watchdog closed it (idle or slow).
-pub(crate) type Ended = Result<bool, Box<dyn std::error::Error + Send + Sync>>;
+type Ended = Result<bool, Box<dyn std::error::Error + Send + Sync>>;
 
 impl<H> PerConnection<H> {
     fn new(options: &ServeOptions, handler: H) -> PerConnection<H> {
@@ -523,10 +525,10 @@ impl<H> PerConnection<H> {
         let io = if own_h1(&service) {
             let timeouts = self.timeouts;
             let counts = self.connections.as_ref();
-            let conn = crate::h1_serve::Conn::new(&service.handler, &service.info, activity);
+            let conn = h1_serve::Conn::new(&service.handler, &service.info, activity);
             match conn.serve(io, timeouts, counts, drain).await {
-                crate::h1_serve::Served::Ended(ended) => return ended,
-                crate::h1_serve::Served::HandOver(io) => io,
+                h1_serve::Served::Ended(ended) => return ended,
+                h1_serve::Served::HandOver(io) => io,
             }
         } else {
             io
@@ -641,7 +643,7 @@ enum Parking<H> {
 /// Waits while a connection is parked: its stream once the client sends again (or bytes are
 /// pending), `None` once it has been idle too long (dropped, as an idle served one is) or the
 /// listener drains (shut down, as hyper closes an idle connection then).
-pub(crate) async fn wait_parked(
+async fn wait_parked(
     mut io: Io,
     activity: &Activity,
     timeouts: idle::Timeouts,
@@ -794,14 +796,14 @@ struct Opened {
 }
 
 /// An accepted connection, plain or TLS.
-pub(crate) enum Stream {
+enum Stream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
 impl Stream {
     /// Waits until the socket has bytes (or an end) to read.
-    pub(crate) async fn readable(&self) -> io::Result<()> {
+    async fn readable(&self) -> io::Result<()> {
         match self {
             Stream::Plain(s) => s.readable().await,
             Stream::Tls(s) => s.get_ref().0.readable().await,
@@ -869,7 +871,7 @@ impl AsyncWrite for Stream {
 
 /// Resolves once `shutdown` turns true (or its sender is gone). Holds no `watch::Ref` across an
 /// await, so the accept loop's future stays `Send`.
-pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 

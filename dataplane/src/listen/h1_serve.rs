@@ -37,11 +37,11 @@ use hyper::body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
+use super::{stopped, wait_parked, Ended, Handler, Io};
 use crate::client_body::ClientBody;
 use crate::conn::ConnInfo;
 use crate::h1::{self, Framing};
 use crate::idle::{self, Activity};
-use crate::listen::{stopped, wait_parked, Ended, Handler, Io};
 use crate::metrics::ConnectionMetrics;
 
 /// Longest request head this path takes; longer ones go to hyper (which refuses them past its
