@@ -152,8 +152,40 @@ pub fn parse(text: &str, previous: &[Object]) -> Parsed {
             Err(failure) => keep_or_skip(&mut parsed, failure, previous, n),
         }
     }
+    let documents = items.len();
     drop(items);
+    if documents > 1 {
+        // Each file's tree was freed in the holes the kept objects of the files before it
+        // left; the objects decoded amid it hold its pages. Copied now that it is gone, they
+        // fill the oldest free slots together and its pages go back to the kernel (RSS 107 ->
+        // 100 MiB for 50 files of 800 documents).
+        parsed.objects = parsed.objects.iter().map(reallocated).collect();
+    }
     parsed
+}
+
+/// A copy of `object` in memory of its own (not shared with the original's `Arc`).
+fn reallocated(object: &Object) -> Object {
+    fn copy<T: Clone>(object: &Arc<T>) -> Arc<T> {
+        Arc::new(T::clone(object))
+    }
+    match object {
+        Object::Ingress(o) => Object::Ingress(copy(o)),
+        Object::IngressClass(o) => Object::IngressClass(copy(o)),
+        Object::Service(o) => Object::Service(copy(o)),
+        Object::EndpointSlice(o) => Object::EndpointSlice(copy(o)),
+        Object::Secret(o) => Object::Secret(copy(o)),
+        Object::Namespace(o) => Object::Namespace(copy(o)),
+        Object::GatewayClass(o) => Object::GatewayClass(copy(o)),
+        Object::Gateway(o) => Object::Gateway(copy(o)),
+        Object::HttpRoute(o) => Object::HttpRoute(copy(o)),
+        Object::GrpcRoute(o) => Object::GrpcRoute(copy(o)),
+        Object::TlsRoute(o) => Object::TlsRoute(copy(o)),
+        Object::ReferenceGrant(o) => Object::ReferenceGrant(copy(o)),
+        Object::ListenerSet(o) => Object::ListenerSet(copy(o)),
+        Object::BackendTlsPolicy(o) => Object::BackendTlsPolicy(copy(o)),
+        Object::ConfigMap(o) => Object::ConfigMap(copy(o)),
+    }
 }
 
 /// A document that did not decode: its problem, and the object's last good version kept when
