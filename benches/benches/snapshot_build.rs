@@ -3,11 +3,12 @@
 
 use std::hint::black_box;
 
+use controller::stored::StoredIngress;
 use controller::translate::{self, build_backends, plan_routes, Config, Inputs};
 use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use k8s_openapi::api::networking::v1::IngressClass;
 use serde_json::json;
 
 const SERVICES: usize = 1_000;
@@ -15,7 +16,7 @@ const PODS: usize = 25;
 const INGRESSES: usize = 5_000;
 
 struct World {
-    ingresses: Vec<Ingress>,
+    ingresses: Vec<StoredIngress>,
     classes: Vec<IngressClass>,
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,

@@ -15,7 +15,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use k8s_openapi::api::networking::v1::IngressClass;
+
+use crate::stored::StoredIngress;
 
 /// The legacy annotation naming an Ingress's class.
 pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
@@ -87,7 +89,7 @@ impl ClassConfig {
     }
 
     /// Whether an Ingress is ours (see the module documentation for the rules).
-    pub fn is_ours(&self, ingress: &Ingress, classes: &Classes<'_>) -> bool {
+    pub fn is_ours(&self, ingress: &StoredIngress, classes: &Classes<'_>) -> bool {
         let class_name = ingress
             .spec
             .as_ref()
@@ -98,7 +100,6 @@ impl ClassConfig {
             .annotations
             .as_ref()
             .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
-            .map(String::as_str)
             .filter(|n| !n.is_empty());
         if let Some(name) = class_name {
             let by_field = match classes.get(name) {
@@ -132,7 +133,7 @@ impl ClassConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::networking::v1::{IngressClassSpec, IngressSpec};
+    use k8s_openapi::api::networking::v1::{Ingress, IngressClassSpec, IngressSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn class(name: &str, controller: &str, default: bool) -> IngressClass {
@@ -154,8 +155,8 @@ mod tests {
         }
     }
 
-    fn ingress(class_name: Option<&str>, legacy: Option<&str>) -> Ingress {
-        Ingress {
+    fn ingress(class_name: Option<&str>, legacy: Option<&str>) -> StoredIngress {
+        StoredIngress::from(Ingress {
             metadata: ObjectMeta {
                 name: Some("web".to_owned()),
                 annotations: legacy.map(|l| {
@@ -170,7 +171,7 @@ mod tests {
                 ..Default::default()
             }),
             status: None,
-        }
+        })
     }
 
     const OURS: &str = "duet.dev/ingress-controller";

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::Resource as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -197,7 +196,7 @@ impl Writer {
             Kind::Ingress => self
                 .stores
                 .ingress(&object.namespace, &object.name)
-                .map(|ingress| ingress.object_ref(&())),
+                .map(|ingress| ingress.object_ref()),
             Kind::EndpointSlice => Some(ObjectReference {
                 api_version: Some("discovery.k8s.io/v1".to_owned()),
                 kind: Some("EndpointSlice".to_owned()),

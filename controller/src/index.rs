@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use k8s_openapi::api::networking::v1::IngressClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::class::{ClassConfig, Classes};
@@ -24,7 +24,7 @@ use crate::gateway_api::{
 };
 pub use crate::object::{slice_service, Kind, NsName, ObjectKey, SERVICE_NAME_LABEL};
 use crate::slices::SliceOwners;
-use crate::stored::StoredService;
+use crate::stored::{StoredIngress, StoredService};
 use crate::translate::Inputs;
 pub use crate::translate::References;
 
@@ -32,7 +32,7 @@ pub use crate::translate::References;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     /// An Ingress.
-    Ingress(Arc<Ingress>),
+    Ingress(Arc<StoredIngress>),
     /// An IngressClass.
     IngressClass(Arc<IngressClass>),
     /// A Service, in its slim stored form.
@@ -104,7 +104,7 @@ macro_rules! stored {
 }
 
 stored!(
-    Ingress => Ingress, ingresses, ingress_impact;
+    StoredIngress => Ingress, ingresses, ingress_impact;
     IngressClass => IngressClass, ingress_classes, class_impact;
     StoredService => Service, services, service_impact;
     Slice => EndpointSlice, endpoint_slices, slice_impact;
@@ -132,7 +132,7 @@ pub trait PerKind {
 /// Runs `work` for the stored type of `kind`: the one place where kinds meet types.
 pub fn for_kind<W: PerKind>(kind: Kind, work: W) -> W::Output {
     match kind {
-        Kind::Ingress => work.run::<Ingress>(),
+        Kind::Ingress => work.run::<StoredIngress>(),
         Kind::IngressClass => work.run::<IngressClass>(),
         Kind::Service => work.run::<StoredService>(),
         Kind::EndpointSlice => work.run::<Slice>(),
@@ -329,7 +329,7 @@ pub struct Index {
     class: ClassConfig,
     references: Arc<References>,
     /// Ingresses.
-    pub ingresses: Store<Ingress>,
+    pub ingresses: Store<StoredIngress>,
     /// IngressClasses (namespace empty).
     pub ingress_classes: Store<IngressClass>,
     /// Services.
@@ -440,7 +440,12 @@ impl Index {
         K::impact(self, &key, old.as_ref().map(|e| &*e.object), Some(&object))
     }
 
-    fn ingress_impact(&self, key: &NsName, old: Option<&Ingress>, new: Option<&Ingress>) -> Impact {
+    fn ingress_impact(
+        &self,
+        key: &NsName,
+        old: Option<&StoredIngress>,
+        new: Option<&StoredIngress>,
+    ) -> Impact {
         if same_routing(old, new) {
             // Unchanged, or only its status (which duet writes itself) or bookkeeping changed.
             return Impact::default();
@@ -683,7 +688,7 @@ gateway_api_object!(
 
 /// What of an Ingress translation reads: its spec, annotations and creation time; not its
 /// status or resourceVersion, so that a status write does not rebuild routes.
-fn same_routing(old: Option<&Ingress>, new: Option<&Ingress>) -> bool {
+fn same_routing(old: Option<&StoredIngress>, new: Option<&StoredIngress>) -> bool {
     match (old, new) {
         (Some(a), Some(b)) => {
             a.spec == b.spec
@@ -699,7 +704,7 @@ fn same_routing(old: Option<&Ingress>, new: Option<&Ingress>) -> bool {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::networking::v1::IngressSpec;
+    use k8s_openapi::api::networking::v1::{Ingress, IngressSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn meta(ns: &str, name: &str) -> ObjectMeta {
@@ -711,14 +716,14 @@ mod tests {
     }
 
     fn ingress(name: &str, class: &str) -> Object {
-        Object::Ingress(Arc::new(Ingress {
+        Object::Ingress(Arc::new(StoredIngress::from(Ingress {
             metadata: meta("default", name),
             spec: Some(IngressSpec {
                 ingress_class_name: Some(class.to_owned()),
                 ..Default::default()
             }),
             status: None,
-        }))
+        })))
     }
 
     fn slice(name: &str, service: &str, address: &str) -> Object {

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::io::{self, Read as _, Write};
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress};
+use k8s_openapi::api::networking::v1::HTTPIngressPath;
+
+use crate::stored::{Annotations, StoredIngress};
 
 use crate::config::MigrateCheck;
 use crate::index::Object;
@@ -47,7 +49,7 @@ pub enum MigrateError {
 struct Found {
     namespace: String,
     name: String,
-    ingress: Ingress,
+    ingress: StoredIngress,
 }
 
 /// Runs the check, writing the report to `out`. `Ok(true)` when every annotation of every
@@ -82,7 +84,7 @@ pub fn check(args: &MigrateCheck, out: &mut dyn Write) -> Result<bool, MigrateEr
 
 /// What duet makes of one Ingress's annotations on its own.
 fn read(f: &Found, args: &MigrateCheck) -> nginx::Read {
-    let empty = Default::default();
+    let empty = Annotations::default();
     let mut read = nginx::read(f.ingress.metadata.annotations.as_ref().unwrap_or(&empty));
     nginx::passthrough::settle(&mut read, args.enable_ssl_passthrough);
     nginx::access::settle_destination(&mut read);
@@ -94,7 +96,7 @@ fn read(f: &Found, args: &MigrateCheck) -> nginx::Read {
 type HostPath<'a> = (&'a str, &'a str);
 
 /// Each path of an Ingress with its host.
-fn paths(ingress: &Ingress) -> impl Iterator<Item = (&str, &HTTPIngressPath)> {
+fn paths(ingress: &StoredIngress) -> impl Iterator<Item = (&str, &HTTPIngressPath)> {
     let rules = ingress.spec.iter().flat_map(|s| s.rules.iter().flatten());
     rules.flat_map(|r| {
         let host = r.host.as_deref().unwrap_or("");
@@ -111,7 +113,7 @@ fn written(path: &HTTPIngressPath) -> &str {
 }
 
 /// The host and path of each path of an Ingress.
-fn host_paths(ingress: &Ingress) -> impl Iterator<Item = HostPath<'_>> {
+fn host_paths(ingress: &StoredIngress) -> impl Iterator<Item = HostPath<'_>> {
     paths(ingress).map(|(host, path)| (host, written(path)))
 }
 
@@ -177,7 +179,7 @@ fn check_canary_scope(
 
 /// Reports the paths of an Ingress asking for regexes that duet cannot compile (the paths of
 /// other Ingresses of its hosts are checked when duet serves them).
-fn check_regex_paths(ingress: &Ingress, read: &mut nginx::Read) {
+fn check_regex_paths(ingress: &StoredIngress, read: &mut nginx::Read) {
     for (_, path) in paths(ingress) {
         let written = written(path);
         if !read.settings.forces_regex(written) {
@@ -192,15 +194,8 @@ fn check_regex_paths(ingress: &Ingress, read: &mut nginx::Read) {
 
 /// The class an Ingress names, as ingress-nginx reads it (`GetIngressClass`):
 /// `spec.ingressClassName` first, then the legacy annotation.
-fn class_of(ingress: &Ingress) -> Option<&str> {
-    let annotation = || {
-        ingress
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(CLASS_ANNOTATION)
-            .map(String::as_str)
-    };
+fn class_of(ingress: &StoredIngress) -> Option<&str> {
+    let annotation = || ingress.metadata.annotations.as_ref()?.get(CLASS_ANNOTATION);
     ingress
         .spec
         .as_ref()

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use crate::object::NsName;
 use crate::source::kube::{trim, Stores};
+use crate::stored::StoredIngress;
 
 /// Where the published addresses come from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -261,7 +262,7 @@ async fn watch_publish_service(
     }
 }
 
-fn current(ingress: &Ingress) -> Vec<IngressLoadBalancerIngress> {
+fn current(ingress: &StoredIngress) -> Vec<IngressLoadBalancerIngress> {
     ingress
         .status
         .as_ref()
@@ -272,7 +273,7 @@ fn current(ingress: &Ingress) -> Vec<IngressLoadBalancerIngress> {
 
 /// What the writer decides for one Ingress: the value it should have, or `None` to leave it.
 pub fn desired(
-    ingress: &Ingress,
+    ingress: &StoredIngress,
     live: bool,
     was_live: bool,
     addresses: &[IngressLoadBalancerIngress],
@@ -472,8 +473,8 @@ mod tests {
         assert_eq!(list[2].hostname.as_deref(), Some("lb.example.com"));
     }
 
-    fn ingress_with(status: &[IngressLoadBalancerIngress]) -> Ingress {
-        Ingress {
+    fn ingress_with(status: &[IngressLoadBalancerIngress]) -> StoredIngress {
+        StoredIngress {
             status: (!status.is_empty()).then(|| IngressStatus {
                 load_balancer: Some(IngressLoadBalancerStatus {
                     ingress: Some(status.to_vec()),

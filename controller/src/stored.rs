@@ -7,9 +7,18 @@
 //! `targetPort`, protocol, `appProtocol`). It is decoded straight from the API's JSON or YAML
 //! (`#[serde(from = "Service")]`) by the manifest source, and converted from the API type by the
 //! Service watcher, so nothing else of a Service is kept.
+//!
+//! Ingresses likewise ([`StoredIngress`]): the spec and status as the API gives them, and of the
+//! metadata only what translation, the status writer and Events read (name, namespace, resource
+//! version, uid, creation time, annotations). A k8s-openapi `ObjectMeta` is 360 bytes whatever
+//! it holds, and exported manifests carry labels (a B-tree node of 544 bytes for one label),
+//! finalizers, owner references and a generation on every Ingress.
 
-use k8s_openapi::api::core::v1::{Service, ServicePort};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort};
+use k8s_openapi::api::networking::v1::{Ingress, IngressSpec, IngressStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use serde::Deserialize;
 
 use crate::compact::StoredMeta;
@@ -167,6 +176,110 @@ impl ServiceView for StoredService {
     }
 }
 
+/// A stored Ingress (see the module documentation): its fields are named as the API type's, so
+/// that what reads one reads the other.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(from = "Ingress")]
+pub struct StoredIngress {
+    /// What is kept of `metadata`.
+    pub metadata: IngressMeta,
+    /// `spec`.
+    pub spec: Option<IngressSpec>,
+    /// `status` (the status writer compares it with the addresses it would write).
+    pub status: Option<IngressStatus>,
+}
+
+/// What a [`StoredIngress`] keeps of its metadata.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IngressMeta {
+    /// `metadata.name`.
+    pub name: Option<String>,
+    /// `metadata.namespace`.
+    pub namespace: Option<String>,
+    /// `metadata.resourceVersion` (the status writer's).
+    pub resource_version: Option<String>,
+    /// `metadata.uid` (Events' reference).
+    pub uid: Option<String>,
+    /// `metadata.creationTimestamp` (the older Ingress wins a conflict).
+    pub creation_timestamp: Option<Time>,
+    /// `metadata.annotations`.
+    pub annotations: Option<Annotations>,
+}
+
+/// An object's annotations, by name in one boxed slice: 16 bytes and 32 an annotation, where a
+/// `BTreeMap` takes a node of 544 bytes for the first (6 MB at 10,000 Ingresses of one
+/// annotation each).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Annotations(Box<[(Box<str>, Box<str>)]>);
+
+impl Annotations {
+    /// The value of the annotation `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        let at = self.0.binary_search_by(|(k, _)| (**k).cmp(name)).ok()?;
+        Some(&self.0[at].1)
+    }
+
+    /// Every annotation, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (&**k, &**v))
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<BTreeMap<String, String>> for Annotations {
+    fn from(map: BTreeMap<String, String>) -> Annotations {
+        Annotations(map.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+    }
+}
+
+impl FromIterator<(String, String)> for Annotations {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(pairs: I) -> Annotations {
+        pairs.into_iter().collect::<BTreeMap<_, _>>().into()
+    }
+}
+
+impl From<Ingress> for StoredIngress {
+    fn from(ingress: Ingress) -> StoredIngress {
+        let meta = ingress.metadata;
+        StoredIngress {
+            metadata: IngressMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                resource_version: meta.resource_version,
+                uid: meta.uid,
+                creation_timestamp: meta.creation_timestamp,
+                annotations: meta.annotations.map(Annotations::from),
+            },
+            spec: ingress.spec,
+            status: ingress.status,
+        }
+    }
+}
+
+impl StoredIngress {
+    /// A reference to the Ingress, for Events about it (as kube-rs's `Resource::object_ref`).
+    pub fn object_ref(&self) -> ObjectReference {
+        let meta = &self.metadata;
+        ObjectReference {
+            api_version: Some("networking.k8s.io/v1".to_owned()),
+            kind: Some("Ingress".to_owned()),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            ..ObjectReference::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,5 +415,110 @@ status: {loadBalancer: {ingress: [{ip: 192.0.2.1}]}}
             "{stored} bytes, the API type {api}"
         );
         assert!(stored <= 128, "{stored} bytes");
+    }
+
+    const EXPORTED_INGRESS: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  namespace: shop
+  resourceVersion: "1007"
+  uid: 0d1c1d2e-0000-4000-8000-000000000002
+  generation: 3
+  creationTimestamp: "2026-02-02T01:01:07Z"
+  labels: {app: web, tier: front}
+  annotations:
+    team: shop
+    duet.dev/upstream-family: PreferIPv6
+    nginx.ingress.kubernetes.io/proxy-body-size: 8m
+  finalizers: [example.com/keep]
+  ownerReferences: [{apiVersion: v1, kind: ConfigMap, name: owner, uid: o-1}]
+spec:
+  ingressClassName: duet
+  tls: [{hosts: [web.example], secretName: web-tls}]
+  rules:
+    - host: web.example
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+          - {path: /api, pathType: Exact, backend: {service: {name: api, port: {name: http}}}}
+status: {loadBalancer: {ingress: [{ip: 192.0.2.1}, {ip: "2001:db8::1"}]}}
+"#;
+
+    #[test]
+    fn a_stored_ingress_keeps_what_is_read_and_nothing_else() {
+        let api: Ingress = serde_saphyr::from_str(EXPORTED_INGRESS).expect("an Ingress");
+        let stored: StoredIngress =
+            serde_saphyr::from_str(EXPORTED_INGRESS).expect("a stored Ingress");
+        assert_eq!(stored, StoredIngress::from(api.clone()));
+        let (meta, kept) = (&api.metadata, &stored.metadata);
+        assert_eq!(kept.name, meta.name);
+        assert_eq!(kept.namespace, meta.namespace);
+        assert_eq!(kept.resource_version, meta.resource_version);
+        assert_eq!(kept.uid, meta.uid);
+        assert_eq!(kept.creation_timestamp, meta.creation_timestamp);
+        assert_eq!(stored.spec, api.spec);
+        assert_eq!(stored.status, api.status);
+        let annotations = kept.annotations.as_ref().expect("annotations");
+        let written = meta.annotations.as_ref().expect("annotations");
+        let pairs: Vec<(&str, &str)> = annotations.iter().collect();
+        let expected: Vec<(&str, &str)> = written.iter().map(|(k, v)| (&**k, &**v)).collect();
+        assert_eq!(pairs, expected);
+        assert_eq!(
+            annotations.get("duet.dev/upstream-family"),
+            Some("PreferIPv6")
+        );
+        assert_eq!(annotations.get("team"), Some("shop"));
+        assert_eq!(annotations.get("absent"), None);
+        // Events name the Ingress as kube-rs would.
+        let reference = stored.object_ref();
+        assert_eq!(reference, kube::Resource::object_ref(&api, &()));
+    }
+
+    #[test]
+    fn annotations_are_found_by_name_whatever_their_order() {
+        let pairs = [("b", "2"), ("a", "1"), ("c", "3")].map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let annotations: Annotations = pairs.into_iter().collect();
+        let names: Vec<&str> = annotations.iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(
+            ["a", "b", "c", "d", ""].map(|n| annotations.get(n)),
+            [Some("1"), Some("2"), Some("3"), None, None]
+        );
+        assert_eq!(annotations.len(), 3);
+        assert!(Annotations::default().is_empty() && Annotations::default().get("a").is_none());
+    }
+
+    #[test]
+    fn hostile_ingresses_decode_or_are_refused_without_panic() {
+        for bad in [
+            "metadata: {annotations: [a, b]}",
+            "metadata: {annotations: {a: [1]}}",
+            "metadata: {name: {x: 1}}",
+            "metadata: {creationTimestamp: yesterday}",
+            "spec: {rules: {host: a}}",
+        ] {
+            assert!(
+                serde_saphyr::from_str::<StoredIngress>(bad).is_err(),
+                "{bad}"
+            );
+            assert!(serde_saphyr::from_str::<Ingress>(bad).is_err(), "{bad}");
+        }
+        let bare: StoredIngress = serde_saphyr::from_str("metadata: {name: bare}\n").unwrap();
+        assert_eq!(bare.metadata.name.as_deref(), Some("bare"));
+        assert!(bare.metadata.annotations.is_none() && bare.spec.is_none());
+    }
+
+    #[test]
+    fn a_stored_ingress_is_small() {
+        // The API type carries a 360-byte `ObjectMeta` whatever it holds; the stored one keeps
+        // six fields of it, annotations in one boxed slice.
+        let (stored, api) = (
+            std::mem::size_of::<StoredIngress>(),
+            std::mem::size_of::<Ingress>(),
+        );
+        assert!(stored + 200 <= api, "{stored} bytes, the API type {api}");
+        assert!(std::mem::size_of::<Option<Annotations>>() <= 16);
     }
 }

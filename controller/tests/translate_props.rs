@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use controller::object::NsName;
+use controller::stored::StoredIngress;
 use controller::translate::{self, incremental, Config, Inputs};
 use dataplane::{Target, TargetId};
 use k8s_openapi::api::core::v1::{ObjectReference, Service, ServicePort, ServiceSpec};
@@ -113,7 +114,7 @@ fn backend(service: usize, port: usize) -> IngressBackend {
     }
 }
 
-fn make_ingress(index: usize, spec: &IngressSpecGen, rule_order: &[usize]) -> Ingress {
+fn make_ingress(index: usize, spec: &IngressSpecGen, rule_order: &[usize]) -> StoredIngress {
     let rules = rule_order
         .iter()
         .map(|&i| {
@@ -130,7 +131,7 @@ fn make_ingress(index: usize, spec: &IngressSpecGen, rule_order: &[usize]) -> In
             }
         })
         .collect();
-    Ingress {
+    StoredIngress::from(Ingress {
         metadata: ObjectMeta {
             name: Some(format!("ing-{index}")),
             namespace: Some(spec.namespace.to_owned()),
@@ -146,7 +147,7 @@ fn make_ingress(index: usize, spec: &IngressSpecGen, rule_order: &[usize]) -> In
             tls: None,
         }),
         status: None,
-    }
+    })
 }
 
 fn service(namespace: &str, name: &str) -> Service {
@@ -194,7 +195,7 @@ proptest! {
             .flat_map(|ns| [service(ns, "web"), service(ns, "api")])
             .collect();
         let build = |ingress_order: &[usize], service_order: &[usize], rule_seed: u64| {
-            let ingresses: Vec<Ingress> = ingress_order
+            let ingresses: Vec<StoredIngress> = ingress_order
                 .iter()
                 .map(|&i| {
                     let order = permutation(specs[i].rules.len(), rule_seed ^ i as u64);
@@ -237,7 +238,7 @@ proptest! {
             .iter()
             .flat_map(|ns| [service(ns, "web"), service(ns, "api")])
             .collect();
-        let ingresses: Vec<Ingress> = specs
+        let ingresses: Vec<StoredIngress> = specs
             .iter()
             .enumerate()
             .map(|(i, spec)| make_ingress(i, spec, &(0..spec.rules.len()).collect::<Vec<_>>()))
@@ -293,12 +294,12 @@ proptest! {
                 after.push(edited);
             }
         }
-        let ingresses: Vec<Ingress> = specs
+        let ingresses: Vec<StoredIngress> = specs
             .iter()
             .enumerate()
             .map(|(i, spec)| make_ingress(i, spec, &(0..spec.rules.len()).collect::<Vec<_>>()))
             .collect();
-        fn inputs<'a>(ingresses: &'a [Ingress], services: &'a [Service]) -> Inputs<'a> {
+        fn inputs<'a>(ingresses: &'a [StoredIngress], services: &'a [Service]) -> Inputs<'a> {
             Inputs {
                 ingresses: ingresses.iter().collect(),
                 services: services.iter().collect(),

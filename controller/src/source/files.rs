@@ -31,6 +31,7 @@ use super::SourceEvent;
 use crate::compact::Slice;
 use crate::index::{Change, Object};
 use crate::object::{Kind, ObjectKey};
+use crate::stored::StoredIngress;
 
 /// How long to wait after a file event for more events before rescanning (an editor's save is
 /// often several events).
@@ -129,7 +130,9 @@ pub fn parse(text: &str, previous: &[Object]) -> Parsed {
     // The keys seen, for the duplicate check (a scan of the objects so far made a List of
     // 20,000 EndpointSlices 200 million comparisons).
     let mut seen = std::collections::HashSet::with_capacity(items.len());
-    for (n, doc) in items {
+    // Decoded from a reference, the tree freed whole at the end: see `decode`.
+    for (n, doc) in &mut items {
+        let n = *n;
         match decode(doc) {
             Ok(object) => {
                 let key = object.key();
@@ -146,7 +149,40 @@ pub fn parse(text: &str, previous: &[Object]) -> Parsed {
             Err(failure) => keep_or_skip(&mut parsed, failure, previous, n),
         }
     }
+    let documents = items.len();
+    drop(items);
+    if documents > 1 {
+        parsed.objects = parsed.objects.iter().map(reallocated).collect();
+    }
     parsed
+}
+
+/// A copy of `object` in memory of its own (not shared with the original's `Arc`). A file's
+/// tree is allocated in the holes the kept objects of the files before it left, and the
+/// objects decoded amid it hold its pages once it is freed; copied after, they fill the oldest
+/// free slots together and its pages go back to the kernel (RSS 106 -> 97 MiB for 50 files of
+/// 800 documents).
+fn reallocated(object: &Object) -> Object {
+    fn copy<T: Clone>(object: &Arc<T>) -> Arc<T> {
+        Arc::new(T::clone(object))
+    }
+    match object {
+        Object::Ingress(o) => Object::Ingress(copy(o)),
+        Object::IngressClass(o) => Object::IngressClass(copy(o)),
+        Object::Service(o) => Object::Service(copy(o)),
+        Object::EndpointSlice(o) => Object::EndpointSlice(copy(o)),
+        Object::Secret(o) => Object::Secret(copy(o)),
+        Object::Namespace(o) => Object::Namespace(copy(o)),
+        Object::GatewayClass(o) => Object::GatewayClass(copy(o)),
+        Object::Gateway(o) => Object::Gateway(copy(o)),
+        Object::HttpRoute(o) => Object::HttpRoute(copy(o)),
+        Object::GrpcRoute(o) => Object::GrpcRoute(copy(o)),
+        Object::TlsRoute(o) => Object::TlsRoute(copy(o)),
+        Object::ReferenceGrant(o) => Object::ReferenceGrant(copy(o)),
+        Object::ListenerSet(o) => Object::ListenerSet(copy(o)),
+        Object::BackendTlsPolicy(o) => Object::BackendTlsPolicy(copy(o)),
+        Object::ConfigMap(o) => Object::ConfigMap(copy(o)),
+    }
 }
 
 /// A document that did not decode: its problem, and the object's last good version kept when
@@ -248,8 +284,12 @@ fn identify(doc: &mut Value) -> Result<(Kind, ObjectKey), DecodeFailure> {
 /// memory 10,000 exported Ingresses were kept in).
 const UNREAD_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];
 
-fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
-    let (kind, key) = identify(&mut doc)?;
+/// Decodes one document; its `metadata` is amended in place. Borrowed, not taken: decoding the
+/// items of a `List` out of its tree by value freed the tree item by item, and the objects kept
+/// landed in its holes, scattered over its pages (a `List` of 20,000 EndpointSlices, a 76 MB
+/// file, left 266 MiB resident); [`parse`] frees the tree whole after the last item.
+fn decode(doc: &mut Value) -> Result<Object, DecodeFailure> {
+    let (kind, key) = identify(doc)?;
     if let Some(annotations) = doc
         .get_mut("metadata")
         .and_then(|m| m.get_mut("annotations"))
@@ -266,42 +306,27 @@ fn decode(mut doc: Value) -> Result<Object, DecodeFailure> {
         error: format!("invalid {kind}: {e}"),
     };
     Ok(match kind {
-        Kind::Ingress => Object::Ingress(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
-        Kind::IngressClass => {
-            Object::IngressClass(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::Service => Object::Service(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
-        Kind::EndpointSlice => Object::EndpointSlice(Arc::new(
-            serde_json::from_value::<Slice>(doc).map_err(failed)?,
-        )),
-        Kind::Secret => Object::Secret(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
-        Kind::Namespace => {
-            Object::Namespace(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::GatewayClass => {
-            Object::GatewayClass(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::Gateway => Object::Gateway(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
-        Kind::HttpRoute => {
-            Object::HttpRoute(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::GrpcRoute => {
-            Object::GrpcRoute(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::TlsRoute => Object::TlsRoute(Arc::new(serde_json::from_value(doc).map_err(failed)?)),
-        Kind::ReferenceGrant => {
-            Object::ReferenceGrant(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::ListenerSet => {
-            Object::ListenerSet(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::BackendTlsPolicy => {
-            Object::BackendTlsPolicy(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
-        Kind::ConfigMap => {
-            Object::ConfigMap(Arc::new(serde_json::from_value(doc).map_err(failed)?))
-        }
+        Kind::Ingress => Object::Ingress(Arc::new(from::<StoredIngress>(doc).map_err(failed)?)),
+        Kind::IngressClass => Object::IngressClass(Arc::new(from(doc).map_err(failed)?)),
+        Kind::Service => Object::Service(Arc::new(from(doc).map_err(failed)?)),
+        Kind::EndpointSlice => Object::EndpointSlice(Arc::new(from::<Slice>(doc).map_err(failed)?)),
+        Kind::Secret => Object::Secret(Arc::new(from(doc).map_err(failed)?)),
+        Kind::Namespace => Object::Namespace(Arc::new(from(doc).map_err(failed)?)),
+        Kind::GatewayClass => Object::GatewayClass(Arc::new(from(doc).map_err(failed)?)),
+        Kind::Gateway => Object::Gateway(Arc::new(from(doc).map_err(failed)?)),
+        Kind::HttpRoute => Object::HttpRoute(Arc::new(from(doc).map_err(failed)?)),
+        Kind::GrpcRoute => Object::GrpcRoute(Arc::new(from(doc).map_err(failed)?)),
+        Kind::TlsRoute => Object::TlsRoute(Arc::new(from(doc).map_err(failed)?)),
+        Kind::ReferenceGrant => Object::ReferenceGrant(Arc::new(from(doc).map_err(failed)?)),
+        Kind::ListenerSet => Object::ListenerSet(Arc::new(from(doc).map_err(failed)?)),
+        Kind::BackendTlsPolicy => Object::BackendTlsPolicy(Arc::new(from(doc).map_err(failed)?)),
+        Kind::ConfigMap => Object::ConfigMap(Arc::new(from(doc).map_err(failed)?)),
     })
+}
+
+/// The typed object of a document, its strings copied out of the tree.
+fn from<T: serde::de::DeserializeOwned>(doc: &Value) -> Result<T, serde_json::Error> {
+    T::deserialize(doc)
 }
 
 fn one_line(s: &str) -> String {
@@ -1123,7 +1148,7 @@ spec:
             panic!("not an Ingress");
         };
         let annotations = ingress.metadata.annotations.as_ref().expect("annotations");
-        let names: Vec<&str> = annotations.keys().map(String::as_str).collect();
+        let names: Vec<&str> = annotations.iter().map(|(name, _)| name).collect();
         assert_eq!(names, ["duet.dev/proxy-body-size"]);
     }
 

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::SourceEvent;
 use crate::index::{Change, Stored};
+use crate::stored::StoredIngress;
 use crate::units::Doubling;
 
 /// The annotation `kubectl apply` leaves on objects: a full copy of the object, dropped.
@@ -42,9 +43,6 @@ pub fn trim<K: Resource + 'static>(object: &mut K) {
 /// two paths kept room for four of each (768 and 192 bytes in jemalloc's classes where 384 and
 /// 48 hold them: 5 MiB at 10,000 Ingresses), for as long as the Ingress is stored.
 pub fn fit(ingress: &mut Ingress) {
-    let meta = &mut ingress.metadata;
-    shrink(&mut meta.finalizers);
-    shrink(&mut meta.owner_references);
     if let Some(spec) = ingress.spec.as_mut() {
         for tls in spec.tls.iter_mut().flatten() {
             shrink(&mut tls.hosts);
@@ -253,7 +251,7 @@ impl<K: Stored> Listed<K> {
 /// watch, the same `Arc`s as the index's. Kept in place of kube-runtime reflector stores, which
 /// key each object by four strings of their own in a hash map (about 200 bytes an Ingress).
 #[derive(Clone, Default)]
-pub(super) struct SharedIngresses(Arc<RwLock<Vec<Listed<Ingress>>>>);
+pub(super) struct SharedIngresses(Arc<RwLock<Vec<Listed<StoredIngress>>>>);
 
 impl SharedIngresses {
     /// One empty [`Listed`] per watch.
@@ -264,12 +262,12 @@ impl SharedIngresses {
 
     /// Reads the watches' objects (a poisoned lock is read as it was left: events are
     /// recorded whole or not at all).
-    pub(super) fn read(&self) -> RwLockReadGuard<'_, Vec<Listed<Ingress>>> {
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Vec<Listed<StoredIngress>>> {
         self.0.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Changes them.
-    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Vec<Listed<Ingress>>> {
+    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Vec<Listed<StoredIngress>>> {
         self.0.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -296,13 +294,13 @@ impl Debug for Stores {
 
 impl Stores {
     /// Every cached Ingress.
-    pub fn ingresses(&self) -> Vec<Arc<Ingress>> {
+    pub fn ingresses(&self) -> Vec<Arc<StoredIngress>> {
         let watches = self.ingresses.read();
         watches.iter().flat_map(Listed::objects).cloned().collect()
     }
 
     /// One cached Ingress.
-    pub fn ingress(&self, namespace: &str, name: &str) -> Option<Arc<Ingress>> {
+    pub fn ingress(&self, namespace: &str, name: &str) -> Option<Arc<StoredIngress>> {
         let watches = self.ingresses.read();
         watches.iter().find_map(|w| w.get(namespace, name).cloned())
     }

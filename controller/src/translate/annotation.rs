@@ -6,10 +6,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Display;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
 use super::diagnostic::{Diagnostic, Reason};
 use crate::object::ObjectKey;
+use crate::stored::{Annotations, StoredIngress};
 
 /// One `duet.dev/` annotation: its name, the values it takes and what it does. The parsers read
 /// the names from [`DUET_ANNOTATIONS`], and the reference page is rendered from it.
@@ -110,26 +109,67 @@ pub const DUET_ANNOTATIONS: [DuetAnnotation; 9] = [
     BACKEND_TLS_SERVER_NAME,
 ];
 
+/// An object's annotations as translation reads them: the API's map, or a stored Ingress's
+/// [`Annotations`].
+pub trait AnnotationMap: std::fmt::Debug {
+    /// The value of the annotation `name`.
+    fn value(&self, name: &str) -> Option<&str>;
+    /// Every annotation, by name.
+    fn pairs(&self) -> Box<dyn Iterator<Item = (&str, &str)> + '_>;
+}
+
+impl AnnotationMap for BTreeMap<String, String> {
+    fn value(&self, name: &str) -> Option<&str> {
+        self.get(name).map(String::as_str)
+    }
+
+    fn pairs(&self) -> Box<dyn Iterator<Item = (&str, &str)> + '_> {
+        Box::new(self.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+}
+
+impl AnnotationMap for Annotations {
+    fn value(&self, name: &str) -> Option<&str> {
+        self.get(name)
+    }
+
+    fn pairs(&self) -> Box<dyn Iterator<Item = (&str, &str)> + '_> {
+        Box::new(self.iter())
+    }
+}
+
 /// An object's annotations, with the key its diagnostics name.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Annotated<'a> {
     /// The object.
     pub(crate) key: &'a ObjectKey,
-    annotations: Option<&'a BTreeMap<String, String>>,
+    annotations: Option<&'a dyn AnnotationMap>,
 }
 
 impl<'a> Annotated<'a> {
-    /// The annotations of the object with `key` and `meta`.
-    pub(crate) fn new(key: &'a ObjectKey, meta: &'a ObjectMeta) -> Annotated<'a> {
+    /// The annotations of the object with `key` and `meta` (tests of annotations alone).
+    #[cfg(test)]
+    pub(crate) fn new(
+        key: &'a ObjectKey,
+        meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Annotated<'a> {
         Annotated {
             key,
-            annotations: meta.annotations.as_ref(),
+            annotations: meta.annotations.as_ref().map(|a| a as _),
+        }
+    }
+
+    /// The annotations of the stored Ingress with `key`.
+    pub(crate) fn ingress(key: &'a ObjectKey, ingress: &'a StoredIngress) -> Annotated<'a> {
+        Annotated {
+            key,
+            annotations: ingress.metadata.annotations.as_ref().map(|a| a as _),
         }
     }
 
     /// The value of one annotation as written, if present.
     pub(crate) fn get(&self, name: &str) -> Option<&'a str> {
-        self.annotations?.get(name).map(String::as_str)
+        self.annotations?.value(name)
     }
 }
 
@@ -216,15 +256,14 @@ mod tests {
     #[test]
     fn absent_parsed_or_diagnosed_and_fallen_back() {
         let key = ObjectKey::new(Kind::Ingress, "ns", "web");
-        let meta = ObjectMeta {
-            annotations: Some(
-                [("a/good", "7"), ("a/bad", "x")]
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .into(),
-            ),
-            ..Default::default()
-        };
-        let obj = Annotated::new(&key, &meta);
+        let mut ingress = StoredIngress::default();
+        ingress.metadata.annotations = Some(
+            [("a/good", "7"), ("a/bad", "x")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into_iter()
+                .collect(),
+        );
+        let obj = Annotated::ingress(&key, &ingress);
         let parse = |v: &str| {
             v.parse::<u8>()
                 .map_err(|_| format!("{v:?} is not a number"))

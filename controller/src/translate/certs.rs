@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use dataplane::table::{CertTable, TlsCert};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::networking::v1::Ingress;
 
 use super::annotation::{annotation, parse_true_false, Annotated};
 use super::{Diagnostic, Reason, References};
 use crate::object::{by_name, Kind, NsName, ObjectKey};
+use crate::stored::StoredIngress;
 
 /// The per-Ingress annotation that turns the HTTPS redirect off (`"false"`).
 pub const SSL_REDIRECT_ANNOTATION: &str = super::annotation::SSL_REDIRECT.name;
@@ -109,11 +109,11 @@ impl<'a> CertBuilder<'a> {
     pub(crate) fn ingress(
         &mut self,
         key: &ObjectKey,
-        ingress: &Ingress,
+        ingress: &StoredIngress,
         diagnostics: &mut Vec<Diagnostic>,
         references: &mut References,
     ) -> TlsHosts {
-        let obj = Annotated::new(key, &ingress.metadata);
+        let obj = Annotated::ingress(key, ingress);
         let redirect = annotation(
             &obj,
             SSL_REDIRECT_ANNOTATION,
@@ -243,7 +243,7 @@ mod tests {
         s
     }
 
-    fn ingress(tls: serde_json::Value, annotations: serde_json::Value) -> Ingress {
+    fn ingress(tls: serde_json::Value, annotations: serde_json::Value) -> StoredIngress {
         serde_json::from_value(serde_json::json!({
             "metadata": {"namespace": "ns", "name": "web", "annotations": annotations},
             "spec": {"tls": tls},

@@ -26,11 +26,11 @@ use std::sync::Arc;
 use dataplane::table::CertTable;
 use dataplane::table::{HostRules, RouteAction};
 use dataplane::{BackendId, Origin, RouteTable};
-use k8s_openapi::api::networking::v1::Ingress;
 
 use super::routes::HostKey;
 use super::{BackendSpec, Config, Diagnostic, Inputs, References, RoutePlan};
 use crate::object::{Kind, NsName};
+use crate::stored::StoredIngress;
 
 /// What one of our Ingresses contributed to a route build.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ impl Recorder {
     pub(crate) fn begin(
         &mut self,
         origin: &Origin,
-        ingress: &Ingress,
+        ingress: &StoredIngress,
         references: &mut References,
         diagnostics: usize,
     ) {
@@ -321,18 +321,19 @@ pub fn plan_ingress_change(
     None
 }
 
-fn key(i: &Ingress) -> (&str, &str) {
-    NsName::borrowed(&i.metadata)
+fn key(i: &StoredIngress) -> (&str, &str) {
+    let namespace = i.metadata.namespace.as_deref().unwrap_or("default");
+    (namespace, i.metadata.name.as_deref().unwrap_or_default())
 }
 
 /// The Ingresses of `all` named in `members`, in name order. They are found with borrowed
 /// names, not through a map of every Ingress by an allocated name: by binary search when `all`
 /// is sorted (as the index lists them), else by one pass over it.
 fn member_ingresses<'a>(
-    all: &[&'a Ingress],
+    all: &[&'a StoredIngress],
     members: &BTreeSet<NsName>,
     sorted: bool,
-) -> Vec<&'a Ingress> {
+) -> Vec<&'a StoredIngress> {
     if sorted {
         let find = |m: &NsName| {
             let wanted = (m.namespace.as_str(), m.name.as_str());
@@ -344,7 +345,7 @@ fn member_ingresses<'a>(
         .iter()
         .map(|m| (m.namespace.as_str(), m.name.as_str()))
         .collect();
-    let mut ingresses: Vec<&Ingress> = all
+    let mut ingresses: Vec<&StoredIngress> = all
         .iter()
         .copied()
         .filter(|i| wanted.contains(&key(i)))

@@ -23,14 +23,13 @@
 //!   Ingress and the other spelling of a `from-to-www-redirect` host are held back and settled
 //!   once every Ingress is read (`nginx::routing`).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use dataplane::access_policy::Access;
 use dataplane::table::{Redirect, SourceRanges, UpstreamTimeouts};
 use dataplane::{BackendId, FamilyPolicy, Origin, OriginKind, PathMatch, PathRule, RouteAction};
-use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend, IngressRule};
+use k8s_openapi::api::networking::v1::{HTTPIngressPath, IngressBackend, IngressRule};
 
 use super::annotation::{annotation, Annotated};
 use super::certs::TlsHosts;
@@ -40,6 +39,7 @@ use super::translation::{FastMap, FastSet, PortRef, Translation};
 use super::{nginx, timeouts, AnnotationReport, Config, Diagnostic, Inputs, Reason};
 use crate::class::Classes;
 use crate::object::{Kind, NsName, ObjectKey};
+use crate::stored::{Annotations, StoredIngress};
 use crate::units::{parse_body_size, MAX_BODY_SIZE};
 
 /// The per-Ingress annotation overriding `--upstream-family`.
@@ -51,14 +51,14 @@ pub const BODY_SIZE_ANNOTATION: &str = super::annotation::PROXY_BODY_SIZE.name;
 /// Feeds our Ingresses into a translation.
 pub(crate) struct IngressProcessor<'a> {
     /// Our Ingresses, oldest first, each with its position in the inputs.
-    ours: Vec<(Origin, &'a Ingress, usize)>,
+    ours: Vec<(Origin, &'a StoredIngress, usize)>,
 }
 
 impl<'a> IngressProcessor<'a> {
     /// The processor of the Ingresses of `inputs` that are ours.
     pub(crate) fn new(inputs: &Inputs<'a>, config: &Config) -> IngressProcessor<'a> {
         let classes = Classes::new(inputs.ingress_classes.iter().copied());
-        let mut ours: Vec<(Origin, &Ingress, usize)> = inputs
+        let mut ours: Vec<(Origin, &StoredIngress, usize)> = inputs
             .ingresses
             .iter()
             .enumerate()
@@ -107,8 +107,8 @@ impl<'a> IngressProcessor<'a> {
         let Some(assigned) = split(&self.ours, parts, &odd) else {
             return self.run(t);
         };
-        let mut lists: Vec<Vec<(Origin, &Ingress, usize)>> = vec![Vec::new(); parts];
-        let mut order: Vec<&Ingress> = Vec::with_capacity(self.ours.len());
+        let mut lists: Vec<Vec<(Origin, &StoredIngress, usize)>> = vec![Vec::new(); parts];
+        let mut order: Vec<&StoredIngress> = Vec::with_capacity(self.ours.len());
         for ((origin, ingress, _), (part, group_at)) in self.ours.into_iter().zip(assigned) {
             order.push(ingress);
             // Oldest first within a group: a stable sort by the group's position keeps it.
@@ -140,7 +140,7 @@ impl<'a> IngressProcessor<'a> {
         let positions: std::cell::OnceCell<FastMap<(&str, &str), usize>> = Default::default();
         let age = |name: &NsName| {
             let positions = positions.get_or_init(|| {
-                let key = |i: &'a2 Ingress| (namespace_of(i), i.metadata.name.as_deref());
+                let key = |i: &'a2 StoredIngress| (namespace_of(i), i.metadata.name.as_deref());
                 let keys = order.iter().map(|i| key(i));
                 keys.enumerate()
                     .map(|(position, (ns, name))| ((ns, name.unwrap_or_default()), position))
@@ -182,7 +182,7 @@ impl<'a> IngressProcessor<'a> {
 /// host or its `www.` twin: two different things with one digest only put their Ingresses in
 /// one group, which changes how the work is split, never the plan.
 fn split(
-    ours: &[(Origin, &Ingress, usize)],
+    ours: &[(Origin, &StoredIngress, usize)],
     parts: usize,
     odd: &std::collections::HashSet<(&str, &str)>,
 ) -> Option<Vec<(usize, usize)>> {
@@ -251,7 +251,7 @@ fn split(
 /// order of its oldest Ingress, to the least loaded of `parts`: per Ingress, its part and the
 /// position of its group's oldest Ingress.
 fn assign_parts(
-    ours: &[(Origin, &Ingress, usize)],
+    ours: &[(Origin, &StoredIngress, usize)],
     groups: &mut Groups,
     weight: &[usize],
     parts: usize,
@@ -409,12 +409,12 @@ fn settle(t: &mut Translation<'_>, held: Pending<HostKey>) {
 }
 
 /// An Ingress's namespace (`default` when unset).
-fn namespace_of(ingress: &Ingress) -> &str {
+fn namespace_of(ingress: &StoredIngress) -> &str {
     ingress.metadata.namespace.as_deref().unwrap_or("default")
 }
 
 /// The origin of an Ingress: namespace, name and creation time in Unix seconds (0 when unset).
-fn origin(ingress: &Ingress) -> Origin {
+fn origin(ingress: &StoredIngress) -> Origin {
     Origin {
         kind: OriginKind::Ingress,
         namespace: namespace_of(ingress).into(),
@@ -434,7 +434,7 @@ fn age_key(o: &Origin) -> (i64, &str, &str) {
 /// What one Ingress sets for all of its routes.
 struct IngressRoutes<'i> {
     key: ObjectKey,
-    ingress: &'i Ingress,
+    ingress: &'i StoredIngress,
     origin: Arc<Origin>,
     policy: FamilyPolicy,
     max_body_bytes: u64,
@@ -502,7 +502,7 @@ fn add_ingress(
     t: &mut Translation<'_>,
     held: &mut Pending<HostKey>,
     origin: Origin,
-    ingress: &Ingress,
+    ingress: &StoredIngress,
 ) {
     let key = ObjectKey::new(Kind::Ingress, &*origin.namespace, &*origin.name);
     let Some(nginx) = nginx_compat(
@@ -537,10 +537,10 @@ fn settings<'i>(
     t: &mut Translation<'_>,
     key: ObjectKey,
     origin: Origin,
-    ingress: &'i Ingress,
+    ingress: &'i StoredIngress,
     nginx: nginx::Settings,
 ) -> Option<IngressRoutes<'i>> {
-    let obj = Annotated::new(&key, &ingress.metadata);
+    let obj = Annotated::ingress(&key, ingress);
     let global = t.config.family_policy;
     let policy = annotation(
         &obj,
@@ -760,18 +760,13 @@ fn resolve(
 /// the settings to apply; `None` when `--strict-annotations` refuses the Ingress for a snippet.
 fn nginx_compat(
     key: &ObjectKey,
-    ingress: &Ingress,
+    ingress: &StoredIngress,
     config: &Config,
     diagnostics: &mut Vec<Diagnostic>,
     reports: &mut Vec<AnnotationReport>,
 ) -> Option<nginx::Settings> {
-    let mut read = nginx::read(
-        ingress
-            .metadata
-            .annotations
-            .as_ref()
-            .unwrap_or(&BTreeMap::new()),
-    );
+    let annotations = ingress.metadata.annotations.as_ref();
+    let mut read = nginx::read(annotations.map_or(&Annotations::default(), |a| a));
     nginx::passthrough::settle(&mut read, config.ssl_passthrough);
     diagnostics.extend(nginx::diagnostics(key, &read.findings));
     if !read.findings.is_empty() {

@@ -34,9 +34,9 @@ use dataplane::table::CertTable;
 use dataplane::{Backend, BackendId, BackendMap, FamilyPolicy, LbPolicy, RouteTable, Snapshot};
 use k8s_openapi::api::core::v1::{Secret, Service};
 
-use crate::stored::{ServiceView, StoredService};
+use crate::stored::{ServiceView, StoredIngress, StoredService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use k8s_openapi::api::networking::v1::IngressClass;
 
 pub use annotation::{DuetAnnotation, DUET_ANNOTATIONS};
 pub use certs::SSL_REDIRECT_ANNOTATION;
@@ -122,7 +122,7 @@ pub struct AnnotationReport {
 #[derive(Clone, Debug, Default)]
 pub struct Inputs<'a> {
     /// Every Ingress; those that are not ours are ignored.
-    pub ingresses: Vec<&'a Ingress>,
+    pub ingresses: Vec<&'a StoredIngress>,
     /// Every IngressClass.
     pub ingress_classes: Vec<&'a IngressClass>,
     /// Every Service, as the API gives it (tests, benches).

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use dataplane::table::{RouteAction, UpstreamProtocol};
 use dataplane::BackendId;
 use k8s_openapi::api::core::v1::{Secret, ServicePort};
-use k8s_openapi::api::networking::v1::Ingress;
 
 use super::certs::CertBuilder;
 use super::external;
@@ -23,6 +22,7 @@ use super::{
 };
 use crate::object::{by_name, Kind, NsName, ObjectKey};
 use crate::stored::ServiceView;
+use crate::stored::StoredIngress;
 
 /// A Service port as a route names it.
 #[derive(Clone, Copy, Debug)]
@@ -132,7 +132,7 @@ impl<'a> Translation<'a> {
 
     /// The Ingress processor starts on `ingress`: what it references and touches from now on is
     /// its own (see [`incremental`](super::incremental)).
-    pub(crate) fn begin_ingress(&mut self, origin: &dataplane::Origin, ingress: &Ingress) {
+    pub(crate) fn begin_ingress(&mut self, origin: &dataplane::Origin, ingress: &StoredIngress) {
         let diagnostics = self.diagnostics.len();
         self.footprints
             .begin(origin, ingress, &mut self.references, diagnostics);
@@ -324,7 +324,7 @@ impl<'a> Translation<'a> {
     pub(crate) fn upstream_tls(
         &mut self,
         key: &ObjectKey,
-        ingress: &Ingress,
+        ingress: &StoredIngress,
         id: &BackendId,
         nginx_protocol: Option<UpstreamProtocol>,
     ) -> Option<Arc<dataplane::upstream_tls::UpstreamTls>> {

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use dataplane::table::UpstreamProtocol;
 use dataplane::upstream_tls::{UpstreamTls, UpstreamTrust};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::networking::v1::Ingress;
 
 use super::annotation::{annotation, Annotated};
 use super::{Diagnostic, Reason, References};
 use crate::object::{by_name, NsName, ObjectKey};
+use crate::stored::StoredIngress;
 
 /// The per-Ingress annotation naming the Secret (key `ca.crt`) that verifies TLS upstreams.
 pub const BACKEND_CA_SECRET_ANNOTATION: &str = super::annotation::BACKEND_CA_SECRET.name;
@@ -122,7 +122,7 @@ impl<'a> UpstreamTlsBuilder<'a> {
     pub(crate) fn route(
         &mut self,
         key: &ObjectKey,
-        ingress: &Ingress,
+        ingress: &StoredIngress,
         service: &NsName,
         (protocol, unverified_default): (UpstreamProtocol, bool),
         diagnostics: &mut Vec<Diagnostic>,
@@ -137,7 +137,7 @@ impl<'a> UpstreamTlsBuilder<'a> {
         if let Some(done) = self.built.get(&cache_key) {
             return Some(done.clone());
         }
-        let obj = Annotated::new(key, &ingress.metadata);
+        let obj = Annotated::ingress(key, ingress);
         let (server_name, skip) = verification(&obj, service, diagnostics);
         let ca = obj
             .get(BACKEND_CA_SECRET_ANNOTATION)

@@ -29,6 +29,7 @@ use serde::Serialize;
 
 pub use catalogue::{Key, Support, ALIASES, CONFIGMAP_ONLY, KEYS, REMOVED, SNIPPET_NOTE};
 
+use super::annotation::AnnotationMap;
 use super::diagnostic::{Diagnostic, Reason};
 use crate::object::ObjectKey;
 
@@ -223,16 +224,16 @@ fn duet_override(name: &str) -> Option<&'static str> {
 }
 
 /// Reads the ingress-nginx annotations of an Ingress.
-pub fn read(annotations: &BTreeMap<String, String>) -> Read {
+pub fn read(annotations: &dyn AnnotationMap) -> Read {
     let mut read = Read::default();
-    for (key, value) in annotations {
+    for (key, value) in annotations.pairs() {
         if let Some(name) = key.strip_prefix(PREFIX) {
             let (status, detail) = classify(name, value, annotations, &mut read.settings);
             if matches!(find_support(name), Some(Support::Snippet)) {
-                read.settings.snippets.push(key.clone());
+                read.settings.snippets.push(key.to_owned());
             }
             read.findings.push(Finding {
-                key: key.clone(),
+                key: key.to_owned(),
                 status,
                 detail,
             });
@@ -349,11 +350,11 @@ fn find_support(name: &str) -> Option<Support> {
 fn classify(
     name: &str,
     value: &str,
-    all: &BTreeMap<String, String>,
+    all: &dyn AnnotationMap,
     settings: &mut Settings,
 ) -> (Status, String) {
     if let Some(canonical) = catalogue::alias(name) {
-        if all.contains_key(&format!("{PREFIX}{canonical}")) {
+        if all.value(&format!("{PREFIX}{canonical}")).is_some() {
             return (
                 Status::IgnoredUnsupported,
                 format!("alias of {canonical}, which is set too and wins"),
@@ -372,7 +373,7 @@ fn classify(
             catalogue::SNIPPET_NOTE.to_owned(),
         ),
         Support::Honoured | Support::Different(_) => {
-            if let Some(duet) = duet_override(name).filter(|d| all.contains_key(*d)) {
+            if let Some(duet) = duet_override(name).filter(|d| all.value(d).is_some()) {
                 return (
                     Status::HonouredWithDifference,
                     format!("{duet} is set too and wins"),
