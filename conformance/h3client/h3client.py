@@ -5,6 +5,8 @@ It reads one JSON plan as its only argument and prints one JSON report on stdout
     {"connect": "127.0.0.1", "port": 8443, "sni": "a.test",
      "alt_svc_from_tcp": false,          # first GET https://connect:port/ over TCP, then use
                                          # the port its Alt-Svc h3=":PORT" names
+     "client_cert": "-----BEGIN CERTIFICATE-----...", "client_key": "-----BEGIN PRIVATE KEY...",
+                                         # presented when the server asks for a certificate
      "steps": [
        {"request": {"method": "GET", "path": "/", "authority": "a.test",
                     "headers": {"x-echo-body": "1"}, "body_size": 0}},
@@ -14,7 +16,9 @@ It reads one JSON plan as its only argument and prints one JSON report on stdout
 
 The report: {"alt_svc": str|null, "retry": bool, "responses": [{"status", "headers",
 "length", "sha256", "text"} or {"error"}], "goaway": bool, "closed": {"error_code",
-"reason"}|null}. Request bodies are `body_size` bytes, byte i being i % 251 (as the echo
+"reason"}|null, "server_cert": the server certificate's DER in hex|null,
+"cert_requested": bool (the server asked for a client certificate), "error": str (the
+connection failed)}. Request bodies are `body_size` bytes, byte i being i % 251 (as the echo
 backend's x-echo-response-bytes).
 """
 
@@ -26,6 +30,9 @@ import json
 import socket
 import ssl
 import sys
+import tempfile
+
+from cryptography.hazmat.primitives import serialization
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, FrameType, H3Connection
@@ -164,7 +171,8 @@ def port_of(alt_svc):
 
 
 async def run(plan):
-    report = {"alt_svc": None, "retry": False, "responses": [], "goaway": False, "closed": None}
+    report = {"alt_svc": None, "retry": False, "responses": [], "goaway": False, "closed": None,
+              "server_cert": None, "cert_requested": False}
     port = plan["port"]
     if plan.get("alt_svc_from_tcp"):
         report["alt_svc"] = alt_svc_over_tcp(plan)
@@ -175,6 +183,14 @@ async def run(plan):
     configuration.verify_mode = ssl.CERT_NONE
     configuration.server_name = plan["sni"]
     configuration.idle_timeout = plan.get("idle_timeout", 30.0)
+    if plan.get("client_cert"):
+        with tempfile.NamedTemporaryFile("w", suffix=".pem") as cert, \
+                tempfile.NamedTemporaryFile("w", suffix=".pem") as key:
+            cert.write(plan["client_cert"])
+            key.write(plan["client_key"])
+            cert.flush()
+            key.flush()
+            configuration.load_cert_chain(cert.name, key.name)
     quic = QuicConnection(configuration=configuration)
     sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -183,7 +199,7 @@ async def run(plan):
     transport, client = await loop.create_datagram_endpoint(lambda: Client(quic), sock=sock)
     try:
         client.connect(mapped(plan["connect"], port))
-        await asyncio.wait_for(client.wait_connected(), 10)
+        await asyncio.wait_for(client.wait_connected(), plan.get("connect_timeout", 10))
         report["retry"] = quic._retry_count > 0
         for step in plan["steps"]:
             if "request" in step:
@@ -198,6 +214,12 @@ async def run(plan):
     except (ConnectionError, asyncio.TimeoutError) as error:
         report["error"] = repr(error)
     finally:
+        tls = getattr(quic, "tls", None)
+        peer = getattr(tls, "_peer_certificate", None)
+        if peer is not None:
+            der = peer.public_bytes(serialization.Encoding.DER)
+            report["server_cert"] = der.hex()
+        report["cert_requested"] = getattr(tls, "_certificate_request", None) is not None
         report["goaway"] = client.goaway
         report["closed"] = client.closed
         client.close()

@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod duet;
 pub mod echo;
 pub mod fleet;
+pub mod h3client;
 pub mod manifests;
 pub mod raw;
 pub mod runner;
