@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use dataplane::handshake::Handshakes;
 use dataplane::http3::{self, Http3Options};
 use dataplane::listen::ConnectionLimit;
 use dataplane::metrics::Metrics;
@@ -51,6 +52,23 @@ pub struct Serving {
     pub metrics: Arc<Metrics>,
 }
 
+/// The settings of HTTP/3 listeners from the command line (no connection counters, not a
+/// Gateway port's).
+pub fn options(config: &Config, h3: &Http3Config, limit: &ConnectionLimit) -> Http3Options {
+    Http3Options {
+        idle_timeout: config.proxy.keepalive_timeout,
+        max_streams: h3.max_streams,
+        handshake_timeout: config.proxy.header_read_timeout,
+        drain_timeout: config.proxy.drain_timeout,
+        retry_above: h3.retry_above,
+        alt_svc_max_age: h3.alt_svc_max_age,
+        max_connections: Some(limit.clone()),
+        connections: None,
+        trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
+        gateway_port: None,
+    }
+}
+
 /// Binds and serves every HTTP/3 socket of the command line until `stopped` turns true and
 /// their connections drained.
 pub async fn serve(config: &Config, serving: Serving, stopped: watch::Receiver<bool>) {
@@ -62,22 +80,18 @@ pub async fn serve(config: &Config, serving: Serving, stopped: watch::Receiver<b
         serving.runtime.clone(),
         &serving.fallback,
     ));
-    let tls = http3::tls_config(resolver);
+    let handshakes = Arc::new(Handshakes::new(
+        serving.runtime.clone(),
+        http3::tls_config(resolver),
+    ));
     let endpoint_config = http3::endpoint_config();
     let mut tasks = Vec::new();
     for (addr, socket) in bound {
         let options = Http3Options {
-            idle_timeout: config.proxy.keepalive_timeout,
-            max_streams: h3.max_streams,
-            handshake_timeout: config.proxy.header_read_timeout,
-            drain_timeout: config.proxy.drain_timeout,
-            retry_above: h3.retry_above,
-            alt_svc_max_age: h3.alt_svc_max_age,
-            max_connections: Some(serving.limit.clone()),
             connections: Some(serving.metrics.quic_listener(addr)),
-            trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
+            ..options(config, h3, &serving.limit)
         };
-        let endpoint = http3::server_config(tls.clone(), &options)
+        let endpoint = http3::server_config(handshakes.clone(), &options)
             .map_err(std::io::Error::other)
             .and_then(|server| http3::endpoint(socket, endpoint_config.clone(), server));
         match endpoint {

@@ -17,6 +17,7 @@ use controller::resolve;
 use controller::source::files;
 use dataplane::access_log::{AccessLog, AccessLogFormat};
 use dataplane::admin::DebugExtra;
+use dataplane::gateway_listen::GatewayHttp3;
 use dataplane::listen::{self, BindError, ServeOptions};
 use dataplane::metrics::Metrics;
 use dataplane::observe::Telemetry;
@@ -343,6 +344,10 @@ impl Options {
             },
             fallback: fallback.clone(),
             relays,
+            http3: config.http3.as_ref().map(|h3| GatewayHttp3 {
+                options: controller::http3::options(config, h3, &limit),
+                endpoint: dataplane::http3::endpoint_config(),
+            }),
         };
         Ok(Options {
             gateway,

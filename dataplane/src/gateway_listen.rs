@@ -15,6 +15,13 @@
 //! only when that listener's task next runs, a moment after the new one first tries to bind it;
 //! a port taken by an Ingress listener or another process is logged once and bound when freed.
 //! The other listeners are never disturbed.
+//!
+//! With HTTP/3 on (`--http3`), an HTTPS port is also served over QUIC on the same UDP port of
+//! both families ([`crate::http3`]), with the certificates and routes of the TCP port; its TCP
+//! answers advertise it in `Alt-Svc` while the UDP socket of the client's family is up. A UDP
+//! port that cannot be bound is retried as a TCP one is, while TCP serves on; the UDP sockets
+//! close with the TCP ones. Passthrough (TLS) ports have no HTTP/3: their SNI cannot be read
+//! without terminating QUIC's TLS.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -49,6 +56,17 @@ pub struct GatewayServing {
     /// The places of passthrough relays, shared with the HTTPS listeners' (`None`: unbounded
     /// but for the connection limit).
     pub relays: Option<Arc<tokio::sync::Semaphore>>,
+    /// HTTP/3 on the HTTPS ports (`None`: off).
+    pub http3: Option<GatewayHttp3>,
+}
+
+/// How the HTTPS ports are served over HTTP/3.
+#[derive(Clone, Debug)]
+pub struct GatewayHttp3 {
+    /// The listeners' settings (the Gateway port is set per port).
+    pub options: crate::http3::Http3Options,
+    /// The endpoint configuration the HTTP/3 listeners share.
+    pub endpoint: quinn::EndpointConfig,
 }
 
 /// How a port is served.
@@ -74,6 +92,8 @@ struct BoundPort {
     mode: Mode,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<std::io::Result<()>>>,
+    /// Its HTTP/3 sockets are bound (stopped with the TCP ones).
+    quic: bool,
 }
 
 /// The first retry of a port that could not be bound; each later one waits twice as long.
@@ -99,10 +119,16 @@ pub async fn run(serving: GatewayServing, mut shutdown: watch::Receiver<bool>) {
     let mut applied = serving.runtime.applied();
     let mut bound: BTreeMap<u16, BoundPort> = BTreeMap::new();
     let mut unbound: BTreeMap<u16, Unbound> = BTreeMap::new();
+    let mut quic_unbound: BTreeMap<u16, Unbound> = BTreeMap::new();
     let mut closing: Vec<JoinHandle<std::io::Result<()>>> = Vec::new();
     loop {
         reconcile(&serving, &mut bound, &mut unbound, &mut closing);
-        let retry = unbound.values().map(|u| u.next).min();
+        reconcile_quic(&serving, &mut bound, &mut quic_unbound);
+        let retry = unbound
+            .values()
+            .chain(quic_unbound.values())
+            .map(|u| u.next)
+            .min();
         tokio::select! {
             changed = applied.changed() => if changed.is_err() { break },
             _ = shutdown.wait_for(|stop| *stop) => break,
@@ -171,14 +197,106 @@ fn reconcile(
                 }
                 bound.insert(port, b);
             }
-            Err(error) => failed(unbound, port, &error, now),
+            Err(error) => failed(unbound, port, &error, now, "a Gateway listener"),
         }
     }
 }
 
+/// Binds the HTTP/3 sockets of the bound HTTPS ports that have none yet (with HTTP/3 on).
+fn reconcile_quic(
+    serving: &GatewayServing,
+    bound: &mut BTreeMap<u16, BoundPort>,
+    unbound: &mut BTreeMap<u16, Unbound>,
+) {
+    let Some(h3) = &serving.http3 else { return };
+    let wants = |b: &BoundPort| b.mode == Mode::Https && !b.quic;
+    unbound.retain(|port, _| bound.get(port).is_some_and(wants));
+    let now = Instant::now();
+    for (&port, b) in bound.iter_mut().filter(|(_, b)| wants(b)) {
+        match bind_quic(serving, h3, port, b.stop.subscribe()) {
+            Ok(tasks) => {
+                if let Some(u) = unbound.remove(&port) {
+                    tracing::info!(
+                        port,
+                        waited_ms = u.since.elapsed().as_millis() as u64,
+                        "Gateway HTTP/3 port free again"
+                    );
+                }
+                b.tasks.extend(tasks);
+                b.quic = true;
+            }
+            Err(error) => failed(
+                unbound,
+                port,
+                &error,
+                now,
+                "a Gateway HTTP/3 socket (HTTPS over TCP serves on)",
+            ),
+        }
+    }
+}
+
+/// Binds an HTTPS port's UDP sockets on both families (IPv4 only where the host has no IPv6)
+/// and serves HTTP/3 on them until `stopped`; nothing is bound when a family cannot be.
+fn bind_quic(
+    serving: &GatewayServing,
+    h3: &GatewayHttp3,
+    port: u16,
+    stopped: watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<std::io::Result<()>>>, BindError> {
+    let mut sockets = Vec::new();
+    for ip in [
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    ] {
+        match crate::http3::bind(SocketAddr::new(ip, port)) {
+            Ok(socket) => sockets.push(socket),
+            Err(BindError::Ipv6Unavailable { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let options = crate::http3::Http3Options {
+        gateway_port: Some(port),
+        ..h3.options.clone()
+    };
+    let certs = Arc::new(port_certs(serving, port));
+    let handshakes = Handshakes::new(serving.runtime.clone(), crate::http3::tls_config(certs))
+        .on_gateway_https_port(port);
+    let config = crate::http3::server_config(Arc::new(handshakes), &options).map_err(|e| {
+        BindError::Bind {
+            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            source: std::io::Error::other(e),
+        }
+    })?;
+    let mut tasks = Vec::new();
+    for socket in sockets {
+        let addr = socket.local_addr().map_err(|e| BindError::Bind {
+            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+            source: e,
+        })?;
+        let endpoint = crate::http3::endpoint(socket, h3.endpoint.clone(), config.clone())
+            .map_err(|source| BindError::Bind { addr, source })?;
+        let serve = crate::http3::serve(
+            endpoint,
+            serving.proxy.clone(),
+            options.clone(),
+            stopped.clone(),
+        );
+        tasks.push(tokio::spawn(serve));
+    }
+    tracing::info!(port, "Gateway listener served over HTTP/3");
+    Ok(tasks)
+}
+
 /// Records a failed bind of `port`: when to try again, and a warning once it has failed for
 /// [`WARN_AFTER`].
-fn failed(unbound: &mut BTreeMap<u16, Unbound>, port: u16, error: &BindError, now: Instant) {
+fn failed(
+    unbound: &mut BTreeMap<u16, Unbound>,
+    port: u16,
+    error: &BindError,
+    now: Instant,
+    what: &str,
+) {
     let u = unbound.entry(port).or_insert(Unbound {
         since: now,
         next: now,
@@ -189,9 +307,9 @@ fn failed(unbound: &mut BTreeMap<u16, Unbound>, port: u16, error: &BindError, no
     u.next = now + u.wait;
     if !u.warned && now.duration_since(u.since) >= WARN_AFTER {
         u.warned = true;
-        tracing::warn!(%error, port, "Cannot bind a Gateway listener; trying again every {} s", RETRY_MAX.as_secs());
+        tracing::warn!(%error, port, "Cannot bind {what}; trying again every {} s", RETRY_MAX.as_secs());
     } else {
-        tracing::debug!(%error, port, "Cannot bind a Gateway listener yet; trying again");
+        tracing::debug!(%error, port, "Cannot bind {what} yet; trying again");
     }
 }
 
@@ -253,18 +371,19 @@ fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Result<BoundPor
         tasks.push(tokio::spawn(serve));
     }
     tracing::info!(port, ?mode, listen = %addrs.join(" "), "Gateway listener bound");
-    Ok(BoundPort { mode, stop, tasks })
+    Ok(BoundPort {
+        mode,
+        stop,
+        tasks,
+        quic: false,
+    })
 }
 
 /// The TLS configuration of an HTTPS Gateway port (`http`: offering h2 and http/1.1 by ALPN) or
 /// of a TLS one (no ALPN: the stream is relayed as it is): the certificate of the listener the
 /// SNI selects, from the live snapshot.
 fn server_config(serving: &GatewayServing, port: u16, http: bool) -> Arc<rustls::ServerConfig> {
-    let resolver = PortCerts {
-        runtime: serving.runtime.clone(),
-        port,
-        fallback: serving.fallback.key.clone(),
-    };
+    let resolver = port_certs(serving, port);
     let mut config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .expect("ring supports TLS 1.2 and 1.3")
@@ -274,6 +393,15 @@ fn server_config(serving: &GatewayServing, port: u16, http: bool) -> Arc<rustls:
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     }
     Arc::new(config)
+}
+
+/// The certificates of the listeners of `port`.
+fn port_certs(serving: &GatewayServing, port: u16) -> PortCerts {
+    PortCerts {
+        runtime: serving.runtime.clone(),
+        port,
+        fallback: serving.fallback.key.clone(),
+    }
 }
 
 /// Picks the certificate of the listener an SNI selects on one port.

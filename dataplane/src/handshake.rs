@@ -284,6 +284,22 @@ impl Handshakes {
         Handshake::Passthrough(relay.holding(place))
     }
 
+    /// The configuration every handshake starts from (no client certificate asked for).
+    pub fn base(&self) -> &Arc<ServerConfig> {
+        &self.base
+    }
+
+    /// The configuration of a handshake whose ClientHello names `sni`, on an HTTPS listener
+    /// (Ingress) or a Gateway HTTPS port: `base`, or one asking for a client certificate as the
+    /// routes of the host or the port's validation say. HTTP/3 picks its own configurations so
+    /// ([`crate::http3`]).
+    pub fn config_by_sni(&self, sni: Option<&str>) -> Arc<ServerConfig> {
+        match self.gateway_https {
+            Some(port) => self.config_for_gateway(port),
+            None => self.config_for(sni),
+        }
+    }
+
     /// The configuration for a ClientHello naming `sni`.
     fn config_for(&self, sni: Option<&str>) -> Arc<ServerConfig> {
         let live = self.runtime.load();

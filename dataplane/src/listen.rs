@@ -58,15 +58,7 @@ pub enum BindError {
 /// Binds one listening socket: `SO_REUSEADDR`, `IPV6_V6ONLY` on IPv6, non-blocking, backlog 1024.
 pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
     let v6 = addr.is_ipv6();
-    let wrap = |source: io::Error| {
-        let unavailable = v6
-            && matches!(source.raw_os_error(), Some(code) if code == EAFNOSUPPORT || code == EADDRNOTAVAIL);
-        if unavailable {
-            BindError::Ipv6Unavailable { addr, source }
-        } else {
-            BindError::Bind { addr, source }
-        }
-    };
+    let wrap = |source: io::Error| BindError::new(addr, source);
     let socket =
         Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(wrap)?;
     if v6 {
@@ -78,6 +70,19 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BindError> {
     socket.bind(&addr.into()).map_err(wrap)?;
     socket.listen(1024).map_err(wrap)?;
     Ok(socket.into())
+}
+
+impl BindError {
+    /// What a failure to bind `addr` means: IPv6 disabled on the host, or anything else.
+    pub fn new(addr: SocketAddr, source: io::Error) -> BindError {
+        let unavailable = addr.is_ipv6()
+            && matches!(source.raw_os_error(), Some(code) if code == EAFNOSUPPORT || code == EADDRNOTAVAIL);
+        if unavailable {
+            BindError::Ipv6Unavailable { addr, source }
+        } else {
+            BindError::Bind { addr, source }
+        }
+    }
 }
 
 const EAFNOSUPPORT: i32 = 97;

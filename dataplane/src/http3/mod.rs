@@ -1,6 +1,9 @@
 //! HTTP/3 listeners: one QUIC endpoint per UDP socket (IPv6 sockets with `IPV6_V6ONLY`, as the
 //! TCP listeners), serving each request through the same [`Proxy`] as HTTP/1.1 and HTTP/2, with
-//! certificates by SNI from the same resolver (TLS 1.3, ALPN `h3`, no 0-RTT).
+//! certificates by SNI from the same resolver (TLS 1.3, ALPN `h3`, no 0-RTT), and client
+//! certificates asked for by SNI as on TCP ([`sni`]). The Ingress HTTPS listeners have theirs
+//! (`--http3`), and so does each Gateway HTTPS port ([`crate::gateway_listen`]): the same port
+//! over UDP, its listeners' certificates and routes.
 //!
 //! Limits: connections share `--max-connections` with the TCP listeners; streams per connection
 //! and the idle timeout are QUIC transport parameters; above a number of handshakes in flight,
@@ -8,6 +11,7 @@
 //! GOAWAY, finishes its requests within the drain timeout, and closes.
 
 mod request;
+mod sni;
 
 use std::io;
 use std::net::SocketAddr;
@@ -15,12 +19,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::crypto::rustls::QuicServerConfig;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 
 use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
+use crate::handshake::Handshakes;
 use crate::listen::{BindError, ConnectionLimit};
 use crate::metrics::ConnectionMetrics;
 use crate::proxy::Proxy;
@@ -48,6 +52,10 @@ pub struct Http3Options {
     pub connections: Option<ConnectionMetrics>,
     /// Peers whose forwarding headers are appended to.
     pub trusted_proxies: Arc<TrustedProxies>,
+    /// The Gateway pod port this listener serves (`None`: the Ingress HTTPS listeners'
+    /// counterpart): its connections are routed by that port's listeners, and `Alt-Svc` is
+    /// advertised on that port's TCP answers.
+    pub gateway_port: Option<u16>,
 }
 
 /// HTTP/3 frames' largest header section accepted (as hyper's HTTP/2 default, 16 KiB more).
@@ -60,7 +68,7 @@ const MAX_UNI_STREAMS: u32 = 8;
 /// Binds one UDP socket: `IPV6_V6ONLY` on IPv6, non-blocking.
 pub fn bind(addr: SocketAddr) -> Result<std::net::UdpSocket, BindError> {
     let v6 = addr.is_ipv6();
-    let wrap = |source: io::Error| BindError::Bind { addr, source };
+    let wrap = |source: io::Error| BindError::new(addr, source);
     let socket =
         Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(wrap)?;
     if v6 {
@@ -87,12 +95,13 @@ pub fn tls_config(
     Arc::new(config)
 }
 
-/// The QUIC server configuration: TLS from [`tls_config`], the stream and idle limits.
+/// The QUIC server configuration: TLS picked per ClientHello by `handshakes` (whose base is a
+/// [`tls_config`]), the stream and idle limits.
 pub fn server_config(
-    tls: Arc<rustls::ServerConfig>,
+    handshakes: Arc<Handshakes>,
     options: &Http3Options,
 ) -> Result<quinn::ServerConfig, String> {
-    let crypto = QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto = sni::BySni::new(handshakes)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport
@@ -146,9 +155,7 @@ pub async fn serve(
 ) -> io::Result<()> {
     let local = endpoint.local_addr()?;
     let family = Family::of(&crate::table::normalize_addr(local));
-    proxy
-        .alt_svc()
-        .up(family, local.port(), options.alt_svc_max_age);
+    let advertised = advertise(&proxy, &options, family, local.port());
     let drain_timeout = options.drain_timeout;
     let shared = Arc::new(Shared {
         proxy,
@@ -165,7 +172,13 @@ pub async fn serve(
         let Some(incoming) = incoming else { break };
         shared.clone().admit(incoming, draining.clone());
     }
-    shared.proxy.alt_svc().down(family);
+    match advertised {
+        Some(token) => shared
+            .proxy
+            .alt_svc()
+            .gateway_down(family, local.port(), token),
+        None => shared.proxy.alt_svc().down(family),
+    }
     drop(draining);
     drain.send_replace(true);
     tokio::select! {
@@ -177,6 +190,19 @@ pub async fn serve(
     endpoint.close(H3_NO_ERROR.into(), b"shutdown");
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
     Ok(())
+}
+
+/// Advertises the listener in `Alt-Svc` to the TCP clients of its family: of the Ingress HTTPS
+/// listeners, or of its Gateway port (then returns the token that takes it down).
+fn advertise(proxy: &Proxy, options: &Http3Options, family: Family, port: u16) -> Option<u64> {
+    let alt_svc = proxy.alt_svc();
+    match options.gateway_port {
+        Some(_) => Some(alt_svc.gateway_up(family, port, options.alt_svc_max_age)),
+        None => {
+            alt_svc.up(family, port, options.alt_svc_max_age);
+            None
+        }
+    }
 }
 
 /// HTTP/3's `H3_NO_ERROR`: a connection closed on purpose.
@@ -252,7 +278,8 @@ impl Shared {
         drop(drain);
     }
 
-    /// Who is on the other end of a QUIC connection: its addresses, TLS 1.3 and its SNI.
+    /// Who is on the other end of a QUIC connection: its addresses, TLS 1.3, its SNI and its
+    /// client certificate.
     fn conn_info(&self, conn: &quinn::Connection) -> ConnInfo {
         let local = match conn.local_ip() {
             Some(ip) => SocketAddr::new(ip, self.local.port()),
@@ -265,6 +292,13 @@ impl Shared {
             .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
             .and_then(|d| d.server_name)
             .map(Arc::from);
+        if let Some(chain) = conn.peer_identity().and_then(|p| {
+            p.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+                .ok()
+        }) {
+            info.client_certs = (*chain).into();
+        }
+        info.gateway_port = self.options.gateway_port;
         info.trusted = self.options.trusted_proxies.trusts(info.peer.ip());
         info
     }

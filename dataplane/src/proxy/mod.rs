@@ -166,11 +166,14 @@ impl Proxy {
         conn: Arc<ConnInfo>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let req = req.map(Into::into);
-        // Only the Ingress HTTPS listeners have an HTTP/3 counterpart (the same port over UDP).
-        let alt_svc =
-            (conn.tls && conn.gateway_port.is_none() && req.version() != http::Version::HTTP_3)
-                .then(|| self.alt_svc.get(conn.family))
-                .flatten();
+        // HTTPS over TCP learns of the HTTP/3 listener of its family: the Ingress listeners',
+        // or that of its Gateway port.
+        let alt_svc = (conn.tls && req.version() != http::Version::HTTP_3)
+            .then(|| match conn.gateway_port {
+                None => self.alt_svc.get(conn.family),
+                Some(port) => self.alt_svc.gateway(port, conn.family),
+            })
+            .flatten();
         let mut exchange = self.runtime.telemetry().exchange(&req, &conn);
         let mut res = match self.forward(req, &conn, &mut exchange).await {
             Ok(res) => res,
