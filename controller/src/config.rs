@@ -582,7 +582,8 @@ fn from_args(args: ServeArgs, matches: &ArgMatches) -> Result<Config, ConfigErro
         auth_destinations: AuthDestinations::from_list(args.auth_allowed_destinations),
         ..ProxyConfig::default()
     };
-    let kube = kube_config(args.kube)?;
+    let mut kube = kube_config(args.kube)?;
+    kube.gateway.http3 = args.http3;
     let gateway = translate::GatewaySettings {
         controller_name: kube.gateway.controller_name.clone(),
         ports_from_services: !from_files,

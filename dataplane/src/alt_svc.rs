@@ -1,7 +1,8 @@
 //! `Alt-Svc` (RFC 7838) on HTTPS answers over TCP: `h3=":PORT"; ma=N` while the HTTP/3 listener of
 //! the connection's family is up, so that clients of either family learn HTTP/3 only where duet
-//! answers it. The Ingress HTTPS listeners share one value per family; each Gateway HTTPS port has
-//! its own (its QUIC sockets come and go with its Gateway).
+//! answers it. The Ingress HTTPS listeners share one value per family; each Gateway HTTPS pod port
+//! has its own (its QUIC sockets come and go with its Gateway), naming the port the Gateway's
+//! listeners name (what clients reach through its Service), read from the live snapshot.
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::HeaderValue;
@@ -12,9 +13,9 @@ use std::time::Duration;
 
 use crate::table::Family;
 
-/// The values of the Gateway ports: by port and family slot, with the token of the listener
-/// that put it there.
-type GatewayValues = BTreeMap<(u16, usize), (u64, HeaderValue)>;
+/// The Gateway pod ports advertised: by port and family slot, the token of the listener that
+/// put it there and its `ma`.
+type GatewayValues = BTreeMap<(u16, usize), (u64, u64)>;
 
 /// The `Alt-Svc` value per client family (`None`: no HTTP/3 listener of that family is up), for
 /// the Ingress HTTPS listeners and per Gateway HTTPS port.
@@ -53,15 +54,15 @@ impl AltSvc {
         self.values[slot(family)].load().as_deref().cloned()
     }
 
-    /// Advertises HTTP/3 on UDP `port` to the clients of `family` of the Gateway HTTPS port of
-    /// the same number; the token returned takes it down ([`AltSvc::gateway_down`]), and only
-    /// while no later listener of that port and family replaced it.
+    /// Advertises HTTP/3 to the clients of `family` of the Gateway HTTPS pod port `port` (served
+    /// over UDP on the same number); the token returned takes it down
+    /// ([`AltSvc::gateway_down`]), and only while no later listener of that port and family
+    /// replaced it.
     pub fn gateway_up(&self, family: Family, port: u16, max_age: Duration) -> u64 {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
-        let v = value(port, max_age);
         self.gateways.rcu(|map| {
             let mut map = GatewayValues::clone(map);
-            map.insert((port, slot(family)), (token, v.clone()));
+            map.insert((port, slot(family)), (token, max_age.as_secs()));
             map
         });
         token
@@ -79,13 +80,20 @@ impl AltSvc {
         });
     }
 
-    /// The value for a client of `family` of Gateway HTTPS port `port`, if HTTP/3 is up there.
-    pub fn gateway(&self, port: u16, family: Family) -> Option<HeaderValue> {
+    /// The value for a client of `family` of Gateway HTTPS pod port `port`, if HTTP/3 is up
+    /// there: naming the port `advertised` says (the listeners' port), asked only then.
+    pub fn gateway(
+        &self,
+        port: u16,
+        family: Family,
+        advertised: impl FnOnce() -> Option<u16>,
+    ) -> Option<HeaderValue> {
         let map = self.gateways.load();
         if map.is_empty() {
             return None;
         }
-        map.get(&(port, slot(family))).map(|(_, v)| v.clone())
+        let &(_, max_age) = map.get(&(port, slot(family)))?;
+        Some(value(advertised()?, Duration::from_secs(max_age)))
     }
 }
 
@@ -108,19 +116,21 @@ mod tests {
     fn gateway_ports_advertise_apart_and_a_late_down_leaves_the_new_listener() {
         let alt = AltSvc::default();
         let hour = Duration::from_secs(3600);
-        let old = alt.gateway_up(Family::V4, 9443, hour);
+        // Pod port 20001 serves the listeners of port 443.
+        let listeners = || Some(443);
+        let old = alt.gateway_up(Family::V4, 20001, hour);
         assert_eq!(
-            alt.gateway(9443, Family::V4).unwrap(),
-            "h3=\":9443\"; ma=3600"
+            alt.gateway(20001, Family::V4, listeners).unwrap(),
+            "h3=\":443\"; ma=3600"
         );
-        assert_eq!(alt.gateway(9443, Family::V6), None);
-        assert_eq!(alt.gateway(9444, Family::V4), None);
+        assert_eq!(alt.gateway(20001, Family::V6, listeners), None);
+        assert_eq!(alt.gateway(20002, Family::V4, listeners), None);
         assert_eq!(alt.get(Family::V4), None, "the Ingress listeners' apart");
         // The port rebound: the new listener is up before the old one finished draining.
-        let new = alt.gateway_up(Family::V4, 9443, hour);
-        alt.gateway_down(Family::V4, 9443, old);
-        assert!(alt.gateway(9443, Family::V4).is_some());
-        alt.gateway_down(Family::V4, 9443, new);
-        assert_eq!(alt.gateway(9443, Family::V4), None);
+        let new = alt.gateway_up(Family::V4, 20001, hour);
+        alt.gateway_down(Family::V4, 20001, old);
+        assert!(alt.gateway(20001, Family::V4, listeners).is_some());
+        alt.gateway_down(Family::V4, 20001, new);
+        assert_eq!(alt.gateway(20001, Family::V4, listeners), None);
     }
 }

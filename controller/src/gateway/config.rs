@@ -36,6 +36,9 @@ pub struct GatewayConfig {
     /// `--watch-namespace` (empty: every namespace). A Gateway outside these namespaces is not
     /// ours whatever its class: duet serves no route of it, so it gets no Service and no status.
     pub namespaces: Vec<String>,
+    /// HTTP/3 is on (`--http3`): each Gateway's Service also lists its HTTPS listener ports over
+    /// UDP.
+    pub http3: bool,
 }
 
 impl Default for GatewayConfig {
@@ -44,6 +47,7 @@ impl Default for GatewayConfig {
             controller_name: DEFAULT_CONTROLLER_NAME.to_owned(),
             pod_selector: parse_selector(DEFAULT_POD_SELECTOR).unwrap_or_default(),
             namespaces: Vec::new(),
+            http3: false,
         }
     }
 }
@@ -82,6 +86,7 @@ pub fn from_args(args: GatewayArgs) -> Result<GatewayConfig, String> {
         controller_name: args.gateway_controller_name,
         pod_selector,
         namespaces: Vec::new(),
+        http3: false,
     })
 }
 

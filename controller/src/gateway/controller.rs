@@ -676,7 +676,8 @@ async fn place_service(
         uid: gateway.metadata.uid.clone().unwrap_or_default(),
     };
     let shape = service::Shape::of(&gateway.spec);
-    let desired = service::desired_service(&owner, ports, &shape);
+    let udp = udp_ports(ctx, gateway, ports);
+    let desired = service::desired_service(&owner, ports, &udp, &shape);
     if existing
         .as_ref()
         .is_some_and(|s| primary_family_changes(s, &shape))
@@ -690,7 +691,7 @@ async fn place_service(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, ports.clone());
-    apply_slices(ctx, &applied, ports).await?;
+    apply_slices(ctx, &applied, (ports, &udp)).await?;
     // The store's copy may be newer (load-balancer status arrives after the apply).
     let latest = ctx
         .service_of(&namespace, &gateway_name)
@@ -733,11 +734,29 @@ fn placed(service: &Service, requested: &[IpAddr]) -> Placed {
     }
 }
 
+/// The listener ports of the Gateway's HTTPS listeners, served over HTTP/3 too when it is on
+/// (`--http3`): its Service lists them over UDP as well.
+fn udp_ports(
+    ctx: &Ctx,
+    gateway: &Gateway,
+    ports: &BTreeMap<u16, u16>,
+) -> std::collections::BTreeSet<u16> {
+    if !ctx.config.http3 {
+        return Default::default();
+    }
+    let listeners = gateway.spec.listeners.iter();
+    listeners
+        .filter(|l| l.protocol == "HTTPS")
+        .filter_map(|l| u16::try_from(l.port).ok())
+        .filter(|p| ports.contains_key(p))
+        .collect()
+}
+
 /// One EndpointSlice per family of the Service, listing duet's ready pods.
 async fn apply_slices(
     ctx: &Ctx,
     svc: &Service,
-    ports: &BTreeMap<u16, u16>,
+    ports: (&BTreeMap<u16, u16>, &std::collections::BTreeSet<u16>),
 ) -> Result<(), GatewayError> {
     let pods: Vec<Pod> = ctx
         .pods

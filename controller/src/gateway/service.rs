@@ -4,7 +4,8 @@
 //! The Service lives in the Gateway's namespace, owned by the Gateway (the garbage collector
 //! deletes it with the Gateway), `type: LoadBalancer`, `ipFamilyPolicy: PreferDualStack`, one
 //! TCP port per valid listener port (named `port-N`) whose `targetPort` is the pod port duet
-//! assigned ([`super::ports`]). The Gateway's `spec.infrastructure` labels and annotations are
+//! assigned ([`super::ports`]), and with HTTP/3 on, one UDP port per HTTPS listener port (named
+//! `udp-N`, the same pod port: duet serves HTTP/3 there). The Gateway's `spec.infrastructure` labels and annotations are
 //! copied onto it (duet's own two labels win), and the IP addresses of `spec.addresses` are asked
 //! of the load balancer with the `metallb.io/loadBalancerIPs` annotation (MetalLB's, the one
 //! bare-metal load balancers read), the Service then having exactly their families in their
@@ -12,7 +13,7 @@
 //! selector cannot reach, so duet writes the EndpointSlices itself, one per family of the
 //! Service, listing duet's ready pods at the assigned ports.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Pod, Service, ServicePort, ServiceSpec};
@@ -127,8 +128,33 @@ fn family_policy(shape: &Shape) -> (String, Option<Vec<String>>) {
     }
 }
 
-/// The Service for a Gateway with `ports` (listener port -> pod port).
-pub fn desired_service(owner: &Owner, ports: &BTreeMap<u16, u16>, shape: &Shape) -> Service {
+/// The name of the UDP Service port of a listener port (HTTP/3).
+pub fn udp_port_name(listener_port: u16) -> String {
+    format!("udp-{listener_port}")
+}
+
+/// `(name, protocol, listener port, pod port)` of each Service port: TCP for every listener
+/// port, UDP too for those of `udp` (HTTPS listeners with HTTP/3 on).
+fn service_ports(
+    ports: &BTreeMap<u16, u16>,
+    udp: &BTreeSet<u16>,
+) -> Vec<(String, &'static str, u16, u16)> {
+    let tcp = ports.iter().map(|(&l, &p)| (port_name(l), "TCP", l, p));
+    let udp = ports
+        .iter()
+        .filter(|(l, _)| udp.contains(l))
+        .map(|(&l, &p)| (udp_port_name(l), "UDP", l, p));
+    tcp.chain(udp).collect()
+}
+
+/// The Service for a Gateway with `ports` (listener port -> pod port), those of `udp` over UDP
+/// too.
+pub fn desired_service(
+    owner: &Owner,
+    ports: &BTreeMap<u16, u16>,
+    udp: &BTreeSet<u16>,
+    shape: &Shape,
+) -> Service {
     let (policy, families) = family_policy(shape);
     Service {
         metadata: ObjectMeta {
@@ -144,11 +170,11 @@ pub fn desired_service(owner: &Owner, ports: &BTreeMap<u16, u16>, shape: &Shape)
             ip_family_policy: Some(policy),
             ip_families: families,
             ports: Some(
-                ports
-                    .iter()
-                    .map(|(&listener, &pod)| ServicePort {
-                        name: Some(port_name(listener)),
-                        protocol: Some("TCP".to_owned()),
+                service_ports(ports, udp)
+                    .into_iter()
+                    .map(|(name, protocol, listener, pod)| ServicePort {
+                        name: Some(name),
+                        protocol: Some(protocol.to_owned()),
                         port: i32::from(listener),
                         target_port: Some(IntOrString::Int(i32::from(pod))),
                         ..ServicePort::default()
@@ -248,11 +274,11 @@ fn pod_ready(pod: &Pod) -> bool {
 
 /// The EndpointSlice of one family (`IPv4`, `IPv6`) of a Gateway's Service: duet's ready pods'
 /// addresses of that family, at the assigned pod ports. Sorted by pod name, so it only changes
-/// when the pods do.
+/// when the pods do. The ports of `udp` over UDP too, as in the Service.
 pub fn desired_slice(
     service: &Service,
     family: &str,
-    ports: &BTreeMap<u16, u16>,
+    (ports, udp): (&BTreeMap<u16, u16>, &BTreeSet<u16>),
     pods: &[Pod],
 ) -> Option<EndpointSlice> {
     let name = service.metadata.name.clone()?;
@@ -311,12 +337,12 @@ pub fn desired_slice(
         address_type: family.to_owned(),
         endpoints: Some(endpoints),
         ports: Some(
-            ports
-                .iter()
-                .map(|(&listener, &pod)| EndpointPort {
-                    name: Some(port_name(listener)),
+            service_ports(ports, udp)
+                .into_iter()
+                .map(|(name, protocol, _, pod)| EndpointPort {
+                    name: Some(name),
                     port: Some(i32::from(pod)),
-                    protocol: Some("TCP".to_owned()),
+                    protocol: Some(protocol.to_owned()),
                     app_protocol: None,
                 })
                 .collect(),
@@ -345,7 +371,7 @@ mod tests {
         assert!(crate::gateway::config::is_dns_label(&name), "{name}");
         assert_ne!(name, service_name(&("a.".repeat(100) + "c")));
         let ports = BTreeMap::from([(80, 20000), (443, 20001)]);
-        let service = desired_service(&owner("web"), &ports, &Shape::default());
+        let service = desired_service(&owner("web"), &ports, &BTreeSet::new(), &Shape::default());
         assert_eq!(held_ports(&service), ports);
         let spec = service.spec.as_ref().unwrap();
         assert_eq!(spec.ip_family_policy.as_deref(), Some("PreferDualStack"));
@@ -356,6 +382,58 @@ mod tests {
             (owners[0].kind.as_str(), owners[0].uid.as_str()),
             ("Gateway", "u1")
         );
+    }
+
+    #[test]
+    fn https_listener_ports_are_listed_over_udp_too_with_http3() {
+        let ports = BTreeMap::from([(80, 20000), (443, 20001)]);
+        let service = desired_service(
+            &owner("web"),
+            &ports,
+            &BTreeSet::from([443]),
+            &Shape::default(),
+        );
+        let listed: Vec<(String, String, i32, Option<IntOrString>)> = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.clone())
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name.unwrap(), p.protocol.unwrap(), p.port, p.target_port))
+            .collect();
+        let port = |name: &str, proto: &str, port: i32, pod: i32| {
+            (
+                name.to_owned(),
+                proto.to_owned(),
+                port,
+                Some(IntOrString::Int(pod)),
+            )
+        };
+        assert_eq!(
+            listed,
+            [
+                port("port-80", "TCP", 80, 20000),
+                port("port-443", "TCP", 443, 20001),
+                port("udp-443", "UDP", 443, 20001),
+            ]
+        );
+        // The UDP port is no listener port of its own.
+        assert_eq!(held_ports(&service), ports);
+        let mut service = service;
+        service.metadata.uid = Some("s1".to_owned());
+        let slice = desired_slice(&service, "IPv4", (&ports, &BTreeSet::from([443])), &[]).unwrap();
+        let slice_ports: Vec<(String, String, i32)> = slice
+            .ports
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name.unwrap(), p.protocol.unwrap(), p.port.unwrap()))
+            .collect();
+        assert_eq!(
+            slice_ports[2],
+            ("udp-443".to_owned(), "UDP".to_owned(), 20001),
+            "{slice_ports:?}"
+        );
+        assert_eq!(slice_ports.len(), 3);
     }
 
     #[test]
@@ -370,6 +448,7 @@ mod tests {
         let service = desired_service(
             &owner("web"),
             &BTreeMap::from([(80, 20000)]),
+            &BTreeSet::new(),
             &Shape::of(&spec),
         );
         let labels = service.metadata.labels.unwrap();
@@ -403,6 +482,7 @@ mod tests {
         let service = desired_service(
             &owner("web"),
             &BTreeMap::from([(80, 20000)]),
+            &BTreeSet::new(),
             &Shape::of(&one),
         );
         let spec_out = service.spec.unwrap();
@@ -411,6 +491,7 @@ mod tests {
         let none = desired_service(
             &owner("web"),
             &BTreeMap::from([(80, 20000)]),
+            &BTreeSet::new(),
             &Shape::default(),
         );
         assert!(none.metadata.annotations.is_none());
@@ -422,6 +503,7 @@ mod tests {
         let mut service = desired_service(
             &owner("web"),
             &BTreeMap::from([(80, 20000)]),
+            &BTreeSet::new(),
             &Shape::default(),
         );
         let spec = service.spec.as_mut().unwrap();

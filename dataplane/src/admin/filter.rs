@@ -275,6 +275,7 @@ impl RouteFilter {
                     tls: p.tls,
                     tls_routes: p.tls_routes,
                     client_auth: p.client_auth.clone(),
+                    listener_port: p.listener_port,
                     listeners,
                 };
                 (*port, Arc::new(kept))

@@ -171,7 +171,10 @@ impl Proxy {
         let alt_svc = (conn.tls && req.version() != http::Version::HTTP_3)
             .then(|| match conn.gateway_port {
                 None => self.alt_svc.get(conn.family),
-                Some(port) => self.alt_svc.gateway(port, conn.family),
+                Some(port) => self.alt_svc.gateway(port, conn.family, || {
+                    let live = self.runtime.load();
+                    live.snapshot.gateways.port(port).map(|p| p.listener_port)
+                }),
             })
             .flatten();
         let mut exchange = self.runtime.telemetry().exchange(&req, &conn);

@@ -79,6 +79,9 @@ pub struct GatewayPort {
     /// [`VerifyClient::OptionalNoCa`]: crate::client_auth::VerifyClient::OptionalNoCa
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_auth: Option<Arc<crate::client_auth::ClientAuth>>,
+    /// The port the listeners name, the one clients reach through the Gateway's Service (in
+    /// `--manifests` mode the pod port itself): `Alt-Svc` advertises HTTP/3 there.
+    pub listener_port: u16,
 }
 
 impl GatewayPort {
@@ -299,6 +302,7 @@ mod tests {
             tls: false,
             tls_routes: false,
             client_auth: None,
+            listener_port: 443,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("*.example.com"), any("wild")),
@@ -372,6 +376,7 @@ mod tests {
             tls: true,
             tls_routes: false,
             client_auth: None,
+            listener_port: 443,
             listeners: vec![
                 listener(None, any("empty")),
                 listener(Some("second.org"), any("second")),
@@ -397,6 +402,7 @@ mod tests {
             tls: true,
             tls_routes: false,
             client_auth: None,
+            listener_port: 443,
             listeners: vec![listener(Some("second.org"), any("second"))],
         };
         assert!(!only.misdirected("second.org", "other.org"));

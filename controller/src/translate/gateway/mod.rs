@@ -745,6 +745,8 @@ fn table(
             let port = ports.entry(pod_port).or_default();
             port.tls |= l.tls;
             port.tls_routes |= l.tls_routes;
+            // One listener port per pod port (assigned per Gateway and listener port).
+            port.listener_port = u16::try_from(l.port).unwrap_or(pod_port);
             if l.client_auth.is_some() {
                 port.client_auth = l.client_auth.clone();
             }
@@ -1020,6 +1022,8 @@ mod tests {
             plan.gateways.ports.keys().copied().collect::<Vec<_>>(),
             [80, 81, 82]
         );
+        // What clients reach (Alt-Svc names it): the listeners' port.
+        assert_eq!(plan.gateways.ports[&81].listener_port, 81);
     }
     fn tls_route(ns: &str, name: &str, section: &str, hosts: &[&str], to: &str) -> TlsRoute {
         serde_json::from_value(json!({
