@@ -734,8 +734,8 @@ fn placed(service: &Service, requested: &[IpAddr]) -> Placed {
     }
 }
 
-/// The listener ports of the Gateway's HTTPS listeners, served over HTTP/3 too when it is on
-/// (`--http3`): its Service lists them over UDP as well.
+/// The listener ports of the HTTPS listeners of the Gateway and its ListenerSets, served over
+/// HTTP/3 too when it is on (`--http3`): its Service lists them over UDP as well.
 fn udp_ports(
     ctx: &Ctx,
     gateway: &Gateway,
@@ -744,10 +744,19 @@ fn udp_ports(
     if !ctx.config.http3 {
         return Default::default();
     }
+    let key = NsName::new(gateway.namespace().unwrap_or_default(), gateway.name_any());
+    let of_sets = ctx
+        .report
+        .borrow()
+        .listener_set_https_ports
+        .get(&key)
+        .cloned()
+        .unwrap_or_default();
     let listeners = gateway.spec.listeners.iter();
     listeners
         .filter(|l| l.protocol == "HTTPS")
         .filter_map(|l| u16::try_from(l.port).ok())
+        .chain(of_sets)
         .filter(|p| ports.contains_key(p))
         .collect()
 }

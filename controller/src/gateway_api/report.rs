@@ -23,6 +23,8 @@ pub struct GatewayReport {
     /// Per Gateway of ours: the ports of the valid listeners of the ListenerSets it accepted,
     /// which its Service and pod ports must cover too.
     pub listener_set_ports: BTreeMap<NsName, BTreeSet<u16>>,
+    /// Per Gateway of ours: those of the HTTPS listeners (served over HTTP/3 too when it is on).
+    pub listener_set_https_ports: BTreeMap<NsName, BTreeSet<u16>>,
     /// Per listener (Gateway, listener name) whose client certificate validation
     /// (`tls.frontend`) does not resolve: what its status says (the listener is not served).
     pub frontend: BTreeMap<(NsName, String), FrontendProblem>,

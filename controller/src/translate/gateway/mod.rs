@@ -383,12 +383,21 @@ impl<'a> GatewayProcessor<'a> {
         judged: &[listener_sets::Judged<'_>],
         report: &mut GatewayReport,
     ) -> BTreeMap<u16, u16> {
-        let wanted: BTreeSet<u16> = judged
-            .iter()
-            .flat_map(|j| j.listeners.iter().zip(&j.verdicts))
-            .filter(|(_, v)| v.valid())
-            .filter_map(|(l, _)| u16::try_from(l.port).ok())
+        let valid = || {
+            judged
+                .iter()
+                .flat_map(|j| j.listeners.iter().zip(&j.verdicts))
+                .filter(|(_, v)| v.valid())
+                .map(|(l, _)| l)
+        };
+        let wanted: BTreeSet<u16> = valid().filter_map(|l| u16::try_from(l.port).ok()).collect();
+        let https: BTreeSet<u16> = valid()
+            .filter(|l| l.protocol == "HTTPS")
+            .filter_map(|l| u16::try_from(l.port).ok())
             .collect();
+        if !https.is_empty() {
+            report.listener_set_https_ports.insert(key.clone(), https);
+        }
         let mut ports = self.pod_ports(t, gateway, key);
         if !self.config.gateway.ports_from_services {
             ports.extend(wanted.iter().map(|p| (*p, *p)));
@@ -1197,6 +1206,9 @@ mod tests {
         assert_eq!(verify(443), Some(VerifyClient::On));
         assert_eq!(verify(8443), Some(VerifyClient::OptionalNoCa));
         assert_eq!(verify(80), None, "HTTP listeners ask for nothing");
+        // The ListenerSet's HTTPS ports, for the Service's UDP ports with HTTP/3.
+        let sets = &plan.gateway_report.listener_set_https_ports;
+        assert!(sets[&NsName::new("gw", "g")].contains(&7443), "{sets:?}");
         assert!(plan.gateways.port(80).is_some());
         // The listener whose CA does not resolve is not served, and its status says why.
         assert!(plan.gateways.port(9443).is_none());
