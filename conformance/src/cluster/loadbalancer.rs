@@ -4,7 +4,7 @@
 //! written to `status.loadBalancer.ingress` in the Service's family order (`ipMode: VIP`), and
 //! added to the namespace's loopback interface.
 //!
-//! Traffic: `LB_IP:port` (TCP) is DNATed by nftables to the ready endpoints of the Service's
+//! Traffic: `LB_IP:port` (TCP, and UDP for UDP ports) is DNATed by nftables to the ready endpoints of the Service's
 //! EndpointSlices of that family, at the slice port named like the Service port (the port
 //! kube-proxy would use), chosen at random per connection (`numgen random`). The rules are one
 //! `ip duet_lb` and one `ip6 duet_lb` table, each with a `prerouting` and an `output` nat chain
@@ -171,6 +171,8 @@ struct State {
 struct ServicePort {
     name: String,
     port: u16,
+    /// `tcp` or `udp` (nft's words).
+    protocol: &'static str,
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -194,18 +196,23 @@ fn families(service: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Its TCP ports; a port without a valid number is skipped.
-fn tcp_ports(service: &Value) -> Vec<ServicePort> {
+/// Its TCP and UDP ports; a port without a valid number is skipped.
+fn forwarded_ports(service: &Value) -> Vec<ServicePort> {
     service["spec"]["ports"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|p| p["protocol"].as_str().unwrap_or("TCP") == "TCP")
         .filter_map(|p| {
+            let protocol = match p["protocol"].as_str().unwrap_or("TCP") {
+                "TCP" => "tcp",
+                "UDP" => "udp",
+                _ => return None,
+            };
             let port = u16::try_from(p["port"].as_u64()?).ok()?;
             Some(ServicePort {
                 name: p["name"].as_str().unwrap_or_default().to_owned(),
                 port,
+                protocol,
             })
         })
         .collect()
@@ -241,8 +248,8 @@ fn endpoints(slices: &[&Value], address_type: &str, name: &str) -> Vec<(IpAddr, 
     out
 }
 
-/// One nft rule: `LB_IP:port` to the endpoints, at random.
-fn rule(lb: IpAddr, port: u16, targets: &[(IpAddr, u16)]) -> Option<String> {
+/// One nft rule: `LB_IP:port` (of `protocol`, `tcp` or `udp`) to the endpoints, at random.
+fn rule(lb: IpAddr, (protocol, port): (&str, u16), targets: &[(IpAddr, u16)]) -> Option<String> {
     if targets.is_empty() {
         return None;
     }
@@ -256,7 +263,7 @@ fn rule(lb: IpAddr, port: u16, targets: &[(IpAddr, u16)]) -> Option<String> {
         .map(|(i, (ip, p))| format!("{i} : {ip} . {p}"))
         .collect();
     Some(format!(
-        "{daddr} {lb} tcp dport {port} dnat {family} to numgen random mod {} map {{ {} }}",
+        "{daddr} {lb} {protocol} dport {port} dnat {family} to numgen random mod {} map {{ {} }}",
         targets.len(),
         elements.join(", ")
     ))
@@ -368,15 +375,19 @@ impl State {
             );
             let slices = by_service.get(&key).map(Vec::as_slice).unwrap_or_default();
             let cluster_ips = cluster_ips(service);
-            for port in tcp_ports(service) {
+            for port in forwarded_ports(service) {
                 let targets_v4 = endpoints(slices, "IPv4", &port.name);
                 let targets_v6 = endpoints(slices, "IPv6", &port.name);
                 let addresses = assigned.v4.map(IpAddr::from).into_iter();
                 let addresses = addresses.chain(assigned.v6.map(IpAddr::from));
                 for ip in addresses.chain(cluster_ips.iter().copied()) {
                     match ip {
-                        IpAddr::V4(_) => v4.extend(rule(ip, port.port, &targets_v4)),
-                        IpAddr::V6(_) => v6.extend(rule(ip, port.port, &targets_v6)),
+                        IpAddr::V4(_) => {
+                            v4.extend(rule(ip, (port.protocol, port.port), &targets_v4))
+                        }
+                        IpAddr::V6(_) => {
+                            v6.extend(rule(ip, (port.protocol, port.port), &targets_v6))
+                        }
                     }
                 }
             }
@@ -622,7 +633,7 @@ mod tests {
         );
         let r = rule(
             "10.250.0.1".parse().unwrap(),
-            80,
+            ("tcp", 80),
             &endpoints(&slices, "IPv4", "port-80"),
         );
         assert_eq!(
@@ -631,13 +642,13 @@ mod tests {
         );
         let r6 = rule(
             "fd00:10:250::1".parse().unwrap(),
-            80,
+            ("udp", 443),
             &endpoints(&slices, "IPv6", "port-80"),
         );
         assert_eq!(
             r6.as_deref(),
-            Some("ip6 daddr fd00:10:250::1 tcp dport 80 dnat ip6 to numgen random mod 1 map { 0 : fd00:10:244::2 . 20000 }")
+            Some("ip6 daddr fd00:10:250::1 udp dport 443 dnat ip6 to numgen random mod 1 map { 0 : fd00:10:244::2 . 20000 }")
         );
-        assert_eq!(rule("10.250.0.1".parse().unwrap(), 80, &[]), None);
+        assert_eq!(rule("10.250.0.1".parse().unwrap(), ("tcp", 80), &[]), None);
     }
 }
