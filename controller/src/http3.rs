@@ -66,6 +66,7 @@ pub fn options(config: &Config, h3: &Http3Config, limit: &ConnectionLimit) -> Ht
         connections: None,
         trusted_proxies: Arc::new(config.edge.trusted_proxies.clone()),
         gateway_port: None,
+        forwarded_port: None,
     }
 }
 

@@ -308,6 +308,7 @@ impl Options {
             max_connections: None,
             handshakes: None,
             gateway_port: None,
+            forwarded_port: None,
         };
         let edge = &config.edge;
         let proxy_protocol_from = if edge.proxy_protocol_from.0.is_empty() {

@@ -4,10 +4,9 @@
 //! large response, an allow-list refusing the other family, Alt-Svc discovered over HTTPS/TCP
 //! and then used, QUIC Retry, GOAWAY on shutdown, and a connection moving between families.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use conformance::h3client::{self, python};
 use conformance::tls::{self, TestCert};
 use conformance::{
     Duet, DuetBuilder, Echo, Family, Fleet, Ingress, ManifestDir, PathType, PodSpec, PortRef,
@@ -16,41 +15,9 @@ use serde_json::{json, Value};
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 
-/// The venv's python with aioquic, made once per test binary by setup.sh (which installs it on
-/// a fresh machine): the tests never skip for want of a client.
-fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/h3client/setup.sh");
-        let out = std::process::Command::new(&setup)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", setup.display()));
-        assert!(
-            out.status.success(),
-            "{} failed: {}",
-            setup.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-}
-
 /// Runs one plan through the aioquic client (see h3client.py) and returns its report.
 async fn h3(plan: Value) -> anyhow::Result<Value> {
-    let python = python().to_owned();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/h3client/h3client.py");
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .arg(plan.to_string())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), out).await??;
-    anyhow::ensure!(
-        out.status.success(),
-        "h3client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
+    h3client::run(&plan).await
 }
 
 /// A GET plan for `authority` + `path` to duet's HTTP/3 listener of `family`.

@@ -174,6 +174,20 @@ async fn a_gateway_https_listener_is_reached_over_http3_through_its_service() ->
             echo.family, family,
             "{ip}: the pod reached over the client's family"
         );
+        // The pod is told the port the client reached (the listener's), not duet's pod port.
+        assert_eq!(
+            echo.headers.get("X-Forwarded-Port"),
+            Some(&vec!["443".to_owned()]),
+            "{ip}: over HTTP/3"
+        );
+        let to = std::net::SocketAddr::new(ip, 443);
+        let (mut tcp, _) = client::Conn::https(to, Some(HOST), &["http/1.1"]).await?;
+        let over_tcp = tcp.get(HOST, "/").await?.echo()?;
+        assert_eq!(
+            over_tcp.headers.get("X-Forwarded-Port"),
+            Some(&vec!["443".to_owned()]),
+            "{ip}: over TCP"
+        );
         // Over TCP, the answer names the listener port, which leads to HTTP/3 again.
         let report = h3client::run(&get(ip, true)).await?;
         assert_eq!(report["alt_svc"], "h3=\":443\"; ma=3600", "{ip}: {report}");

@@ -71,6 +71,14 @@ impl ConnInfo {
         self
     }
 
+    /// The same connection with `port` as its `X-Forwarded-Port`: the port clients reach when it
+    /// is not the one accepted on (a Gateway listener's port in front of the pod port serving
+    /// it). A PROXY protocol header's destination still wins (it makes a new `ConnInfo`).
+    pub fn with_forwarded_port(mut self, port: u16) -> ConnInfo {
+        self.local_port.1 = HeaderValue::from(port);
+        self
+    }
+
     /// The same connection, marked as TLS.
     pub fn with_tls(mut self, tls: bool) -> ConnInfo {
         self.tls = tls;

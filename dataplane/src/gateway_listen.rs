@@ -90,6 +90,8 @@ impl Mode {
 /// One bound port.
 struct BoundPort {
     mode: Mode,
+    /// The listener port clients reach it on (a Service's port in front of the pod port).
+    public: u16,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<std::io::Result<()>>>,
     /// Its HTTP/3 sockets are bound (stopped with the TCP ones).
@@ -160,16 +162,16 @@ fn reconcile(
     closing: &mut Vec<JoinHandle<std::io::Result<()>>>,
 ) {
     let live = serving.runtime.load_full();
-    let wanted: BTreeMap<u16, Mode> = live
+    let wanted: BTreeMap<u16, (Mode, u16)> = live
         .snapshot
         .gateways
         .ports
         .iter()
-        .map(|(port, p)| (*port, Mode::of(p)))
+        .map(|(port, p)| (*port, (Mode::of(p), p.listener_port)))
         .collect();
     let gone: Vec<u16> = bound
         .iter()
-        .filter(|(port, b)| wanted.get(port) != Some(&b.mode))
+        .filter(|(port, b)| wanted.get(port) != Some(&(b.mode, b.public)))
         .map(|(port, _)| *port)
         .collect();
     for port in gone {
@@ -182,11 +184,11 @@ fn reconcile(
     closing.retain(|t| !t.is_finished());
     unbound.retain(|port, _| wanted.contains_key(port));
     let now = Instant::now();
-    for (port, mode) in wanted {
+    for (port, (mode, public)) in wanted {
         if bound.contains_key(&port) {
             continue;
         }
-        match bind_port(serving, port, mode) {
+        match bind_port(serving, port, mode, public) {
             Ok(b) => {
                 if let Some(u) = unbound.remove(&port) {
                     tracing::info!(
@@ -213,7 +215,7 @@ fn reconcile_quic(
     unbound.retain(|port, _| bound.get(port).is_some_and(wants));
     let now = Instant::now();
     for (&port, b) in bound.iter_mut().filter(|(_, b)| wants(b)) {
-        match bind_quic(serving, h3, port, b.stop.subscribe()) {
+        match bind_quic(serving, h3, (port, b.public), b.stop.subscribe()) {
             Ok(tasks) => {
                 if let Some(u) = unbound.remove(&port) {
                     tracing::info!(
@@ -241,7 +243,7 @@ fn reconcile_quic(
 fn bind_quic(
     serving: &GatewayServing,
     h3: &GatewayHttp3,
-    port: u16,
+    (port, public): (u16, u16),
     stopped: watch::Receiver<bool>,
 ) -> Result<Vec<JoinHandle<std::io::Result<()>>>, BindError> {
     let mut sockets = Vec::new();
@@ -257,6 +259,7 @@ fn bind_quic(
     }
     let options = crate::http3::Http3Options {
         gateway_port: Some(port),
+        forwarded_port: (public != port).then_some(public),
         ..h3.options.clone()
     };
     let certs = Arc::new(port_certs(serving, port));
@@ -315,7 +318,12 @@ fn failed(
 
 /// Binds a port on both families (IPv4 only where the host has no IPv6) and starts serving it;
 /// nothing is bound when a family cannot be.
-fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Result<BoundPort, BindError> {
+fn bind_port(
+    serving: &GatewayServing,
+    port: u16,
+    mode: Mode,
+    public: u16,
+) -> Result<BoundPort, BindError> {
     let mut listeners = Vec::new();
     for ip in [
         IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -350,6 +358,7 @@ fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Result<BoundPor
         tls,
         handshakes,
         gateway_port: Some(port),
+        forwarded_port: (public != port).then_some(public),
         ..serving.options.clone()
     };
     let mut tasks = Vec::new();
@@ -369,6 +378,7 @@ fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Result<BoundPor
     tracing::info!(port, ?mode, listen = %addrs.join(" "), "Gateway listener bound");
     Ok(BoundPort {
         mode,
+        public,
         stop,
         tasks,
         quic: false,

@@ -118,6 +118,9 @@ pub struct ServeOptions {
     /// The Gateway pod port this listener serves (`None`: an Ingress listener), recorded in each
     /// connection's [`ConnInfo::gateway_port`].
     pub gateway_port: Option<u16>,
+    /// The port clients reach this listener on, when not the bound one (a Gateway listener's
+    /// port in front of its pod port): each connection's `X-Forwarded-Port`.
+    pub forwarded_port: Option<u16>,
 }
 
 /// At most one warning per listener this often while connections are refused.
@@ -249,6 +252,7 @@ struct PerConnection<H> {
     trusted_proxies: Arc<TrustedProxies>,
     connections: Option<ConnectionMetrics>,
     gateway_port: Option<u16>,
+    forwarded_port: Option<u16>,
 }
 
 /// The stream hyper serves: the accepted one, watched for activity (and parked while idle),
@@ -371,6 +375,7 @@ impl<H> PerConnection<H> {
             trusted_proxies: options.trusted_proxies.clone(),
             connections: options.connections.clone(),
             gateway_port: options.gateway_port,
+            forwarded_port: options.forwarded_port,
         }
     }
 
@@ -615,6 +620,10 @@ impl<H> PerConnection<H> {
     /// Opens an accepted connection: its PROXY protocol header where expected, then its TLS
     /// handshake on an HTTPS listener; `None` closes it.
     async fn open(&self, mut stream: TcpStream, info: ConnInfo) -> Option<Opened> {
+        let info = match self.forwarded_port {
+            Some(port) => info.with_forwarded_port(port),
+            None => info,
+        };
         let mut info = self.proxy_header(&mut stream, info).await?;
         info.trusted = self.trusted_proxies.trusts(info.peer.ip());
         info.gateway_port = self.gateway_port;

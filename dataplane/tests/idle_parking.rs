@@ -108,6 +108,7 @@ fn serve(ip: &str, tls: Option<(Arc<rustls::ServerConfig>, tokio_rustls::TlsConn
         max_connections: None,
         handshakes: None,
         gateway_port: None,
+        forwarded_port: None,
     };
     let (stop, stopped) = watch::channel(false);
     let served = tokio::spawn(listen::serve(listener, options, answer, stopped));

@@ -56,6 +56,9 @@ pub struct Http3Options {
     /// counterpart): its connections are routed by that port's listeners, and `Alt-Svc` is
     /// advertised on that port's TCP answers.
     pub gateway_port: Option<u16>,
+    /// The port clients reach this listener on, when not the bound one (a Gateway listener's
+    /// port in front of its pod port): each connection's `X-Forwarded-Port`.
+    pub forwarded_port: Option<u16>,
 }
 
 /// HTTP/3 frames' largest header section accepted (as hyper's HTTP/2 default, 16 KiB more).
@@ -286,6 +289,9 @@ impl Shared {
             None => self.local,
         };
         let mut info = ConnInfo::new(conn.remote_address(), local).with_tls(true);
+        if let Some(port) = self.options.forwarded_port {
+            info = info.with_forwarded_port(port);
+        }
         info.tls_version = Some("TLSv1.3");
         info.sni = conn
             .handshake_data()
