@@ -22,7 +22,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -153,9 +153,23 @@ impl ServerCertVerifier for AnyCertificate {
     }
 }
 
-/// QUIC client configuration: TLS 1.3 with ring, ALPN `h3`, no certificate verification.
+/// QUIC client configuration: TLS 1.3 with ring, ALPN `h3`, no certificate verification, and
+/// the cipher suites in h2load's order (AES-128-GCM with SHA-256 first, where rustls puts
+/// AES-256-GCM with SHA-384 first), so that HTTP/3 and HTTP/2 runs pay for the same suite.
 fn client_config() -> anyhow::Result<quinn::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites.sort_by_key(|suite| {
+        let order = [
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384,
+            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256,
+        ];
+        order
+            .iter()
+            .position(|s| *s == suite.suite())
+            .unwrap_or(order.len())
+    });
+    let provider = Arc::new(provider);
     let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
@@ -168,8 +182,11 @@ fn client_config() -> anyhow::Result<quinn::ClientConfig> {
 }
 
 /// What the run counted, shared by every stream.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tally {
+    start: Instant,
+    /// Nanoseconds from `start` to the end of the last response read.
+    last: AtomicU64,
     /// Requests claimed so far (a stream claims one before sending it).
     claimed: AtomicUsize,
     /// Responses read to their end.
@@ -180,6 +197,23 @@ struct Tally {
 }
 
 impl Tally {
+    fn new() -> Tally {
+        Tally {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+            claimed: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            ok: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            first_error: Mutex::new(None),
+        }
+    }
+
+    /// Time from the start to the last response (closing the connections left out).
+    fn elapsed(&self) -> Duration {
+        Duration::from_nanos(self.last.load(Ordering::Relaxed))
+    }
+
     fn fail(&self, error: impl std::fmt::Display) {
         self.failed.fetch_add(1, Ordering::Relaxed);
         let mut first = self.first_error.lock().unwrap_or_else(|e| e.into_inner());
@@ -230,6 +264,8 @@ async fn stream_loop(
         match request(&mut send, &uri).await {
             Ok(status) => {
                 tally.done.fetch_add(1, Ordering::Relaxed);
+                let now = u64::try_from(tally.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                tally.last.fetch_max(now, Ordering::Relaxed);
                 if status.is_success() {
                     tally.ok.fetch_add(1, Ordering::Relaxed);
                 }
@@ -289,7 +325,7 @@ async fn connection(
 async fn run(args: &Args, tally: &Arc<Tally>) -> anyhow::Result<Duration> {
     let target = Arc::new(Target::of(args)?);
     let config = client_config()?;
-    let start = Instant::now();
+    let start = tally.start;
     let budget = match args.duration {
         Some(seconds) => Budget::Until(start + Duration::from_secs_f64(seconds)),
         None => Budget::Requests(args.requests),
@@ -308,7 +344,7 @@ async fn run(args: &Args, tally: &Arc<Tally>) -> anyhow::Result<Duration> {
     for connection in connections {
         connection.await?;
     }
-    Ok(start.elapsed())
+    Ok(tally.elapsed())
 }
 
 fn main() -> ExitCode {
@@ -332,7 +368,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a Tokio runtime");
-    let tally = Arc::new(Tally::default());
+    let tally = Arc::new(Tally::new());
     let elapsed = match runtime.block_on(run(&args, &tally)) {
         Ok(elapsed) => elapsed,
         Err(error) => {
