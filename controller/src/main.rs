@@ -417,11 +417,7 @@ fn serve_all(
         .chain(secure)
         .map(|((addr, listener), serve_options)| {
             let proxy = proxy.clone();
-            let handler = listen::AnyBody(
-                move |req: http::Request<dataplane::client_body::ClientBody>, conn| {
-                    proxy.clone().handle(req, conn)
-                },
-            );
+            let handler = move |req, conn| proxy.clone().handle(req, conn);
             let serve_options = ServeOptions {
                 connections: Some(metrics.listener(addr)),
                 proxy_protocol_from: options.proxy_protocol_from.clone(),

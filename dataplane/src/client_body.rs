@@ -20,9 +20,6 @@ pub enum ClientBody {
     Hyper(Incoming),
     /// An HTTP/3 request stream's data frames, then its trailers.
     Http3(Box<H3Body>),
-    /// No body: a request head read by duet's own HTTP/1.1 server (`listen`'s `h1_serve`) that
-    /// announced none.
-    Empty,
 }
 
 impl From<Incoming> for ClientBody {
@@ -42,7 +39,6 @@ impl Body for ClientBody {
         match self.get_mut() {
             ClientBody::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             ClientBody::Http3(body) => body.poll_frame(cx),
-            ClientBody::Empty => Poll::Ready(None),
         }
     }
 
@@ -50,7 +46,6 @@ impl Body for ClientBody {
         match self {
             ClientBody::Hyper(body) => body.is_end_stream(),
             ClientBody::Http3(body) => body.state == H3State::Done,
-            ClientBody::Empty => true,
         }
     }
 
@@ -58,7 +53,6 @@ impl Body for ClientBody {
         match self {
             ClientBody::Hyper(body) => body.size_hint(),
             ClientBody::Http3(body) => body.size_hint(),
-            ClientBody::Empty => SizeHint::with_exact(0),
         }
     }
 }

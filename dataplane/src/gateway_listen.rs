@@ -244,11 +244,7 @@ fn bind_port(serving: &GatewayServing, port: u16, mode: Mode) -> Result<BoundPor
                 .unwrap_or_default(),
         );
         let proxy = serving.proxy.clone();
-        let handler = listen::AnyBody(
-            move |req: http::Request<crate::client_body::ClientBody>, conn| {
-                proxy.clone().handle(req, conn)
-            },
-        );
+        let handler = move |req, conn| proxy.clone().handle(req, conn);
         let serve = listen::serve(listener, options.clone(), handler, stopped.clone());
         tasks.push(tokio::spawn(serve));
     }

@@ -20,9 +20,6 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::client_body::ClientBody;
-
-mod h1_serve;
 pub use crate::conn::ConnInfo;
 use crate::forwarded::TrustedProxies;
 use crate::handshake::Handshake;
@@ -153,49 +150,6 @@ pub trait Handler: Clone + Send + Sync + 'static {
 
     /// Answers one request.
     fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Self::Future;
-
-    /// Whether the handler answers requests read by duet's own HTTP/1.1 server
-    /// (`listen::h1_serve`) through [`Handler::call_own`].
-    fn serves_own(&self) -> bool {
-        false
-    }
-
-    /// Answers one request read by duet's own HTTP/1.1 server (`None`: not taken).
-    fn call_own(&self, req: Request<ClientBody>, conn: Arc<ConnInfo>) -> Option<Self::Future> {
-        let _ = (req, conn);
-        None
-    }
-}
-
-/// A handler of requests with any client body: served by duet's own HTTP/1.1 server where it
-/// takes the connection (`listen::h1_serve`), by hyper's servers elsewhere.
-#[derive(Clone, Debug)]
-pub struct AnyBody<G>(pub G);
-
-impl<G, F, B> Handler for AnyBody<G>
-where
-    G: Fn(Request<ClientBody>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Result<Response<B>, std::convert::Infallible>> + Send + 'static,
-    B: hyper::body::Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    type Body = B;
-    type Data = B::Data;
-    type Error = B::Error;
-    type Future = F;
-
-    fn call(&self, req: Request<Incoming>, conn: Arc<ConnInfo>) -> F {
-        (self.0)(req.map(ClientBody::Hyper), conn)
-    }
-
-    fn serves_own(&self) -> bool {
-        true
-    }
-
-    fn call_own(&self, req: Request<ClientBody>, conn: Arc<ConnInfo>) -> Option<F> {
-        Some((self.0)(req, conn))
-    }
 }
 
 impl<H, F, B> Handler for H
@@ -380,12 +334,6 @@ fn parkable<B: Body>(req: &Request<B>) -> bool {
         && !crate::upstream::has_any_field(req.headers(), [&crate::names::UPGRADE])
 }
 
-/// Whether duet's own HTTP/1.1 server takes the connection first: the handler answers its
-/// requests, the connection is plain (TLS stays on hyper for now) and the path is switched on.
-fn own_h1<H: Handler>(service: &ConnService<H>) -> bool {
-    !service.info.tls && service.handler.serves_own() && h1_serve::enabled()
-}
-
 /// The HTTP/1.1 server of a client connection, boxed: dropped while the connection is parked.
 type H1Conn<H> = Pin<Box<http1::UpgradeableConnection<TokioIo<Io>, ConnService<H>>>>;
 
@@ -522,17 +470,6 @@ impl<H> PerConnection<H> {
     where
         H: Handler,
     {
-        let io = if own_h1(&service) {
-            let timeouts = self.timeouts;
-            let counts = self.connections.as_ref();
-            let conn = h1_serve::Conn::new(&service.handler, &service.info, activity);
-            match conn.serve(io, timeouts, counts, drain).await {
-                h1_serve::Served::Ended(ended) => return ended,
-                h1_serve::Served::HandOver(io) => io,
-            }
-        } else {
-            io
-        };
         let mut conn: H1Conn<H> = Box::pin(
             self.http1
                 .serve_connection(TokioIo::new(io), service)
