@@ -3,10 +3,14 @@
 # over HTTP/1.1, does not cover): duet against nginx's `http2` in the same run. Loopback only.
 # KINDS=h1 measures plain HTTP/1.1 keep-alive the same way (50 connections, one request at a
 # time each, as the shared bench's wrk), against nginx with the same forwarding headers.
+# KINDS=h3 measures HTTP/3 (QUIC on the HTTPS port's UDP twin, duet started with --http3; 20
+# connections x 10 streams from h3load, benches/h3load: `cargo build --release -p h3load`),
+# duet only: Debian's nginx 1.22.1 is built without QUIC.
 #
 #   cargo build --release -p controller && cargo build -p conformance --bin duet-echo
 #   benches/load/h2-bench.sh                       # 3 rounds, 10 s each, IPv4 and IPv6
 #   ROUNDS=1 DURATION=5 FAMILIES=ipv4 KINDS="h2-tls h1" benches/load/h2-bench.sh
+#   SERVERS=duet KINDS="h2-tls h3" benches/load/h2-bench.sh   # HTTP/3 beside HTTP/2 over TLS
 #
 # Each server terminates TLS (the same ECDSA P-256 certificate, ALPN h2) on 127.0.0.1 and [::1]
 # and proxies Host `bench.example` over HTTP/1.1 keep-alive to one duet-echo pod of the client's
@@ -47,6 +51,7 @@ SYSCALLS=${SYSCALLS:-$(command -v perf >/dev/null && echo 1 || echo 0)}
 [[ $SYSCALLS == 1 ]] && need perf
 DUET=$(duet_bin)
 [[ " $SERVERS " == *" floor "* ]] && FLOOR=$(floor_bin)
+[[ " $KINDS " == *" h3 "* ]] && H3LOAD=$(h3load_bin)
 CLK_TCK=$(getconf CLK_TCK)
 make_work h2bench
 make_cert "$WORK"
@@ -60,10 +65,12 @@ wait_200 "http://[::1]:$ECHO_PORT/" 30 $!
 mkdir -p "$WORK/manifests"
 write_proxy_manifests "$WORK/manifests" "$ECHO_PORT" "$WORK"
 
-# Starts duet pinned to the server core; sets SERVER_PID.
+# Starts duet pinned to the server core, with --http3 for KIND h3; sets SERVER_PID.
 start_duet() {
+  local -a http3=()
+  [[ $1 == h3 ]] && http3=(--http3)
   TOKIO_WORKER_THREADS=1 DUET_LOG=warn taskset -c "$CORE_SERVER" "$DUET" serve \
-    --manifests "$WORK/manifests" --access-log "$ACCESS_LOG" \
+    --manifests "$WORK/manifests" --access-log "$ACCESS_LOG" "${http3[@]}" \
     --https-listen "127.0.0.1:$HTTPS_PORT" --https-listen "[::1]:$HTTPS_PORT" \
     --http-listen "127.0.0.1:$HTTP_PORT" --http-listen "[::1]:$HTTP_PORT" \
     --admin-listen "127.0.0.1:$ADMIN_PORT" \
@@ -119,7 +126,13 @@ ticks() {
 h2load_run() {
   local kind=$1 family=$2 seconds=$3 host=127.0.0.1 out
   [[ $family == ipv6 ]] && host='[::1]'
-  if [[ $kind == h1 ]]; then
+  if [[ $kind == h3 ]]; then
+    out=$(taskset -c "$CORE_LOAD" "$H3LOAD" -t 1 -c 20 -m 10 -D "$seconds" \
+      --sni bench.example "https://$host:$HTTPS_PORT/" 2>&1) || die "h3load failed: $out"
+    # Every request sent was answered 2xx (h3load fails otherwise).
+    awk '/^requests:/ {print $2}' <<<"$out"
+    return
+  elif [[ $kind == h1 ]]; then
     out=$(taskset -c "$CORE_LOAD" h2load --h1 -t 1 -c 50 -m 1 -D "$seconds" \
       -H ':authority: bench.example' "http://$host:$HTTP_PORT/" 2>&1) || die "h2load failed: $out"
   else
@@ -144,8 +157,12 @@ for round in $(seq "$ROUNDS"); do
         note "floor: $kind not measured (floor-relay relays HTTP/1.1 without TLS)"
         continue
       fi
+      if [[ $server == nginx && $kind == h3 ]]; then
+        note "nginx: h3 not measured (Debian's nginx 1.22.1 is built without QUIC/HTTP/3)"
+        continue
+      fi
       for family in $FAMILIES; do
-        "start_$server"
+        "start_$server" "$kind"
         h2load_run "$kind" "$family" "$WARMUP" >/dev/null
         perf_pid=""
         if [[ $SYSCALLS == 1 ]]; then

@@ -7,6 +7,8 @@
 #   benches/load/instructions.sh          # N=5000 per HTTP/1.1 family, N_H2=20000 per HTTP/2 one,
 #                                         # access log off and on
 #   N=2000 FAMILIES="ipv4 ipv6" ACCESS_LOGS=off SYSCALLS=1 benches/load/instructions.sh
+#   cargo build --release -p h3load
+#   N=2000 FAMILIES="h2-tls-ipv4 h2-tls-ipv6 h3-ipv4 h3-ipv6" ACCESS_LOGS=off benches/load/instructions.sh
 #
 # Setup: duet-echo serves one dual-stack pod on 127.0.0.1:P and [::1]:P; duet (release,
 # DUET_BIN overrides; one Tokio worker, metrics on as always) routes Host `bench.example` to it
@@ -14,6 +16,10 @@
 # outside valgrind and sends N (HTTP/2: N_H2) requests per family:
 #   ipv4, ipv6:         HTTP/1.1 keep-alive, one connection (h2load --h1 -c 1), plain HTTP
 #   h2-tls-ipv4/-ipv6:  HTTP/2 over TLS (ALPN h2), 20 connections x 10 streams (h2load -c 20 -m 10)
+#   h3-ipv4/-ipv6:      HTTP/3 (QUIC, ALPN h3), 20 connections x 10 streams, N_H2 requests, with
+#                       h3load (benches/h3load: Debian's h2load has no HTTP/3), duet started with
+#                       --http3 (UDP on the HTTPS port), its baseline too; nginx is skipped
+#                       (Debian's nginx 1.22.1 is built without QUIC)
 # The proxy->upstream leg is HTTP/1.1 keep-alive over the client's family. Every family runs in a
 # fresh duet under callgrind: started, ready (its "Snapshot applied" log line, then one /readyz),
 # loaded, stopped with SIGTERM (--shutdown-delay 0). A baseline run (start, ready, stop: N=0) is
@@ -25,8 +31,8 @@
 # The figure counts every thread of duet (the access-log writer too) and user space only: the
 # kernel's share (TCP, wakeups; about half of a request's time, ARCHITECTURE.md section 8) is what
 # SYSCALLS=1 counts (duet natively under `strace -f -c`, the same runs, same subtraction).
-# HTTP/2 figures include 20 TLS handshakes (ECDSA P-256 self-signed default certificate) spread
-# over N_H2.
+# HTTP/2 and HTTP/3 figures include 20 TLS handshakes (ECDSA P-256 self-signed default
+# certificate) spread over N_H2.
 # Fails (exit 1) when a tool or binary is missing, duet does not become ready, or fewer than N
 # requests get a 2xx.
 set -euo pipefail
@@ -44,6 +50,7 @@ need valgrind h2load curl python3 openssl ss
 [[ $SYSCALLS == 1 ]] && need strace
 [[ $SERVERS == *nginx* ]] && need nginx
 DUET=$(duet_bin)
+[[ " $FAMILIES " == *" h3-"* ]] && H3LOAD=$(h3load_bin)
 make_work instr
 read -r ECHO_PORT HTTP_PORT HTTPS_PORT ADMIN_PORT DEBUG_PORT < <(free_ports 5)
 start_echo "$ECHO_PORT"
@@ -59,12 +66,15 @@ wrapper_cmd() {
   esac
 }
 
-# Starts duet under WRAPPER writing to OUT; sets SERVER_PID.
+# Starts duet under WRAPPER writing to OUT, with --http3 for the h3 families (and their
+# baseline, h3-none); sets SERVER_PID.
 start_duet() {
-  local wrapper=$1 out=$2 access_log=$3 log=$4
+  local wrapper=$1 out=$2 access_log=$3 log=$4 family=$5
+  local -a http3=()
+  [[ $family == h3* ]] && http3=(--http3)
   wrapper_cmd "$wrapper" "$out"
   TOKIO_WORKER_THREADS=1 DUET_LOG=info "${WRAP[@]}" "$DUET" serve --manifests "$WORK/manifests" \
-    --access-log "$access_log" \
+    --access-log "$access_log" "${http3[@]}" \
     --http-listen "127.0.0.1:$HTTP_PORT" --http-listen "[::1]:$HTTP_PORT" \
     --https-listen "127.0.0.1:$HTTPS_PORT" --https-listen "[::1]:$HTTPS_PORT" \
     --admin-listen "127.0.0.1:$ADMIN_PORT" --debug-listen "127.0.0.1:$DEBUG_PORT" \
@@ -119,6 +129,14 @@ load() {
     ipv6) args=(--h1 -c 1 -H ':authority: bench.example' "http://[::1]:$HTTP_PORT/") ;;
     h2-tls-ipv4) args=(-c 20 -m 10 -H ':authority: bench.example' "https://127.0.0.1:$HTTPS_PORT/") ;;
     h2-tls-ipv6) args=(-c 20 -m 10 -H ':authority: bench.example' "https://[::1]:$HTTPS_PORT/") ;;
+    h3-ipv4 | h3-ipv6)
+      local host=127.0.0.1
+      [[ $family == h3-ipv6 ]] && host='[::1]'
+      out=$("$H3LOAD" -n "$n" -t 1 -c 20 -m 10 --sni bench.example "https://$host:$HTTPS_PORT/" 2>&1) ||
+        die "h3load failed for $family: $out"
+      [[ $(awk '/^requests:/ {print $4}' <<<"$out") == "$n" ]] || die "$family: $n requests sent, not all 2xx; h3load said: $out"
+      return
+      ;;
     *) die "unknown family $family" ;;
   esac
   out=$(h2load -n "$n" -t 1 "${args[@]}" 2>&1) || die "h2load failed for $family: $out"
@@ -143,7 +161,7 @@ stop_server() {
 run_once() {
   local wrapper=$1 family=$2 n=$3 access_log=$4 out
   out="$WORK/$SERVER.$wrapper.$family.$n.$access_log"
-  "start_$SERVER" "$wrapper" "$out" "$access_log" "$out"
+  "start_$SERVER" "$wrapper" "$out" "$access_log" "$out" "$family"
   wait_ready "$SERVER_PID" "$out"
   if ((n > 0)); then load "$family" "$n"; fi
   stop_server "$SERVER_PID" "$out"
@@ -161,23 +179,35 @@ per_request() {
 note "duet $DUET, upstream duet-echo on port $ECHO_PORT, N=$N, N_H2=$N_H2, $(nproc) cores, $(date -u +%FT%TZ)"
 for SERVER in $SERVERS; do
   for access_log in $ACCESS_LOGS; do
-    run_once callgrind none 0 "$access_log"
-    base=$COUNT
-    note "$SERVER baseline access-log=$access_log: $base instructions (start, ready, stop)"
-    if [[ $SYSCALLS == 1 ]]; then
-      run_once strace none 0 "$access_log"
-      sbase=$COUNT
-    fi
+    # Baselines by mode: tcp, or h3 (duet with --http3), run before the first family of the mode.
+    declare -A base=() sbase=()
     for family in $FAMILIES; do
+      mode=tcp
+      if [[ $family == h3* ]]; then
+        if [[ $SERVER == nginx ]]; then
+          note "nginx $family: skipped (Debian's nginx 1.22.1 is built without QUIC/HTTP/3)"
+          continue
+        fi
+        mode=h3
+      fi
+      if [[ -z ${base[$mode]:-} ]]; then
+        run_once callgrind "$mode-none" 0 "$access_log"
+        base[$mode]=$COUNT
+        note "$SERVER baseline $mode access-log=$access_log: $COUNT instructions (start, ready, stop)"
+        if [[ $SYSCALLS == 1 ]]; then
+          run_once strace "$mode-none" 0 "$access_log"
+          sbase[$mode]=$COUNT
+        fi
+      fi
       n=$N
-      [[ $family == h2* ]] && n=$N_H2
+      [[ $family == h2* || $family == h3* ]] && n=$N_H2
       run_once callgrind "$family" "$n" "$access_log"
       total=$COUNT
-      line="$SERVER $family access-log=$access_log: $(per_request "$total" "$base" "$n") instructions/request"
+      line="$SERVER $family access-log=$access_log: $(per_request "$total" "${base[$mode]}" "$n") instructions/request"
       if [[ $SYSCALLS == 1 ]]; then
         run_once strace "$family" "$n" "$access_log"
         stotal=$COUNT
-        line+=", $(per_request "$stotal" "$sbase" "$n") syscalls/request"
+        line+=", $(per_request "$stotal" "${sbase[$mode]}" "$n") syscalls/request"
       fi
       echo "$line"
     done

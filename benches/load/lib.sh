@@ -78,6 +78,14 @@ floor_bin() {
   echo "$bin"
 }
 
+# h3load, the HTTP/3 load generator of benches/h3load (H3LOAD_BIN overrides): Debian's h2load
+# has no HTTP/3.
+h3load_bin() {
+  local bin=${H3LOAD_BIN:-$REPO_ROOT/target/release/h3load}
+  [[ -x $bin ]] || die "no h3load binary at $bin: run 'cargo build --release -p h3load' (or set H3LOAD_BIN)"
+  echo "$bin"
+}
+
 # Prints COUNT distinct TCP ports that are free on both 127.0.0.1 and [::1], outside the kernel's
 # ephemeral range: a script starts and stops servers on them for minutes, while its clients' and
 # proxies' outgoing connections take ephemeral ports (one took a debug listener's port between two

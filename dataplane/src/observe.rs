@@ -11,7 +11,9 @@ use prometheus_client::registry::Registry;
 
 use crate::access_log::{AccessLog, Entry, TlsInfo};
 use crate::conn::ConnInfo;
-use crate::metrics::{method_index, LiveMetrics, Metrics, Observation, RouteMetrics};
+use crate::metrics::{
+    method_index, protocol_index, LiveMetrics, Metrics, Observation, RouteMetrics,
+};
 use crate::table::{Family, RouteAction};
 
 /// The metric registry (everything `/metrics` shows), the dataplane's families and the access log.
@@ -98,6 +100,7 @@ impl Telemetry {
         Exchange {
             start: Instant::now(),
             method: method_index(req.method()),
+            protocol: protocol_index(req.version()),
             client: conn.family,
             route: self.unmatched.clone(),
             upstream: None,
@@ -118,6 +121,8 @@ impl Telemetry {
 pub struct Exchange {
     start: Instant,
     method: u8,
+    /// From [`protocol_index`].
+    protocol: u8,
     client: Family,
     route: Arc<RouteMetrics>,
     upstream: Option<(Family, SocketAddr)>,
@@ -206,6 +211,7 @@ impl Drop for Exchange {
             duration,
             upstream_time: self.upstream_time,
         });
+        self.route.count_protocol(self.protocol, self.client);
         if let Some((log, mut entry)) = self.log.take() {
             entry.status = status;
             entry.bytes = self.bytes;

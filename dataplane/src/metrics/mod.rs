@@ -15,14 +15,15 @@
 
 //!
 //! One module per family group: [`routes`] (requests, latencies, upstream failures by route and
-//! Service), [`backends`] (targets by kind), [`connections`], [`snapshot`] (version, certificate
-//! expiry), [`tunnels`], [`passthrough`] and [`rate_limit`] (zone evictions); the access-log drop
-//! counter is here.
+//! Service), [`protocols`] (requests by HTTP version and client family), [`backends`] (targets
+//! by kind), [`connections`], [`snapshot`] (version, certificate expiry), [`tunnels`],
+//! [`passthrough`] and [`rate_limit`] (zone evictions); the access-log drop counter is here.
 
 mod backends;
 mod connections;
 mod mirrors;
 mod passthrough;
+mod protocols;
 mod rate_limit;
 mod routes;
 mod services;
@@ -40,6 +41,7 @@ use prometheus_client::registry::Registry;
 
 pub use connections::{ConnectionMetrics, OpenConnection};
 pub use mirrors::MirrorOutcome;
+pub use protocols::protocol_index;
 pub use rate_limit::EvictionBound;
 pub use routes::{LiveMetrics, Observation, RouteMetrics};
 pub use tunnels::TunnelEnd;
@@ -104,13 +106,14 @@ fn latency_histogram() -> Histogram {
 /// The labels of every family [`Metrics::register`] registers, by the family's name as exposed
 /// (with its unit; without `_total`). A test holds it to the label sets the families write; the
 /// metrics reference is rendered from the registry and this table.
-pub const LABELS: [(&str, &[&str]); 21] = [
+pub const LABELS: [(&str, &[&str]); 22] = [
     ("duet_requests", &ROUTE_LABELS_WITH_CODE),
     ("duet_request_duration_seconds", &ROUTE_LABELS),
     ("duet_upstream_response_seconds", &ROUTE_LABELS),
     ("duet_upstream_connect_failures", &["service", "family"]),
     ("duet_family_fallbacks", &["service", "from", "to"]),
     ("duet_target_family_ejections", &["service", "family"]),
+    ("duet_requests_by_protocol", &["protocol", "client_family"]),
     ("duet_backend_targets", &["namespace", "service", "kind"]),
     ("duet_connections_active", &["listener", "family"]),
     ("duet_connections_parked", &["listener", "family"]),
@@ -156,6 +159,7 @@ const ROUTE_LABELS_WITH_CODE: [&str; 8] = [
 #[derive(Clone, Debug)]
 pub struct Metrics {
     routes: routes::RouteFamilies,
+    protocols: protocols::ProtocolFamilies,
     backends: backends::BackendFamilies,
     connections: connections::ConnectionFamilies,
     snapshot: snapshot::SnapshotFamilies,
@@ -171,6 +175,7 @@ impl Metrics {
     /// order `/metrics` shows them.
     pub fn register(registry: &mut Registry) -> Arc<Metrics> {
         let routes = routes::RouteFamilies::register(registry);
+        let protocols = protocols::ProtocolFamilies::register(registry);
         let backends = backends::BackendFamilies::register(registry);
         let connections = connections::ConnectionFamilies::register(registry);
         let snapshot = snapshot::SnapshotFamilies::register(registry);
@@ -186,6 +191,7 @@ impl Metrics {
         let mirrors = mirrors::MirrorFamilies::register(registry);
         Arc::new(Metrics {
             routes,
+            protocols,
             backends,
             connections,
             snapshot,
@@ -557,6 +563,26 @@ mod tests {
             text.contains("# HELP duet_snapshot_applied_timestamp_seconds"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn requests_by_protocol_and_client_family() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.request_by_protocol(protocol_index(http::Version::HTTP_3), Family::V6);
+        metrics.request_by_protocol(protocol_index(http::Version::HTTP_3), Family::V6);
+        metrics.request_by_protocol(protocol_index(http::Version::HTTP_2), Family::V4);
+        metrics.request_by_protocol(protocol_index(http::Version::HTTP_10), Family::V4);
+        let text = encode(&registry);
+        for line in [
+            r#"duet_requests_by_protocol_total{protocol="HTTP/3",client_family="ipv6"} 2"#,
+            r#"duet_requests_by_protocol_total{protocol="HTTP/3",client_family="ipv4"} 0"#,
+            r#"duet_requests_by_protocol_total{protocol="HTTP/2",client_family="ipv4"} 1"#,
+            r#"duet_requests_by_protocol_total{protocol="HTTP/1.1",client_family="ipv4"} 0"#,
+            r#"duet_requests_by_protocol_total{protocol="HTTP/1.0",client_family="ipv4"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 
     #[test]

@@ -213,6 +213,11 @@ impl RouteMetrics {
         }
     }
 
+    /// Counts a finished request by protocol (from [`super::protocol_index`]) and client family.
+    pub fn count_protocol(&self, protocol: u8, client: Family) {
+        self.metrics.request_by_protocol(protocol, client);
+    }
+
     /// Records a finished request.
     pub fn observe(&self, o: &Observation) {
         let slot = self.slot(o.method, o.client, o.upstream);
