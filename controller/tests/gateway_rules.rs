@@ -227,6 +227,7 @@ async fn gateway(routes: &[Route]) -> anyhow::Result<Gateway> {
             max_connections: None,
             handshakes: None,
             gateway_port: None,
+            forwarded_port: None,
         };
         let proxy = proxy.clone();
         let handler = move |req, conn| proxy.clone().handle(req, conn);
