@@ -3,34 +3,15 @@
 //! counts each under its protocol and client family in `duet_requests_by_protocol_total`, and
 //! the QUIC connection under the UDP listener's address in the connection metrics.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use conformance::client::{eventually, Conn};
+use conformance::h3client;
 use conformance::tls::{self, TestCert};
 use conformance::{Duet, DuetBuilder, Family, Fleet, Ingress, ManifestDir, PodSpec};
 use serde_json::{json, Value};
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
-
-/// The venv's python with aioquic (conformance/h3client/setup.sh makes it on demand).
-fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/h3client/setup.sh");
-        let out = std::process::Command::new(&setup)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", setup.display()));
-        assert!(
-            out.status.success(),
-            "{} failed: {}",
-            setup.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-}
 
 /// One GET of `authority` `/` over HTTP/3 to duet's UDP listener of `family`; its status.
 async fn h3_get(duet: &Duet, family: Family, authority: &str) -> anyhow::Result<Value> {
@@ -40,19 +21,7 @@ async fn h3_get(duet: &Duet, family: Family, authority: &str) -> anyhow::Result<
         "sni": authority,
         "steps": [{"request": {"method": "GET", "authority": authority, "path": "/"}}],
     });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/h3client/h3client.py");
-    let out = tokio::process::Command::new(python())
-        .arg(script)
-        .arg(plan.to_string())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), out).await??;
-    anyhow::ensure!(
-        out.status.success(),
-        "h3client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout)?;
+    let report = h3client::run(&plan).await?;
     Ok(report["responses"][0]["status"].clone())
 }
 
