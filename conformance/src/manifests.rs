@@ -431,6 +431,16 @@ impl ManifestDir {
     }
 }
 
+/// The GatewayClass `duet`, handled by duet's Gateway controller (`duet.dev/gateway-controller`):
+/// the class every end-to-end Gateway names.
+pub fn gateway_class() -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "duet"},
+        "spec": {"controllerName": "duet.dev/gateway-controller"}
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,19 +12,12 @@ use conformance::bytes::Bytes;
 use conformance::client::{self, Conn};
 use conformance::duet::free_port;
 use conformance::http_body_util::Full;
+use conformance::manifests::gateway_class;
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
 
 const DUET: &str = env!("CARGO_BIN_EXE_duet");
 const NS: &str = "e2e";
-
-fn gateway_class() -> Value {
-    json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-        "metadata": {"name": "duet"},
-        "spec": {"controllerName": "duet.dev/gateway-controller"}
-    })
-}
 
 fn gateway(port: u16, listeners: &[(&str, Option<&str>)]) -> Value {
     let listeners: Vec<Value> = listeners

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use conformance::client::{self, Conn};
 use conformance::duet::free_port;
 use conformance::echo::EchoOptions;
+use conformance::manifests::gateway_class;
 use conformance::tls::{self, TestCa};
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
@@ -29,11 +30,7 @@ fn gateway_docs(port: u16, services: &[&str]) -> Vec<Value> {
         })
         .collect();
     vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": "gw", "namespace": NS},

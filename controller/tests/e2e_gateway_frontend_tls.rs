@@ -14,6 +14,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use conformance::client::{self, Conn, Reply};
 use conformance::duet::free_port;
+use conformance::manifests::gateway_class;
 use conformance::rustls;
 use conformance::tls::{self, TestCa, TestCert};
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
@@ -152,11 +153,7 @@ fn gateways(ports: [u16; 4], bad: u16) -> Vec<Value> {
         })
     };
     vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": "gw", "namespace": NS},

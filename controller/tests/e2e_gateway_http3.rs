@@ -11,6 +11,7 @@ use std::time::Duration;
 use conformance::client::eventually;
 use conformance::duet::free_port;
 use conformance::h3client::{self, hex};
+use conformance::manifests::gateway_class;
 use conformance::tls::{self, TestCert};
 use conformance::{Duet, DuetBuilder, Echo, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
@@ -46,11 +47,7 @@ fn gateway(port: u16, a: &TestCert, wild: &TestCert) -> Vec<Value> {
         })
     };
     vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         tls::secret(NS, "a", a),
         tls::secret(NS, "wild", wild),
         json!({

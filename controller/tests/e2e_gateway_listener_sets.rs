@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use conformance::client::{self, Conn};
 use conformance::duet::free_port;
+use conformance::manifests::gateway_class;
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
 
@@ -56,11 +57,7 @@ async fn a_listener_sets_listener_serves_its_routes_not_the_gateways() -> anyhow
     let (open, own, closed) = (free_port()?, free_port()?, free_port()?);
     let set_ref = |name: &str| json!({"kind": "ListenerSet", "name": name});
     let docs = vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         gateway("open", open, Some("Same")),
         // One listener on the Gateway's port, one on a port of its own.
         listener_set(

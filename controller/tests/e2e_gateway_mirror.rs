@@ -13,6 +13,7 @@ use conformance::duet::free_port;
 use conformance::fleet::{closed_port, silent_port, static_service};
 use conformance::http::{Method, Request};
 use conformance::http_body_util::Full;
+use conformance::manifests::gateway_class;
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -22,11 +23,7 @@ const NS: &str = "e2e";
 
 fn gateway_docs(port: u16) -> Vec<Value> {
     vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": "gw", "namespace": NS},

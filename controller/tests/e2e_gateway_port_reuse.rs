@@ -11,6 +11,7 @@ use conformance::client::{self, Conn, Reply};
 use conformance::duet::free_port;
 use conformance::echo::EchoOptions;
 use conformance::http::Method;
+use conformance::manifests::gateway_class;
 use conformance::tls::{self, TestCert};
 use conformance::{Duet, DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
@@ -21,14 +22,6 @@ const NS: &str = "e2e";
 /// How long a port may take to serve its new listener: the manifest reload's debounce (up to
 /// about 500 ms) and a margin for a loaded machine. Without the retry the port never serves.
 const LIVE: Duration = Duration::from_secs(8);
-
-fn gateway_class() -> Value {
-    json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-        "metadata": {"name": "duet"},
-        "spec": {"controllerName": "duet.dev/gateway-controller"}
-    })
-}
 
 /// Gateway `web-gw`, an HTTP listener on `port`, and its HTTPRoute `web.test` to Service `web`.
 fn http_gateway(port: u16) -> Vec<Value> {

@@ -11,6 +11,7 @@ use conformance::client::{self, Conn};
 use conformance::duet::free_port;
 use conformance::http::{Method, Request, Response};
 use conformance::http_body_util::Full;
+use conformance::manifests::gateway_class;
 use conformance::manifests::{endpoint_slice, service, Endpoint};
 use conformance::{DuetBuilder, Family, ManifestDir};
 use serde_json::{json, Value};
@@ -82,11 +83,7 @@ fn flaky(pods: &[(&str, Vec<(Family, SocketAddr)>)]) -> Vec<Value> {
 
 fn gateway_docs(port: u16, rules: Vec<Value>) -> Vec<Value> {
     vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": "gw", "namespace": NS},

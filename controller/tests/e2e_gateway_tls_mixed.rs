@@ -12,6 +12,7 @@ use conformance::client::{self, Conn, Reply};
 use conformance::duet::free_port;
 use conformance::echo::EchoOptions;
 use conformance::http::Method;
+use conformance::manifests::gateway_class;
 use conformance::tls;
 use conformance::{DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::json;
@@ -64,11 +65,7 @@ async fn passthrough_and_terminate_listeners_share_a_port_by_server_name() -> an
     dir.write(
         "gateway.yaml",
         &[
-            json!({
-                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-                "metadata": {"name": "duet"},
-                "spec": {"controllerName": "duet.dev/gateway-controller"}
-            }),
+            gateway_class(),
             json!({
                 "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
                 "metadata": {"name": "gw", "namespace": NS},

@@ -15,6 +15,7 @@ use conformance::client::{self, Conn, Reply};
 use conformance::duet::free_port;
 use conformance::echo::EchoOptions;
 use conformance::http::Method;
+use conformance::manifests::gateway_class;
 use conformance::tls::{self, TestCert};
 use conformance::{Duet, DuetBuilder, Family, Fleet, ManifestDir, PodSpec};
 use serde_json::{json, Value};
@@ -113,11 +114,7 @@ async fn setup() -> anyhow::Result<Setup> {
     dir.write("secret.yaml", &[tls::secret(NS, "term-cert", &duet_cert)])?;
     let [port, term, nocert] = free_ports::<3>()?;
     let docs = vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         gateway(&[
             ("pass", port, "Passthrough", None, None),
             (

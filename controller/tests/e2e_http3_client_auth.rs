@@ -12,6 +12,7 @@ use std::time::Duration;
 use conformance::client::eventually;
 use conformance::duet::free_port;
 use conformance::h3client;
+use conformance::manifests::gateway_class;
 use conformance::tls::{self, TestCa, TestCert};
 use conformance::{DuetBuilder, Echo, Family, Fleet, Ingress, ManifestDir, PodSpec};
 use serde_json::{json, Value};
@@ -165,11 +166,7 @@ fn gateway(strict: u16, fallback: u16) -> Vec<Value> {
                               "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "ca"}]}})
     };
     vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "duet"},
-            "spec": {"controllerName": "duet.dev/gateway-controller"}
-        }),
+        gateway_class(),
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": "gw", "namespace": ns},

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 
 use anyhow::Context;
 use conformance::cluster::{loadbalancer, Cluster, Options, Stack};
+use conformance::manifests::gateway_class;
 use conformance::runner::kube_api::KubeApi;
 use conformance::{client, h3client, tls, DuetBuilder, Echo, Family};
 use kube_support::{DUET, LIVE};
@@ -34,8 +35,7 @@ async fn objects(api: &KubeApi, cert: &tls::TestCert) -> anyhow::Result<()> {
             .await?;
     }
     let docs = [
-        json!({"apiVersion": GW, "kind": "GatewayClass", "metadata": {"name": "duet"},
-               "spec": {"controllerName": "duet.dev/gateway-controller"}}),
+        gateway_class(),
         tls::secret(NS, "cert", cert),
         json!({
             "apiVersion": "v1", "kind": "Pod",
