@@ -193,22 +193,37 @@ async fn watch_namespace_scopes_what_is_served() -> anyhow::Result<()> {
     until_pods(&duet, "more.test", &news).await
 }
 
-/// Checks every `period` for `span` that `hosts` answer 200 to both families and `/readyz` is
-/// 200; how many rounds passed.
-async fn keeps_serving(duet: &Duet, hosts: &[&str], span: Duration) -> anyhow::Result<usize> {
-    let start = Instant::now();
+/// Checks every 250 ms until `until` that `hosts` answer 200 to both families and `/readyz` is
+/// 200, while the API is still failing (`fault_ends`: an answer that comes after it may already
+/// carry the changes made meanwhile, which `caught_up` checks); how many rounds passed.
+async fn keeps_serving(
+    duet: &Duet,
+    hosts: &[&str],
+    until: Instant,
+    fault_ends: Instant,
+) -> anyhow::Result<usize> {
     let mut rounds = 0;
-    while start.elapsed() < span {
-        for host in hosts {
-            expect_now(duet, host, 200).await?;
-        }
-        for family in Family::BOTH {
-            client::expect_status(&duet.admin_get(family, "/readyz").await?, 200)?;
+    while Instant::now() < until {
+        match serving_now(duet, hosts).await {
+            Ok(()) => {}
+            Err(_) if Instant::now() >= fault_ends => break,
+            Err(error) => return Err(error.context("during the fault")),
         }
         rounds += 1;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Ok(rounds)
+}
+
+/// `hosts` answer 200 to both families and `/readyz` is 200.
+async fn serving_now(duet: &Duet, hosts: &[&str]) -> anyhow::Result<()> {
+    for host in hosts {
+        expect_now(duet, host, 200).await?;
+    }
+    for family in Family::BOTH {
+        client::expect_status(&duet.admin_get(family, "/readyz").await?, 200)?;
+    }
+    Ok(())
 }
 
 /// A test's namespace with the Deployment `web` (1 pod) and the Ingresses `a` and `b`, served.
@@ -256,7 +271,8 @@ async fn api_outage_keeps_the_last_snapshot(api_family: Family) -> anyhow::Resul
     let down = Instant::now();
     change_behind_its_back(&env).await?;
     // The old routes, served as they were: b is still there, c not yet.
-    let rounds = keeps_serving(&duet, &["a.test", "b.test"], outage - down.elapsed()).await?;
+    let ends = down + outage;
+    let rounds = keeps_serving(&duet, &["a.test", "b.test"], ends, ends).await?;
     expect_now(&duet, "c.test", 404).await?;
     duet.check_running()?;
     anyhow::ensure!(rounds >= 10, "only {rounds} checks during the outage");
@@ -306,13 +322,9 @@ async fn cut_watches_then_refused(
     env.proxy.fail(fault.lasting(span));
     env.proxy.cut_watches();
     change_behind_its_back(env).await?;
-    let until = span.saturating_sub(Duration::from_millis(500));
-    keeps_serving(
-        duet,
-        &["a.test", "b.test"],
-        until.saturating_sub(start.elapsed()),
-    )
-    .await?;
+    let ends = start + span;
+    let until = ends - Duration::from_millis(500);
+    keeps_serving(duet, &["a.test", "b.test"], until, ends).await?;
     let refused: Vec<Record> = env.proxy.requests()[from..]
         .iter()
         .filter(|r| r.status == status)
