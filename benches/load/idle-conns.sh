@@ -8,7 +8,10 @@
 #   CONNS=1000 KINDS="h1" SERVERS=duet benches/load/idle-conns.sh
 #
 # Kinds: h1 (HTTP/1.1 keep-alive, plain), h1-tls (HTTP/1.1 over TLS, ALPN http/1.1), h2-tls
-# (HTTP/2 over TLS, ALPN h2; one stream, then idle). Both servers terminate TLS with the same
+# (HTTP/2 over TLS, ALPN h2; one stream, then idle), and, when named, h2-tls-busy: HTTP/2 over
+# TLS connections that stay in use, one request per second each for BUSY seconds (default 60;
+# h2load, CONNS/2 connections per family), RSS taken 2 s before the end (what long-lived
+# connections, such as browsers', hold beyond an idle one). Both servers terminate TLS with the same
 # ECDSA P-256 certificate and proxy Host `bench.example` over HTTP/1.1 keep-alive to one
 # duet-echo pod of the client's family (nginx: `keepalive 64`, lib.sh's `write_nginx_conf`).
 # Each kind gets a fresh server: 20 warm-up requests per family, RSS, CONNS connections (opened 100 at a time, requests one at a time so the upstream pool stays at one connection per
@@ -29,8 +32,10 @@ if [[ -z ${SERVERS:-} ]]; then
   if command -v nginx >/dev/null; then SERVERS="duet nginx"; else note "nginx not installed: duet only"; fi
 fi
 SETTLE=${SETTLE:-2}
+BUSY=${BUSY:-60}
 
 need curl python3 openssl ss
+[[ $KINDS == *busy* ]] && need h2load
 [[ $SERVERS == *duet* ]] && DUET=$(duet_bin)
 # Each process (client, server) holds CONNS sockets and a few more.
 FDS=$(ulimit -Hn)
@@ -105,13 +110,43 @@ held() {
   ss -Htn state established "( sport = :$1 )" | wc -l
 }
 
+# h2-tls-busy: CONNS/2 HTTP/2 connections per family, each sending a request per second for BUSY
+# seconds; prints the RSS 2 s before they end, then checks every request got a 2xx.
+measure_busy() {
+  local server=$1 before=$2 half=$((CONNS / 2)) after outs=() pids=() host out pid
+  for host in 127.0.0.1 '[::1]'; do
+    out="$WORK/h2load.$server.${#outs[@]}"
+    outs+=("$out")
+    h2load -c "$half" -m 1 --rps 1 -D "$BUSY" -H ':authority: bench.example' \
+      "https://$host:$HTTPS_PORT/" >"$out" 2>&1 &
+    pids+=($!)
+    STARTED_PIDS+=($!)
+  done
+  sleep $((BUSY - 2))
+  after=$(rss_kib "$SERVER_PID")
+  for pid in "${pids[@]}"; do
+    wait "$pid" || die "$server h2-tls-busy: h2load failed: $(tail -3 "${outs[@]}")"
+  done
+  for out in "${outs[@]}"; do
+    grep -q ' 0 failed, 0 errored, 0 timeout' "$out" && grep -q ' 0 3xx, 0 4xx, 0 5xx' "$out" ||
+      die "$server h2-tls-busy: not every request got a 2xx: $(grep -E 'requests:|status codes:' "$out")"
+  done
+  python3 -c "import sys; b, a, n, s = map(int, sys.argv[1:]); print(f'$server h2-tls-busy: {n} connections busy for {s} s, RSS {b / 1024:.1f} -> {a / 1024:.1f} MiB, {(a - b) / n:.1f} KiB per connection')" \
+    "$before" "$after" "$((2 * half))" "$BUSY"
+  stop "$SERVER_MAIN"
+}
+
 measure() {
   local server=$1 kind=$2 port=$HTTPS_PORT before after client_out
   [[ $kind == h1 ]] && port=$HTTP_PORT
   "start_$server"
-  warm_up "$kind"
+  warm_up "${kind%-busy}"
   sleep 1
   before=$(rss_kib "$SERVER_PID")
+  [[ $kind == h2-tls-busy ]] && {
+    measure_busy "$server" "$before"
+    return
+  }
   client_out="$WORK/client.$server.$kind"
   python3 "$LOAD_DIR/idle_client.py" --kind "$kind" --port "$port" --conns "$CONNS" >"$client_out" 2>&1 &
   local client=$!

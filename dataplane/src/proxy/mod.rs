@@ -178,6 +178,7 @@ impl Proxy {
             })
             .flatten();
         let mut exchange = self.runtime.telemetry().exchange(&req, &conn);
+        let http2 = req.version() == http::Version::HTTP_2;
         let mut res = match self.forward(req, &conn, &mut exchange).await {
             Ok(res) => res,
             Err(error) => {
@@ -192,6 +193,9 @@ impl Proxy {
         }
         if let Some(admission) = exchange.admission() {
             admission.decorate(res.status(), res.headers_mut());
+        }
+        if http2 {
+            headers::own_values(res.headers_mut());
         }
         exchange.set_status(res.status().as_u16());
         res.body_mut().exchange = Some(exchange);
