@@ -80,31 +80,6 @@ pub(super) fn is_websocket_accept(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"))
 }
 
-/// Gives a response's header values to an HTTP/2 client in one allocation of their own. An
-/// upstream's values share the buffer its connection read the response into (8 KiB and more),
-/// and an HTTP/2 connection's HPACK table keeps the values it indexes for as long as the
-/// connection lives: each idle HTTP/2 client kept a whole upstream read buffer, and a busy one
-/// one per response whose values it indexed. HTTP/1.x clients drop the values once written, and
-/// HTTP/3's QPACK (static table only) keeps none: they go as they are.
-pub(super) fn own_values(headers: &mut HeaderMap) {
-    let total = headers.values().map(HeaderValue::len).sum();
-    let mut all = bytes::BytesMut::with_capacity(total);
-    for value in headers.values() {
-        all.extend_from_slice(value.as_bytes());
-    }
-    let all = all.freeze();
-    let mut at = 0;
-    for value in headers.values_mut() {
-        let end = at + value.len();
-        // The same bytes, valid as they were: the check passes, and `value` stays if not.
-        if let Ok(mut own) = HeaderValue::from_maybe_shared(all.slice(at..end)) {
-            own.set_sensitive(value.is_sensitive());
-            *value = own;
-        }
-        at = end;
-    }
-}
-
 /// Removes hop-by-hop headers, including those the Connection header names. With `keep_upgrade`,
 /// `Connection: upgrade` and `Upgrade` survive (for upgrade requests and 101 responses).
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
@@ -246,40 +221,6 @@ pub(super) fn prepare_request<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn values_for_an_http2_client_keep_no_upstream_read_buffer_alive() {
-        // An upstream connection's read buffer, the response head in it, values sharing it.
-        let read = bytes::Bytes::from(
-            b"text/plain\0secret\0abc"
-                .iter()
-                .copied()
-                .chain(std::iter::repeat_n(b'.', 8192))
-                .collect::<Vec<u8>>(),
-        );
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_maybe_shared(read.slice(0..10)).unwrap(),
-        );
-        let mut secret = HeaderValue::from_maybe_shared(read.slice(11..17)).unwrap();
-        secret.set_sensitive(true);
-        h.insert(header::SET_COOKIE, secret);
-        h.append(
-            header::SET_COOKIE,
-            HeaderValue::from_maybe_shared(read.slice(18..21)).unwrap(),
-        );
-        h.insert(header::SERVER, HeaderValue::from_static("duet"));
-        assert!(!read.is_unique());
-        own_values(&mut h);
-        // What an HPACK table keeps of the values no longer holds the 8 KiB buffer.
-        assert!(read.is_unique(), "the values still share the read buffer");
-        assert_eq!(h[header::CONTENT_TYPE], "text/plain");
-        let cookies: Vec<_> = h.get_all(header::SET_COOKIE).iter().collect();
-        assert_eq!(cookies, ["secret", "abc"]);
-        assert!(cookies[0].is_sensitive() && !cookies[1].is_sensitive());
-        assert_eq!(h[header::SERVER], "duet");
-    }
 
     #[test]
     fn hop_by_hop_headers_go_including_named_ones() {

@@ -195,7 +195,7 @@ impl Proxy {
             admission.decorate(res.status(), res.headers_mut());
         }
         if http2 {
-            headers::own_values(res.headers_mut());
+            crate::upstream::own_values(res.headers_mut());
         }
         exchange.set_status(res.status().as_u16());
         res.body_mut().exchange = Some(exchange);

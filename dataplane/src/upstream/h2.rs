@@ -194,6 +194,34 @@ pub(super) fn to_h2_request(request: &mut Request<UpstreamBody>, tls: bool) {
             request.headers_mut().remove(header::HOST);
         }
     }
+    own_values(request.headers_mut());
+}
+
+/// Gives header values that an HTTP/2 connection's HPACK table may keep an allocation of their
+/// own, one for all. The table keeps the values it indexes for as long as the connection lives,
+/// and a value read by another connection shares the buffer that connection read it into (8 KiB
+/// and more): a response's values for an HTTP/2 client share the upstream's read buffer, a
+/// request's values for an HTTP/2 upstream the client's. Each idle HTTP/2 client kept a whole
+/// upstream read buffer, and a busy one one per response whose values it indexed (311.5 KiB per
+/// connection after a minute of a request a second, 56.5 KiB since). HTTP/1.x drops the values
+/// once written and HTTP/3's QPACK (static table only) keeps none: they go as they are.
+pub(crate) fn own_values(headers: &mut HeaderMap) {
+    let total = headers.values().map(HeaderValue::len).sum();
+    let mut all = bytes::BytesMut::with_capacity(total);
+    for value in headers.values() {
+        all.extend_from_slice(value.as_bytes());
+    }
+    let all = all.freeze();
+    let mut at = 0;
+    for value in headers.values_mut() {
+        let end = at + value.len();
+        // The same bytes, valid as they were: the check passes, and `value` stays if not.
+        if let Ok(mut own) = HeaderValue::from_maybe_shared(all.slice(at..end)) {
+            own.set_sensitive(value.is_sensitive());
+            *value = own;
+        }
+        at = end;
+    }
 }
 
 /// Puts `te: trailers` back on a request for an HTTP/2 upstream.
@@ -538,5 +566,59 @@ mod tests {
         assert!(req.headers().get(header::HOST).is_none());
         assert!(req.headers().get(header::CONNECTION).is_none());
         assert_eq!(req.version(), Version::HTTP_2);
+    }
+
+    #[test]
+    fn a_request_for_an_h2_upstream_keeps_no_client_read_buffer_alive() {
+        // The client connection's read buffer, a value of the request sharing it: the upstream
+        // connection's HPACK table keeps what it indexes, the request's values included.
+        let read = bytes::Bytes::from(vec![b'a'; 8192]);
+        let mut req = Request::builder()
+            .uri("/")
+            .header(header::HOST, "a.test")
+            .body(UpstreamBody::Right(http_body_util::Empty::new()))
+            .unwrap();
+        let shared = HeaderValue::from_maybe_shared(read.slice(0..16)).unwrap();
+        req.headers_mut().insert(header::USER_AGENT, shared);
+        to_h2_request(&mut req, false);
+        assert!(
+            read.is_unique(),
+            "the request's values still share the read buffer"
+        );
+        assert_eq!(req.headers()[header::USER_AGENT], "a".repeat(16));
+    }
+
+    #[test]
+    fn values_for_an_http2_client_keep_no_upstream_read_buffer_alive() {
+        // An upstream connection's read buffer, the response head in it, values sharing it.
+        let read = bytes::Bytes::from(
+            b"text/plain\0secret\0abc"
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(b'.', 8192))
+                .collect::<Vec<u8>>(),
+        );
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_maybe_shared(read.slice(0..10)).unwrap(),
+        );
+        let mut secret = HeaderValue::from_maybe_shared(read.slice(11..17)).unwrap();
+        secret.set_sensitive(true);
+        h.insert(header::SET_COOKIE, secret);
+        h.append(
+            header::SET_COOKIE,
+            HeaderValue::from_maybe_shared(read.slice(18..21)).unwrap(),
+        );
+        h.insert(header::SERVER, HeaderValue::from_static("duet"));
+        assert!(!read.is_unique());
+        own_values(&mut h);
+        // What an HPACK table keeps of the values no longer holds the 8 KiB buffer.
+        assert!(read.is_unique(), "the values still share the read buffer");
+        assert_eq!(h[header::CONTENT_TYPE], "text/plain");
+        let cookies: Vec<_> = h.get_all(header::SET_COOKIE).iter().collect();
+        assert_eq!(cookies, ["secret", "abc"]);
+        assert!(cookies[0].is_sensitive() && !cookies[1].is_sensitive());
+        assert_eq!(h[header::SERVER], "duet");
     }
 }

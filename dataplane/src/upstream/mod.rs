@@ -33,7 +33,7 @@ pub(crate) use client::ClientError;
 pub(crate) type PoolReturn = h1::PoolReturn<client::ClientConn>;
 pub use client::is_hop_or_framing;
 pub(crate) use client::{is_connection_option, role, Role};
-pub(crate) use h2::{keep_trailers, wants_trailers};
+pub(crate) use h2::{keep_trailers, own_values, wants_trailers};
 
 use crate::client_body::ClientBody;
 use crate::error::ProxyError;
