@@ -24,8 +24,8 @@ COPY . .
 # Cache mounts keep the registry and the target folder between builds (BuildKit).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p controller --bin duet \
-    && install -D -m 0755 target/release/duet /out/duet
+    cargo build --profile dist --locked -p controller --bin duet \
+    && install -D -m 0755 target/dist/duet /out/duet
 
 FROM gcr.io/distroless/cc-debian13:nonroot
 COPY --from=build /out/duet /usr/local/bin/duet

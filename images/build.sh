@@ -5,7 +5,7 @@
 #   images/build.sh duet|echo|echo-basic|pause|metallb-controller|metallb-speaker
 #                   [--binary PATH] [--tag REF]... [--out FILE]
 #
-#   duet        target/release/duet (built with cargo if missing), ref duet.local/duet:dev,
+#   duet        target/dist/duet (built with cargo, profile dist, if missing), ref duet.local/duet:dev,
 #               entrypoint /usr/local/bin/duet, cmd serve, ports 8080 8443 10254; the same
 #               layout as the root Dockerfile's image (conformance/tests/image.rs checks both)
 #   echo        target/debug/duet-echo (the conformance crate's echo backend, built if missing),
@@ -59,7 +59,7 @@ select_image() {
   case $kind in
   duet)
     name=duet
-    default_binary=$root/target/release/duet
+    default_binary=$root/target/dist/duet
     default_refs=(duet.local/duet:dev)
     cmd=(serve)
     ports=(8080/tcp 8443/tcp 10254/tcp)
@@ -150,7 +150,7 @@ ensure_binary() {
   [[ -f $binary ]] && return
   echo "images/build.sh: $binary is missing, building it" >&2
   case $kind in
-  duet) (cd "$root" && cargo build --release --locked -p controller --bin duet) ;;
+  duet) (cd "$root" && cargo build --profile dist --locked -p controller --bin duet) ;;
   echo) (cd "$root" && cargo build --locked -p conformance --bin duet-echo) ;;
   echo-basic) "$root/conformance/gateway/build.sh" >/dev/null ;;
   pause | metallb-controller | metallb-speaker) "$root/conformance/node/build.sh" >/dev/null ;;

@@ -7,7 +7,7 @@
 # connections x 10 streams from h3load, benches/h3load: `cargo build --release -p h3load`),
 # duet only: Debian's nginx 1.22.1 is built without QUIC.
 #
-#   cargo build --release -p controller && cargo build -p conformance --bin duet-echo
+#   cargo build --profile dist -p controller --bin duet && cargo build -p conformance --bin duet-echo
 #   benches/load/h2-bench.sh                       # 3 rounds, 10 s each, IPv4 and IPv6
 #   ROUNDS=1 DURATION=5 FAMILIES=ipv4 KINDS="h2-tls h1" benches/load/h2-bench.sh
 #   SERVERS=duet KINDS="h2-tls h3" benches/load/h2-bench.sh   # HTTP/3 beside HTTP/2 over TLS

@@ -3,7 +3,7 @@
 # installed), measured as a user would: RSS from /proc before and after opening CONNS client
 # connections, half to 127.0.0.1 and half to [::1], one request each, then idle. Loopback only.
 #
-#   cargo build --release -p controller && cargo build -p conformance --bin duet-echo
+#   cargo build --profile dist -p controller --bin duet && cargo build -p conformance --bin duet-echo
 #   benches/load/idle-conns.sh                             # 5000 connections, every kind, both servers
 #   CONNS=1000 KINDS="h1" SERVERS=duet benches/load/idle-conns.sh
 #

@@ -3,7 +3,7 @@
 # valgrind's callgrind (exact and repeatable on a noisy machine, unlike time), and optionally
 # syscalls per request (strace -c). Loopback only.
 #
-#   cargo build --release -p controller && cargo build -p conformance --bin duet-echo
+#   cargo build --profile dist -p controller --bin duet && cargo build -p conformance --bin duet-echo
 #   benches/load/instructions.sh          # N=5000 per HTTP/1.1 family, N_H2=20000 per HTTP/2 one,
 #                                         # access log off and on
 #   N=2000 FAMILIES="ipv4 ipv6" ACCESS_LOGS=off SYSCALLS=1 benches/load/instructions.sh

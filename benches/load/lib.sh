@@ -50,10 +50,10 @@ need() {
   done
 }
 
-# The release duet binary (DUET_BIN overrides).
+# The duet binary as it ships, built with the `dist` profile (DUET_BIN overrides).
 duet_bin() {
-  local bin=${DUET_BIN:-$REPO_ROOT/target/release/duet}
-  [[ -x $bin ]] || die "no duet binary at $bin: run 'cargo build --release -p controller' (or set DUET_BIN)"
+  local bin=${DUET_BIN:-$REPO_ROOT/target/dist/duet}
+  [[ -x $bin ]] || die "no duet binary at $bin: run 'cargo build --profile dist -p controller --bin duet' (or set DUET_BIN)"
   echo "$bin"
 }
 

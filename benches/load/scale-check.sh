@@ -4,7 +4,7 @@
 # snapshot build, and how soon an EndpointSlice change serves. Loopback only: the only pod ever
 # contacted is the probe's, a duet-echo.
 #
-#   cargo build --release -p controller && cargo build -p conformance --bin duet-echo
+#   cargo build --profile dist -p controller --bin duet && cargo build -p conformance --bin duet-echo
 #   benches/load/scale-check.sh                               # object, namespace and huge layouts, 1 run each
 #   RUNS=3 LAYOUTS=object benches/load/scale-check.sh
 #   INGRESSES=1000 benches/load/scale-check.sh                # smaller folders

@@ -4,18 +4,18 @@
 # namespace of their own), then `duet serve --kubeconfig` runs in that namespace. Loopback of
 # that namespace only; no request is routed to a pod (the pods' addresses are data).
 #
-#   cargo build --release -p controller && cargo build -p conformance --bin duet-cluster
+#   cargo build --profile dist -p controller --bin duet && cargo build -p conformance --bin duet-cluster
 #   conformance/cluster/build.sh                 # the control plane's binaries
 #   benches/load/scale-kube.sh                   # the 10k-Ingress size
 #   GEN_ARGS="--ingresses 1000" benches/load/scale-kube.sh
 #   benches/load/scale-kube.sh /tmp/scale        # a folder made by gen-scale.py --addresses benchmark
-#   DUET_BINS="/tmp/before target/release/duet /tmp/before target/release/duet" \
+#   DUET_BINS="/tmp/before target/dist/duet /tmp/before target/dist/duet" \
 #     benches/load/scale-kube.sh                 # one load, each binary in turn (interleaved)
 #   target/debug/duet-cluster up --dir /tmp/c &  # a cluster kept between runs: the objects are
 #   CLUSTER_DIR=/tmp/c benches/load/scale-kube.sh /tmp/scale   # loaded by the first run only
 #
 # The load (kube-load.py, 8 connections, JSON bodies when PyYAML is installed) is paid once per
-# cluster: DUET_BINS (default: DUET_BIN, else target/release/duet) are run one after the other on
+# cluster: DUET_BINS (default: DUET_BIN, else target/dist/duet) are run one after the other on
 # the same objects, each stopped before the next starts; with CLUSTER_DIR the cluster that
 # `duet-cluster up --dir DIR` runs is used (and left running), and a stamp in DIR (the folder's
 # .scale.json digest) says its objects were loaded by an earlier run.

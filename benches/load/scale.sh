@@ -3,7 +3,7 @@
 # the cost of one EndpointSlice change and of one Ingress change. Loopback only; no request is
 # ever routed to a pod (the pods' addresses are data: see gen-scale.py).
 #
-#   cargo build --release -p controller
+#   cargo build --profile dist -p controller --bin duet
 #   benches/load/scale.sh                      # generates the 10k-Ingress size in a temp folder
 #   benches/load/scale.sh /tmp/scale           # a folder made by gen-scale.py (one EndpointSlice
 #                                              # and one Ingress are changed, restored at exit)
