@@ -4,9 +4,10 @@
 #   PROXY_CMD='/path/to/duet/benches/load/duet-proxy.sh $PORT $UPSTREAM_ADDR' ./proxy-bench.sh
 # Writes a manifest folder with one host-less Ingress whose Service has one pod at the bench's
 # upstream address, then execs duet in the foreground with one Tokio worker (the harness pins it
-# to one core) and the access log off. DUET_BIN overrides the binary (default:
-# target/dist/duet of this checkout, `cargo build --profile dist -p controller --bin duet`). benches/load/floor-proxy.sh runs floor-relay beside it:
-# the least CPU per request any proxy can spend, in the same run.
+# to one core) and the access log off. DUET_BIN overrides the binary (default: target/dist/duet
+# of this checkout, `cargo build --profile dist -p controller --bin duet`).
+# benches/load/floor-proxy.sh runs floor-relay beside it: the least CPU per request any proxy can
+# spend, in the same run.
 set -euo pipefail
 port=$1
 upstream=$2 # host:port, IPv6 bracketed

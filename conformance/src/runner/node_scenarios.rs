@@ -8,8 +8,9 @@
 //! ([`super::node_load`]): once a second of it passes without a failed request (duet has every
 //! echo pod of both families), a baseline without any change, then each scenario; each prints
 //! `SCENARIO: N requests, F failed, longest T ms`, then `N passed, N failed`. The baseline and
-//! every scenario pass with 0 failed requests, except `kill-9`, whose failures are measured and reported (a process
-//! killed without warning drops what it holds) and which passes once requests succeed again.
+//! every scenario pass with 0 failed requests, except `kill-9`, whose failures are measured and
+//! reported (a process killed without warning drops what it holds) and which passes once requests
+//! succeed again.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
