@@ -468,6 +468,12 @@ fn error_body(status: u16, message: &str) -> Body {
 }
 
 async fn handle(state: Arc<State>, api: KubeApi, req: Request<Incoming>) -> Response<Body> {
+    // Subscribed on arrival: a cut while the request is on its way to the API server still ends
+    // the watch it becomes (a receiver subscribed later would not see that cut).
+    let cuts = Cuts {
+        watches: state.cut_watches.subscribe(),
+        all: state.cut_all.subscribe(),
+    };
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or_default().to_owned();
@@ -495,7 +501,7 @@ async fn handle(state: Arc<State>, api: KubeApi, req: Request<Incoming>) -> Resp
         Ok(reply) => {
             state.record(&method, &path, &query, reply.status().as_u16());
             if is_watch(&query) && reply.status().is_success() {
-                return watched(&state, reply, format!("{path}?{query}"));
+                return watched(&state, reply, format!("{path}?{query}"), cuts);
             }
             reply.map(|b| {
                 b.map_err(|e| io::Error::other(e.to_string()))
@@ -544,11 +550,19 @@ async fn forward(
     Ok(Response::from_parts(parts, body))
 }
 
-/// Streams a watch through, counting it as open, until it ends or is cut.
+/// The cuts a request is subject to, subscribed when it arrived.
+struct Cuts {
+    watches: watch::Receiver<u64>,
+    all: watch::Receiver<u64>,
+}
+
+/// Streams a watch through, counting it as open, until it ends or is cut (also by a cut made
+/// after the request arrived and before the API server answered it).
 fn watched(
     state: &Arc<State>,
     reply: Response<kube::client::Body>,
     path: String,
+    cuts: Cuts,
 ) -> Response<Body> {
     let id = {
         let mut next = lock(&state.next_watch);
@@ -558,8 +572,10 @@ fn watched(
     lock(&state.watches).push((id, path));
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, io::Error>>(16);
     let (parts, mut body) = reply.into_parts();
-    let mut cut = state.cut_watches.subscribe();
-    let mut cut_all = state.cut_all.subscribe();
+    let Cuts {
+        watches: mut cut,
+        all: mut cut_all,
+    } = cuts;
     let state = state.clone();
     tokio::spawn(async move {
         loop {
