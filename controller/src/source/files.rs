@@ -603,9 +603,11 @@ impl FileSource {
                 present.push(path);
             }
         }
-        // All in one folder: sorted by name, as by path (whose comparison goes component by
-        // component: 1 % of the start's CPU, on the thread before the reads begin).
-        present.sort_unstable_by(|a, b| a.file_name().cmp(&b.file_name()));
+        // All in one folder (`dir/name`): sorted by the whole path's bytes, which orders as the
+        // names do. Not by `Path` (its comparison goes component by component) nor by
+        // `file_name()` (which parses the path from its end at every comparison: 3 % of the
+        // start's instructions at the 10k-Ingress size, on the thread before the reads begin).
+        present.sort_unstable_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
         Ok(present)
     }
 

@@ -472,8 +472,8 @@ fn join_targets_with<S: SliceView + ?Sized>(
                 return;
             };
             // A pod uid's key is kept inline: no allocation per endpoint.
-            let id = match endpoint.target.as_deref() {
-                Some(id) => TargetKey::new(id),
+            let id = match &endpoint.target {
+                Some(target) => target.key(),
                 None => TargetKey::new(&addr.to_string()),
             };
             joined

@@ -33,34 +33,43 @@ pub(crate) enum HostKey {
     Any,
 }
 
+/// Whether `name` is dot-separated labels, none empty, each of ASCII letters, digits, `-` and
+/// `_`; in one pass over the bytes (10,000 hosts per full build at the 10k-Ingress size).
+fn is_dns_name(name: &str) -> bool {
+    let mut label = 0usize;
+    for &b in name.as_bytes() {
+        match b {
+            b'.' if label == 0 => return false,
+            b'.' => label = 0,
+            b if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' => label += 1,
+            _ => return false,
+        }
+    }
+    label > 0
+}
+
 impl HostKey {
     pub(crate) fn parse(host: Option<&str>) -> Result<HostKey, String> {
         let host = host.unwrap_or_default().trim();
         if host.is_empty() {
             return Ok(HostKey::Any);
         }
-        let lower = host.to_ascii_lowercase();
-        let lower = lower.strip_suffix('.').unwrap_or(&lower);
-        let (wild, name) = match lower.strip_prefix("*.") {
+        let name = host.strip_suffix('.').unwrap_or(host);
+        let (wild, name) = match name.strip_prefix("*.") {
             Some(suffix) => (true, suffix),
-            None => (false, lower),
+            None => (false, name),
         };
-        let valid = !name.is_empty()
-            && name.split('.').all(|label| {
-                !label.is_empty()
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            });
-        if !valid {
+        if !is_dns_name(name) {
             return Err(format!(
                 "host {host:?} is neither a DNS name nor a \"*.\" wildcard; rule skipped"
             ));
         }
+        // Checked as written (lowercasing changes no byte's validity), then lowered once.
+        let name = name.to_ascii_lowercase();
         Ok(if wild {
-            HostKey::Wildcard(name.to_owned())
+            HostKey::Wildcard(name)
         } else {
-            HostKey::Exact(name.to_owned())
+            HostKey::Exact(name)
         })
     }
 
@@ -389,8 +398,50 @@ mod tests {
             HostKey::parse(Some("example.com.")),
             Ok(HostKey::Exact("example.com".into()))
         );
-        for bad in ["*", "foo.*.com", "*.", "a..b", "exa mple.com", "*.*.x"] {
+        for bad in [
+            "*",
+            "foo.*.com",
+            "*.",
+            "a..b",
+            "exa mple.com",
+            "*.*.x",
+            ".a",
+            "a..",
+            "é.com",
+        ] {
             assert!(HostKey::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    /// The rule as first written: lowered, split on dots, each label checked.
+    fn reference(host: &str) -> Option<HostKey> {
+        let host = host.trim();
+        if host.is_empty() {
+            return Some(HostKey::Any);
+        }
+        let lower = host.to_ascii_lowercase();
+        let lower = lower.strip_suffix('.').unwrap_or(&lower);
+        let (wild, name) = match lower.strip_prefix("*.") {
+            Some(suffix) => (true, suffix),
+            None => (false, lower),
+        };
+        let valid = !name.is_empty()
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            });
+        valid.then(|| match wild {
+            true => HostKey::Wildcard(name.to_owned()),
+            false => HostKey::Exact(name.to_owned()),
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn hosts_parse_as_the_label_by_label_rule(host in "[ *.aZ9_é-]{0,12}") {
+            proptest::prop_assert_eq!(HostKey::parse(Some(&host)).ok(), reference(&host));
         }
     }
 }

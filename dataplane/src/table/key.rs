@@ -40,6 +40,23 @@ impl TargetKey {
         }
     }
 
+    /// The key of an ASCII text given as bytes (a pod uid as the endpoint index keeps it): no
+    /// UTF-8 validation, only the cheaper ASCII check; `None` when a byte is not ASCII.
+    pub fn from_ascii(text: &[u8]) -> Option<TargetKey> {
+        if !text.is_ascii() {
+            return None;
+        }
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
+                bytes[..text.len()].copy_from_slice(text);
+                Some(TargetKey(Repr::Inline { len, bytes }))
+            }
+            // ASCII is UTF-8.
+            _ => std::str::from_utf8(text).ok().map(TargetKey::new),
+        }
+    }
+
     /// The text.
     pub fn as_str(&self) -> &str {
         match &self.0 {
@@ -183,7 +200,10 @@ mod tests {
                 TargetKey::from(text),
                 TargetKey::from(text.to_owned()),
                 TargetKey::from(Arc::<str>::from(text)),
-            ] {
+            ]
+            .into_iter()
+            .chain(TargetKey::from_ascii(text.as_bytes()))
+            {
                 assert_eq!(key.as_str(), text);
                 assert_eq!(&*key, text);
                 assert_eq!(key.to_string(), text);
@@ -195,6 +215,10 @@ mod tests {
                 );
                 assert_eq!(key.is_inline(), text.len() <= INLINE, "{text}");
             }
+        }
+        for text in texts {
+            let ascii = TargetKey::from_ascii(text.as_bytes());
+            assert_eq!(ascii.is_some(), text.is_ascii(), "{text}");
         }
         let mut keys: Vec<TargetKey> = texts.iter().map(|t| TargetKey::from(*t)).collect();
         let mut sorted: Vec<&str> = texts.to_vec();
