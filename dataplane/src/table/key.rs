@@ -30,14 +30,7 @@ enum Repr {
 impl TargetKey {
     /// The key of `text`.
     pub fn new(text: &str) -> TargetKey {
-        match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= INLINE => {
-                let mut bytes = [0; INLINE];
-                bytes[..text.len()].copy_from_slice(text.as_bytes());
-                TargetKey(Repr::Inline { len, bytes })
-            }
-            _ => TargetKey(Repr::Shared(text.into())),
-        }
+        TargetKey::inline(text.as_bytes()).unwrap_or_else(|| TargetKey(Repr::Shared(text.into())))
     }
 
     /// The key of an ASCII text given as bytes (a pod uid as the endpoint index keeps it): no
@@ -46,15 +39,18 @@ impl TargetKey {
         if !text.is_ascii() {
             return None;
         }
-        match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= INLINE => {
-                let mut bytes = [0; INLINE];
-                bytes[..text.len()].copy_from_slice(text);
-                Some(TargetKey(Repr::Inline { len, bytes }))
-            }
-            // ASCII is UTF-8.
-            _ => std::str::from_utf8(text).ok().map(TargetKey::new),
-        }
+        // ASCII is UTF-8: a longer text is shared as `new` shares it.
+        TargetKey::inline(text).or_else(|| std::str::from_utf8(text).ok().map(TargetKey::new))
+    }
+
+    /// `text` kept inline, if it fits; the caller vouches that it is UTF-8.
+    fn inline(text: &[u8]) -> Option<TargetKey> {
+        let len = u8::try_from(text.len())
+            .ok()
+            .filter(|_| text.len() <= INLINE)?;
+        let mut bytes = [0; INLINE];
+        bytes[..text.len()].copy_from_slice(text);
+        Some(TargetKey(Repr::Inline { len, bytes }))
     }
 
     /// The text.
