@@ -5,9 +5,10 @@
 #   images/build.sh duet|echo|echo-basic|pause|metallb-controller|metallb-speaker
 #                   [--binary PATH] [--tag REF]... [--out FILE]
 #
-#   duet        target/dist/duet (built with cargo, profile dist, if missing), ref duet.local/duet:dev,
-#               entrypoint /usr/local/bin/duet, cmd serve, ports 8080 8443 10254; the same
-#               layout as the root Dockerfile's image (conformance/tests/image.rs checks both)
+#   duet        target/dist/duet (built with cargo, profile dist, if missing),
+#               ref duet.local/duet:dev, entrypoint /usr/local/bin/duet, cmd serve, ports 8080
+#               8443 10254; the same layout as the root Dockerfile's image
+#               (conformance/tests/image.rs checks both)
 #   echo        target/debug/duet-echo (the conformance crate's echo backend, built if missing),
 #               ref duet.local/duet-echo:dev, port 3000
 #   echo-basic  conformance/gateway/bin/echo-basic (conformance/gateway/build.sh builds it), named
